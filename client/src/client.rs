@@ -1,0 +1,313 @@
+//! `Client`: the SDK handle (connect, send, group ops, sync, ping, events, close).
+//!
+//! The handle is cheap to share (`&self` everywhere, `Send + Sync`); a background task
+//! (see `driver`) owns the socket. Incoming messages are consumed with
+//! [`Client::next_event`]: one exactly-once stream of [`Event`]s fed by live `Deliver`
+//! pushes and by syncs (explicit or background).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use im_proto::{
+    group_op, send, Body, ChatMessage, ErrorCode, GroupOp, GroupOpOk, MessageType, Ping, Pong,
+    SendAck,
+};
+use tokio::sync::{mpsc, oneshot, Mutex};
+use tokio::task::JoinHandle;
+
+use crate::backoff::overload_delay;
+use crate::config::ClientConfig;
+use crate::driver::{Command, Driver, Shared};
+use crate::error::ClientError;
+use crate::raw::RawConn;
+
+/// How long [`Client::close`] waits for the task to flush and close.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Something the app should know about, in the order it happened.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A message not seen before by this client (live or from a sync).
+    Message(ChatMessage),
+    /// The connection dropped; with auto-reconnect on, a reconnect is under way.
+    Disconnected {
+        /// Why (close code and reason, or the transport error).
+        reason: String,
+    },
+    /// Logged in again (`resume = true`); a sync for what was missed follows.
+    Reconnected {
+        /// The node now serving this client.
+        node_id: String,
+    },
+}
+
+/// Where a message goes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// One-to-one, to this user id.
+    User(String),
+    /// To all members of this group id.
+    Group(String),
+}
+
+impl Target {
+    /// The conversation id this target maps to, seen from user `me`.
+    pub fn conversation_id(&self, me: &str) -> String {
+        match self {
+            Target::User(u) => im_proto::direct_conversation(me, u),
+            Target::Group(g) => im_proto::group_conversation(g),
+        }
+    }
+
+    fn into_proto(self) -> send::Target {
+        match self {
+            Target::User(u) => send::Target::ToUser(u),
+            Target::Group(g) => send::Target::GroupId(g),
+        }
+    }
+}
+
+/// A logged-in connection to im-server with a background task; see the module docs.
+pub struct Client {
+    cmd: mpsc::UnboundedSender<Command>,
+    events: Mutex<mpsc::UnboundedReceiver<Event>>,
+    shared: Arc<Shared>,
+    user_id: String,
+    cfg: ClientConfig,
+    task: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("user_id", &self.user_id)
+            .field("connected", &self.is_connected())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    /// Connects and logs in (`resume = false`), failing fast if that fails; then starts
+    /// the background task. Must be called inside a Tokio runtime.
+    pub async fn connect(cfg: ClientConfig) -> Result<Client, ClientError> {
+        let mut conn = tokio::time::timeout(cfg.request_timeout, RawConn::connect(&cfg.url))
+            .await
+            .map_err(|_| ClientError::Timeout)??;
+        let ok = conn
+            .login_with(1, &cfg.token, &cfg.device_id, false, cfg.request_timeout)
+            .await?;
+        let shared = Arc::new(Shared::default());
+        shared.set_session(&ok);
+        let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
+        let (ev_tx, ev_rx) = mpsc::unbounded_channel();
+        let driver = Driver::new(cfg.clone(), cmd_rx, ev_tx, shared.clone(), 2, &ok);
+        let task = tokio::spawn(driver.run(conn));
+        Ok(Client {
+            cmd: cmd_tx,
+            events: Mutex::new(ev_rx),
+            shared,
+            user_id: ok.user_id,
+            cfg,
+            task,
+        })
+    }
+
+    /// The user id the server logged us in as.
+    pub fn user_id(&self) -> &str {
+        &self.user_id
+    }
+
+    /// The node serving the current (or last) connection.
+    pub fn node_id(&self) -> String {
+        self.shared
+            .session
+            .lock()
+            .map(|s| s.node_id.clone())
+            .unwrap_or_else(|e| e.into_inner().node_id.clone())
+    }
+
+    /// The session id of the current (or last) connection.
+    pub fn session_id(&self) -> String {
+        self.shared
+            .session
+            .lock()
+            .map(|s| s.session_id.clone())
+            .unwrap_or_else(|e| e.into_inner().session_id.clone())
+    }
+
+    /// Whether the socket is up and logged in right now.
+    pub fn is_connected(&self) -> bool {
+        self.shared.connected()
+    }
+
+    /// Sends a message and waits for its `SendAck` (the message is committed). Resends with
+    /// the same `client_msg_id` (generated if `None`) after `OVERLOADED` and, with
+    /// auto-reconnect, after a dropped connection, up to `max_send_retries` times.
+    pub async fn send(
+        &self,
+        target: Target,
+        msg_type: MessageType,
+        payload: impl Into<Bytes>,
+        client_msg_id: Option<String>,
+    ) -> Result<SendAck, ClientError> {
+        let msg = im_proto::Send {
+            target: Some(target.into_proto()),
+            r#type: msg_type as i32,
+            payload: payload.into(),
+            client_msg_id: client_msg_id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string()),
+        };
+        let mut retries = 0u32;
+        loop {
+            let can_retry = retries < self.cfg.max_send_retries;
+            match self.request(Body::Send(msg.clone()), true).await {
+                Ok(Body::SendAck(ack)) => return Ok(ack),
+                Ok(other) => return Err(unexpected("SendAck", &other)),
+                Err(ClientError::Server {
+                    code: ErrorCode::Overloaded,
+                    retry_after_ms,
+                    ..
+                }) if can_retry => tokio::time::sleep(overload_delay(retry_after_ms)).await,
+                Err(ClientError::Disconnected)
+                    if can_retry && self.cfg.auto_reconnect && !self.cmd.is_closed() => {}
+                Err(e) => return Err(e),
+            }
+            retries += 1;
+        }
+    }
+
+    /// Sends a text message to one user.
+    pub async fn send_text(
+        &self,
+        to_user: impl Into<String>,
+        text: impl Into<String>,
+    ) -> Result<SendAck, ClientError> {
+        let text: String = text.into();
+        self.send(Target::User(to_user.into()), MessageType::Text, text, None)
+            .await
+    }
+
+    /// Creates, joins or leaves a group (`members` as the server expects for `op`).
+    pub async fn group_op(
+        &self,
+        op: group_op::Op,
+        group_id: impl Into<String>,
+        members: Vec<String>,
+    ) -> Result<GroupOpOk, ClientError> {
+        let body = Body::GroupOp(GroupOp {
+            op: op as i32,
+            group_id: group_id.into(),
+            members,
+        });
+        match self.request(body, false).await? {
+            Body::GroupOpOk(ok) => Ok(ok),
+            other => Err(unexpected("GroupOpOk", &other)),
+        }
+    }
+
+    /// Fetches everything after the server's stored cursors (paged, 500 per page) and
+    /// returns the messages this client had not seen; they are also emitted as events.
+    pub async fn sync(&self) -> Result<Vec<ChatMessage>, ClientError> {
+        let (tx, rx) = oneshot::channel();
+        self.cmd
+            .send(Command::Sync { reply: tx })
+            .map_err(|_| ClientError::Disconnected)?;
+        rx.await.map_err(|_| ClientError::Disconnected)?
+    }
+
+    /// Round-trips a `Ping` (the task also pings every `heartbeat_secs` on its own).
+    pub async fn ping(&self) -> Result<Pong, ClientError> {
+        let body = Body::Ping(Ping {
+            client_time: im_proto::now_ms(),
+        });
+        match self.request(body, false).await? {
+            Body::Pong(p) => Ok(p),
+            other => Err(unexpected("Pong", &other)),
+        }
+    }
+
+    /// The next event; `None` once the client has stopped and every event was taken.
+    /// Cancel-safe. Events queue without bound until taken, so keep consuming them.
+    pub async fn next_event(&self) -> Option<Event> {
+        self.events.lock().await.recv().await
+    }
+
+    /// An event if one is ready now, without waiting.
+    pub fn try_next_event(&self) -> Option<Event> {
+        self.events.try_lock().ok()?.try_recv().ok()
+    }
+
+    /// The next `Event::Message` within `timeout`, skipping (dropping) other events.
+    pub async fn next_message(&self, timeout: Duration) -> Result<ChatMessage, ClientError> {
+        let wait = async {
+            loop {
+                match self.next_event().await {
+                    Some(Event::Message(m)) => return Ok(m),
+                    Some(_) => continue,
+                    None => return Err(ClientError::Disconnected),
+                }
+            }
+        };
+        tokio::time::timeout(timeout, wait)
+            .await
+            .map_err(|_| ClientError::Timeout)?
+    }
+
+    /// Flushes pending `DeliverAck`s, closes the connection and stops the task.
+    /// Dropping the client does the same without waiting.
+    pub async fn close(self) {
+        let (tx, rx) = oneshot::channel();
+        if self.cmd.send(Command::Close { done: tx }).is_ok() {
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, rx).await;
+        }
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, self.task).await;
+    }
+
+    /// Sends one request and waits for its reply. `patient`: while the client is
+    /// reconnecting, the request timeout does not run (it starts over once connected).
+    async fn request(&self, body: Body, patient: bool) -> Result<Body, ClientError> {
+        let (tx, mut rx) = oneshot::channel();
+        self.cmd
+            .send(Command::Request { body, reply: tx })
+            .map_err(|_| ClientError::Disconnected)?;
+        loop {
+            match tokio::time::timeout(self.cfg.request_timeout, &mut rx).await {
+                Ok(Ok(result)) => return result,
+                Ok(Err(_)) => return Err(ClientError::Disconnected),
+                Err(_)
+                    if patient
+                        && self.cfg.auto_reconnect
+                        && !self.is_connected()
+                        && !self.cmd.is_closed() => {}
+                Err(_) => return Err(ClientError::Timeout),
+            }
+        }
+    }
+}
+
+fn unexpected(wanted: &str, got: &Body) -> ClientError {
+    ClientError::Protocol(format!("expected {wanted}, got {got:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_is_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<Client>();
+    }
+
+    #[test]
+    fn target_conversation_ids() {
+        assert_eq!(
+            Target::User("alice".into()).conversation_id("bob"),
+            "u:alice:bob"
+        );
+        assert_eq!(
+            Target::Group("team".into()).conversation_id("bob"),
+            "g:team"
+        );
+    }
+}

@@ -1,0 +1,620 @@
+//! The background task behind [`crate::Client`]: it owns the socket, correlates replies
+//! by `req_id`, turns `Deliver` and sync pages into exactly-once events, sends coalesced
+//! `DeliverAck`s and heartbeats, and reconnects (login with `resume = true`, then sync).
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use im_proto::{
+    Body, ChatMessage, Cursor, DeliverAck, ErrorCode, LoginOk, Ping, SendAck, SyncRequest,
+    SyncResponse,
+};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::{Instant, MissedTickBehavior};
+use tracing::{debug, trace, warn};
+
+use crate::backoff::Backoff;
+use crate::client::Event;
+use crate::config::ClientConfig;
+use crate::error::ClientError;
+use crate::raw::{RawConn, RawEvent};
+use crate::tracker::{Seen, SeqTracker};
+
+/// Page size of every `SyncRequest`.
+pub(crate) const SYNC_LIMIT: u32 = 500;
+/// How long dirty conversations wait before their `DeliverAck` goes out.
+const ACK_DELAY: Duration = Duration::from_millis(50);
+/// Heartbeat used when the server announces none.
+const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(30);
+/// Inbound silence (in heartbeats) after which the connection is taken as dead.
+const DEAD_AFTER_HEARTBEATS: u32 = 3;
+/// Period of the housekeeping pass (expired syncs, abandoned requests).
+const HOUSEKEEPING: Duration = Duration::from_secs(1);
+/// Seqs held above a hole in one conversation before a background sync is forced.
+const ABOVE_SYNC_THRESHOLD: usize = 4096;
+/// How long shutdown waits for the close handshake.
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Reply channel of a plain request.
+pub(crate) type Reply = oneshot::Sender<Result<Body, ClientError>>;
+/// Reply channel of a sync.
+pub(crate) type SyncReply = oneshot::Sender<Result<Vec<ChatMessage>, ClientError>>;
+
+/// What the [`crate::Client`] handle asks of the task.
+pub(crate) enum Command {
+    /// Send `body` with a fresh req_id; the reply frame (or `Error`) completes `reply`.
+    Request { body: Body, reply: Reply },
+    /// Run a full (paged) sync; `reply` gets the newly seen messages.
+    Sync { reply: SyncReply },
+    /// Flush acks, close the socket and stop.
+    Close { done: oneshot::Sender<()> },
+}
+
+/// Session facts shared with the handle.
+#[derive(Debug, Default)]
+pub(crate) struct Session {
+    pub(crate) node_id: String,
+    pub(crate) session_id: String,
+}
+
+/// State the handle reads without asking the task.
+#[derive(Debug, Default)]
+pub(crate) struct Shared {
+    pub(crate) session: Mutex<Session>,
+    pub(crate) connected: AtomicBool,
+}
+
+impl Shared {
+    pub(crate) fn set_session(&self, ok: &LoginOk) {
+        let mut s = self.session.lock().unwrap_or_else(|e| e.into_inner());
+        s.node_id = ok.node_id.clone();
+        s.session_id = ok.session_id.clone();
+    }
+
+    pub(crate) fn connected(&self) -> bool {
+        self.connected.load(Ordering::Acquire)
+    }
+}
+
+/// One sync in progress (one page outstanding).
+struct SyncJob {
+    /// `None` for background syncs (gap fill, after reconnect).
+    reply: Option<SyncReply>,
+    collected: Vec<ChatMessage>,
+    /// The outstanding request is the first page (empty cursors).
+    first_page: bool,
+    /// Highest seq seen per conversation when the sync started.
+    snapshot: HashMap<String, u64>,
+    sent_at: Instant,
+}
+
+/// Why the connected loop ended.
+enum Stop {
+    /// The handle closed or was dropped.
+    Exit(Option<oneshot::Sender<()>>),
+    /// The connection is gone.
+    Lost(String),
+}
+
+/// How a reconnect attempt series ended.
+enum Reconnect {
+    Up(Box<RawConn>, LoginOk),
+    Exit(Option<oneshot::Sender<()>>),
+    Fatal(String),
+}
+
+/// The task's state.
+pub(crate) struct Driver {
+    cfg: ClientConfig,
+    cmd_rx: mpsc::UnboundedReceiver<Command>,
+    ev_tx: mpsc::UnboundedSender<Event>,
+    shared: Arc<Shared>,
+    next_req_id: u64,
+    pending: HashMap<u64, Reply>,
+    syncs: HashMap<u64, SyncJob>,
+    bg_running: bool,
+    bg_wanted: bool,
+    tracker: SeqTracker,
+    ack_deadline: Option<Instant>,
+    backlog: VecDeque<Command>,
+    last_rx: Instant,
+    heartbeat: Duration,
+}
+
+impl Driver {
+    /// A driver for a connection already logged in with `ok`; `next_req_id` follows the login's.
+    pub(crate) fn new(
+        cfg: ClientConfig,
+        cmd_rx: mpsc::UnboundedReceiver<Command>,
+        ev_tx: mpsc::UnboundedSender<Event>,
+        shared: Arc<Shared>,
+        next_req_id: u64,
+        ok: &LoginOk,
+    ) -> Self {
+        Driver {
+            cfg,
+            cmd_rx,
+            ev_tx,
+            shared,
+            next_req_id,
+            pending: HashMap::new(),
+            syncs: HashMap::new(),
+            bg_running: false,
+            bg_wanted: false,
+            tracker: SeqTracker::default(),
+            ack_deadline: None,
+            backlog: VecDeque::new(),
+            last_rx: Instant::now(),
+            heartbeat: heartbeat_of(ok),
+        }
+    }
+
+    /// Runs until the handle closes (or drops), or the connection is lost for good.
+    pub(crate) async fn run(mut self, mut conn: RawConn) {
+        let mut resync = false;
+        loop {
+            match self.run_connected(&mut conn, resync).await {
+                Stop::Exit(done) => {
+                    self.shutdown(&mut conn).await;
+                    if let Some(done) = done {
+                        let _ = done.send(());
+                    }
+                    return;
+                }
+                Stop::Lost(reason) => {
+                    debug!(%reason, "connection lost");
+                    self.on_lost(reason);
+                    if !self.cfg.auto_reconnect {
+                        return;
+                    }
+                    match self.reconnect().await {
+                        Reconnect::Up(c, ok) => {
+                            conn = *c;
+                            self.heartbeat = heartbeat_of(&ok);
+                            self.shared.set_session(&ok);
+                            let _ = self.ev_tx.send(Event::Reconnected {
+                                node_id: ok.node_id,
+                            });
+                            resync = true;
+                        }
+                        Reconnect::Exit(done) => {
+                            if let Some(done) = done {
+                                let _ = done.send(());
+                            }
+                            return;
+                        }
+                        Reconnect::Fatal(reason) => {
+                            warn!(%reason, "giving up reconnecting");
+                            let _ = self.ev_tx.send(Event::Disconnected { reason });
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn alloc_req_id(&mut self) -> u64 {
+        let id = self.next_req_id;
+        self.next_req_id += 1;
+        id
+    }
+
+    /// The loop over one live connection.
+    async fn run_connected(&mut self, conn: &mut RawConn, resync: bool) -> Stop {
+        self.shared.connected.store(true, Ordering::Release);
+        self.last_rx = Instant::now();
+        // Requests queued while reconnecting (including resent sends) go first.
+        while let Some(cmd) = self.backlog.pop_front() {
+            if let Err(stop) = self.handle_command(conn, cmd).await {
+                return stop;
+            }
+        }
+        if resync {
+            self.bg_wanted = true;
+        }
+        let hb = self.heartbeat;
+        let mut heartbeat = tokio::time::interval_at(Instant::now() + hb, hb);
+        heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut housekeeping =
+            tokio::time::interval_at(Instant::now() + HOUSEKEEPING, HOUSEKEEPING);
+        housekeeping.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            if let Err(stop) = self.after_event(conn).await {
+                return stop;
+            }
+            let ack_at = self.ack_deadline;
+            let ack_due = async move {
+                match ack_at {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let step = tokio::select! {
+                cmd = self.cmd_rx.recv() => match cmd {
+                    None => Err(Stop::Exit(None)),
+                    Some(cmd) => self.handle_command(conn, cmd).await,
+                },
+                ev = conn.recv() => match ev {
+                    Ok(RawEvent::Frame(f)) => {
+                        self.last_rx = Instant::now();
+                        self.handle_frame(conn, f).await
+                    }
+                    Ok(RawEvent::Closed { code, reason }) => Err(Stop::Lost(match code {
+                        Some(code) => format!("closed by server (code {code}): {reason}"),
+                        None => format!("connection closed: {reason}"),
+                    })),
+                    Err(e) => Err(Stop::Lost(e.to_string())),
+                },
+                _ = heartbeat.tick() => self.on_heartbeat(conn).await,
+                _ = ack_due => self.flush_acks(conn).await,
+                _ = housekeeping.tick() => {
+                    self.housekeeping();
+                    Ok(())
+                }
+            };
+            if let Err(stop) = step {
+                return stop;
+            }
+        }
+    }
+
+    /// Work due after any event: start a wanted background sync, arm the ack timer.
+    async fn after_event(&mut self, conn: &mut RawConn) -> Result<(), Stop> {
+        if self.bg_wanted && !self.bg_running {
+            self.bg_wanted = false;
+            self.bg_running = true;
+            self.start_sync(conn, None).await?;
+        }
+        if self.ack_deadline.is_none() && self.tracker.has_dirty() {
+            self.ack_deadline = Some(Instant::now() + ACK_DELAY);
+        }
+        Ok(())
+    }
+
+    async fn handle_command(&mut self, conn: &mut RawConn, cmd: Command) -> Result<(), Stop> {
+        match cmd {
+            Command::Close { done } => Err(Stop::Exit(Some(done))),
+            Command::Request { body, reply } => {
+                if reply.is_closed() {
+                    return Ok(()); // the caller gave up (timeout) while it was queued
+                }
+                let id = self.alloc_req_id();
+                self.pending.insert(id, reply);
+                conn.send(&im_proto::frame(id, body)).await.map_err(lost)
+            }
+            Command::Sync { reply } => {
+                if reply.is_closed() {
+                    return Ok(());
+                }
+                self.start_sync(conn, Some(reply)).await
+            }
+        }
+    }
+
+    /// Sends the first page request (empty cursors: the server's stored ones).
+    async fn start_sync(
+        &mut self,
+        conn: &mut RawConn,
+        reply: Option<SyncReply>,
+    ) -> Result<(), Stop> {
+        let job = SyncJob {
+            reply,
+            collected: Vec::new(),
+            first_page: true,
+            snapshot: self.tracker.max_seen(),
+            sent_at: Instant::now(),
+        };
+        self.send_sync_page(conn, job, Vec::new()).await
+    }
+
+    async fn send_sync_page(
+        &mut self,
+        conn: &mut RawConn,
+        mut job: SyncJob,
+        cursors: Vec<Cursor>,
+    ) -> Result<(), Stop> {
+        let id = self.alloc_req_id();
+        job.sent_at = Instant::now();
+        self.syncs.insert(id, job);
+        let req = SyncRequest {
+            cursors,
+            limit: SYNC_LIMIT,
+        };
+        conn.send(&im_proto::frame(id, Body::Sync(req)))
+            .await
+            .map_err(lost)
+    }
+
+    async fn handle_frame(&mut self, conn: &mut RawConn, f: im_proto::Frame) -> Result<(), Stop> {
+        let id = f.req_id;
+        match f.body {
+            None => trace!(req_id = id, "empty frame"),
+            Some(Body::Deliver(d)) => {
+                for m in d.messages {
+                    let conv = m.conversation_id.clone();
+                    if let Seen::New { gap } = self.tracker.observe(&conv, m.seq) {
+                        if gap {
+                            trace!(conversation = %conv, seq = m.seq, "gap in live delivery");
+                            self.bg_wanted = true;
+                        }
+                        let _ = self.ev_tx.send(Event::Message(m));
+                    }
+                    if self.tracker.above_len(&conv) > ABOVE_SYNC_THRESHOLD {
+                        self.bg_wanted = true;
+                    }
+                }
+            }
+            Some(Body::SyncResp(resp)) => {
+                if let Some(job) = self.syncs.remove(&id) {
+                    self.on_sync_page(conn, job, resp).await?;
+                } else {
+                    trace!(req_id = id, "sync page for an expired sync");
+                }
+            }
+            Some(Body::SendAck(ack)) => {
+                self.note_own(&ack);
+                self.complete(id, Ok(Body::SendAck(ack)));
+            }
+            Some(Body::Error(e)) => {
+                if let Some(job) = self.syncs.remove(&id) {
+                    self.finish_sync(job, Err(ClientError::from_server(e)));
+                } else if id != 0 && self.pending.contains_key(&id) {
+                    self.complete(id, Err(ClientError::from_server(e)));
+                } else {
+                    warn!(req_id = id, code = e.code, message = %e.message, "error from server");
+                }
+            }
+            Some(body) => self.complete(id, Ok(body)),
+        }
+        Ok(())
+    }
+
+    /// Our own message is known to us from its ack: never emit it, and count it as seen.
+    fn note_own(&mut self, ack: &SendAck) {
+        if ack.seq > 0 {
+            self.tracker.observe(&ack.conversation_id, ack.seq);
+            if self.tracker.above_len(&ack.conversation_id) > ABOVE_SYNC_THRESHOLD {
+                self.bg_wanted = true;
+            }
+        }
+    }
+
+    fn complete(&mut self, id: u64, result: Result<Body, ClientError>) {
+        match self.pending.remove(&id) {
+            Some(tx) => {
+                let _ = tx.send(result);
+            }
+            None => trace!(req_id = id, "reply without a waiting request"),
+        }
+    }
+
+    async fn on_sync_page(
+        &mut self,
+        conn: &mut RawConn,
+        mut job: SyncJob,
+        resp: SyncResponse,
+    ) -> Result<(), Stop> {
+        let mut last: BTreeMap<String, u64> = BTreeMap::new();
+        let page_len = resp.messages.len();
+        for m in resp.messages {
+            if !last.contains_key(&m.conversation_id) && m.seq > 1 {
+                // A page starts each conversation right after the cursor used: the server
+                // holds everything below as delivered to this user.
+                self.tracker.fast_forward(&m.conversation_id, m.seq - 1);
+            }
+            last.insert(m.conversation_id.clone(), m.seq);
+            if let Seen::New { .. } = self.tracker.observe(&m.conversation_id, m.seq) {
+                if job.reply.is_some() {
+                    job.collected.push(m.clone());
+                }
+                let _ = self.ev_tx.send(Event::Message(m));
+            }
+        }
+        if resp.more && page_len > 0 {
+            let cursors = last
+                .into_iter()
+                .map(|(conversation_id, after_seq)| Cursor {
+                    conversation_id,
+                    after_seq,
+                })
+                .collect();
+            job.first_page = false;
+            return self.send_sync_page(conn, job, cursors).await;
+        }
+        if job.first_page && !resp.more {
+            // One complete page over the stored cursors: a conversation absent from it has
+            // nothing after the server's cursor, so everything we saw before is delivered.
+            for (conv, max) in std::mem::take(&mut job.snapshot) {
+                if !last.contains_key(&conv) {
+                    self.tracker.fast_forward(&conv, max);
+                }
+            }
+        }
+        let collected = std::mem::take(&mut job.collected);
+        self.finish_sync(job, Ok(collected));
+        Ok(())
+    }
+
+    fn finish_sync(&mut self, job: SyncJob, result: Result<Vec<ChatMessage>, ClientError>) {
+        match job.reply {
+            Some(reply) => {
+                let _ = reply.send(result);
+            }
+            None => {
+                self.bg_running = false;
+                if let Err(e) = result {
+                    debug!(error = %e, "background sync failed");
+                }
+            }
+        }
+    }
+
+    async fn flush_acks(&mut self, conn: &mut RawConn) -> Result<(), Stop> {
+        self.ack_deadline = None;
+        let acks = self.tracker.take_acks();
+        if acks.is_empty() {
+            return Ok(());
+        }
+        trace!(count = acks.len(), "sending DeliverAcks");
+        let frames = acks.into_iter().map(|(conversation_id, seq)| {
+            im_proto::frame(
+                0,
+                Body::DeliverAck(DeliverAck {
+                    conversation_id,
+                    seq,
+                }),
+            )
+        });
+        conn.send_all(frames).await.map_err(lost)
+    }
+
+    async fn on_heartbeat(&mut self, conn: &mut RawConn) -> Result<(), Stop> {
+        if self.last_rx.elapsed() > self.heartbeat * DEAD_AFTER_HEARTBEATS {
+            return Err(Stop::Lost(format!(
+                "no frame from the server for {:?}",
+                self.last_rx.elapsed()
+            )));
+        }
+        // The pong carries a req_id nobody waits for: `complete` drops it.
+        let id = self.alloc_req_id();
+        let ping = Ping {
+            client_time: im_proto::now_ms(),
+        };
+        conn.send(&im_proto::frame(id, Body::Ping(ping)))
+            .await
+            .map_err(lost)
+    }
+
+    /// Drops requests whose caller gave up and fails sync pages past the request timeout.
+    fn housekeeping(&mut self) {
+        self.pending.retain(|_, tx| !tx.is_closed());
+        let timeout = self.cfg.request_timeout;
+        let expired: Vec<u64> = self
+            .syncs
+            .iter()
+            .filter(|(_, j)| j.sent_at.elapsed() > timeout)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in expired {
+            if let Some(job) = self.syncs.remove(&id) {
+                self.finish_sync(job, Err(ClientError::Timeout));
+            }
+        }
+    }
+
+    /// Connection gone: tell the app, fail what was in flight (sends are resent by `Client::send`).
+    fn on_lost(&mut self, reason: String) {
+        self.shared.connected.store(false, Ordering::Release);
+        let _ = self.ev_tx.send(Event::Disconnected { reason });
+        for (_, tx) in self.pending.drain() {
+            let _ = tx.send(Err(ClientError::Disconnected));
+        }
+        for (_, job) in std::mem::take(&mut self.syncs) {
+            self.finish_sync(job, Err(ClientError::Disconnected));
+        }
+        self.bg_running = false;
+        self.bg_wanted = false;
+        self.ack_deadline = None;
+    }
+
+    /// Reconnects with backoff; commands that arrive meanwhile are kept for afterwards.
+    async fn reconnect(&mut self) -> Reconnect {
+        let mut backoff = Backoff::new(self.cfg.reconnect_min, self.cfg.reconnect_max);
+        loop {
+            let delay = tokio::time::sleep(backoff.next_delay());
+            tokio::pin!(delay);
+            loop {
+                tokio::select! {
+                    _ = &mut delay => break,
+                    cmd = self.cmd_rx.recv() => if let Some(exit) = self.hold(cmd) {
+                        return exit;
+                    },
+                }
+            }
+            let req_id = self.alloc_req_id();
+            let attempt = connect_and_login(
+                self.cfg.url.clone(),
+                self.cfg.token.clone(),
+                self.cfg.device_id.clone(),
+                req_id,
+                self.cfg.request_timeout,
+            );
+            tokio::pin!(attempt);
+            let result = loop {
+                tokio::select! {
+                    r = &mut attempt => break r,
+                    cmd = self.cmd_rx.recv() => if let Some(exit) = self.hold(cmd) {
+                        return exit;
+                    },
+                }
+            };
+            match result {
+                Ok((conn, ok)) => {
+                    debug!(node_id = %ok.node_id, "reconnected");
+                    return Reconnect::Up(Box::new(conn), ok);
+                }
+                Err(ClientError::Server {
+                    code: ErrorCode::Unauthenticated,
+                    message,
+                    ..
+                }) => return Reconnect::Fatal(format!("login refused: {message}")),
+                Err(e) => debug!(error = %e, "reconnect attempt failed"),
+            }
+        }
+    }
+
+    /// While disconnected: queue a command, or say how to exit.
+    fn hold(&mut self, cmd: Option<Command>) -> Option<Reconnect> {
+        match cmd {
+            None => Some(Reconnect::Exit(None)),
+            Some(Command::Close { done }) => Some(Reconnect::Exit(Some(done))),
+            Some(cmd) => {
+                self.backlog.push_back(cmd);
+                None
+            }
+        }
+    }
+
+    /// Best-effort: flush acks, close the socket.
+    async fn shutdown(&mut self, conn: &mut RawConn) {
+        self.shared.connected.store(false, Ordering::Release);
+        let work = async {
+            let _ = self.flush_acks(conn).await;
+            let _ = conn.close().await;
+        };
+        let _ = tokio::time::timeout(SHUTDOWN_TIMEOUT, work).await;
+    }
+}
+
+fn lost(e: ClientError) -> Stop {
+    Stop::Lost(e.to_string())
+}
+
+fn heartbeat_of(ok: &LoginOk) -> Duration {
+    match ok.heartbeat_secs {
+        0 => DEFAULT_HEARTBEAT,
+        s => Duration::from_secs(u64::from(s)),
+    }
+}
+
+/// Opens a connection and logs in with `resume = true` (for reconnects), within `timeout`.
+async fn connect_and_login(
+    url: String,
+    token: String,
+    device_id: String,
+    req_id: u64,
+    timeout: Duration,
+) -> Result<(RawConn, LoginOk), ClientError> {
+    let deadline = Instant::now() + timeout;
+    let mut conn = tokio::time::timeout_at(deadline, RawConn::connect(&url))
+        .await
+        .map_err(|_| ClientError::Timeout)??;
+    let left = deadline.saturating_duration_since(Instant::now());
+    let ok = conn
+        .login_with(req_id, &token, &device_id, true, left)
+        .await?;
+    Ok((conn, ok))
+}

@@ -1,0 +1,27 @@
+//! im-client: the async Rust SDK for im-server (wire contract `im.v1`, DESIGN.md §4).
+//!
+//! - [`Client`]: connect + login, `send` (waits for the durable `SendAck`, retries
+//!   `OVERLOADED` and dropped connections with the same `client_msg_id`), group ops,
+//!   paged `sync`, heartbeats, auto-reconnect with resume, and an exactly-once stream of
+//!   [`Event`]s taken with [`Client::next_event`].
+//! - [`RawConn`]: a bare frame-level WebSocket connection for tests and tools.
+//!
+//! Module map: `raw` (transport), `client` (handle, events, targets), `driver` (the
+//! background task), `tracker` (dedup and cursors), `backoff` (reconnect and retry
+//! timing), `config`, `error`.
+
+#![warn(missing_docs)]
+
+mod backoff;
+mod client;
+mod config;
+mod driver;
+mod error;
+pub mod raw;
+mod tracker;
+
+pub use client::{Client, Event, Target};
+pub use config::ClientConfig;
+pub use error::ClientError;
+pub use im_proto as proto;
+pub use raw::{RawConn, RawEvent};

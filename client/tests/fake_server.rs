@@ -1,0 +1,595 @@
+//! SDK behaviour against a scripted in-process fake server (no im-server needed): batch
+//! unwrapping, req_id correlation, OVERLOADED retries, dedup + gap sync + DeliverAck,
+//! paged sync, reconnect with resume and resend, heartbeats.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use im_client::proto::{self, Body, ChatMessage, ErrorCode, Frame, Message as _};
+use im_client::{Client, ClientConfig, ClientError, Event, RawConn, RawEvent, Target};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
+
+const WAIT: Duration = Duration::from_secs(5);
+
+/// The server side of one accepted connection.
+struct Peer {
+    ws: WebSocketStream<TcpStream>,
+}
+
+impl Peer {
+    /// Next binary frame from the client; `None` once it closed.
+    async fn recv(&mut self) -> Option<Frame> {
+        loop {
+            let msg = tokio::time::timeout(WAIT, self.ws.next())
+                .await
+                .expect("client sent nothing in time")?
+                .ok()?;
+            match msg {
+                Message::Binary(b) => return Some(Frame::decode(b).expect("client frame")),
+                Message::Close(_) => return None,
+                _ => {}
+            }
+        }
+    }
+
+    /// Next frame that is not a heartbeat ping or a DeliverAck.
+    async fn recv_request(&mut self) -> Frame {
+        loop {
+            let f = self.recv().await.expect("connection closed");
+            match f.body {
+                Some(Body::Ping(_)) | Some(Body::DeliverAck(_)) => {}
+                _ => return f,
+            }
+        }
+    }
+
+    async fn send(&mut self, f: Frame) {
+        self.ws
+            .send(Message::Binary(proto::encode(&f)))
+            .await
+            .expect("send");
+    }
+
+    /// Reads the Login and answers LoginOk for `user` on `node`.
+    async fn accept_login(&mut self, user: &str, node: &str, heartbeat_secs: u32) -> proto::Login {
+        let f = self.recv().await.expect("login frame");
+        let Some(Body::Login(login)) = f.body else {
+            panic!("first frame is not Login: {f:?}")
+        };
+        let ok = proto::LoginOk {
+            user_id: user.into(),
+            session_id: format!("s-{node}"),
+            heartbeat_secs,
+            node_id: node.into(),
+        };
+        self.send(proto::frame(f.req_id, Body::LoginOk(ok))).await;
+        login
+    }
+}
+
+/// A listener handing each accepted WebSocket to the test.
+async fn fake_server() -> (String, mpsc::UnboundedReceiver<Peer>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("ws://{}/ws", listener.local_addr().expect("addr"));
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            if let Ok(ws) = tokio_tungstenite::accept_async(tcp).await {
+                let _ = tx.send(Peer { ws });
+            }
+        }
+    });
+    (url, rx)
+}
+
+async fn next_peer(peers: &mut mpsc::UnboundedReceiver<Peer>) -> Peer {
+    tokio::time::timeout(WAIT, peers.recv())
+        .await
+        .expect("no connection in time")
+        .expect("listener gone")
+}
+
+fn msg(conv: &str, seq: u64) -> ChatMessage {
+    ChatMessage {
+        conversation_id: conv.into(),
+        sender: "alice".into(),
+        payload: format!("m{seq}").into(),
+        send_time: 1,
+        r#type: proto::MessageType::Text as i32,
+        seq,
+        msg_id: format!("id-{conv}-{seq}"),
+        client_msg_id: String::new(),
+    }
+}
+
+fn deliver(msgs: Vec<ChatMessage>) -> Frame {
+    proto::frame(0, Body::Deliver(proto::Deliver { messages: msgs }))
+}
+
+fn config(url: &str) -> ClientConfig {
+    let mut cfg = ClientConfig::new(url, "tok");
+    cfg.reconnect_min = Duration::from_millis(10);
+    cfg.reconnect_max = Duration::from_millis(50);
+    cfg.request_timeout = Duration::from_secs(5);
+    cfg
+}
+
+async fn connect(
+    url: &str,
+    cfg: ClientConfig,
+    peers: &mut mpsc::UnboundedReceiver<Peer>,
+) -> (Client, Peer) {
+    let _ = url;
+    let (client, peer) = tokio::join!(Client::connect(cfg), async {
+        let mut p = next_peer(peers).await;
+        p.accept_login("bob", "n1", 30).await;
+        p
+    });
+    (client.expect("connect"), peer)
+}
+
+async fn next_event(c: &Client) -> Event {
+    tokio::time::timeout(WAIT, c.next_event())
+        .await
+        .expect("no event in time")
+        .expect("event stream ended")
+}
+
+fn seq_of(e: &Event) -> u64 {
+    match e {
+        Event::Message(m) => m.seq,
+        other => panic!("expected a message, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn raw_conn_unwraps_batches_and_reports_close() {
+    let (url, mut peers) = fake_server().await;
+    let server = tokio::spawn(async move {
+        let mut p = next_peer(&mut peers).await;
+        let f = p.recv().await.expect("login");
+        assert_eq!(f.req_id, 1);
+        let ok = proto::frame(
+            1,
+            Body::LoginOk(proto::LoginOk {
+                user_id: "bob".into(),
+                ..Default::default()
+            }),
+        );
+        let a = proto::encode(&ok);
+        let b = proto::encode(&deliver(vec![msg("u:alice:bob", 1)]));
+        let batch = proto::encode_batch([a.as_ref(), b.as_ref()]);
+        p.ws.send(Message::Binary(batch)).await.expect("batch");
+        p.ws.send(Message::Ping(vec![1, 2].into()))
+            .await
+            .expect("ping");
+        // The client's text message arrives as text.
+        let text = p.ws.next().await.expect("text").expect("text ok");
+        assert!(matches!(text, Message::Text(_)));
+        // The WebSocket ping was answered by the client while it read.
+        let pong = p.ws.next().await.expect("pong").expect("pong ok");
+        assert_eq!(pong, Message::Pong(vec![1, 2].into()));
+        p.ws.send(Message::Close(Some(CloseFrame {
+            code: CloseCode::from(4000),
+            reason: "bye".into(),
+        })))
+        .await
+        .expect("close");
+    });
+    let mut raw = RawConn::connect(&url).await.expect("connect");
+    let ok = raw.login("tok", "d1", false).await.expect("login");
+    assert_eq!(ok.user_id, "bob");
+    match raw.recv_timeout(WAIT).await.expect("deliver") {
+        RawEvent::Frame(Frame {
+            body: Some(Body::Deliver(d)),
+            ..
+        }) => assert_eq!(d.messages[0].seq, 1),
+        other => panic!("expected deliver, got {other:?}"),
+    }
+    raw.send_text("not a frame".into()).await.expect("text");
+    assert_eq!(
+        raw.recv_timeout(WAIT).await.expect("close"),
+        RawEvent::Closed {
+            code: Some(4000),
+            reason: "bye".into()
+        }
+    );
+    server.await.expect("server");
+    assert!(matches!(
+        raw.recv_timeout(Duration::from_millis(10)).await,
+        Ok(RawEvent::Closed { .. }) | Err(_)
+    ));
+}
+
+#[tokio::test]
+async fn raw_conn_rejects_undecodable_server_bytes() {
+    let (url, mut peers) = fake_server().await;
+    let server = tokio::spawn(async move {
+        let mut p = next_peer(&mut peers).await;
+        p.ws.send(Message::Binary(vec![0xff, 0xff, 0xff].into()))
+            .await
+            .expect("send");
+        p
+    });
+    let mut raw = RawConn::connect(&url).await.expect("connect");
+    assert!(matches!(
+        raw.recv_timeout(WAIT).await,
+        Err(ClientError::Decode(_))
+    ));
+    drop(server.await);
+    assert!(matches!(
+        RawConn::connect("ws://127.0.0.1:1/ws").await,
+        Err(ClientError::WebSocket(_))
+    ));
+}
+
+#[tokio::test]
+async fn first_login_failure_fails_fast() {
+    let (url, mut peers) = fake_server().await;
+    let server = tokio::spawn(async move {
+        let mut p = next_peer(&mut peers).await;
+        let f = p.recv().await.expect("login");
+        p.send(proto::error_frame(
+            f.req_id,
+            ErrorCode::Unauthenticated,
+            "bad token",
+        ))
+        .await;
+        p
+    });
+    let err = Client::connect(config(&url)).await.expect_err("must fail");
+    assert_eq!(err.server_code(), Some(ErrorCode::Unauthenticated));
+    drop(server.await);
+}
+
+#[tokio::test]
+async fn send_retries_overload_with_the_same_client_msg_id() {
+    let (url, mut peers) = fake_server().await;
+    let (client, mut peer) = connect(&url, config(&url), &mut peers).await;
+    assert_eq!(client.user_id(), "bob");
+    assert_eq!(client.node_id(), "n1");
+    let client = Arc::new(client);
+    let c2 = client.clone();
+    let sending = tokio::spawn(async move { c2.send_text("alice", "hi").await });
+
+    let first = peer.recv_request().await;
+    let Some(Body::Send(s1)) = first.body else {
+        panic!("expected Send, got {first:?}")
+    };
+    assert_eq!(s1.target, Some(proto::send::Target::ToUser("alice".into())));
+    let mut overloaded = proto::error_frame(first.req_id, ErrorCode::Overloaded, "busy");
+    if let Some(Body::Error(e)) = overloaded.body.as_mut() {
+        e.retry_after_ms = 5;
+    }
+    peer.send(overloaded).await;
+
+    let second = peer.recv_request().await;
+    let Some(Body::Send(s2)) = second.body else {
+        panic!("expected Send, got {second:?}")
+    };
+    assert_ne!(first.req_id, second.req_id);
+    assert_eq!(s1.client_msg_id, s2.client_msg_id);
+    assert!(!s1.client_msg_id.is_empty());
+    let ack = proto::SendAck {
+        client_msg_id: s2.client_msg_id.clone(),
+        msg_id: "m-1".into(),
+        conversation_id: "u:alice:bob".into(),
+        seq: 1,
+        server_time: 2,
+        duplicate: false,
+    };
+    peer.send(proto::frame(second.req_id, Body::SendAck(ack.clone())))
+        .await;
+    assert_eq!(sending.await.expect("join").expect("ack"), ack);
+
+    // Other errors are returned as they are.
+    let c3 = client.clone();
+    let sending = tokio::spawn(async move {
+        c3.send(
+            Target::Group("g1".into()),
+            proto::MessageType::Text,
+            "x",
+            Some("mine".into()),
+        )
+        .await
+    });
+    let f = peer.recv_request().await;
+    peer.send(proto::error_frame(f.req_id, ErrorCode::NotMember, "no"))
+        .await;
+    let err = sending.await.expect("join").expect_err("not member");
+    assert_eq!(err.server_code(), Some(ErrorCode::NotMember));
+}
+
+#[tokio::test]
+async fn deliveries_are_deduped_gaps_synced_and_acked() {
+    let (url, mut peers) = fake_server().await;
+    let (client, mut peer) = connect(&url, config(&url), &mut peers).await;
+    let conv = "u:alice:bob";
+    peer.send(deliver(vec![msg(conv, 1), msg(conv, 2), msg(conv, 2)]))
+        .await;
+    assert_eq!(seq_of(&next_event(&client).await), 1);
+    assert_eq!(seq_of(&next_event(&client).await), 2);
+    peer.send(deliver(vec![msg(conv, 4)])).await;
+    assert_eq!(seq_of(&next_event(&client).await), 4);
+
+    // The gap triggers a background sync over the stored cursors.
+    let f = peer.recv_request().await;
+    let Some(Body::Sync(req)) = f.body else {
+        panic!("expected SyncRequest, got {f:?}")
+    };
+    assert!(req.cursors.is_empty());
+    assert_eq!(req.limit, 500);
+    let page = proto::SyncResponse {
+        messages: vec![msg(conv, 2), msg(conv, 3), msg(conv, 4)],
+        more: false,
+    };
+    peer.send(proto::frame(f.req_id, Body::SyncResp(page)))
+        .await;
+    assert_eq!(seq_of(&next_event(&client).await), 3);
+
+    // DeliverAcks are cumulative and end at the contiguous mark.
+    let mut acked = 0;
+    while acked < 4 {
+        let f = peer.recv().await.expect("ack");
+        if let Some(Body::DeliverAck(a)) = f.body {
+            assert_eq!(a.conversation_id, conv);
+            assert!(a.seq > acked && a.seq <= 4, "ack {} after {acked}", a.seq);
+            acked = a.seq;
+        }
+    }
+    assert!(client.try_next_event().is_none());
+    client.close().await;
+    // Close is a WebSocket close.
+    assert!(peer.recv().await.is_none());
+}
+
+#[tokio::test]
+async fn sync_pages_with_explicit_cursors_and_returns_only_new() {
+    let (url, mut peers) = fake_server().await;
+    let (client, mut peer) = connect(&url, config(&url), &mut peers).await;
+    let client = Arc::new(client);
+    let c2 = client.clone();
+    let syncing = tokio::spawn(async move { c2.sync().await });
+
+    let f = peer.recv_request().await;
+    let Some(Body::Sync(req)) = f.body else {
+        panic!("expected SyncRequest, got {f:?}")
+    };
+    assert!(req.cursors.is_empty());
+    let page = proto::SyncResponse {
+        messages: vec![msg("g:a", 1), msg("g:a", 2), msg("u:alice:bob", 1)],
+        more: true,
+    };
+    peer.send(proto::frame(f.req_id, Body::SyncResp(page)))
+        .await;
+    let f = peer.recv_request().await;
+    let Some(Body::Sync(mut req)) = f.body else {
+        panic!("expected SyncRequest, got {f:?}")
+    };
+    req.cursors
+        .sort_by(|a, b| a.conversation_id.cmp(&b.conversation_id));
+    let cursors: Vec<(String, u64)> = req
+        .cursors
+        .into_iter()
+        .map(|c| (c.conversation_id, c.after_seq))
+        .collect();
+    assert_eq!(
+        cursors,
+        vec![("g:a".to_string(), 2), ("u:alice:bob".to_string(), 1)]
+    );
+    let page = proto::SyncResponse {
+        messages: vec![msg("u:alice:bob", 2)],
+        more: false,
+    };
+    peer.send(proto::frame(f.req_id, Body::SyncResp(page)))
+        .await;
+    let got = syncing.await.expect("join").expect("sync");
+    assert_eq!(got.len(), 4);
+    for _ in 0..4 {
+        assert!(matches!(next_event(&client).await, Event::Message(_)));
+    }
+
+    // A second sync that only returns known messages yields nothing new.
+    let c2 = client.clone();
+    let syncing = tokio::spawn(async move { c2.sync().await });
+    let f = peer.recv_request().await;
+    let page = proto::SyncResponse {
+        messages: vec![msg("u:alice:bob", 2)],
+        more: false,
+    };
+    peer.send(proto::frame(f.req_id, Body::SyncResp(page)))
+        .await;
+    assert!(syncing.await.expect("join").expect("sync").is_empty());
+    assert!(client.try_next_event().is_none());
+}
+
+#[tokio::test]
+async fn reconnect_resumes_resends_in_flight_send_and_syncs() {
+    let (url, mut peers) = fake_server().await;
+    let (client, mut peer) = connect(&url, config(&url), &mut peers).await;
+    let client = Arc::new(client);
+
+    let c2 = client.clone();
+    let sending = tokio::spawn(async move { c2.send_text("alice", "hello").await });
+    let c3 = client.clone();
+    let pinging = tokio::spawn(async move { c3.ping().await });
+    let mut sent_cmid = None;
+    let mut got_ping = false;
+    while sent_cmid.is_none() || !got_ping {
+        let f = peer.recv().await.expect("frame");
+        match f.body {
+            Some(Body::Send(s)) => sent_cmid = Some(s.client_msg_id),
+            Some(Body::Ping(_)) => got_ping = true,
+            _ => {}
+        }
+    }
+    let sent_cmid = sent_cmid.expect("send seen");
+    drop(peer); // the connection drops with the send and the ping in flight
+
+    assert!(matches!(
+        next_event(&client).await,
+        Event::Disconnected { .. }
+    ));
+    assert!(matches!(
+        pinging.await.expect("join"),
+        Err(ClientError::Disconnected)
+    ));
+    let mut peer = next_peer(&mut peers).await;
+    let login = peer.accept_login("bob", "n2", 30).await;
+    assert!(login.resume);
+    assert_eq!(
+        next_event(&client).await,
+        Event::Reconnected {
+            node_id: "n2".into()
+        }
+    );
+    assert_eq!(client.node_id(), "n2");
+
+    let mut got_send = false;
+    let mut got_sync = false;
+    while !(got_send && got_sync) {
+        let f = peer.recv_request().await;
+        match f.body {
+            Some(Body::Send(s)) => {
+                assert_eq!(s.client_msg_id, sent_cmid);
+                let ack = proto::SendAck {
+                    client_msg_id: s.client_msg_id,
+                    msg_id: "m-9".into(),
+                    conversation_id: "u:alice:bob".into(),
+                    seq: 9,
+                    server_time: 3,
+                    duplicate: true,
+                };
+                peer.send(proto::frame(f.req_id, Body::SendAck(ack))).await;
+                got_send = true;
+            }
+            Some(Body::Sync(req)) => {
+                assert!(req.cursors.is_empty());
+                let page = proto::SyncResponse {
+                    messages: vec![msg("u:alice:bob", 7)],
+                    more: false,
+                };
+                peer.send(proto::frame(f.req_id, Body::SyncResp(page)))
+                    .await;
+                got_sync = true;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let ack = sending.await.expect("join").expect("ack after reconnect");
+    assert!(ack.duplicate);
+    assert_eq!(ack.seq, 9);
+    assert_eq!(seq_of(&next_event(&client).await), 7);
+}
+
+#[tokio::test]
+async fn without_auto_reconnect_in_flight_requests_fail_and_events_end() {
+    let (url, mut peers) = fake_server().await;
+    let mut cfg = config(&url);
+    cfg.auto_reconnect = false;
+    let (client, mut peer) = connect(&url, cfg, &mut peers).await;
+    let client = Arc::new(client);
+    let c2 = client.clone();
+    let sending = tokio::spawn(async move { c2.send_text("alice", "x").await });
+    let _ = peer.recv_request().await;
+    drop(peer);
+    assert!(matches!(
+        sending.await.expect("join"),
+        Err(ClientError::Disconnected)
+    ));
+    assert!(matches!(
+        next_event(&client).await,
+        Event::Disconnected { .. }
+    ));
+    assert!(tokio::time::timeout(WAIT, client.next_event())
+        .await
+        .expect("stream end")
+        .is_none());
+    assert!(matches!(
+        client.ping().await,
+        Err(ClientError::Disconnected)
+    ));
+}
+
+#[tokio::test]
+async fn heartbeat_pings_follow_login_ok() {
+    let (url, mut peers) = fake_server().await;
+    let (client, mut peer) = tokio::join!(Client::connect(config(&url)), async {
+        let mut p = next_peer(&mut peers).await;
+        p.accept_login("bob", "n1", 1).await;
+        p
+    });
+    let client = client.expect("connect");
+    let started = std::time::Instant::now();
+    let f = peer.recv().await.expect("ping");
+    assert!(matches!(f.body, Some(Body::Ping(_))), "{f:?}");
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    // A user ping is answered through req_id correlation (answer every ping seen).
+    let c = Arc::new(client);
+    let c2 = c.clone();
+    let mut pinging = tokio::spawn(async move { c2.ping().await });
+    loop {
+        let f = peer.recv().await.expect("frame");
+        if let Some(Body::Ping(p)) = f.body {
+            let pong = proto::Pong {
+                client_time: p.client_time,
+                server_time: 2,
+            };
+            peer.send(proto::frame(f.req_id, Body::Pong(pong))).await;
+        }
+        if let Ok(r) = tokio::time::timeout(Duration::from_millis(200), &mut pinging).await {
+            assert_eq!(r.expect("join").expect("pong").server_time, 2);
+            break;
+        }
+    }
+}
+
+#[tokio::test]
+async fn own_messages_are_not_emitted_and_server_cursors_fast_forward() {
+    let (url, mut peers) = fake_server().await;
+    let (client, mut peer) = connect(&url, config(&url), &mut peers).await;
+    let client = Arc::new(client);
+    let conv = "u:alice:bob";
+
+    // Our own message (seq 5 of an old conversation) is known from its ack.
+    let c2 = client.clone();
+    let sending = tokio::spawn(async move { c2.send_text("alice", "mine").await });
+    let f = peer.recv_request().await;
+    let ack = proto::SendAck {
+        conversation_id: conv.into(),
+        seq: 5,
+        ..Default::default()
+    };
+    peer.send(proto::frame(f.req_id, Body::SendAck(ack))).await;
+    sending.await.expect("join").expect("ack");
+
+    // A live reply with seq 6 leaves 1..4 unknown: emitted, then a background sync.
+    peer.send(deliver(vec![msg(conv, 6), msg("g:x", 10)])).await;
+    assert_eq!(seq_of(&next_event(&client).await), 6);
+    assert_eq!(seq_of(&next_event(&client).await), 10);
+    let f = peer.recv_request().await;
+    assert!(matches!(f.body, Some(Body::Sync(_))), "{f:?}");
+    // The server's cursor is 4 for the direct chat (page starts at 5, our own message),
+    // and past 10 for the group (absent from the single complete page).
+    let page = proto::SyncResponse {
+        messages: vec![msg(conv, 5), msg(conv, 6)],
+        more: false,
+    };
+    peer.send(proto::frame(f.req_id, Body::SyncResp(page)))
+        .await;
+
+    let mut acks = std::collections::BTreeMap::new();
+    while acks.get(conv) != Some(&6) || acks.get("g:x") != Some(&10) {
+        let f = peer.recv().await.expect("ack");
+        if let Some(Body::DeliverAck(a)) = f.body {
+            acks.insert(a.conversation_id, a.seq);
+        }
+    }
+    assert!(client.try_next_event().is_none());
+}

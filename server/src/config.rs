@@ -1,0 +1,597 @@
+//! Config: the one typed configuration of a node.
+//!
+//! Layers, later ones winning: built-in defaults, a TOML file (`--config`), `IM_*`
+//! environment variables, CLI flags. Every leaf key has an env name derived from its
+//! path (`persist.batch_max` -> `IM_PERSIST_BATCH_MAX`, `listen` -> `IM_LISTEN`). A bad
+//! value fails start-up with an error naming the key (or env var) and the value.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Errors from loading or validating the config; each names the key at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The config file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The TOML did not parse.
+    #[error("config file {path}: {message}")]
+    Syntax {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message.
+        message: String,
+    },
+    /// A key holds a value of the wrong type or an unknown key was given.
+    #[error("config key `{key}`: {message}")]
+    Key {
+        /// Dotted key path.
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// An environment override did not parse.
+    #[error("env {var} (config key `{key}`): cannot use value {value:?}: {message}")]
+    Env {
+        /// The variable name.
+        var: String,
+        /// Dotted key path.
+        key: String,
+        /// The raw value.
+        value: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A value has the right type but is out of range or inconsistent.
+    #[error("config key `{key}` = {value}: {message}")]
+    Invalid {
+        /// Dotted key path.
+        key: &'static str,
+        /// The value as given.
+        value: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// The whole node configuration.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Client WebSocket listener (`GET /ws`).
+    pub listen: String,
+    /// Admin HTTP listener.
+    pub admin_listen: String,
+    /// Data directory: SQLite database, generated secrets, logs.
+    pub data_dir: PathBuf,
+    /// `postgres://...` or `sqlite:PATH`; empty means SQLite at `<data_dir>/im.db`.
+    pub database_url: String,
+    /// HS256 secret for client tokens; empty means generated into `<data_dir>/jwt_secret`.
+    pub jwt_secret: String,
+    /// Bearer token for the admin API; empty means generated into `<data_dir>/admin_token`.
+    pub admin_token: String,
+    /// NATS URL for cluster mode; empty means single node.
+    pub nats_url: String,
+    /// This node's id; empty means derived from the host name.
+    pub node_id: String,
+    /// Protocol limits and timers.
+    pub limits: Limits,
+    /// Persistence (group commit) settings.
+    pub persist: Persist,
+    /// Outbound flow control.
+    pub flow: Flow,
+    /// Store tuning.
+    pub store: StoreConfig,
+}
+
+/// Protocol limits and timers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Largest accepted WebSocket message, in bytes.
+    pub max_frame_bytes: u32,
+    /// Heartbeat interval advertised in LoginOk.
+    pub heartbeat_secs: u32,
+    /// A connection with no frame for this long is closed.
+    pub idle_timeout_secs: u32,
+    /// A connection must log in within this time.
+    pub login_timeout_secs: u32,
+    /// Undecodable frames tolerated on one connection before it is closed.
+    pub max_bad_frames: u32,
+    /// Largest `SyncRequest.limit` honoured (and the default when 0).
+    pub sync_limit_max: u32,
+    /// Most members a group may have.
+    pub max_group_members: u32,
+}
+
+/// Persistence (group commit) settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Persist {
+    /// A batch closes at this many messages.
+    pub batch_max: u32,
+    /// ... or after this many milliseconds of waiting for more (0: commit what is queued).
+    pub batch_wait_ms: u32,
+    /// Bounded persistence queue; a full queue answers OVERLOADED.
+    pub queue_capacity: u32,
+    /// retry_after_ms sent with OVERLOADED.
+    pub retry_after_ms: u32,
+}
+
+/// Outbound flow control.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Flow {
+    /// Above this many queued bytes a connection is a slow consumer.
+    pub soft_mark_bytes: u64,
+    /// Above this many queued bytes a connection is closed.
+    pub hard_mark_bytes: u64,
+    /// A socket write stuck this long closes the connection.
+    pub write_timeout_secs: u32,
+    /// Most frames coalesced into one socket write.
+    pub coalesce_max_frames: u32,
+    /// WebSocket read buffer per connection (tungstenite allocates it eagerly).
+    pub ws_read_buffer_bytes: u32,
+    /// WebSocket write buffer per connection.
+    pub ws_write_buffer_bytes: u32,
+}
+
+/// Store tuning.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// SQLite `synchronous`: `full` (durable against power loss) or `normal` (against process crash).
+    pub sqlite_synchronous: String,
+    /// Reader connections (SQLite) or pool size (Postgres).
+    pub pool_size: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: "127.0.0.1:7070".into(),
+            admin_listen: "127.0.0.1:7071".into(),
+            data_dir: PathBuf::from("./data"),
+            database_url: String::new(),
+            jwt_secret: String::new(),
+            admin_token: String::new(),
+            nats_url: String::new(),
+            node_id: String::new(),
+            limits: Limits::default(),
+            persist: Persist::default(),
+            flow: Flow::default(),
+            store: StoreConfig::default(),
+        }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_frame_bytes: 64 * 1024,
+            heartbeat_secs: 30,
+            idle_timeout_secs: 90,
+            login_timeout_secs: 10,
+            max_bad_frames: 10,
+            sync_limit_max: 1000,
+            max_group_members: 100_000,
+        }
+    }
+}
+
+impl Default for Persist {
+    fn default() -> Self {
+        Persist {
+            batch_max: 512,
+            batch_wait_ms: 1,
+            queue_capacity: 20_000,
+            retry_after_ms: 50,
+        }
+    }
+}
+
+impl Default for Flow {
+    fn default() -> Self {
+        Flow {
+            soft_mark_bytes: 1 << 20,
+            hard_mark_bytes: 4 << 20,
+            write_timeout_secs: 10,
+            coalesce_max_frames: 64,
+            ws_read_buffer_bytes: 4096,
+            ws_write_buffer_bytes: 4096,
+        }
+    }
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            sqlite_synchronous: "full".into(),
+            pool_size: 4,
+        }
+    }
+}
+
+/// CLI flags that override the config (DESIGN.md section 11).
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    /// `--listen`
+    pub listen: Option<String>,
+    /// `--admin-listen`
+    pub admin_listen: Option<String>,
+    /// `--data-dir`
+    pub data_dir: Option<PathBuf>,
+    /// `--database-url`
+    pub database_url: Option<String>,
+}
+
+/// Which database backs the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Database {
+    /// Embedded SQLite file.
+    Sqlite(PathBuf),
+    /// Postgres connection URL.
+    Postgres(String),
+}
+
+impl Config {
+    /// Loads defaults, then `file`, then the process environment, then `overrides`; validates.
+    pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigError> {
+        Self::load_from(file, overrides, std::env::vars())
+    }
+
+    /// As [`Config::load`] with an explicit environment (for tests).
+    pub fn load_from(
+        file: Option<&Path>,
+        overrides: &Overrides,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        let mut tree = toml::Value::try_from(Config::default()).map_err(|e| ConfigError::Key {
+            key: String::new(),
+            message: e.to_string(),
+        })?;
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.to_owned(),
+                source,
+            })?;
+            let from_file: toml::Value =
+                toml::from_str(&text).map_err(|e| ConfigError::Syntax {
+                    path: path.to_owned(),
+                    message: e.message().to_string(),
+                })?;
+            merge(&mut tree, from_file);
+        }
+        let env: std::collections::HashMap<String, String> = env
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("IM_"))
+            .collect();
+        apply_env(&mut tree, &mut Vec::new(), &env)?;
+        let mut config: Config = serde_path_to_error::deserialize(tree).map_err(|e| {
+            let key = e.path().to_string();
+            ConfigError::Key {
+                key,
+                message: e.into_inner().to_string(),
+            }
+        })?;
+        if let Some(v) = &overrides.listen {
+            config.listen = v.clone();
+        }
+        if let Some(v) = &overrides.admin_listen {
+            config.admin_listen = v.clone();
+        }
+        if let Some(v) = &overrides.data_dir {
+            config.data_dir = v.clone();
+        }
+        if let Some(v) = &overrides.database_url {
+            config.database_url = v.clone();
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks ranges and formats; the error names the key and the value.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        addr("listen", &self.listen)?;
+        addr("admin_listen", &self.admin_listen)?;
+        self.database()?;
+        if !self.node_id.is_empty() && !im_proto::valid_id(&self.node_id) {
+            return Err(invalid(
+                "node_id",
+                &self.node_id,
+                "use 1-64 characters of A-Z a-z 0-9 _ . @ -",
+            ));
+        }
+        let l = &self.limits;
+        range("limits.max_frame_bytes", l.max_frame_bytes, 256, 16 << 20)?;
+        range("limits.heartbeat_secs", l.heartbeat_secs, 1, 3600)?;
+        range("limits.idle_timeout_secs", l.idle_timeout_secs, 1, 86_400)?;
+        if l.idle_timeout_secs <= l.heartbeat_secs {
+            return Err(invalid(
+                "limits.idle_timeout_secs",
+                l.idle_timeout_secs,
+                "must be greater than limits.heartbeat_secs",
+            ));
+        }
+        range("limits.login_timeout_secs", l.login_timeout_secs, 1, 3600)?;
+        range("limits.sync_limit_max", l.sync_limit_max, 1, 100_000)?;
+        range(
+            "limits.max_group_members",
+            l.max_group_members,
+            2,
+            10_000_000,
+        )?;
+        let p = &self.persist;
+        range("persist.batch_max", p.batch_max, 1, 10_000)?;
+        range("persist.batch_wait_ms", p.batch_wait_ms, 0, 1000)?;
+        range("persist.queue_capacity", p.queue_capacity, 1, 10_000_000)?;
+        range("persist.retry_after_ms", p.retry_after_ms, 1, 60_000)?;
+        let f = &self.flow;
+        range("flow.soft_mark_bytes", f.soft_mark_bytes, 1024, 1 << 40)?;
+        if f.hard_mark_bytes <= f.soft_mark_bytes {
+            return Err(invalid(
+                "flow.hard_mark_bytes",
+                f.hard_mark_bytes,
+                "must be greater than flow.soft_mark_bytes",
+            ));
+        }
+        range("flow.write_timeout_secs", f.write_timeout_secs, 1, 3600)?;
+        range("flow.coalesce_max_frames", f.coalesce_max_frames, 1, 4096)?;
+        range(
+            "flow.ws_read_buffer_bytes",
+            f.ws_read_buffer_bytes,
+            256,
+            16 << 20,
+        )?;
+        range(
+            "flow.ws_write_buffer_bytes",
+            f.ws_write_buffer_bytes,
+            0,
+            16 << 20,
+        )?;
+        if !matches!(self.store.sqlite_synchronous.as_str(), "full" | "normal") {
+            return Err(invalid(
+                "store.sqlite_synchronous",
+                &self.store.sqlite_synchronous,
+                "use \"full\" or \"normal\"",
+            ));
+        }
+        range("store.pool_size", self.store.pool_size, 1, 1024)?;
+        Ok(())
+    }
+
+    /// The database this config selects.
+    pub fn database(&self) -> Result<Database, ConfigError> {
+        let url = self.database_url.trim();
+        if url.is_empty() {
+            Ok(Database::Sqlite(self.data_dir.join("im.db")))
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ok(Database::Postgres(url.to_string()))
+        } else if let Some(path) = url
+            .strip_prefix("sqlite://")
+            .or(url.strip_prefix("sqlite:"))
+        {
+            if path.is_empty() {
+                return Err(invalid("database_url", url, "sqlite: needs a file path"));
+            }
+            Ok(Database::Sqlite(PathBuf::from(path)))
+        } else {
+            Err(invalid(
+                "database_url",
+                url,
+                "use postgres://..., sqlite:PATH, or leave it empty for SQLite in data_dir",
+            ))
+        }
+    }
+
+    /// The client listener address (validated).
+    pub fn listen_addr(&self) -> SocketAddr {
+        // validate() has parsed it already.
+        self.listen.parse().unwrap_or(([127, 0, 0, 1], 7070).into())
+    }
+
+    /// The admin listener address (validated).
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_listen
+            .parse()
+            .unwrap_or(([127, 0, 0, 1], 7071).into())
+    }
+}
+
+fn invalid(key: &'static str, value: impl std::fmt::Display, message: &str) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        value: value.to_string(),
+        message: message.to_string(),
+    }
+}
+
+fn addr(key: &'static str, value: &str) -> Result<(), ConfigError> {
+    value
+        .parse::<SocketAddr>()
+        .map(|_| ())
+        .map_err(|_| invalid(key, value, "expected IP:PORT, e.g. 127.0.0.1:7070"))
+}
+
+fn range<T: PartialOrd + std::fmt::Display>(
+    key: &'static str,
+    v: T,
+    lo: T,
+    hi: T,
+) -> Result<(), ConfigError> {
+    if v < lo || v > hi {
+        return Err(invalid(key, &v, &format!("must be between {lo} and {hi}")));
+    }
+    Ok(())
+}
+
+/// Deep-merges `over` into `base` (tables merge, everything else replaces).
+fn merge(base: &mut toml::Value, over: toml::Value) {
+    match (base, over) {
+        (toml::Value::Table(b), toml::Value::Table(o)) => {
+            for (k, v) in o {
+                match b.get_mut(&k) {
+                    Some(slot) => merge(slot, v),
+                    None => {
+                        b.insert(k, v);
+                    }
+                }
+            }
+        }
+        (slot, v) => *slot = v,
+    }
+}
+
+/// Applies `IM_<PATH>` overrides to every leaf of the (defaults-shaped) tree, parsing each
+/// raw value as the type the default has.
+fn apply_env(
+    node: &mut toml::Value,
+    path: &mut Vec<String>,
+    env: &std::collections::HashMap<String, String>,
+) -> Result<(), ConfigError> {
+    if let toml::Value::Table(table) = node {
+        for (k, v) in table.iter_mut() {
+            path.push(k.clone());
+            apply_env(v, path, env)?;
+            path.pop();
+        }
+        return Ok(());
+    }
+    let var = format!("IM_{}", path.join("_").to_uppercase());
+    let Some(raw) = env.get(&var) else {
+        return Ok(());
+    };
+    let err = |message: String| ConfigError::Env {
+        var: var.clone(),
+        key: path.join("."),
+        value: raw.clone(),
+        message,
+    };
+    *node = match node {
+        toml::Value::Integer(_) => toml::Value::Integer(
+            raw.trim()
+                .parse()
+                .map_err(|e: std::num::ParseIntError| err(e.to_string()))?,
+        ),
+        toml::Value::Float(_) => toml::Value::Float(
+            raw.trim()
+                .parse()
+                .map_err(|e: std::num::ParseFloatError| err(e.to_string()))?,
+        ),
+        toml::Value::Boolean(_) => toml::Value::Boolean(match raw.trim() {
+            "1" | "true" | "yes" | "on" => true,
+            "0" | "false" | "no" | "off" => false,
+            _ => return Err(err("expected true or false".into())),
+        }),
+        _ => toml::Value::String(raw.clone()),
+    };
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_validate_and_select_sqlite_in_data_dir() {
+        let c = Config::load_from(None, &Overrides::default(), env(&[])).unwrap();
+        assert_eq!(
+            c.database().unwrap(),
+            Database::Sqlite("./data/im.db".into())
+        );
+        assert_eq!(c.limits.max_frame_bytes, 65536);
+    }
+
+    #[test]
+    fn env_overrides_leaf_keys_and_flags_win() {
+        let c = Config::load_from(
+            None,
+            &Overrides {
+                listen: Some("127.0.0.1:9000".into()),
+                ..Default::default()
+            },
+            env(&[
+                ("IM_LISTEN", "127.0.0.1:1"),
+                ("IM_PERSIST_BATCH_MAX", "7"),
+                ("IM_NODE_ID", "n1"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.listen, "127.0.0.1:9000");
+        assert_eq!(c.persist.batch_max, 7);
+        assert_eq!(c.node_id, "n1");
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        let e = Config::load_from(
+            None,
+            &Overrides::default(),
+            env(&[("IM_PERSIST_BATCH_MAX", "lots")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("IM_PERSIST_BATCH_MAX") && e.contains("lots"),
+            "{e}"
+        );
+
+        let e = Config::load_from(None, &Overrides::default(), env(&[("IM_LISTEN", "nope")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`listen`") && e.contains("nope"), "{e}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "[persist]\nbatch_max = \"x\"\n").unwrap();
+        let e = Config::load_from(Some(&file), &Overrides::default(), env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("persist.batch_max"), "{e}");
+
+        std::fs::write(&file, "[persist]\nbatch_mux = 3\n").unwrap();
+        let e = Config::load_from(Some(&file), &Overrides::default(), env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("batch_mux"), "{e}");
+
+        std::fs::write(
+            &file,
+            "[flow]\nsoft_mark_bytes = 5000\nhard_mark_bytes = 10\n",
+        )
+        .unwrap();
+        let e = Config::load_from(Some(&file), &Overrides::default(), env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("flow.hard_mark_bytes") && e.contains("10"),
+            "{e}"
+        );
+
+        let e = Config::load_from(
+            None,
+            &Overrides {
+                database_url: Some("mysql://x".into()),
+                ..Default::default()
+            },
+            env(&[]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("database_url") && e.contains("mysql://x"), "{e}");
+    }
+}

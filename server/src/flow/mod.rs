@@ -1,0 +1,276 @@
+//! Flow: the per-connection outbound queue, bounded in bytes (DESIGN.md section 5).
+//!
+//! Producers (the persistence writer for acks, the router for deliveries, the
+//! connection's own reader for replies) call [`Outbound::push`]; the connection's write
+//! loop drains it. Above the soft mark the connection is a slow consumer and only
+//! critical frames are queued (the rest it fetches by sync); above the hard mark it is
+//! closed. This module owns those decisions and the per-connection figures.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, watch};
+
+use crate::obs::{EndToEnd, Metrics};
+
+/// One queued frame: encoded bytes (shared across recipients), when it was queued, and
+/// the end-to-end probe of the message it carries, if any.
+pub struct OutFrame {
+    /// The encoded frame.
+    pub bytes: Bytes,
+    /// When it entered the queue (for the `queue_wait` stage).
+    pub enqueued: Instant,
+    /// Completed when the last recipient's write is done.
+    pub e2e: Option<std::sync::Arc<EndToEnd>>,
+}
+
+/// Why a connection is being closed: a WebSocket close code and a reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CloseReason {
+    /// WebSocket close code.
+    pub code: u16,
+    /// Short reason sent in the close frame (and the `reason` label of the metric).
+    pub reason: &'static str,
+}
+
+impl CloseReason {
+    /// Login missing, token invalid, or too many bad frames (1008).
+    pub const POLICY: u16 = 1008;
+    /// Text frames (1003).
+    pub const UNSUPPORTED: u16 = 1003;
+    /// Oversized frame (1009).
+    pub const TOO_BIG: u16 = 1009;
+    /// Server shutting down (1001).
+    pub const GOING_AWAY: u16 = 1001;
+    /// Server error (1011).
+    pub const INTERNAL: u16 = 1011;
+    /// Idle timeout (private range).
+    pub const IDLE: u16 = 4001;
+    /// Kicked by an operator (private range).
+    pub const KICKED: u16 = 4002;
+    /// Slow consumer: hard mark or write timeout (private range).
+    pub const SLOW: u16 = 4008;
+
+    /// Builds a reason.
+    pub const fn new(code: u16, reason: &'static str) -> Self {
+        CloseReason { code, reason }
+    }
+}
+
+/// Outcome of a push.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pushed {
+    /// Queued for writing.
+    Queued,
+    /// Not queued: the connection is a slow consumer and the frame was not critical.
+    DroppedSlow,
+    /// Not queued: the connection is closing or closed.
+    Closed,
+}
+
+/// Connection lifecycle state, as shown by the admin API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnState {
+    /// Connected, not yet logged in.
+    Handshake = 0,
+    /// Logged in and healthy.
+    Active = 1,
+    /// Above the soft mark.
+    Slow = 2,
+    /// Being closed.
+    Closing = 3,
+}
+
+/// The outbound side of one connection, shared by everyone who writes to it.
+pub struct Outbound {
+    /// Node-unique connection id.
+    pub conn_id: u64,
+    /// When the connection was accepted.
+    pub opened: Instant,
+    /// Remote address.
+    pub remote: String,
+    user: Mutex<Option<String>>,
+    tx: mpsc::UnboundedSender<OutFrame>,
+    queued: AtomicUsize,
+    soft: usize,
+    hard: usize,
+    slow: AtomicBool,
+    logged_in: AtomicBool,
+    close: watch::Sender<Option<CloseReason>>,
+    /// Frames received from the client.
+    pub frames_in: AtomicU64,
+    /// Frames handed to the socket.
+    pub frames_out: AtomicU64,
+    metrics: Metrics,
+}
+
+/// The write loop's end of an [`Outbound`].
+pub struct OutboundRx {
+    /// Encoded frames to write, in order.
+    pub frames: mpsc::UnboundedReceiver<OutFrame>,
+    /// Becomes `Some` when the connection must close.
+    pub close: watch::Receiver<Option<CloseReason>>,
+}
+
+impl Outbound {
+    /// Creates the queue for a new connection.
+    pub fn new(
+        conn_id: u64,
+        remote: String,
+        soft: u64,
+        hard: u64,
+        metrics: Metrics,
+    ) -> (std::sync::Arc<Outbound>, OutboundRx) {
+        let (tx, frames) = mpsc::unbounded_channel();
+        let (close, close_rx) = watch::channel(None);
+        let out = Outbound {
+            conn_id,
+            opened: Instant::now(),
+            remote,
+            user: Mutex::new(None),
+            tx,
+            queued: AtomicUsize::new(0),
+            soft: soft as usize,
+            hard: hard as usize,
+            slow: AtomicBool::new(false),
+            logged_in: AtomicBool::new(false),
+            close,
+            frames_in: AtomicU64::new(0),
+            frames_out: AtomicU64::new(0),
+            metrics,
+        };
+        (
+            std::sync::Arc::new(out),
+            OutboundRx {
+                frames,
+                close: close_rx,
+            },
+        )
+    }
+
+    /// Queues an encoded frame. Critical frames (acks, errors, pongs, one-to-one
+    /// messages) pass the soft mark; nothing passes the hard mark, which closes the
+    /// connection instead.
+    pub fn push(&self, frame: Bytes, critical: bool) -> Pushed {
+        self.push_traced(frame, critical, None)
+    }
+
+    /// As [`Outbound::push`], carrying the message's end-to-end probe to the write.
+    pub fn push_traced(
+        &self,
+        frame: Bytes,
+        critical: bool,
+        e2e: Option<&std::sync::Arc<EndToEnd>>,
+    ) -> Pushed {
+        if self.close.borrow().is_some() {
+            return Pushed::Closed;
+        }
+        let len = frame.len();
+        let queued = self.queued.load(Relaxed);
+        if queued + len > self.hard {
+            self.metrics.slow_consumer_disconnects.increment(1);
+            self.close(CloseReason::new(CloseReason::SLOW, "slow consumer"));
+            return Pushed::Closed;
+        }
+        if queued + len > self.soft {
+            if !self.slow.swap(true, Relaxed) {
+                self.metrics.slow_consumers.increment(1.0);
+            }
+            if !critical {
+                self.metrics.dropped_slow.increment(1);
+                return Pushed::DroppedSlow;
+            }
+        }
+        self.queued.fetch_add(len, Relaxed);
+        self.metrics.outbound_queued_bytes.increment(len as f64);
+        let item = OutFrame {
+            bytes: frame,
+            enqueued: Instant::now(),
+            e2e: e2e.map(|e| {
+                e.add();
+                e.clone()
+            }),
+        };
+        if let Err(mpsc::error::SendError(item)) = self.tx.send(item) {
+            self.written(len);
+            if let Some(e) = item.e2e {
+                e.done(&self.metrics);
+            }
+            return Pushed::Closed;
+        }
+        Pushed::Queued
+    }
+
+    /// Called by the write loop once `len` bytes have left the queue.
+    pub fn written(&self, len: usize) {
+        let before = self.queued.fetch_sub(len, Relaxed);
+        self.metrics.outbound_queued_bytes.decrement(len as f64);
+        if before - len < self.soft / 2 && self.slow.swap(false, Relaxed) {
+            self.metrics.slow_consumers.decrement(1.0);
+        }
+    }
+
+    /// Asks the connection to close (first reason wins).
+    pub fn close(&self, reason: CloseReason) {
+        self.close.send_if_modified(|cur| {
+            if cur.is_none() {
+                *cur = Some(reason);
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// A watch that changes when the connection starts closing.
+    pub fn close_watch(&self) -> watch::Receiver<Option<CloseReason>> {
+        self.close.subscribe()
+    }
+
+    /// The close reason, once closing.
+    pub fn close_reason(&self) -> Option<CloseReason> {
+        self.close.borrow().clone()
+    }
+
+    /// Records the logged-in user.
+    pub fn set_user(&self, user: &str) {
+        if let Ok(mut u) = self.user.lock() {
+            *u = Some(user.to_string());
+        }
+        self.logged_in.store(true, Relaxed);
+    }
+
+    /// The logged-in user, if any.
+    pub fn user(&self) -> Option<String> {
+        self.user.lock().ok().and_then(|u| u.clone())
+    }
+
+    /// Bytes queued and not yet written.
+    pub fn queued_bytes(&self) -> usize {
+        self.queued.load(Relaxed)
+    }
+
+    /// Current state.
+    pub fn state(&self) -> ConnState {
+        if self.close.borrow().is_some() {
+            ConnState::Closing
+        } else if self.slow.load(Relaxed) {
+            ConnState::Slow
+        } else if self.logged_in.load(Relaxed) {
+            ConnState::Active
+        } else {
+            ConnState::Handshake
+        }
+    }
+
+    /// Releases gauges this connection holds (called once when it ends).
+    pub fn finish(&self) {
+        if self.slow.swap(false, Relaxed) {
+            self.metrics.slow_consumers.decrement(1.0);
+        }
+        let left = self.queued.swap(0, Relaxed);
+        self.metrics.outbound_queued_bytes.decrement(left as f64);
+    }
+}

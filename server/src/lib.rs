@@ -1,0 +1,208 @@
+//! im-server: an observability-first IM server (WebSocket + protobuf).
+//!
+//! The message path, one module per stage or concern: `gateway` (accept, read and write
+//! loops) -> `pipeline` (validate, relation, persist, route) -> `flow` (outbound queues)
+//! -> back out through `gateway`. `store` holds durable state, `obs` the metrics,
+//! `admin` the admin API, `config` the typed config and `auth` tokens and secrets.
+//! [`Node::start`] wires them together.
+
+#![warn(missing_docs)]
+
+pub mod admin;
+pub mod auth;
+pub mod config;
+pub mod flow;
+pub mod gateway;
+pub mod obs;
+pub mod pipeline;
+pub mod store;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+use auth::Secrets;
+use config::Config;
+use flow::CloseReason;
+use gateway::{Connections, Gateway};
+use obs::Metrics;
+use pipeline::persist;
+use pipeline::relation::Relations;
+use pipeline::route::Router;
+use pipeline::Pipeline;
+use store::Store;
+
+/// One running node: every long-lived part, owned here and shared by reference.
+pub struct Node {
+    /// This node's id.
+    pub node_id: String,
+    /// The config it runs with.
+    pub config: Config,
+    /// Token keys and admin token.
+    pub secrets: Secrets,
+    /// The store.
+    pub store: Arc<dyn Store>,
+    /// The stages after decode.
+    pub pipeline: Arc<Pipeline>,
+    /// Live connections.
+    pub conns: Arc<Connections>,
+    /// Metric handles.
+    pub metrics: Metrics,
+    /// Prometheus render handle.
+    pub prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    /// When the node started.
+    pub started: Instant,
+    /// Set while shutting down.
+    pub draining: Arc<AtomicBool>,
+}
+
+/// A started node with its bound addresses.
+pub struct Running {
+    /// The node.
+    pub node: Arc<Node>,
+    /// Bound client listener.
+    pub client_addr: SocketAddr,
+    /// Bound admin listener.
+    pub admin_addr: SocketAddr,
+    writer: tokio::task::JoinHandle<()>,
+    servers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Node {
+    /// Opens the store, spawns the writer and router, binds both listeners.
+    pub async fn start(config: Config) -> anyhow::Result<Running> {
+        let prometheus = obs::install_recorder();
+        let metrics = Metrics::new();
+        let secrets = Secrets::load(&config).context("loading secrets")?;
+        let store = store::open(&config).await.context("opening the store")?;
+        let node_id = if config.node_id.is_empty() {
+            default_node_id()
+        } else {
+            config.node_id.clone()
+        };
+
+        let relations = Arc::new(Relations::new(store.clone()));
+        let router = Arc::new(Router::new(metrics.clone()));
+        let (route_tx, route_rx) = mpsc::channel(1024);
+        tokio::spawn(router.clone().run(route_rx));
+        let (persist, persist_rx) =
+            persist::queue(config.persist.queue_capacity as usize, metrics.clone());
+        let writer = tokio::spawn(persist::run_writer(
+            store.clone(),
+            relations.clone(),
+            persist_rx,
+            route_tx,
+            config.persist.clone(),
+            config.limits.max_group_members,
+            metrics.clone(),
+        ));
+        let pipeline = Arc::new(Pipeline {
+            store: store.clone(),
+            relations,
+            persist,
+            router,
+            limits: config.limits.clone(),
+            retry_after_ms: config.persist.retry_after_ms,
+            metrics: metrics.clone(),
+        });
+        let conns = Arc::new(Connections::default());
+        let draining = Arc::new(AtomicBool::new(false));
+        let node = Arc::new(Node {
+            node_id: node_id.clone(),
+            config: config.clone(),
+            secrets: secrets.clone(),
+            store,
+            pipeline: pipeline.clone(),
+            conns: conns.clone(),
+            metrics: metrics.clone(),
+            prometheus,
+            started: Instant::now(),
+            draining: draining.clone(),
+        });
+        let gateway = Gateway::new(
+            pipeline,
+            secrets.keys.clone(),
+            config.limits.clone(),
+            config.flow.clone(),
+            node_id,
+            conns,
+            metrics,
+            draining,
+        );
+
+        let client = TcpListener::bind(config.listen_addr())
+            .await
+            .with_context(|| format!("binding listen = {}", config.listen))?;
+        let admin = TcpListener::bind(config.admin_addr())
+            .await
+            .with_context(|| format!("binding admin_listen = {}", config.admin_listen))?;
+        let client_addr = client.local_addr()?;
+        let admin_addr = admin.local_addr()?;
+        let client_app = gateway
+            .router()
+            .into_make_service_with_connect_info::<SocketAddr>();
+        let admin_app = admin::router(node.clone());
+        let servers = vec![
+            tokio::spawn(async move {
+                let listener = axum::serve::ListenerExt::tap_io(client, |tcp| {
+                    let _ = tcp.set_nodelay(true);
+                });
+                if let Err(e) = axum::serve(listener, client_app).await {
+                    tracing::error!(error = %e, "client listener failed");
+                }
+            }),
+            tokio::spawn(async move {
+                if let Err(e) = axum::serve(admin, admin_app).await {
+                    tracing::error!(error = %e, "admin listener failed");
+                }
+            }),
+        ];
+        Ok(Running {
+            node,
+            client_addr,
+            admin_addr,
+            writer,
+            servers,
+        })
+    }
+}
+
+impl Running {
+    /// Graceful stop: refuse new connections, tell clients to go away, commit what the
+    /// persistence queue holds, and wait (up to `deadline`) for the writer to finish.
+    pub async fn shutdown(self, deadline: Duration) {
+        let node = self.node;
+        node.draining.store(true, Ordering::Relaxed);
+        node.conns.close_all(CloseReason::new(
+            CloseReason::GOING_AWAY,
+            "server shutting down",
+        ));
+        let end = Instant::now() + deadline;
+        while !node.conns.is_empty() && Instant::now() < end {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for s in &self.servers {
+            s.abort();
+        }
+        let _ = tokio::time::timeout(
+            end.saturating_duration_since(Instant::now()),
+            node.pipeline.persist.flush(),
+        )
+        .await;
+        drop(self.writer);
+    }
+}
+
+fn default_node_id() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| im_proto::valid_id(h))
+        .unwrap_or_else(|| "node".to_string());
+    host
+}

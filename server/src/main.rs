@@ -1,0 +1,124 @@
+//! The `im-server` binary: `im-server [flags]` runs a node; `im-server token --user NAME`
+//! prints a client token signed with the node's secret.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use im_server::config::{Config, Overrides};
+
+#[derive(Parser)]
+#[command(name = "im-server", version, about = "Observability-first IM server")]
+struct Cli {
+    /// TOML config file.
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    /// Client WebSocket listener, e.g. 127.0.0.1:7070.
+    #[arg(long, global = true)]
+    listen: Option<String>,
+    /// Admin HTTP listener, e.g. 127.0.0.1:7071.
+    #[arg(long, global = true)]
+    admin_listen: Option<String>,
+    /// Data directory (SQLite database, generated secrets, logs).
+    #[arg(long, global = true)]
+    data_dir: Option<PathBuf>,
+    /// postgres://... or sqlite:PATH (default: SQLite in the data dir).
+    #[arg(long, global = true)]
+    database_url: Option<String>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print a client token (HS256 JWT) for a user.
+    Token {
+        /// The user id (claim `sub`).
+        #[arg(long)]
+        user: String,
+        /// Lifetime, e.g. 90s, 10m, 1h, 7d.
+        #[arg(long, default_value = "1h", value_parser = im_server::auth::parse_ttl)]
+        ttl: Duration,
+    },
+}
+
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("im-server: error: {e:#}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let overrides = Overrides {
+        listen: cli.listen,
+        admin_listen: cli.admin_listen,
+        data_dir: cli.data_dir,
+        database_url: cli.database_url,
+    };
+    let config = Config::load(cli.config.as_deref(), &overrides)?;
+    match cli.command {
+        Some(Command::Token { user, ttl }) => {
+            let secrets = im_server::auth::Secrets::load(&config)?;
+            println!("{}", secrets.keys.issue(&user, ttl)?);
+            Ok(())
+        }
+        None => serve(config),
+    }
+}
+
+fn serve(config: Config) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("IM_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    rt.block_on(async move {
+        let running = im_server::Node::start(config).await?;
+        tracing::info!(
+            node_id = %running.node.node_id,
+            store = running.node.store.backend(),
+            "listening client={} admin={}",
+            running.client_addr,
+            running.admin_addr
+        );
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        running.shutdown(Duration::from_secs(10)).await;
+        tracing::info!("stopped");
+        Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

@@ -1,0 +1,229 @@
+//! Obs: metrics and stage probes. Owns the Prometheus recorder (installed once per
+//! process) and the [`Metrics`] handles every stage records into; handles are looked up
+//! once here, never per message (DESIGN.md sections 3 and 7).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// A stage of the message path (label `stage` of `im_stage_duration_seconds`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Protobuf decode of one frame.
+    Decode,
+    /// Session/auth check.
+    Auth,
+    /// Field validation.
+    Validate,
+    /// Membership lookup and recipient list.
+    Relation,
+    /// Time in the persistence queue before the batch starts.
+    PersistWait,
+    /// The batch transaction.
+    PersistCommit,
+    /// Recipient lookup and enqueue.
+    Route,
+    /// Encoding the delivery once.
+    Encode,
+    /// Time in the outbound queue.
+    QueueWait,
+    /// The socket write.
+    Write,
+    /// Decode start to the last recipient's socket write.
+    EndToEnd,
+}
+
+impl Stage {
+    /// Every stage, in path order.
+    pub const ALL: [Stage; 11] = [
+        Stage::Decode,
+        Stage::Auth,
+        Stage::Validate,
+        Stage::Relation,
+        Stage::PersistWait,
+        Stage::PersistCommit,
+        Stage::Route,
+        Stage::Encode,
+        Stage::QueueWait,
+        Stage::Write,
+        Stage::EndToEnd,
+    ];
+
+    /// The label value.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Stage::Decode => "decode",
+            Stage::Auth => "auth",
+            Stage::Validate => "validate",
+            Stage::Relation => "relation",
+            Stage::PersistWait => "persist_wait",
+            Stage::PersistCommit => "persist_commit",
+            Stage::Route => "route",
+            Stage::Encode => "encode",
+            Stage::QueueWait => "queue_wait",
+            Stage::Write => "write",
+            Stage::EndToEnd => "end_to_end",
+        }
+    }
+}
+
+/// Histogram buckets for stage latencies: 1 us to 10 s.
+const STAGE_BUCKETS: &[f64] = &[
+    1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2,
+    5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+/// Buckets for batch sizes.
+const BATCH_BUCKETS: &[f64] = &[
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
+];
+
+static RECORDER: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// Installs the process-wide Prometheus recorder (idempotent) and returns its handle.
+pub fn install_recorder() -> Option<PrometheusHandle> {
+    RECORDER
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    Matcher::Full("im_stage_duration_seconds".into()),
+                    STAGE_BUCKETS,
+                )
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full("im_persist_batch_size".into()),
+                        BATCH_BUCKETS,
+                    )
+                });
+            match builder.and_then(|b| b.install_recorder()) {
+                Ok(handle) => Some(handle),
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics recorder not installed");
+                    None
+                }
+            }
+        })
+        .clone()
+}
+
+/// Cheap, cloneable metric handles for the hot path.
+#[derive(Clone)]
+pub struct Metrics {
+    stages: [Histogram; 11],
+    /// `im_connections`
+    pub connections: Gauge,
+    /// `im_connections_opened_total`
+    pub connections_opened: Counter,
+    /// `im_messages_received_total{type}` by MessageType value.
+    pub received: [Counter; 4],
+    /// `im_messages_delivered_total`
+    pub delivered: Counter,
+    /// `im_messages_dropped_total{reason="slow_consumer"}`
+    pub dropped_slow: Counter,
+    /// `im_messages_encoded_total`: deliveries encoded (once per message, not per recipient).
+    pub encoded: Counter,
+    /// `im_persist_queue_depth`
+    pub persist_queue_depth: Gauge,
+    /// `im_persist_batch_size`
+    pub persist_batch_size: Histogram,
+    /// `im_persist_overloaded_total`: sends refused with OVERLOADED.
+    pub persist_overloaded: Counter,
+    /// `im_outbound_queued_bytes`
+    pub outbound_queued_bytes: Gauge,
+    /// `im_slow_consumers`
+    pub slow_consumers: Gauge,
+    /// `im_slow_consumer_disconnects_total`
+    pub slow_consumer_disconnects: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every handle with the installed recorder (no-ops when none is).
+    pub fn new() -> Self {
+        let stages =
+            Stage::ALL.map(|s| histogram!("im_stage_duration_seconds", "stage" => s.name()));
+        Metrics {
+            stages,
+            connections: gauge!("im_connections"),
+            connections_opened: counter!("im_connections_opened_total"),
+            received: ["text", "image", "file", "system"]
+                .map(|t| counter!("im_messages_received_total", "type" => t)),
+            delivered: counter!("im_messages_delivered_total"),
+            dropped_slow: counter!("im_messages_dropped_total", "reason" => "slow_consumer"),
+            encoded: counter!("im_messages_encoded_total"),
+            persist_queue_depth: gauge!("im_persist_queue_depth"),
+            persist_batch_size: histogram!("im_persist_batch_size"),
+            persist_overloaded: counter!("im_persist_overloaded_total"),
+            outbound_queued_bytes: gauge!("im_outbound_queued_bytes"),
+            slow_consumers: gauge!("im_slow_consumers"),
+            slow_consumer_disconnects: counter!("im_slow_consumer_disconnects_total"),
+        }
+    }
+
+    /// Records one stage duration.
+    #[inline]
+    pub fn stage(&self, stage: Stage, d: Duration) {
+        self.stages[stage as usize].record(d.as_secs_f64());
+    }
+
+    /// Records the time since `since` for a stage.
+    #[inline]
+    pub fn stage_since(&self, stage: Stage, since: Instant) {
+        self.stage(stage, since.elapsed());
+    }
+
+    /// Counts a bad frame by reason (rare path: looks the handle up).
+    pub fn bad_frame(&self, reason: &'static str) {
+        counter!("im_bad_frames_total", "reason" => reason).increment(1);
+    }
+
+    /// Counts a closed connection by reason.
+    pub fn connection_closed(&self, reason: &'static str) {
+        counter!("im_connections_closed_total", "reason" => reason).increment(1);
+        self.connections.decrement(1.0);
+    }
+
+    /// Counts a received message by its wire type.
+    #[inline]
+    pub fn message_received(&self, msg_type: i32) {
+        if let Some(c) = self.received.get(msg_type as usize) {
+            c.increment(1);
+        }
+    }
+}
+
+/// The end-to-end probe of one message: decode start to the last recipient's socket
+/// write. Each queued copy holds one count; the write that drops it to zero records.
+pub struct EndToEnd {
+    started: Instant,
+    pending: AtomicUsize,
+}
+
+impl EndToEnd {
+    /// A probe started at `started`, holding one count for its creator.
+    pub fn new(started: Instant) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(EndToEnd {
+            started,
+            pending: AtomicUsize::new(1),
+        })
+    }
+
+    /// Adds a pending copy.
+    pub fn add(&self) {
+        self.pending.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Marks one copy written (or the creator finished); the last records the stage.
+    pub fn done(&self, metrics: &Metrics) {
+        if self.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            metrics.stage_since(Stage::EndToEnd, self.started);
+        }
+    }
+}

@@ -1,0 +1,376 @@
+//! Pipeline: the stages a logged-in client's frame goes through after decode
+//! (DESIGN.md section 3): auth (the session), validate, relation, persist, route.
+//! [`Pipeline::handle`] is called by the gateway's read loop, one frame at a time per
+//! connection; replies and pushes leave through the connection's [`Outbound`].
+
+pub mod persist;
+pub mod relation;
+pub mod route;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use im_proto::{
+    error_frame, frame, group_op, parse_conversation, send, Body, ConversationRef, DeliverAck,
+    ErrorCode, Frame, GroupOp, GroupOpOk, MessageType, Pong, Send, SyncRequest, SyncResponse,
+};
+
+use crate::config::Limits;
+use crate::flow::Outbound;
+use crate::obs::{Metrics, Stage};
+use crate::store::{CursorUpdate, GroupChange, NewMessage, Store, StoreError};
+use persist::{PersistHandle, PersistReq, WriteReq};
+use relation::Relations;
+use route::Recipients;
+
+/// Longest accepted client_msg_id, in bytes.
+pub const MAX_CLIENT_MSG_ID: usize = 128;
+/// Most cursors one SyncRequest may carry.
+pub const MAX_SYNC_CURSORS: usize = 10_000;
+/// Default page size when SyncRequest.limit is 0.
+pub const DEFAULT_SYNC_LIMIT: u32 = 200;
+
+/// A logged-in connection as the pipeline sees it.
+pub struct Session {
+    /// The authenticated user.
+    pub user_id: String,
+    /// Its outbound queue.
+    pub out: Arc<Outbound>,
+}
+
+impl Session {
+    fn reply(&self, f: &Frame) {
+        self.out.push(im_proto::encode(f), true);
+    }
+}
+
+/// A frame the pipeline refused; the gateway sends it as `Error` and counts it.
+#[derive(Debug, Clone)]
+pub struct Refusal {
+    /// The error code.
+    pub code: ErrorCode,
+    /// Human-readable message.
+    pub message: String,
+    /// Retry hint (OVERLOADED).
+    pub retry_after_ms: u32,
+    /// `im_bad_frames_total` reason, when it counts as bad input.
+    pub bad_reason: Option<&'static str>,
+}
+
+impl Refusal {
+    fn bad(message: impl Into<String>) -> Self {
+        Refusal {
+            code: ErrorCode::BadFrame,
+            message: message.into(),
+            retry_after_ms: 0,
+            bad_reason: Some("protocol"),
+        }
+    }
+
+    fn code(code: ErrorCode, message: impl Into<String>, bad_reason: Option<&'static str>) -> Self {
+        Refusal {
+            code,
+            message: message.into(),
+            retry_after_ms: 0,
+            bad_reason,
+        }
+    }
+
+    fn store(e: StoreError) -> Self {
+        match e {
+            StoreError::GroupNotFound(g) => {
+                Refusal::code(ErrorCode::NotFound, format!("group {g} not found"), None)
+            }
+            StoreError::NotMember(g) => Refusal::code(
+                ErrorCode::NotMember,
+                format!("not a member of group {g}"),
+                Some("not_member"),
+            ),
+            StoreError::GroupExists(g) => Refusal::bad(format!("group {g} already exists")),
+            StoreError::GroupFull(g, n) => {
+                Refusal::bad(format!("group {g} would exceed {n} members"))
+            }
+            other => {
+                tracing::error!(error = %other, "store error");
+                Refusal::code(ErrorCode::Internal, "internal error", None)
+            }
+        }
+    }
+
+    /// The `Error` frame for this refusal.
+    pub fn to_frame(&self, req_id: u64) -> Frame {
+        let mut f = error_frame(req_id, self.code, self.message.clone());
+        if let Some(Body::Error(e)) = f.body.as_mut() {
+            e.retry_after_ms = self.retry_after_ms;
+        }
+        f
+    }
+}
+
+/// Shared state of the stages after decode.
+pub struct Pipeline {
+    /// The store (reads; writes go through the persistence writer).
+    pub store: Arc<dyn Store>,
+    /// Group membership cache.
+    pub relations: Arc<Relations>,
+    /// The persistence queue.
+    pub persist: PersistHandle,
+    /// Online sessions and fan-out.
+    pub router: Arc<route::Router>,
+    /// Protocol limits.
+    pub limits: Limits,
+    /// retry_after_ms for OVERLOADED.
+    pub retry_after_ms: u32,
+    /// Metric handles.
+    pub metrics: Metrics,
+}
+
+impl Pipeline {
+    /// Handles one frame from a logged-in session. `started` is when its decode began.
+    pub async fn handle(&self, s: &Session, f: Frame, started: Instant) -> Result<(), Refusal> {
+        let t = Instant::now();
+        let req_id = f.req_id;
+        let Some(body) = f.body else {
+            return Err(Refusal::bad("frame has no body"));
+        };
+        self.metrics.stage_since(Stage::Auth, t);
+        match body {
+            Body::Send(send) => self.on_send(s, req_id, send, started).await,
+            Body::DeliverAck(ack) => self.on_deliver_ack(s, ack).await,
+            Body::Sync(req) => self.on_sync(s, req_id, req).await,
+            Body::Ping(p) => {
+                s.reply(&frame(
+                    req_id,
+                    Body::Pong(Pong {
+                        client_time: p.client_time,
+                        server_time: im_proto::now_ms(),
+                    }),
+                ));
+                Ok(())
+            }
+            Body::GroupOp(op) => self.on_group_op(s, req_id, op).await,
+            Body::Login(_) => Err(Refusal::bad("already logged in")),
+            Body::Batch(_) => Err(Refusal::bad("nested batch")),
+            _ => Err(Refusal::bad("not a client frame")),
+        }
+    }
+
+    async fn on_send(
+        &self,
+        s: &Session,
+        req_id: u64,
+        send: Send,
+        started: Instant,
+    ) -> Result<(), Refusal> {
+        let t = Instant::now();
+        if MessageType::try_from(send.r#type).is_err() {
+            return Err(Refusal::bad(format!(
+                "unknown message type {}",
+                send.r#type
+            )));
+        }
+        if send.client_msg_id.len() > MAX_CLIENT_MSG_ID {
+            return Err(Refusal::bad(format!(
+                "client_msg_id longer than {MAX_CLIENT_MSG_ID} bytes"
+            )));
+        }
+        let target = match send.target {
+            Some(send::Target::ToUser(u)) if im_proto::valid_id(&u) => send::Target::ToUser(u),
+            Some(send::Target::GroupId(g)) if im_proto::valid_id(&g) => send::Target::GroupId(g),
+            Some(_) => return Err(Refusal::bad("invalid to_user or group_id")),
+            None => return Err(Refusal::bad("send needs to_user or group_id")),
+        };
+        self.metrics.stage_since(Stage::Validate, t);
+
+        let t = Instant::now();
+        let (conversation_id, recipients, direct) = match target {
+            send::Target::ToUser(to) => (
+                im_proto::direct_conversation(&s.user_id, &to),
+                Recipients::Direct(s.user_id.clone(), to.clone()),
+                Some((s.user_id.clone(), to)),
+            ),
+            send::Target::GroupId(g) => {
+                let members = self.relations.members(&g).await.map_err(Refusal::store)?;
+                let Some(members) = members else {
+                    return Err(Refusal::code(
+                        ErrorCode::NotFound,
+                        format!("group {g} not found"),
+                        None,
+                    ));
+                };
+                if !relation::is_in(&members, &s.user_id) {
+                    return Err(Refusal::code(
+                        ErrorCode::NotMember,
+                        format!("not a member of group {g}"),
+                        Some("not_member"),
+                    ));
+                }
+                (
+                    im_proto::group_conversation(&g),
+                    Recipients::Group(members),
+                    None,
+                )
+            }
+        };
+        self.metrics.stage_since(Stage::Relation, t);
+        self.metrics.message_received(send.r#type);
+
+        let req = PersistReq {
+            message: NewMessage {
+                conversation_id,
+                sender: s.user_id.clone(),
+                client_msg_id: send.client_msg_id,
+                msg_type: send.r#type,
+                payload: send.payload,
+                msg_id: uuid::Uuid::now_v7().simple().to_string(),
+                direct,
+            },
+            req_id,
+            origin: s.out.clone(),
+            recipients,
+            started,
+            enqueued: Instant::now(),
+        };
+        if self.persist.try_submit(WriteReq::Message(req)).is_err() {
+            self.metrics.persist_overloaded.increment(1);
+            return Err(Refusal {
+                code: ErrorCode::Overloaded,
+                message: "persistence queue full, retry with the same client_msg_id".into(),
+                retry_after_ms: self.retry_after_ms,
+                bad_reason: None,
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether `user` may read `conversation_id`.
+    async fn can_read(&self, user: &str, conversation_id: &str) -> Result<bool, Refusal> {
+        match parse_conversation(conversation_id) {
+            Some(c @ ConversationRef::Direct(..)) => Ok(c.is_direct_party(user)),
+            Some(ConversationRef::Group(g)) => self
+                .relations
+                .is_member(g, user)
+                .await
+                .map_err(Refusal::store),
+            None => Err(Refusal::bad(format!(
+                "invalid conversation id {conversation_id:?}"
+            ))),
+        }
+    }
+
+    async fn on_deliver_ack(&self, s: &Session, ack: DeliverAck) -> Result<(), Refusal> {
+        if !self.can_read(&s.user_id, &ack.conversation_id).await? {
+            return Err(Refusal::code(
+                ErrorCode::NotMember,
+                format!("not a member of {}", ack.conversation_id),
+                Some("not_member"),
+            ));
+        }
+        // Cursors are advisory: if the queue is full this one is skipped and a later
+        // (cumulative) ack carries it.
+        let _ = self.persist.try_submit(WriteReq::Cursor(CursorUpdate {
+            user_id: s.user_id.clone(),
+            conversation_id: ack.conversation_id,
+            seq: ack.seq,
+        }));
+        Ok(())
+    }
+
+    async fn on_sync(&self, s: &Session, req_id: u64, req: SyncRequest) -> Result<(), Refusal> {
+        if req.cursors.len() > MAX_SYNC_CURSORS {
+            return Err(Refusal::bad(format!(
+                "more than {MAX_SYNC_CURSORS} cursors"
+            )));
+        }
+        let limit = match req.limit {
+            0 => DEFAULT_SYNC_LIMIT.min(self.limits.sync_limit_max),
+            n => n.min(self.limits.sync_limit_max),
+        };
+        let mut cursors = Vec::with_capacity(req.cursors.len());
+        for c in req.cursors {
+            if !self.can_read(&s.user_id, &c.conversation_id).await? {
+                return Err(Refusal::code(
+                    ErrorCode::NotMember,
+                    format!("not a member of {}", c.conversation_id),
+                    Some("not_member"),
+                ));
+            }
+            cursors.push((c.conversation_id, c.after_seq));
+        }
+        let (messages, more) = self
+            .store
+            .sync(&s.user_id, &cursors, limit)
+            .await
+            .map_err(Refusal::store)?;
+        s.reply(&frame(
+            req_id,
+            Body::SyncResp(SyncResponse { messages, more }),
+        ));
+        Ok(())
+    }
+
+    async fn on_group_op(&self, s: &Session, req_id: u64, op: GroupOp) -> Result<(), Refusal> {
+        let kind = group_op::Op::try_from(op.op)
+            .map_err(|_| Refusal::bad(format!("unknown group op {}", op.op)))?;
+        let group_id = if op.group_id.is_empty() && kind == group_op::Op::Create {
+            format!("grp-{}", uuid::Uuid::now_v7().simple())
+        } else if im_proto::valid_id(&op.group_id) {
+            op.group_id
+        } else {
+            return Err(Refusal::bad("invalid group_id"));
+        };
+        if let Some(bad) = op.members.iter().find(|m| !im_proto::valid_id(m)) {
+            return Err(Refusal::bad(format!("invalid member id {bad:?}")));
+        }
+        if op.members.len() > self.limits.max_group_members as usize {
+            return Err(Refusal::bad(format!(
+                "more than {} members",
+                self.limits.max_group_members
+            )));
+        }
+        let change = match kind {
+            group_op::Op::Create => GroupChange::Create {
+                creator: s.user_id.clone(),
+                members: op.members,
+            },
+            group_op::Op::Join => {
+                let mut users = op.members;
+                users.push(s.user_id.clone());
+                GroupChange::Join(users)
+            }
+            group_op::Op::Leave => GroupChange::Leave(s.user_id.clone()),
+        };
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        let req = WriteReq::Group {
+            group_id: group_id.clone(),
+            change,
+            reply,
+        };
+        if self.persist.try_submit(req).is_err() {
+            return Err(Refusal {
+                code: ErrorCode::Overloaded,
+                message: "persistence queue full".into(),
+                retry_after_ms: self.retry_after_ms,
+                bad_reason: None,
+            });
+        }
+        let members = match tokio::time::timeout(Duration::from_secs(30), rx).await {
+            Ok(Ok(result)) => result.map_err(Refusal::store)?,
+            _ => {
+                return Err(Refusal::code(
+                    ErrorCode::Internal,
+                    "group change timed out",
+                    None,
+                ))
+            }
+        };
+        s.reply(&frame(
+            req_id,
+            Body::GroupOpOk(GroupOpOk {
+                group_id,
+                members: members.len() as u32,
+            }),
+        ));
+        Ok(())
+    }
+}

@@ -1,0 +1,280 @@
+//! The store test suite, run unchanged against both backends: a real SQLite file in a
+//! temp dir, and the real Postgres (`IM_TEST_DATABASE_URL`, default
+//! `postgres://postgres@127.0.0.1:5432/test`), each test in a fresh schema.
+
+use std::str::FromStr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use im_server::store::{
+    CursorUpdate, GroupChange, NewMessage, PgStore, SqliteStore, Store, StoreError,
+};
+
+fn pg_url() -> String {
+    std::env::var("IM_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string())
+}
+
+/// A store of each backend, freshly created.
+async fn stores() -> Vec<(Arc<dyn Store>, Option<tempfile::TempDir>)> {
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = SqliteStore::open(&dir.path().join("im.db"), true, 2)
+        .await
+        .expect("sqlite store");
+    let schema = format!(
+        "t_{}",
+        uuid::Uuid::now_v7().simple().to_string().to_lowercase()
+    );
+    let admin = sqlx::PgPool::connect(&pg_url())
+        .await
+        .unwrap_or_else(|e| panic!("Postgres at {} is required: {e}", pg_url()));
+    sqlx::query(&format!("CREATE SCHEMA {schema}"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    let opts = sqlx::postgres::PgConnectOptions::from_str(&pg_url())
+        .unwrap()
+        .options([("search_path", schema.as_str())]);
+    let pg = PgStore::connect_with(opts, 4).await.expect("pg store");
+    vec![(Arc::new(sqlite), Some(dir)), (Arc::new(pg), None)]
+}
+
+fn msg(conv: &str, sender: &str, cmid: &str, body: &str) -> NewMessage {
+    let direct = conv
+        .strip_prefix("u:")
+        .and_then(|r| r.split_once(':'))
+        .map(|(a, b)| (a.to_string(), b.to_string()));
+    NewMessage {
+        conversation_id: conv.into(),
+        sender: sender.into(),
+        client_msg_id: cmid.into(),
+        msg_type: 0,
+        payload: Bytes::from(body.to_string()),
+        msg_id: uuid::Uuid::now_v7().simple().to_string(),
+        direct,
+    }
+}
+
+#[tokio::test]
+async fn seqs_are_gapless_per_conversation_across_batches() {
+    for (s, _dir) in stores().await {
+        let batch = vec![
+            msg("u:a:b", "a", "1", "x"),
+            msg("u:a:c", "a", "2", "x"),
+            msg("u:a:b", "b", "3", "x"),
+        ];
+        let r = s.commit_batch(&batch, &[]).await.unwrap();
+        assert_eq!(
+            r.iter().map(|c| c.seq).collect::<Vec<_>>(),
+            [1, 1, 2],
+            "{}",
+            s.backend()
+        );
+        let r = s
+            .commit_batch(
+                &[msg("u:a:b", "a", "4", "x"), msg("u:a:b", "a", "", "no id")],
+                &[],
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            r.iter().map(|c| c.seq).collect::<Vec<_>>(),
+            [3, 4],
+            "{}",
+            s.backend()
+        );
+        assert!(r.iter().all(|c| !c.duplicate));
+    }
+}
+
+#[tokio::test]
+async fn duplicates_are_stored_once_within_and_across_batches() {
+    for (s, _dir) in stores().await {
+        let first = msg("u:a:b", "a", "same", "x");
+        let r = s
+            .commit_batch(&[first.clone(), msg("u:a:b", "a", "same", "x")], &[])
+            .await
+            .unwrap();
+        assert!(!r[0].duplicate && r[1].duplicate, "{}: {r:?}", s.backend());
+        assert_eq!(r[0].msg_id, r[1].msg_id);
+        assert_eq!(r[0].seq, r[1].seq);
+        let again = s
+            .commit_batch(&[msg("u:a:b", "a", "same", "x")], &[])
+            .await
+            .unwrap();
+        assert!(again[0].duplicate);
+        assert_eq!(again[0].msg_id, first.msg_id);
+        assert_eq!(again[0].seq, 1);
+        // The same client_msg_id from another sender is a different message.
+        let other = s
+            .commit_batch(&[msg("u:a:b", "b", "same", "x")], &[])
+            .await
+            .unwrap();
+        assert!(!other[0].duplicate);
+        assert_eq!(other[0].seq, 2);
+        let (all, more) = s.sync("b", &[], 100).await.unwrap();
+        assert_eq!(all.len(), 2, "{}", s.backend());
+        assert!(!more);
+    }
+}
+
+#[tokio::test]
+async fn sync_follows_stored_cursors_overrides_and_limits() {
+    for (s, _dir) in stores().await {
+        let mut batch = Vec::new();
+        for i in 0..5 {
+            batch.push(msg("u:a:b", "a", &format!("ab{i}"), &format!("ab{i}")));
+            batch.push(msg("u:b:c", "c", &format!("bc{i}"), &format!("bc{i}")));
+        }
+        batch.push(msg("u:a:c", "a", "ac", "not for b"));
+        s.commit_batch(&batch, &[]).await.unwrap();
+
+        let (page, more) = s.sync("b", &[], 3).await.unwrap();
+        assert!(more, "{}", s.backend());
+        let keys: Vec<(String, u64)> = page
+            .iter()
+            .map(|m| (m.conversation_id.clone(), m.seq))
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                ("u:a:b".into(), 1),
+                ("u:a:b".into(), 2),
+                ("u:a:b".into(), 3)
+            ]
+        );
+        let (page, more) = s.sync("b", &[("u:a:b".into(), 3)], 100).await.unwrap();
+        assert!(!more);
+        assert_eq!(page.len(), 2 + 5, "{}: {page:?}", s.backend());
+        assert!(page.iter().all(|m| m.conversation_id != "u:a:c"));
+
+        // Cursors move forward only; sync then starts after them.
+        let cur = |seq| CursorUpdate {
+            user_id: "b".into(),
+            conversation_id: "u:a:b".into(),
+            seq,
+        };
+        s.commit_batch(&[], &[cur(4)]).await.unwrap();
+        s.commit_batch(&[], &[cur(2)]).await.unwrap();
+        assert_eq!(s.cursor("b", "u:a:b").await.unwrap(), 4);
+        let (page, _) = s.sync("b", &[], 100).await.unwrap();
+        let ab: Vec<u64> = page
+            .iter()
+            .filter(|m| m.conversation_id == "u:a:b")
+            .map(|m| m.seq)
+            .collect();
+        assert_eq!(ab, [5]);
+        assert_eq!(&page[0].payload[..], b"ab4");
+        assert_eq!(page[0].client_msg_id, "ab4");
+    }
+}
+
+#[tokio::test]
+async fn groups_create_join_leave_and_new_members_start_at_now() {
+    for (s, _dir) in stores().await {
+        let members = s
+            .group_change(
+                "g1",
+                &GroupChange::Create {
+                    creator: "a".into(),
+                    members: vec!["b".into(), "b".into()],
+                },
+                10,
+            )
+            .await
+            .unwrap();
+        assert_eq!(members, ["a", "b"]);
+        assert!(matches!(
+            s.group_change(
+                "g1",
+                &GroupChange::Create {
+                    creator: "x".into(),
+                    members: vec![]
+                },
+                10
+            )
+            .await,
+            Err(StoreError::GroupExists(_))
+        ));
+        assert!(matches!(
+            s.group_change("nope", &GroupChange::Join(vec!["x".into()]), 10)
+                .await,
+            Err(StoreError::GroupNotFound(_))
+        ));
+        s.commit_batch(
+            &[
+                msg("g:g1", "a", "g-1", "early"),
+                msg("g:g1", "b", "g-2", "early"),
+            ],
+            &[],
+        )
+        .await
+        .unwrap();
+        let members = s
+            .group_change("g1", &GroupChange::Join(vec!["c".into()]), 10)
+            .await
+            .unwrap();
+        assert_eq!(members, ["a", "b", "c"]);
+        s.commit_batch(&[msg("g:g1", "a", "g-3", "late")], &[])
+            .await
+            .unwrap();
+        let (c_sees, _) = s.sync("c", &[], 100).await.unwrap();
+        assert_eq!(
+            c_sees.iter().map(|m| m.seq).collect::<Vec<_>>(),
+            [3],
+            "{}",
+            s.backend()
+        );
+        let (b_sees, _) = s.sync("b", &[], 100).await.unwrap();
+        assert_eq!(b_sees.len(), 3);
+
+        assert!(matches!(
+            s.group_change("g1", &GroupChange::Join(vec!["d".into(), "e".into()]), 4)
+                .await,
+            Err(StoreError::GroupFull(..))
+        ));
+        let members = s
+            .group_change("g1", &GroupChange::Leave("b".into()), 10)
+            .await
+            .unwrap();
+        assert_eq!(members, ["a", "c"]);
+        assert!(matches!(
+            s.group_change("g1", &GroupChange::Leave("b".into()), 10)
+                .await,
+            Err(StoreError::NotMember(_))
+        ));
+        assert_eq!(s.group_members("g1").await.unwrap().unwrap(), ["a", "c"]);
+        assert!(s.group_members("nope").await.unwrap().is_none());
+        s.ping().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn large_batches_and_payloads_round_trip() {
+    for (s, _dir) in stores().await {
+        let batch: Vec<NewMessage> = (0..1200)
+            .map(|i| {
+                let mut m = msg("u:x:y", "x", &format!("big{i}"), "");
+                m.payload = Bytes::from(vec![(i % 251) as u8; 1 + (i % 7) * 1000]);
+                m
+            })
+            .collect();
+        let r = s.commit_batch(&batch, &[]).await.unwrap();
+        assert_eq!(r.last().unwrap().seq, 1200, "{}", s.backend());
+        let mut all = Vec::new();
+        let mut after = 0;
+        loop {
+            let (page, more) = s.sync("y", &[("u:x:y".into(), after)], 500).await.unwrap();
+            after = page.last().map_or(after, |m| m.seq);
+            all.extend(page);
+            if !more {
+                break;
+            }
+        }
+        assert_eq!(all.len(), 1200);
+        for (i, m) in all.iter().enumerate() {
+            assert_eq!(m.payload.len(), 1 + (i % 7) * 1000);
+            assert!(m.payload.iter().all(|b| *b == (i % 251) as u8));
+        }
+    }
+}

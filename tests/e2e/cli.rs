@@ -1,0 +1,81 @@
+//! The binary's command line: token issuing and config errors.
+
+use std::process::Command;
+
+use crate::support::*;
+
+#[test]
+fn token_subcommand_prints_a_token_the_server_accepts() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(server_bin())
+        .args(["token", "--user", "dora", "--ttl", "10m"])
+        .env("IM_DATA_DIR", dir.path())
+        .env("IM_JWT_SECRET", SECRET)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let token = String::from_utf8(out.stdout).unwrap();
+    let user = im_server::auth::TokenKeys::new(SECRET.as_bytes())
+        .verify(token.trim())
+        .expect("valid token");
+    assert_eq!(user, "dora");
+}
+
+#[test]
+fn token_subcommand_uses_the_generated_secret_of_the_data_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(server_bin())
+        .args(["token", "--user", "eve", "--data-dir"])
+        .arg(dir.path())
+        .env_remove("IM_JWT_SECRET")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let secret = std::fs::read_to_string(dir.path().join("jwt_secret")).unwrap();
+    let token = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        im_server::auth::TokenKeys::new(secret.trim().as_bytes())
+            .verify(token.trim())
+            .unwrap(),
+        "eve"
+    );
+}
+
+#[test]
+fn bad_config_fails_start_up_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(server_bin())
+        .env("IM_DATA_DIR", dir.path())
+        .env("IM_PERSIST_BATCH_MAX", "lots")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("IM_PERSIST_BATCH_MAX") && err.contains("lots"),
+        "{err}"
+    );
+
+    let file = dir.path().join("im.toml");
+    std::fs::write(&file, "[limits]\nmax_frame_bytes = 10\n").unwrap();
+    let out = Command::new(server_bin())
+        .arg("--config")
+        .arg(&file)
+        .env("IM_DATA_DIR", dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("limits.max_frame_bytes") && err.contains("10"),
+        "{err}"
+    );
+}

@@ -1,0 +1,11 @@
+//! End-to-end tests: the real `im-server` binary, real WebSocket clients over loopback,
+//! a real SQLite file in a temp data dir.
+
+mod support;
+
+mod bad_input;
+mod chat;
+mod cli;
+mod durability;
+mod groups;
+mod offline;

@@ -1,0 +1,392 @@
+//! Test helpers, in one place: start the real `im-server` binary on free ports with a
+//! temp data dir, make tokens, connect raw and SDK clients, scrape the admin API.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use im_client::proto::{self, frame, Body, Frame, Login};
+use im_client::{Client, ClientConfig, RawConn, RawEvent};
+
+/// The JWT secret every test server uses.
+pub const SECRET: &str = "e2e-test-secret";
+/// The admin token every test server uses.
+pub const ADMIN_TOKEN: &str = "e2e-admin-token";
+/// How long a test waits for anything before failing.
+pub const WAIT: Duration = Duration::from_secs(15);
+
+/// A running `im-server` child process.
+pub struct TestServer {
+    child: Child,
+    /// Client listener.
+    pub client_addr: SocketAddr,
+    /// Admin listener.
+    pub admin_addr: SocketAddr,
+    /// Its data dir (kept across restarts by [`TestServer::restart`]).
+    pub data_dir: PathBuf,
+    tmp_keep: Arc<tempfile::TempDir>,
+    log: Arc<Mutex<String>>,
+    env: Vec<(String, String)>,
+}
+
+/// Path of the binary under test.
+pub fn server_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_im-server"))
+}
+
+impl TestServer {
+    /// Starts a server with default config on free ports.
+    pub fn start() -> TestServer {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with extra `IM_*` env settings.
+    pub fn start_with(env: &[(&str, &str)]) -> TestServer {
+        let tmp = Arc::new(tempfile::tempdir().expect("temp dir"));
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Self::spawn(tmp, env, "127.0.0.1:0")
+    }
+
+    fn spawn(tmp: Arc<tempfile::TempDir>, env: Vec<(String, String)>, listen: &str) -> TestServer {
+        let data_dir = tmp.path().join("data");
+        let mut cmd = Command::new(server_bin());
+        cmd.env("IM_LISTEN", listen)
+            .env("IM_ADMIN_LISTEN", "127.0.0.1:0")
+            .env("IM_DATA_DIR", &data_dir)
+            .env("IM_JWT_SECRET", SECRET)
+            .env("IM_ADMIN_TOKEN", ADMIN_TOKEN)
+            .env("IM_LOG", "info")
+            .env_remove("RUST_BACKTRACE")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in &env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn im-server");
+        let stderr = child.stderr.take().expect("stderr");
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            let mut sent = false;
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if !sent && line.contains("listening client=") {
+                    let _ = tx.send(line.clone());
+                    sent = true;
+                }
+                let mut l = sink.lock().unwrap();
+                l.push_str(&line);
+                l.push('\n');
+            }
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(l) => l,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("server did not start; log:\n{}", log.lock().unwrap());
+            }
+        };
+        let addr_of = |key: &str| -> SocketAddr {
+            let rest = &line[line.find(key).expect("addr key") + key.len()..];
+            rest.split_whitespace().next().unwrap().parse().unwrap()
+        };
+        TestServer {
+            child,
+            client_addr: addr_of("client="),
+            admin_addr: addr_of("admin="),
+            data_dir,
+            tmp_keep: tmp,
+            log,
+            env,
+        }
+    }
+
+    /// Kills the server with SIGKILL and waits for it to die.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts a new process on the same data dir, env and client port (after a kill).
+    pub fn restart(&mut self) {
+        self.kill();
+        let listen = self.client_addr.to_string();
+        // Dropping the old value reaps the dead child; the temp dir is shared, so it stays.
+        *self = Self::spawn(self.tmp_keep.clone(), self.env.clone(), &listen);
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        unsafe_sigterm(self.child.id());
+        self.child.wait().expect("wait")
+    }
+
+    /// Everything the server has logged so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// The client WebSocket URL.
+    pub fn ws_url(&self) -> String {
+        format!("ws://{}/ws", self.client_addr)
+    }
+
+    /// A token for `user`, signed with the test secret.
+    pub fn token(&self, user: &str) -> String {
+        im_server::auth::TokenKeys::new(SECRET.as_bytes())
+            .issue(user, Duration::from_secs(3600))
+            .expect("token")
+    }
+
+    /// A raw connection, logged in as `user`.
+    pub async fn raw(&self, user: &str) -> RawConn {
+        let mut c = RawConn::connect(&self.ws_url()).await.expect("connect");
+        c.login(&self.token(user), "test-device", false)
+            .await
+            .expect("login");
+        c
+    }
+
+    /// A raw connection, not logged in.
+    pub async fn raw_anonymous(&self) -> RawConn {
+        RawConn::connect(&self.ws_url()).await.expect("connect")
+    }
+
+    /// An SDK client logged in as `user`.
+    pub async fn client(&self, user: &str) -> Client {
+        Client::connect(ClientConfig::new(self.ws_url(), self.token(user)))
+            .await
+            .expect("client connect")
+    }
+
+    /// GET an admin path with the admin token; returns (status, body).
+    pub fn admin_get(&self, path: &str) -> (u16, String) {
+        http(self.admin_addr, "GET", path, Some(ADMIN_TOKEN))
+    }
+
+    /// The Prometheus scrape.
+    pub fn metrics(&self) -> String {
+        let (status, body) = self.admin_get("/metrics");
+        assert_eq!(status, 200, "metrics: {body}");
+        body
+    }
+
+    /// Sum of a metric's samples whose label set contains every `labels` pair.
+    pub fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        metric_value(&self.metrics(), name, labels)
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn unsafe_sigterm(pid: u32) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+}
+
+/// Sums the samples of `name` in a Prometheus text scrape that carry every label pair.
+pub fn metric_value(scrape: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    scrape
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (key, value) = l.rsplit_once(' ')?;
+            let (metric, rest) = match key.find('{') {
+                Some(i) => (&key[..i], &key[i..]),
+                None => (key, ""),
+            };
+            (metric == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\""))))
+            .then(|| value.parse::<f64>().ok())
+            .flatten()
+        })
+        .sum()
+}
+
+/// A minimal HTTP/1.1 request over loopback; returns (status, body).
+pub fn http(addr: SocketAddr, method: &str, path: &str, token: Option<&str>) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(addr).expect("admin connect");
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\nContent-Length: 0\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("read response");
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("");
+    let body = if text
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    (status, body)
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// Waits for the next frame on a raw connection (panics on close or timeout).
+pub async fn next_frame(c: &mut RawConn) -> Frame {
+    match c.recv_timeout(WAIT).await {
+        Ok(RawEvent::Frame(f)) => f,
+        other => panic!("expected a frame, got {other:?}"),
+    }
+}
+
+/// Waits for the close of a raw connection; returns (code, reason) and the frames before it.
+pub async fn until_closed(c: &mut RawConn) -> (Option<u16>, String, Vec<Frame>) {
+    let mut frames = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match c.recv_timeout(left).await {
+            Ok(RawEvent::Frame(f)) => frames.push(f),
+            Ok(RawEvent::Closed { code, reason }) => return (code, reason, frames),
+            Err(e) => panic!("expected close, got error {e} after {frames:?}"),
+        }
+    }
+}
+
+/// A Send frame to a user.
+pub fn send_to_user(req_id: u64, to: &str, payload: &[u8], client_msg_id: &str) -> Frame {
+    frame(
+        req_id,
+        Body::Send(proto::Send {
+            target: Some(proto::send::Target::ToUser(to.into())),
+            r#type: proto::MessageType::Text as i32,
+            payload: payload.to_vec().into(),
+            client_msg_id: client_msg_id.into(),
+        }),
+    )
+}
+
+/// A Send frame to a group.
+pub fn send_to_group(req_id: u64, group: &str, payload: &[u8], client_msg_id: &str) -> Frame {
+    frame(
+        req_id,
+        Body::Send(proto::Send {
+            target: Some(proto::send::Target::GroupId(group.into())),
+            r#type: proto::MessageType::Text as i32,
+            payload: payload.to_vec().into(),
+            client_msg_id: client_msg_id.into(),
+        }),
+    )
+}
+
+/// A Login frame.
+pub fn login_frame(token: &str) -> Frame {
+    frame(
+        1,
+        Body::Login(Login {
+            token: token.into(),
+            device_id: "d".into(),
+            resume: false,
+        }),
+    )
+}
+
+/// Runs a full sync on a raw connection (empty cursors first, then paging); returns all messages.
+pub async fn raw_sync_all(c: &mut RawConn, limit: u32) -> Vec<proto::ChatMessage> {
+    let mut all: Vec<proto::ChatMessage> = Vec::new();
+    let mut cursors: Vec<proto::Cursor> = Vec::new();
+    let mut req_id = 9_000_000;
+    loop {
+        req_id += 1;
+        c.send(&frame(
+            req_id,
+            Body::Sync(proto::SyncRequest {
+                cursors: cursors.clone(),
+                limit,
+            }),
+        ))
+        .await
+        .unwrap();
+        let resp = loop {
+            let f = next_frame(c).await;
+            if f.req_id == req_id {
+                break f;
+            }
+        };
+        let Some(Body::SyncResp(r)) = resp.body else {
+            panic!("expected SyncResponse, got {resp:?}")
+        };
+        for m in &r.messages {
+            match cursors
+                .iter_mut()
+                .find(|k| k.conversation_id == m.conversation_id)
+            {
+                Some(k) => k.after_seq = k.after_seq.max(m.seq),
+                None => cursors.push(proto::Cursor {
+                    conversation_id: m.conversation_id.clone(),
+                    after_seq: m.seq,
+                }),
+            }
+        }
+        all.extend(r.messages);
+        if !r.more {
+            return all;
+        }
+        if cursors.is_empty() {
+            panic!("more=true with no messages");
+        }
+    }
+}
+
+/// Path helper for files in a test server's data dir.
+pub fn in_dir(dir: &Path, name: &str) -> PathBuf {
+    dir.join(name)
+}
+
+/// Reads frames until `n` SendAcks have arrived; returns them (other frames are skipped).
+pub async fn acks(c: &mut RawConn, n: usize) -> Vec<(u64, proto::SendAck)> {
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let f = next_frame(c).await;
+        match f.body {
+            Some(Body::SendAck(a)) => out.push((f.req_id, a)),
+            Some(Body::Error(e)) => panic!("send refused: {e:?}"),
+            _ => {}
+        }
+    }
+    out
+}
