@@ -142,7 +142,7 @@ impl Client {
     }
 
     /// Sends a message and waits for its `SendAck` (the message is committed). Resends with
-    /// the same `client_msg_id` (generated if `None`) after `OVERLOADED` and, with
+    /// the same `client_msg_id` (generated if `None`) after `OVERLOADED` or `RATE_LIMITED` and, with
     /// auto-reconnect, after a dropped connection, up to `max_send_retries` times.
     pub async fn send(
         &self,
@@ -164,7 +164,7 @@ impl Client {
                 Ok(Body::SendAck(ack)) => return Ok(ack),
                 Ok(other) => return Err(unexpected("SendAck", &other)),
                 Err(ClientError::Server {
-                    code: ErrorCode::Overloaded,
+                    code: ErrorCode::Overloaded | ErrorCode::RateLimited,
                     retry_after_ms,
                     ..
                 }) if can_retry => tokio::time::sleep(overload_delay(retry_after_ms)).await,

@@ -77,6 +77,8 @@ pub struct Config {
     pub jwt_secret: String,
     /// Bearer token for the admin API; empty means generated into `<data_dir>/admin_token`.
     pub admin_token: String,
+    /// Serve `/metrics` without the admin token (for scrapers on a trusted network).
+    pub admin_metrics_open: bool,
     /// NATS URL for cluster mode; empty means single node.
     pub nats_url: String,
     /// This node's id; empty means derived from the host name.
@@ -89,6 +91,33 @@ pub struct Config {
     pub flow: Flow,
     /// Store tuning.
     pub store: StoreConfig,
+    /// Observability.
+    pub obs: Obs,
+}
+
+/// Observability settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Obs {
+    /// Stage latency probes on (turn off only to measure their cost).
+    pub probes: bool,
+    /// How often the sampler refreshes allocator, process and headroom figures.
+    pub sample_interval_ms: u32,
+    /// Memory per connection assumed until enough connections exist to measure it.
+    pub conn_bytes_estimate: u64,
+    /// Memory limit for headroom when no cgroup limit is set (0: physical memory).
+    pub memory_limit_bytes: u64,
+}
+
+impl Default for Obs {
+    fn default() -> Self {
+        Obs {
+            probes: true,
+            sample_interval_ms: 1000,
+            conn_bytes_estimate: 32 * 1024,
+            memory_limit_bytes: 0,
+        }
+    }
 }
 
 /// Protocol limits and timers.
@@ -109,6 +138,10 @@ pub struct Limits {
     pub sync_limit_max: u32,
     /// Most members a group may have.
     pub max_group_members: u32,
+    /// Sends per second one connection may sustain (0: unlimited); over it: RATE_LIMITED.
+    pub send_rate_per_sec: u32,
+    /// Sends one connection may burst above the sustained rate.
+    pub send_burst: u32,
 }
 
 /// Persistence (group commit) settings.
@@ -141,6 +174,10 @@ pub struct Flow {
     pub ws_read_buffer_bytes: u32,
     /// WebSocket write buffer per connection.
     pub ws_write_buffer_bytes: u32,
+    /// Kernel send buffer per client socket (SO_SNDBUF; 0: OS default).
+    pub socket_send_buffer_bytes: u32,
+    /// Kernel receive buffer per client socket (SO_RCVBUF; 0: OS default).
+    pub socket_recv_buffer_bytes: u32,
 }
 
 /// Store tuning.
@@ -162,12 +199,14 @@ impl Default for Config {
             database_url: String::new(),
             jwt_secret: String::new(),
             admin_token: String::new(),
+            admin_metrics_open: false,
             nats_url: String::new(),
             node_id: String::new(),
             limits: Limits::default(),
             persist: Persist::default(),
             flow: Flow::default(),
             store: StoreConfig::default(),
+            obs: Obs::default(),
         }
     }
 }
@@ -182,6 +221,8 @@ impl Default for Limits {
             max_bad_frames: 10,
             sync_limit_max: 1000,
             max_group_members: 100_000,
+            send_rate_per_sec: 500,
+            send_burst: 1000,
         }
     }
 }
@@ -206,6 +247,8 @@ impl Default for Flow {
             coalesce_max_frames: 64,
             ws_read_buffer_bytes: 4096,
             ws_write_buffer_bytes: 4096,
+            socket_send_buffer_bytes: 0,
+            socket_recv_buffer_bytes: 0,
         }
     }
 }
@@ -364,6 +407,18 @@ impl Config {
             ));
         }
         range("store.pool_size", self.store.pool_size, 1, 1024)?;
+        range(
+            "obs.sample_interval_ms",
+            self.obs.sample_interval_ms,
+            100,
+            60_000,
+        )?;
+        range(
+            "obs.conn_bytes_estimate",
+            self.obs.conn_bytes_estimate,
+            1,
+            1 << 30,
+        )?;
         Ok(())
     }
 

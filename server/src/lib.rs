@@ -19,7 +19,7 @@ pub mod store;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -59,6 +59,49 @@ pub struct Node {
     pub started: Instant,
     /// Set while shutting down.
     pub draining: Arc<AtomicBool>,
+    snapshot: Arc<RwLock<obs::sampler::Snapshot>>,
+}
+
+impl Node {
+    /// The sampler's latest snapshot.
+    pub fn snapshot(&self) -> obs::sampler::Snapshot {
+        self.snapshot.read().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+/// What the sampler reads from a node.
+struct LiveFigures {
+    conns: Arc<Connections>,
+    pipeline: Arc<Pipeline>,
+}
+
+impl obs::sampler::Live for LiveFigures {
+    fn connections(&self) -> u64 {
+        self.conns.len() as u64
+    }
+    fn users_online(&self) -> u64 {
+        self.pipeline.router.users_online() as u64
+    }
+    fn slow_consumers(&self) -> u64 {
+        self.conns
+            .snapshot()
+            .iter()
+            .filter(|o| o.state() == flow::ConnState::Slow)
+            .count() as u64
+    }
+    fn outbound_queued_bytes(&self) -> u64 {
+        self.conns
+            .snapshot()
+            .iter()
+            .map(|o| o.queued_bytes() as u64)
+            .sum()
+    }
+    fn persist_queue(&self) -> (u64, u64) {
+        (
+            self.pipeline.persist.depth() as u64,
+            self.pipeline.persist.capacity() as u64,
+        )
+    }
 }
 
 /// A started node with its bound addresses.
@@ -77,7 +120,7 @@ impl Node {
     /// Opens the store, spawns the writer and router, binds both listeners.
     pub async fn start(config: Config) -> anyhow::Result<Running> {
         let prometheus = obs::install_recorder();
-        let metrics = Metrics::new();
+        let metrics = Metrics::new(config.obs.probes);
         let secrets = Secrets::load(&config).context("loading secrets")?;
         let store = store::open(&config).await.context("opening the store")?;
         let node_id = if config.node_id.is_empty() {
@@ -112,6 +155,20 @@ impl Node {
         });
         let conns = Arc::new(Connections::default());
         let draining = Arc::new(AtomicBool::new(false));
+        let snapshot = Arc::new(RwLock::new(obs::sampler::Snapshot::default()));
+        let sampler = obs::sampler::Sampler::new(
+            metrics.clone(),
+            Arc::new(LiveFigures {
+                conns: conns.clone(),
+                pipeline: pipeline.clone(),
+            }),
+            snapshot.clone(),
+            prometheus.clone(),
+            config.obs.conn_bytes_estimate,
+            config.obs.memory_limit_bytes,
+        );
+        let sampler =
+            tokio::spawn(sampler.run(Duration::from_millis(config.obs.sample_interval_ms as u64)));
         let node = Arc::new(Node {
             node_id: node_id.clone(),
             config: config.clone(),
@@ -123,6 +180,7 @@ impl Node {
             prometheus,
             started: Instant::now(),
             draining: draining.clone(),
+            snapshot,
         });
         let gateway = Gateway::new(
             pipeline,
@@ -147,10 +205,22 @@ impl Node {
             .router()
             .into_make_service_with_connect_info::<SocketAddr>();
         let admin_app = admin::router(node.clone());
+        let (sndbuf, rcvbuf) = (
+            config.flow.socket_send_buffer_bytes as usize,
+            config.flow.socket_recv_buffer_bytes as usize,
+        );
         let servers = vec![
+            sampler,
             tokio::spawn(async move {
-                let listener = axum::serve::ListenerExt::tap_io(client, |tcp| {
+                let listener = axum::serve::ListenerExt::tap_io(client, move |tcp| {
                     let _ = tcp.set_nodelay(true);
+                    let sock = socket2::SockRef::from(&*tcp);
+                    if sndbuf > 0 {
+                        let _ = sock.set_send_buffer_size(sndbuf);
+                    }
+                    if rcvbuf > 0 {
+                        let _ = sock.set_recv_buffer_size(rcvbuf);
+                    }
                 });
                 if let Err(e) = axum::serve(listener, client_app).await {
                     tracing::error!(error = %e, "client listener failed");

@@ -5,6 +5,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
+
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 use clap::{Parser, Subcommand};
 use im_server::config::{Config, Overrides};
 

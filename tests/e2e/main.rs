@@ -7,5 +7,7 @@ mod bad_input;
 mod chat;
 mod cli;
 mod durability;
+mod flow;
 mod groups;
+mod obs;
 mod offline;

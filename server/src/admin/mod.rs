@@ -1,17 +1,20 @@
 //! Admin: the HTTP admin API on its own listener (DESIGN.md section 6). Every route but
 //! `/healthz` and `/readyz` needs `Authorization: Bearer <admin token>`; a missing or
-//! wrong token gets 401 and is counted in `im_admin_unauthorized_total`.
+//! wrong token gets 401 and is counted in `im_admin_unauthorized_total`. JSON shapes are
+//! documented in `docs/admin-api.md` and kept stable: the console is built on them.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
+use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{delete, get};
 use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
 
+use crate::flow::{CloseReason, ConnState, Outbound};
 use crate::Node;
 
 /// The admin listener's routes.
@@ -19,12 +22,22 @@ pub fn router(node: Arc<Node>) -> Router {
     let protected = Router::new()
         .route("/metrics", get(metrics))
         .route("/admin/v1/overview", get(overview))
+        .route("/admin/v1/connections", get(connections))
+        .route("/admin/v1/connections/{conn_id}", delete(kick))
+        .route("/admin/v1/slow-consumers", get(slow_consumers))
+        .route("/admin/v1/memory", get(memory))
         .route_layer(middleware::from_fn_with_state(node.clone(), require_token));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .merge(protected)
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route") })
         .with_state(node)
+}
+
+/// A JSON error body: `{"error": "..."}`.
+pub fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(serde_json::json!({ "error": message.into() }))).into_response()
 }
 
 async fn require_token(State(node): State<Arc<Node>>, req: Request, next: Next) -> Response {
@@ -33,18 +46,20 @@ async fn require_token(State(node): State<Arc<Node>>, req: Request, next: Next) 
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
+    let metrics_open = node.config.admin_metrics_open && req.uri().path() == "/metrics";
     match given {
+        _ if metrics_open => next.run(req).await,
         Some(t) if constant_time_eq(t.as_bytes(), node.secrets.admin_token.as_bytes()) => {
             next.run(req).await
         }
         _ => {
             metrics::counter!("im_admin_unauthorized_total").increment(1);
-            (
-                StatusCode::UNAUTHORIZED,
-                [(header::WWW_AUTHENTICATE, "Bearer")],
-                Json(serde_json::json!({"error": "missing or invalid admin token"})),
-            )
-                .into_response()
+            let mut r = error(StatusCode::UNAUTHORIZED, "missing or invalid admin token");
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+            r
         }
     }
 }
@@ -55,11 +70,11 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 async fn readyz(State(node): State<Arc<Node>>) -> Response {
     if node.draining.load(Ordering::Relaxed) {
-        return (StatusCode::SERVICE_UNAVAILABLE, "draining").into_response();
+        return error(StatusCode::SERVICE_UNAVAILABLE, "draining");
     }
     match node.store.ping().await {
         Ok(()) => (StatusCode::OK, "ready").into_response(),
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("store: {e}")).into_response(),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, format!("store: {e}")),
     }
 }
 
@@ -70,21 +85,219 @@ async fn metrics(State(node): State<Arc<Node>>) -> Response {
             h.render(),
         )
             .into_response(),
-        None => (
+        None => error(
             StatusCode::SERVICE_UNAVAILABLE,
             "metrics recorder not installed",
-        )
-            .into_response(),
+        ),
     }
 }
 
-async fn overview(State(node): State<Arc<Node>>) -> Json<serde_json::Value> {
+async fn overview(State(node): State<Arc<Node>>) -> Response {
+    let snap = node.snapshot();
     Json(serde_json::json!({
         "node_id": node.node_id,
+        "version": env!("CARGO_PKG_VERSION"),
+        "store": node.store.backend(),
+        "probes": node.metrics.probes_enabled(),
         "uptime_secs": node.started.elapsed().as_secs(),
         "connections": node.conns.len(),
-        "users_online": node.pipeline.router.users_online(),
+        "users_online": snap.users_online,
+        "msg_rate_in": snap.msg_rate_in,
+        "msg_rate_out": snap.msg_rate_out,
+        "messages_in_total": snap.messages_in_total,
+        "messages_out_total": snap.messages_out_total,
         "persist_backlog": node.pipeline.persist.depth(),
-        "store": node.store.backend(),
+        "persist_queue_capacity": node.pipeline.persist.capacity(),
+        "slow_consumers": snap.slow_consumers,
+        "slow_consumer_disconnects": snap.slow_consumer_disconnects,
+        "outbound_queued_bytes": snap.outbound_queued_bytes,
+        "latency_window_secs": snap.latency_window_secs,
+        "stages": snap.stages,
+        "memory": snap.memory,
+        "process": snap.process,
+        "cpu_busy": snap.cpu_busy,
+        "capacity": snap.capacity,
     }))
+    .into_response()
+}
+
+/// One connection as the admin API lists it.
+#[derive(Debug, Serialize)]
+pub struct ConnectionInfo {
+    /// Node-unique id (use it to kick).
+    pub conn_id: u64,
+    /// Logged-in user, or empty before login.
+    pub user_id: String,
+    /// Remote address.
+    pub remote: String,
+    /// Seconds since accept.
+    pub age_secs: f64,
+    /// Bytes queued for writing.
+    pub queued_bytes: u64,
+    /// Frames received.
+    pub msgs_in: u64,
+    /// Frames written.
+    pub msgs_out: u64,
+    /// `handshake`, `active`, `slow` or `closing`.
+    pub state: &'static str,
+}
+
+impl ConnectionInfo {
+    fn of(o: &Outbound) -> Self {
+        ConnectionInfo {
+            conn_id: o.conn_id,
+            user_id: o.user().unwrap_or_default(),
+            remote: o.remote.clone(),
+            age_secs: o.opened.elapsed().as_secs_f64(),
+            queued_bytes: o.queued_bytes() as u64,
+            msgs_in: o.frames_in.load(Ordering::Relaxed),
+            msgs_out: o.frames_out.load(Ordering::Relaxed),
+            state: match o.state() {
+                ConnState::Handshake => "handshake",
+                ConnState::Active => "active",
+                ConnState::Slow => "slow",
+                ConnState::Closing => "closing",
+            },
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct ListQuery {
+    sort: Option<String>,
+    limit: Option<String>,
+    user: Option<String>,
+}
+
+/// Sort keys of `GET /admin/v1/connections` (`-` prefix reverses; numbers sort largest first).
+pub const SORT_KEYS: &[&str] = &[
+    "conn_id", "user", "age", "queued", "msgs_in", "msgs_out", "state",
+];
+
+fn list(
+    node: &Node,
+    q: &ListQuery,
+    only_slow: bool,
+) -> Result<(Vec<ConnectionInfo>, usize), Box<Response>> {
+    let limit = match q.limit.as_deref() {
+        None => 100,
+        Some(l) => match l.parse::<usize>() {
+            Ok(n) if (1..=100_000).contains(&n) => n,
+            _ => {
+                return Err(Box::new(error(
+                    StatusCode::BAD_REQUEST,
+                    format!("limit={l}: expected a whole number from 1 to 100000"),
+                )))
+            }
+        },
+    };
+    let sort = q.sort.as_deref().unwrap_or("conn_id");
+    let (reverse, key) = match sort.strip_prefix('-') {
+        Some(k) => (true, k),
+        None => (false, sort),
+    };
+    if !SORT_KEYS.contains(&key) {
+        return Err(Box::new(error(
+            StatusCode::BAD_REQUEST,
+            format!("sort={sort}: expected one of {}", SORT_KEYS.join(", ")),
+        )));
+    }
+    let mut rows: Vec<ConnectionInfo> = node
+        .conns
+        .snapshot()
+        .iter()
+        .filter(|o| !only_slow || o.state() == ConnState::Slow)
+        .map(|o| ConnectionInfo::of(o))
+        .filter(|c| q.user.as_deref().is_none_or(|u| c.user_id == u))
+        .collect();
+    let total = rows.len();
+    match key {
+        "user" => rows.sort_by(|a, b| a.user_id.cmp(&b.user_id).then(a.conn_id.cmp(&b.conn_id))),
+        "age" => rows.sort_by(|a, b| b.age_secs.total_cmp(&a.age_secs)),
+        "queued" => rows.sort_by_key(|c| std::cmp::Reverse(c.queued_bytes)),
+        "msgs_in" => rows.sort_by_key(|c| std::cmp::Reverse(c.msgs_in)),
+        "msgs_out" => rows.sort_by_key(|c| std::cmp::Reverse(c.msgs_out)),
+        "state" => rows.sort_by(|a, b| a.state.cmp(b.state).then(a.conn_id.cmp(&b.conn_id))),
+        _ => rows.sort_by_key(|c| c.conn_id),
+    }
+    if reverse {
+        rows.reverse();
+    }
+    rows.truncate(limit);
+    Ok((rows, total))
+}
+
+async fn connections(State(node): State<Arc<Node>>, Query(q): Query<ListQuery>) -> Response {
+    match list(&node, &q, false) {
+        Ok((rows, total)) => {
+            Json(serde_json::json!({ "total": total, "connections": rows })).into_response()
+        }
+        Err(r) => *r,
+    }
+}
+
+async fn kick(State(node): State<Arc<Node>>, Path(conn_id): Path<String>) -> Response {
+    let Ok(id) = conn_id.parse::<u64>() else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("conn_id {conn_id:?} is not a number"),
+        );
+    };
+    if node.conns.close(
+        id,
+        CloseReason::new(CloseReason::KICKED, "kicked by operator"),
+    ) {
+        tracing::info!(conn_id = id, "connection kicked by operator");
+        Json(serde_json::json!({ "kicked": id })).into_response()
+    } else {
+        error(StatusCode::NOT_FOUND, format!("no connection {id}"))
+    }
+}
+
+async fn slow_consumers(State(node): State<Arc<Node>>, Query(q): Query<ListQuery>) -> Response {
+    let q = ListQuery {
+        sort: q.sort.or(Some("queued".into())),
+        ..q
+    };
+    match list(&node, &q, true) {
+        Ok((rows, total)) => {
+            let t = &node.metrics.totals;
+            Json(serde_json::json!({
+                "total": total,
+                "soft_mark_bytes": node.config.flow.soft_mark_bytes,
+                "hard_mark_bytes": node.config.flow.hard_mark_bytes,
+                "write_timeout_secs": node.config.flow.write_timeout_secs,
+                "marked_total": t.slow_marked.load(Ordering::Relaxed),
+                "disconnects_total": t.slow_disconnects.load(Ordering::Relaxed),
+                "slow_consumers": rows,
+            }))
+            .into_response()
+        }
+        Err(r) => *r,
+    }
+}
+
+async fn memory(State(node): State<Arc<Node>>) -> Response {
+    let snap = node.snapshot();
+    let Some(m) = crate::obs::alloc::read() else {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "allocator stats unavailable",
+        );
+    };
+    Json(serde_json::json!({
+        "allocated": m.allocated,
+        "active": m.active,
+        "resident": m.resident,
+        "mapped": m.mapped,
+        "retained": m.retained,
+        "metadata": m.metadata,
+        "fragmentation": m.active.saturating_sub(m.allocated),
+        "dirty": m.resident.saturating_sub(m.active + m.metadata),
+        "rss": snap.process.rss_bytes,
+        "connections": node.conns.len(),
+        "per_connection_bytes": snap.capacity.per_connection_bytes,
+        "per_connection_measured": snap.capacity.per_connection_measured,
+    }))
+    .into_response()
 }

@@ -171,12 +171,14 @@ impl Outbound {
         let queued = self.queued.load(Relaxed);
         if queued + len > self.hard {
             self.metrics.slow_consumer_disconnects.increment(1);
+            self.metrics.totals.slow_disconnects.fetch_add(1, Relaxed);
             self.close(CloseReason::new(CloseReason::SLOW, "slow consumer"));
             return Pushed::Closed;
         }
         if queued + len > self.soft {
             if !self.slow.swap(true, Relaxed) {
                 self.metrics.slow_consumers.increment(1.0);
+                self.metrics.totals.slow_marked.fetch_add(1, Relaxed);
             }
             if !critical {
                 self.metrics.dropped_slow.increment(1);

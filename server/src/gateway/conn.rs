@@ -235,10 +235,7 @@ fn login(gw: &Gateway, out: &Arc<Outbound>, f: Frame) -> Result<Session, CloseRe
     );
     out.push(im_proto::encode(&ok), true);
     tracing::debug!(conn_id = out.conn_id, user = %user_id, device = %l.device_id, resume = l.resume, "logged in");
-    Ok(Session {
-        user_id,
-        out: out.clone(),
-    })
+    Ok(Session::new(user_id, out.clone(), &gw.limits))
 }
 
 async fn write_loop(
@@ -334,6 +331,10 @@ async fn write_batch(
         Ok(Err(_)) => Err(CloseReason::new(1000, "write error")),
         Err(_) => {
             metrics.slow_consumer_disconnects.increment(1);
+            metrics
+                .totals
+                .slow_disconnects
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             Err(CloseReason::new(CloseReason::SLOW, "write timeout"))
         }
     }

@@ -1,12 +1,23 @@
 //! Obs: metrics and stage probes. Owns the Prometheus recorder (installed once per
 //! process) and the [`Metrics`] handles every stage records into; handles are looked up
-//! once here, never per message (DESIGN.md sections 3 and 7).
+//! once here, never per message (DESIGN.md sections 3 and 7). Submodules read the
+//! allocator (`alloc`), the OS (`process`), compute capacity headroom (`capacity`), keep
+//! in-process latency histograms (`latency`) and sample it all each second (`sampler`).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
+pub mod alloc;
+pub mod capacity;
+pub mod latency;
+pub mod process;
+pub mod sampler;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
+use metrics::{
+    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter,
+    Gauge, Histogram, Unit,
+};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 /// A stage of the message path (label `stage` of `im_stage_duration_seconds`).
@@ -108,10 +119,27 @@ pub fn install_recorder() -> Option<PrometheusHandle> {
         .clone()
 }
 
+/// Running totals the sampler turns into rates and the admin API reads.
+#[derive(Default)]
+pub struct Totals {
+    /// Sends accepted into the pipeline.
+    pub messages_in: AtomicU64,
+    /// Message copies queued to recipients.
+    pub messages_out: AtomicU64,
+    /// Connections closed as slow consumers.
+    pub slow_disconnects: AtomicU64,
+    /// Connections marked slow, ever.
+    pub slow_marked: AtomicU64,
+}
+
 /// Cheap, cloneable metric handles for the hot path.
 #[derive(Clone)]
 pub struct Metrics {
     stages: [Histogram; 11],
+    hists: Arc<[latency::LatencyHist; 11]>,
+    probes: Arc<AtomicBool>,
+    /// Running totals.
+    pub totals: Arc<Totals>,
     /// `im_connections`
     pub connections: Gauge,
     /// `im_connections_opened_total`
@@ -138,19 +166,29 @@ pub struct Metrics {
     pub slow_consumer_disconnects: Counter,
 }
 
-impl Default for Metrics {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl Metrics {
     /// Registers every handle with the installed recorder (no-ops when none is).
-    pub fn new() -> Self {
+    /// With `probes` false, stage timings are not recorded (for overhead comparisons).
+    pub fn new(probes: bool) -> Self {
+        describe();
         let stages =
             Stage::ALL.map(|s| histogram!("im_stage_duration_seconds", "stage" => s.name()));
+        // Labelled series that dashboards expect exist from the start, at zero.
+        for reason in BAD_FRAME_REASONS {
+            counter!("im_bad_frames_total", "reason" => *reason).absolute(0);
+        }
+        counter!("im_connections_closed_total", "reason" => "client closed").absolute(0);
+        counter!("im_admin_unauthorized_total").absolute(0);
+        // Fed by the log and profiling tools; present (at zero) from the start.
+        gauge!("im_log_filters_active").set(0.0);
+        counter!("im_log_bytes_written_total").absolute(0);
+        counter!("im_log_compressed_bytes_total").absolute(0);
+        counter!("im_profiles_captured_total").absolute(0);
         Metrics {
             stages,
+            hists: Arc::new(std::array::from_fn(|_| latency::LatencyHist::default())),
+            probes: Arc::new(AtomicBool::new(probes)),
+            totals: Arc::new(Totals::default()),
             connections: gauge!("im_connections"),
             connections_opened: counter!("im_connections_opened_total"),
             received: ["text", "image", "file", "system"]
@@ -167,10 +205,24 @@ impl Metrics {
         }
     }
 
-    /// Records one stage duration.
+    /// Records one stage duration (one relaxed load when probes are off).
     #[inline]
     pub fn stage(&self, stage: Stage, d: Duration) {
+        if !self.probes.load(Ordering::Relaxed) {
+            return;
+        }
         self.stages[stage as usize].record(d.as_secs_f64());
+        self.hists[stage as usize].record_ns(d.as_nanos() as u64);
+    }
+
+    /// Whether stage probes are on.
+    pub fn probes_enabled(&self) -> bool {
+        self.probes.load(Ordering::Relaxed)
+    }
+
+    /// Cumulative in-process histogram counts per stage (path order of [`Stage::ALL`]).
+    pub fn stage_counts(&self) -> Vec<latency::Counts> {
+        self.hists.iter().map(|h| h.snapshot()).collect()
     }
 
     /// Records the time since `since` for a stage.
@@ -193,10 +245,139 @@ impl Metrics {
     /// Counts a received message by its wire type.
     #[inline]
     pub fn message_received(&self, msg_type: i32) {
+        self.totals.messages_in.fetch_add(1, Ordering::Relaxed);
         if let Some(c) = self.received.get(msg_type as usize) {
             c.increment(1);
         }
     }
+}
+
+/// Every `reason` label of `im_bad_frames_total`.
+pub const BAD_FRAME_REASONS: &[&str] = &[
+    "text",
+    "decode",
+    "too_large",
+    "unauthenticated",
+    "login_timeout",
+    "protocol",
+    "not_member",
+    "rate_limited",
+];
+
+/// HELP text and units for every metric (promtool lints a metric without HELP).
+fn describe() {
+    describe_gauge!("im_connections", "Live client connections.");
+    describe_counter!(
+        "im_connections_opened_total",
+        "Client connections accepted."
+    );
+    describe_counter!(
+        "im_connections_closed_total",
+        "Client connections closed, by reason."
+    );
+    describe_counter!(
+        "im_messages_received_total",
+        "Sends accepted into the pipeline, by message type."
+    );
+    describe_counter!(
+        "im_messages_delivered_total",
+        "Message copies queued to recipient connections."
+    );
+    describe_counter!(
+        "im_messages_dropped_total",
+        "Message copies not queued, by reason (slow consumers fetch them by sync)."
+    );
+    describe_counter!(
+        "im_messages_encoded_total",
+        "Deliveries encoded (once per message, whatever the recipient count)."
+    );
+    describe_counter!("im_bad_frames_total", "Bad client input, by reason.");
+    describe_histogram!(
+        "im_stage_duration_seconds",
+        Unit::Seconds,
+        "Latency of each stage of the message path."
+    );
+    describe_gauge!(
+        "im_persist_queue_depth",
+        "Requests waiting in the persistence queue."
+    );
+    describe_histogram!("im_persist_batch_size", "Messages per commit batch.");
+    describe_counter!(
+        "im_persist_overloaded_total",
+        "Sends refused with OVERLOADED because the persistence queue was full."
+    );
+    describe_gauge!(
+        "im_outbound_queued_bytes",
+        Unit::Bytes,
+        "Bytes queued for writing across all connections."
+    );
+    describe_gauge!("im_slow_consumers", "Connections above the soft mark.");
+    describe_counter!(
+        "im_slow_consumer_disconnects_total",
+        "Connections closed for the hard mark or a write timeout."
+    );
+    describe_counter!(
+        "im_admin_unauthorized_total",
+        "Admin API requests refused for a missing or wrong token."
+    );
+    describe_gauge!(
+        "im_alloc_bytes",
+        Unit::Bytes,
+        "jemalloc statistics, by kind."
+    );
+    describe_gauge!(
+        "im_capacity_headroom_connections",
+        "More connections this node can take before its first resource runs out."
+    );
+    describe_gauge!(
+        "im_capacity_headroom_ratio",
+        "Free share of each resource (1 - used/limit)."
+    );
+    describe_gauge!(
+        "im_capacity_headroom_msgs_per_second",
+        "More messages per second this node can take, from CPU (absent while idle)."
+    );
+    describe_gauge!(
+        "im_memory_per_connection_bytes",
+        Unit::Bytes,
+        "Measured memory per connection."
+    );
+    describe_gauge!(
+        "im_users_online",
+        "Distinct users with a connection on this node."
+    );
+    describe_gauge!(
+        "im_log_filters_active",
+        "Per-uid log level overrides in force."
+    );
+    describe_counter!(
+        "im_log_bytes_written_total",
+        Unit::Bytes,
+        "Bytes written to log files."
+    );
+    describe_counter!(
+        "im_log_compressed_bytes_total",
+        Unit::Bytes,
+        "Bytes of rotated log files compressed."
+    );
+    describe_counter!("im_profiles_captured_total", "CPU profiles captured.");
+    describe_gauge!(
+        "process_resident_memory_bytes",
+        Unit::Bytes,
+        "Resident set size."
+    );
+    describe_counter!(
+        "process_cpu_seconds_total",
+        Unit::Seconds,
+        "User and system CPU time."
+    );
+    describe_gauge!("process_open_fds", "Open file descriptors.");
+    describe_gauge!("process_max_fds", "RLIMIT_NOFILE soft limit.");
+    describe_gauge!(
+        "process_start_time_seconds",
+        Unit::Seconds,
+        "Start time since the Unix epoch."
+    );
 }
 
 /// The end-to-end probe of one message: decode start to the last recipient's socket

@@ -36,9 +36,60 @@ pub struct Session {
     pub user_id: String,
     /// Its outbound queue.
     pub out: Arc<Outbound>,
+    /// Its Send rate limit.
+    pub sends: std::sync::Mutex<TokenBucket>,
+}
+
+/// A token bucket: `rate` tokens per second, holding at most `burst`.
+#[derive(Debug, Clone)]
+pub struct TokenBucket {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    at: Instant,
+}
+
+impl TokenBucket {
+    /// A full bucket; `rate` 0 means unlimited.
+    pub fn new(rate: u32, burst: u32) -> Self {
+        TokenBucket {
+            rate: rate as f64,
+            burst: burst.max(1) as f64,
+            tokens: burst.max(1) as f64,
+            at: Instant::now(),
+        }
+    }
+
+    /// Takes a token; on refusal returns the milliseconds until one is available.
+    pub fn take(&mut self, now: Instant) -> Result<(), u32> {
+        if self.rate == 0.0 {
+            return Ok(());
+        }
+        let dt = now.saturating_duration_since(self.at).as_secs_f64();
+        self.at = now;
+        self.tokens = (self.tokens + dt * self.rate).min(self.burst);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err((((1.0 - self.tokens) / self.rate) * 1000.0).ceil().max(1.0) as u32)
+        }
+    }
 }
 
 impl Session {
+    /// A session for `user_id` on `out`, with the configured send limit.
+    pub fn new(user_id: String, out: Arc<Outbound>, limits: &Limits) -> Self {
+        Session {
+            user_id,
+            out,
+            sends: std::sync::Mutex::new(TokenBucket::new(
+                limits.send_rate_per_sec,
+                limits.send_burst,
+            )),
+        }
+    }
+
     fn reply(&self, f: &Frame) {
         self.out.push(im_proto::encode(f), true);
     }
@@ -163,6 +214,15 @@ impl Pipeline {
         started: Instant,
     ) -> Result<(), Refusal> {
         let t = Instant::now();
+        let limited = s.sends.lock().map(|mut b| b.take(t)).unwrap_or(Ok(()));
+        if let Err(retry_after_ms) = limited {
+            return Err(Refusal {
+                code: ErrorCode::RateLimited,
+                message: "sending too fast".into(),
+                retry_after_ms,
+                bad_reason: Some("rate_limited"),
+            });
+        }
         if MessageType::try_from(send.r#type).is_err() {
             return Err(Refusal::bad(format!(
                 "unknown message type {}",
@@ -372,5 +432,24 @@ impl Pipeline {
             }),
         ));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TokenBucket;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn bucket_allows_burst_then_rate() {
+        let t0 = Instant::now();
+        let mut b = TokenBucket::new(10, 3);
+        assert!((0..3).all(|_| b.take(t0).is_ok()));
+        let wait = b.take(t0).unwrap_err();
+        assert!((1..=100).contains(&wait), "{wait}");
+        assert!(b.take(t0 + Duration::from_millis(100)).is_ok());
+        assert!(b.take(t0 + Duration::from_millis(100)).is_err());
+        let mut free = TokenBucket::new(0, 1);
+        assert!((0..1000).all(|_| free.take(t0).is_ok()));
     }
 }

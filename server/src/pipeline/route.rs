@@ -118,6 +118,10 @@ impl Router {
             }
         }
         self.metrics.delivered.increment(queued);
+        self.metrics
+            .totals
+            .messages_out
+            .fetch_add(queued, std::sync::atomic::Ordering::Relaxed);
         self.metrics.stage_since(Stage::Route, t);
         e2e.done(&self.metrics);
     }

@@ -1,0 +1,55 @@
+//! im-bench: the load generator and scenario runner for im-server (DESIGN.md sections 1
+//! and 11).
+//!
+//! `im-bench SCENARIO [flags]` drives real WebSocket clients speaking `im.v1` against a
+//! running node (`--url`) or one it starts itself (`--spawn PATH`), and reports
+//! throughput, latency percentiles (HdrHistogram, microseconds), errors by code and a
+//! delivery-correctness verdict. A correctness failure makes the process exit non-zero.
+//!
+//! Module map: [`scenarios`] (one module per traffic shape, plus the flags they share),
+//! [`target`] (the server under test: connect, mint tokens, spawn), [`spawn`] (running an
+//! `im-server` child process), [`wire`] (allocation-light frame encoding for the hot
+//! path), [`stats`] (sharded histograms, counters, summaries), [`check`] (the
+//! exactly-once, in-order delivery checker), [`util`] (flag parsers and formatting).
+
+#![warn(missing_docs)]
+
+pub mod check;
+pub mod scenarios;
+pub mod spawn;
+pub mod stats;
+pub mod target;
+pub mod util;
+pub mod wire;
+
+use clap::Parser;
+
+/// Command line: `im-bench [--threads N] SCENARIO [flags]`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "im-bench",
+    version,
+    about = "Load generator and scenario runner for im-server"
+)]
+pub struct Cli {
+    /// Worker threads of the bench's tokio runtime (default: one per CPU).
+    #[arg(long, global = true)]
+    pub threads: Option<usize>,
+    /// The scenario to run.
+    #[command(subcommand)]
+    pub scenario: scenarios::Scenario,
+}
+
+/// How a finished run went, mapped to the process exit code by the binary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The run completed and every correctness check passed (exit 0).
+    Pass,
+    /// The run completed but a correctness check failed (exit 1).
+    Fail,
+}
+
+/// Runs the scenario chosen on the command line to completion.
+pub async fn run(cli: Cli) -> anyhow::Result<Outcome> {
+    scenarios::run(cli.scenario).await
+}

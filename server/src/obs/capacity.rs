@@ -1,0 +1,167 @@
+//! Capacity headroom (DESIGN.md section 9): how many more connections and messages per
+//! second this node can take before its first resource runs out. Pure arithmetic over
+//! measured inputs; the formula is documented in `runbooks/capacity-headroom.md`.
+
+use serde::Serialize;
+
+/// Memory use the node should stay under, as a share of the limit.
+pub const MEMORY_TARGET: f64 = 0.90;
+/// File descriptors the node should stay under, as a share of RLIMIT_NOFILE.
+pub const FD_TARGET: f64 = 0.95;
+/// CPU busy ratio the node should stay under.
+pub const CPU_TARGET: f64 = 0.80;
+/// Fewest connections from which per-connection memory is measured, not estimated.
+pub const MIN_CONNS_TO_MEASURE: u64 = 10;
+/// Below this CPU busy ratio, CPU gives no useful extrapolation.
+pub const MIN_BUSY_TO_EXTRAPOLATE: f64 = 0.05;
+
+/// What the headroom is computed from.
+#[derive(Debug, Clone, Default)]
+pub struct Inputs {
+    /// Live connections.
+    pub connections: u64,
+    /// Process RSS now.
+    pub rss_bytes: u64,
+    /// RSS at start-up, before any connection.
+    pub baseline_rss_bytes: u64,
+    /// Per-connection estimate used until enough connections exist to measure.
+    pub conn_bytes_estimate: u64,
+    /// Memory limit (cgroup, config or physical).
+    pub memory_limit_bytes: u64,
+    /// Open fds now.
+    pub open_fds: u64,
+    /// RLIMIT_NOFILE.
+    pub max_fds: u64,
+    /// CPU busy ratio of the cores available (0..1).
+    pub cpu_busy: f64,
+    /// Messages per second in + out.
+    pub msg_rate: f64,
+}
+
+/// The headroom figures.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct Headroom {
+    /// Memory per connection, bytes (measured, or the estimate).
+    pub per_connection_bytes: u64,
+    /// Whether `per_connection_bytes` was measured.
+    pub per_connection_measured: bool,
+    /// More connections the node can take (the smallest over resources).
+    pub headroom_connections: u64,
+    /// More messages per second it can take, from CPU (`None`: too idle to tell).
+    pub headroom_msgs_per_sec: Option<f64>,
+    /// Free share per resource (1 - used/limit).
+    pub ratio_memory: f64,
+    /// Free share of fds.
+    pub ratio_fds: f64,
+    /// Free share of CPU.
+    pub ratio_cpu: f64,
+    /// The resource that limits `headroom_connections`.
+    pub limiting_resource: &'static str,
+}
+
+/// Computes the headroom.
+pub fn compute(i: &Inputs) -> Headroom {
+    let measured = i.connections >= MIN_CONNS_TO_MEASURE;
+    let per_conn = if measured {
+        (i.rss_bytes.saturating_sub(i.baseline_rss_bytes) / i.connections).max(1)
+    } else {
+        i.conn_bytes_estimate.max(1)
+    };
+    let mem_room = (i.memory_limit_bytes as f64 * MEMORY_TARGET - i.rss_bytes as f64).max(0.0);
+    let by_memory = (mem_room / per_conn as f64) as u64;
+    let by_fds = (i.max_fds as f64 * FD_TARGET - i.open_fds as f64).max(0.0) as u64;
+    let busy_enough = i.cpu_busy >= MIN_BUSY_TO_EXTRAPOLATE;
+    let cpu_scale = (CPU_TARGET - i.cpu_busy).max(0.0) / i.cpu_busy.max(f64::MIN_POSITIVE);
+    let by_cpu =
+        (busy_enough && i.connections > 0).then_some((i.connections as f64 * cpu_scale) as u64);
+    let mut limiting = ("memory", by_memory);
+    if by_fds < limiting.1 {
+        limiting = ("fds", by_fds);
+    }
+    if let Some(c) = by_cpu {
+        if c < limiting.1 {
+            limiting = ("cpu", c);
+        }
+    }
+    let ratio = |used: f64, limit: f64| {
+        if limit > 0.0 {
+            (1.0 - used / limit).clamp(0.0, 1.0)
+        } else {
+            0.0
+        }
+    };
+    Headroom {
+        per_connection_bytes: per_conn,
+        per_connection_measured: measured,
+        headroom_connections: limiting.1,
+        headroom_msgs_per_sec: (busy_enough && i.msg_rate > 0.0).then_some(i.msg_rate * cpu_scale),
+        ratio_memory: ratio(i.rss_bytes as f64, i.memory_limit_bytes as f64),
+        ratio_fds: ratio(i.open_fds as f64, i.max_fds as f64),
+        ratio_cpu: (1.0 - i.cpu_busy).clamp(0.0, 1.0),
+        limiting_resource: limiting.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> Inputs {
+        Inputs {
+            connections: 1000,
+            rss_bytes: 100 << 20,
+            baseline_rss_bytes: 50 << 20,
+            conn_bytes_estimate: 20_000,
+            memory_limit_bytes: 1 << 30,
+            open_fds: 1010,
+            max_fds: 1 << 20,
+            cpu_busy: 0.01,
+            msg_rate: 0.0,
+        }
+    }
+
+    #[test]
+    fn memory_limits_when_fds_are_plenty() {
+        let h = compute(&base());
+        assert!(h.per_connection_measured);
+        assert_eq!(h.per_connection_bytes, (50 << 20) / 1000);
+        let expect =
+            ((1u64 << 30) as f64 * 0.9 - (100u64 << 20) as f64) / h.per_connection_bytes as f64;
+        assert_eq!(h.headroom_connections, expect as u64);
+        assert_eq!(h.limiting_resource, "memory");
+        assert_eq!(h.headroom_msgs_per_sec, None);
+    }
+
+    #[test]
+    fn fds_and_cpu_can_limit() {
+        let mut i = base();
+        i.max_fds = 2048;
+        let h = compute(&i);
+        assert_eq!(h.limiting_resource, "fds");
+        assert_eq!(h.headroom_connections, (2048.0 * 0.95 - 1010.0) as u64);
+
+        let mut i = base();
+        i.cpu_busy = 0.4;
+        i.msg_rate = 10_000.0;
+        let h = compute(&i);
+        assert_eq!(h.limiting_resource, "cpu");
+        assert_eq!(h.headroom_connections, 1000);
+        assert_eq!(h.headroom_msgs_per_sec, Some(10_000.0));
+        assert!((h.ratio_cpu - 0.6).abs() < 1e-9);
+    }
+
+    #[test]
+    fn few_connections_use_the_estimate_and_overload_gives_zero() {
+        let mut i = base();
+        i.connections = 3;
+        let h = compute(&i);
+        assert!(!h.per_connection_measured);
+        assert_eq!(h.per_connection_bytes, 20_000);
+        let mut i = base();
+        i.rss_bytes = 1 << 30;
+        i.cpu_busy = 0.95;
+        let h = compute(&i);
+        assert_eq!(h.headroom_connections, 0);
+        assert_eq!(h.ratio_memory, 0.0);
+    }
+}

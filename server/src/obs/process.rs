@@ -1,0 +1,126 @@
+//! Process and host figures read from the OS: CPU seconds, RSS, open fds and their
+//! limit, the memory limit (cgroup v2/v1, else physical memory) and the core count.
+
+use serde::Serialize;
+
+/// One reading of the process's resource use.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ProcessStats {
+    /// User + system CPU time, seconds.
+    pub cpu_seconds: f64,
+    /// Resident set size, bytes.
+    pub rss_bytes: u64,
+    /// Open file descriptors.
+    pub open_fds: u64,
+    /// RLIMIT_NOFILE soft limit.
+    pub max_fds: u64,
+    /// The memory the process may use: cgroup limit, else physical memory.
+    pub memory_limit_bytes: u64,
+    /// Where the memory limit came from: `cgroup`, `physical`.
+    pub memory_limit_source: &'static str,
+    /// CPU cores available.
+    pub cores: u32,
+}
+
+/// Reads the current figures (zeros where the OS does not tell).
+pub fn read() -> ProcessStats {
+    let page = page_size();
+    let (cpu_seconds, rss_bytes) = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            // Fields after the ")" of the command name: state is field 3.
+            let rest = &s[s.rfind(')')? + 2..];
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let ticks = clock_ticks();
+            let utime: f64 = f.get(11)?.parse().ok()?;
+            let stime: f64 = f.get(12)?.parse().ok()?;
+            let rss_pages: u64 = f.get(21)?.parse().ok()?;
+            Some(((utime + stime) / ticks, rss_pages * page))
+        })
+        .unwrap_or((0.0, 0));
+    let open_fds = std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count() as u64)
+        .unwrap_or(0);
+    let (memory_limit_bytes, memory_limit_source) = match cgroup_memory_limit() {
+        Some(l) => (l, "cgroup"),
+        None => (physical_memory(), "physical"),
+    };
+    ProcessStats {
+        cpu_seconds,
+        rss_bytes,
+        open_fds,
+        max_fds: max_fds(),
+        memory_limit_bytes,
+        memory_limit_source,
+        cores: std::thread::available_parallelism()
+            .map(|n| n.get() as u32)
+            .unwrap_or(1),
+    }
+}
+
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if n > 0 {
+        n as u64
+    } else {
+        4096
+    }
+}
+
+fn clock_ticks() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if n > 0 {
+        n as f64
+    } else {
+        100.0
+    }
+}
+
+/// The RLIMIT_NOFILE soft limit.
+pub fn max_fds() -> u64 {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0 {
+        r.rlim_cur
+    } else {
+        0
+    }
+}
+
+fn cgroup_memory_limit() -> Option<u64> {
+    let v2 = std::fs::read_to_string("/sys/fs/cgroup/memory.max").ok();
+    let v1 = || std::fs::read_to_string("/sys/fs/cgroup/memory/memory.limit_in_bytes").ok();
+    let text = v2.or_else(v1)?;
+    let n: u64 = text.trim().parse().ok()?;
+    // v1 reports "unlimited" as a huge number.
+    (n < (1 << 60) && n < physical_memory().max(1)).then_some(n)
+}
+
+fn physical_memory() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("MemTotal:"))?;
+            let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kb * 1024)
+        })
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn reads_this_process() {
+        let p = super::read();
+        assert!(p.rss_bytes > 0);
+        assert!(p.open_fds > 0);
+        assert!(p.max_fds >= p.open_fds);
+        assert!(p.memory_limit_bytes > p.rss_bytes);
+        assert!(p.cores >= 1);
+    }
+}

@@ -1,0 +1,237 @@
+//! The observability surface: stage probes move under traffic, gauges match reality,
+//! the scrape passes `promtool check metrics`, kick closes the right connection, and
+//! admin routes refuse a bad token.
+
+use std::time::{Duration, Instant};
+
+use im_client::proto::{frame, Body, GroupOp};
+
+use crate::support::*;
+
+/// Polls `f` until it returns true or the wait runs out.
+async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + WAIT;
+    while !f() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_metrics_kick_and_admin_auth() {
+    let server = TestServer::start_with(&[("IM_OBS_SAMPLE_INTERVAL_MS", "200")]);
+    let mut a = server.raw("ana").await;
+    let mut b = server.raw("bo").await;
+    let mut c = server.raw("cy").await;
+
+    a.send(&frame(
+        2,
+        Body::GroupOp(GroupOp {
+            op: 0,
+            group_id: "ops".into(),
+            members: vec!["bo".into(), "cy".into()],
+        }),
+    ))
+    .await
+    .unwrap();
+    assert!(matches!(
+        next_frame(&mut a).await.body,
+        Some(Body::GroupOpOk(_))
+    ));
+    for i in 0..20u64 {
+        a.send(&send_to_user(10 + i, "bo", b"hello", &format!("d{i}")))
+            .await
+            .unwrap();
+        a.send(&send_to_group(100 + i, "ops", b"all", &format!("g{i}")))
+            .await
+            .unwrap();
+    }
+    assert_eq!(acks(&mut a, 40).await.len(), 40);
+    for _ in 0..40 {
+        next_frame(&mut b).await;
+    }
+    for _ in 0..20 {
+        next_frame(&mut c).await;
+    }
+
+    // Every stage histogram moved.
+    let stages = [
+        "decode",
+        "auth",
+        "validate",
+        "relation",
+        "persist_wait",
+        "persist_commit",
+        "route",
+        "encode",
+        "queue_wait",
+        "write",
+        "end_to_end",
+    ];
+    eventually("every stage to record", || {
+        let scrape = server.metrics();
+        stages.iter().all(|s| {
+            metric_value(&scrape, "im_stage_duration_seconds_count", &[("stage", s)]) > 0.0
+        })
+    })
+    .await;
+    let scrape = server.metrics();
+    assert!(metric_value(&scrape, "im_messages_received_total", &[("type", "text")]) >= 40.0);
+    assert!(metric_value(&scrape, "im_messages_delivered_total", &[]) >= 60.0);
+    assert!(metric_value(&scrape, "im_persist_batch_size_count", &[]) >= 1.0);
+    assert_eq!(metric_value(&scrape, "im_connections", &[]), 3.0);
+    for name in [
+        "im_connections_opened_total",
+        "im_alloc_bytes",
+        "im_capacity_headroom_connections",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_cpu_seconds_total",
+    ] {
+        assert!(scrape.contains(name), "{name} missing from the scrape");
+    }
+    promtool_check(&scrape);
+
+    // The overview agrees, with percentiles for the stages that ran.
+    let (status, body) = server.admin_get("/admin/v1/overview");
+    assert_eq!(status, 200, "{body}");
+    let o: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(o["connections"], 3);
+    eventually("the sampler to see traffic", || {
+        let (_, body) = server.admin_get("/admin/v1/overview");
+        let o: serde_json::Value = serde_json::from_str(&body).unwrap();
+        o["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["count"].as_u64().unwrap() > 0)
+            && o["memory"]["allocated"].as_u64().unwrap_or(0) > 0
+    })
+    .await;
+
+    // Connections list: three, sorted, filtered by user.
+    let (status, body) = server.admin_get("/admin/v1/connections?sort=msgs_in&limit=2");
+    assert_eq!(status, 200, "{body}");
+    let list: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(list["total"], 3);
+    assert_eq!(list["connections"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        list["connections"][0]["user_id"], "ana",
+        "ana sent the most: {body}"
+    );
+    let (status, body) = server.admin_get("/admin/v1/connections?sort=bogus");
+    assert_eq!(status, 400);
+    assert!(body.contains("sort=bogus"), "{body}");
+    let (_, body) = server.admin_get("/admin/v1/connections?user=cy");
+    let list: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(list["total"], 1);
+    let cy_conn = list["connections"][0]["conn_id"].as_u64().unwrap();
+
+    // Kick cy: cy's socket closes with 4002; the others are untouched.
+    let (status, body) = http(
+        server.admin_addr,
+        "DELETE",
+        &format!("/admin/v1/connections/{cy_conn}"),
+        Some(ADMIN_TOKEN),
+    );
+    assert_eq!(status, 200, "{body}");
+    let (code, _, _) = until_closed(&mut c).await;
+    assert_eq!(code, Some(4002));
+    eventually("im_connections to drop to 2", || {
+        server.metric("im_connections", &[]) == 2.0
+    })
+    .await;
+    a.send(&send_to_user(500, "bo", b"still", "after-kick"))
+        .await
+        .unwrap();
+    assert_eq!(acks(&mut a, 1).await.len(), 1);
+    let (status, _) = http(
+        server.admin_addr,
+        "DELETE",
+        &format!("/admin/v1/connections/{cy_conn}"),
+        Some(ADMIN_TOKEN),
+    );
+    assert_eq!(status, 404);
+
+    // Memory and slow consumers answer.
+    let (status, body) = server.admin_get("/admin/v1/memory");
+    assert_eq!(status, 200, "{body}");
+    let m: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(m["resident"].as_u64().unwrap() > 0);
+    let (status, body) = server.admin_get("/admin/v1/slow-consumers");
+    assert_eq!(status, 200, "{body}");
+    let s: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(s["total"], 0);
+    assert_eq!(s["soft_mark_bytes"], 1 << 20);
+
+    // Auth: health checks are open; everything else refuses a missing or wrong token.
+    assert_eq!(http(server.admin_addr, "GET", "/healthz", None).0, 200);
+    assert_eq!(http(server.admin_addr, "GET", "/readyz", None).0, 200);
+    let before = server.metric("im_admin_unauthorized_total", &[]);
+    for path in [
+        "/metrics",
+        "/admin/v1/overview",
+        "/admin/v1/connections",
+        "/admin/v1/slow-consumers",
+        "/admin/v1/memory",
+    ] {
+        assert_eq!(
+            http(server.admin_addr, "GET", path, None).0,
+            401,
+            "{path} without a token"
+        );
+        assert_eq!(
+            http(server.admin_addr, "GET", path, Some("wrong")).0,
+            401,
+            "{path} with a wrong token"
+        );
+    }
+    assert_eq!(
+        http(
+            server.admin_addr,
+            "DELETE",
+            "/admin/v1/connections/1",
+            Some("wrong")
+        )
+        .0,
+        401
+    );
+    let after = server.metric("im_admin_unauthorized_total", &[]);
+    assert_eq!(after - before, 11.0);
+    assert!(
+        !server.log().contains(ADMIN_TOKEN),
+        "the admin token leaked into the log"
+    );
+}
+
+/// Runs `promtool check metrics` on a scrape (required under CI, skipped if absent elsewhere).
+fn promtool_check(scrape: &str) {
+    use std::io::Write;
+    let child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) if std::env::var_os("CI").is_none() => {
+            eprintln!("promtool not found ({e}); skipping the lint (apt-get install prometheus)");
+            return;
+        }
+        Err(e) => panic!("promtool is required under CI: {e}"),
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(scrape.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
