@@ -6,7 +6,15 @@
 //! Delivered-but-never-acked messages (in flight when the sender stopped or timed out)
 //! and seq gaps are reported but are not failures by themselves: the server may have
 //! committed a message whose ack the bench gave up on.
+//!
+//! Receivers that also sync (notify-and-pull groups, reconnects after a kill, a push gap
+//! after a slow-consumer drop) keep a [`Stream`] per conversation: it merges pushes and
+//! sync pages the way a client does (accept the next seq, skip what it already has,
+//! sync on a gap) while counting anything the server got wrong: a seq pushed twice or
+//! out of order, an acked seq never obtained.
 
+use std::collections::HashMap;
+use std::hash::Hash;
 use std::ops::AddAssign;
 
 use serde::Serialize;
@@ -34,6 +42,12 @@ pub struct Verdict {
     pub delivered_unacked: u64,
     /// Seqs missing between the lowest and highest delivered one (informational).
     pub gaps: u64,
+    /// Pushes that skipped ahead (the server dropped pushes for a slow consumer) and were
+    /// recovered by a sync (informational; a gap never recovered shows as `missing`).
+    pub push_gaps_synced: u64,
+    /// Messages received again that the receiver already had, from a sync racing a push
+    /// (informational: a client skips them by seq).
+    pub overlaps: u64,
 }
 
 impl Verdict {
@@ -59,6 +73,8 @@ impl AddAssign for Verdict {
         self.wrong_conversation += o.wrong_conversation;
         self.delivered_unacked += o.delivered_unacked;
         self.gaps += o.gaps;
+        self.push_gaps_synced += o.push_gaps_synced;
+        self.overlaps += o.overlaps;
     }
 }
 
@@ -115,6 +131,182 @@ pub fn check(acked: &mut [u64], delivered: &mut [u64], wrong_conversation: u64) 
         wrong_conversation,
         delivered_unacked,
         gaps,
+        push_gaps_synced: 0,
+        overlaps: 0,
+    }
+}
+
+/// Checks many conversations at once: `acked` and `delivered` are keyed the same way
+/// (e.g. by recipient and conversation); a key on only one side is checked against an
+/// empty list.
+pub fn check_all<K: Hash + Eq>(
+    mut acked: HashMap<K, Vec<u64>>,
+    delivered: HashMap<K, Vec<u64>>,
+) -> Verdict {
+    let mut total = Verdict::default();
+    for (key, mut seqs) in delivered {
+        let mut a = acked.remove(&key).unwrap_or_default();
+        total += check(&mut a, &mut seqs, 0);
+    }
+    for (_, mut a) in acked {
+        total += check(&mut a, &mut [], 0);
+    }
+    total
+}
+
+/// What a receiver does with a pushed message (see [`Stream::push`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Take {
+    /// The next seq: delivered to the application.
+    Accepted,
+    /// Already had it (or a repeat): skipped.
+    Skipped,
+    /// Seqs are missing before it: skipped, and the receiver must sync.
+    Gap,
+}
+
+/// A receiver's view of one conversation fed by pushes and sync pages.
+#[derive(Debug, Clone, Default)]
+pub struct Stream {
+    /// Highest seq accepted.
+    last: u64,
+    /// Accepted seqs as inclusive ranges, increasing.
+    ranges: Vec<(u64, u64)>,
+    /// Highest seq pushed.
+    last_push: u64,
+    pushed: u64,
+    synced: u64,
+    push_duplicates: u64,
+    push_reordered: u64,
+    push_gaps: u64,
+    overlaps: u64,
+    sync_holes: u64,
+    sync_unordered: u64,
+    /// Last seq of the sync page being read (order check within a page).
+    page_last: u64,
+}
+
+impl Stream {
+    /// A stream that starts after seq `after` (0 for a new conversation).
+    pub fn new(after: u64) -> Self {
+        Stream {
+            last: after,
+            last_push: after,
+            ..Stream::default()
+        }
+    }
+
+    /// The highest seq accepted: the cursor to sync after.
+    pub fn last(&self) -> u64 {
+        self.last
+    }
+
+    /// Distinct seqs accepted.
+    pub fn accepted(&self) -> u64 {
+        self.ranges.iter().map(|(a, b)| b - a + 1).sum()
+    }
+
+    fn contains(&self, seq: u64) -> bool {
+        let i = self.ranges.partition_point(|&(_, hi)| hi < seq);
+        self.ranges.get(i).is_some_and(|&(lo, _)| lo <= seq)
+    }
+
+    fn accept(&mut self, seq: u64) {
+        match self.ranges.last_mut() {
+            Some((_, hi)) if *hi + 1 == seq => *hi = seq,
+            _ => self.ranges.push((seq, seq)),
+        }
+        self.last = seq;
+    }
+
+    /// A pushed message. Pushes must arrive with strictly increasing seqs (counted as a
+    /// duplicate or a reorder otherwise); one past a missing seq is a gap.
+    pub fn push(&mut self, seq: u64) -> Take {
+        self.pushed += 1;
+        if seq <= self.last_push {
+            if self.contains(seq) {
+                self.push_duplicates += 1;
+            } else {
+                self.push_reordered += 1;
+            }
+            return Take::Skipped;
+        }
+        self.last_push = seq;
+        if seq <= self.last {
+            self.overlaps += 1;
+            Take::Skipped
+        } else if seq == self.last + 1 {
+            self.accept(seq);
+            Take::Accepted
+        } else {
+            self.push_gaps += 1;
+            Take::Gap
+        }
+    }
+
+    /// Starts reading a sync page.
+    pub fn page_start(&mut self) {
+        self.page_last = 0;
+    }
+
+    /// A message of a sync page. Pages are ordered by seq; what the receiver already has
+    /// is skipped; a seq past a missing one is accepted (the store is gapless, so the
+    /// hole is counted; an acked seq in it shows as missing).
+    pub fn synced(&mut self, seq: u64) -> Take {
+        self.synced += 1;
+        if seq <= self.page_last {
+            self.sync_unordered += 1;
+        }
+        self.page_last = seq;
+        if seq <= self.last {
+            self.overlaps += 1;
+            return Take::Skipped;
+        }
+        self.sync_holes += seq - self.last - 1;
+        self.accept(seq);
+        Take::Accepted
+    }
+
+    /// Checks the stream against the seqs acked to the sender(s), sorted ascending
+    /// (repeats allowed: a repeat is a reused seq). `wrong_conversation` is the
+    /// receiver's count of misrouted messages.
+    pub fn verdict(&self, acked: &[u64], wrong_conversation: u64) -> Verdict {
+        debug_assert!(
+            acked.windows(2).all(|w| w[0] <= w[1]),
+            "acked must be sorted"
+        );
+        let seq_reused = acked.windows(2).filter(|w| w[0] == w[1]).count() as u64;
+        let mut distinct = 0u64;
+        let mut missing = 0u64;
+        let mut acked_accepted = 0u64;
+        let mut prev = None;
+        for &seq in acked.iter() {
+            if prev == Some(seq) {
+                continue;
+            }
+            prev = Some(seq);
+            distinct += 1;
+            if self.contains(seq) {
+                acked_accepted += 1;
+            } else {
+                missing += 1;
+            }
+        }
+        let between: u64 = self.ranges.windows(2).map(|w| w[1].0 - w[0].1 - 1).sum();
+        Verdict {
+            conversations: 1,
+            acked: distinct,
+            delivered: self.pushed + self.synced,
+            missing,
+            duplicates: self.push_duplicates,
+            not_increasing: self.push_duplicates + self.push_reordered + self.sync_unordered,
+            seq_reused,
+            wrong_conversation,
+            delivered_unacked: self.accepted() - acked_accepted,
+            gaps: between.max(self.sync_holes),
+            push_gaps_synced: self.push_gaps,
+            overlaps: self.overlaps,
+        }
     }
 }
 
@@ -162,6 +354,70 @@ mod tests {
 
         let misrouted = check(&mut [1], &mut [1], 1);
         assert!(!misrouted.passed());
+    }
+
+    #[test]
+    fn streams_merge_pushes_and_syncs() {
+        let mut s = Stream::new(0);
+        assert_eq!(s.push(1), Take::Accepted);
+        assert_eq!(s.push(2), Take::Accepted);
+        // 3 and 4 dropped for a slow consumer: 5 is a gap, a sync fetches 3..=6.
+        assert_eq!(s.push(5), Take::Gap);
+        s.page_start();
+        for seq in 3..=6 {
+            assert_eq!(s.synced(seq), Take::Accepted);
+        }
+        // 6 was pushed while the sync ran: skipped, not a duplicate.
+        assert_eq!(s.push(6), Take::Skipped);
+        assert_eq!(s.push(7), Take::Accepted);
+        assert_eq!(s.last(), 7);
+        let v = s.verdict(&(1..=7).collect::<Vec<_>>(), 0);
+        assert!(v.passed(), "{v:?}");
+        assert_eq!(
+            (v.push_gaps_synced, v.overlaps, v.acked, v.missing),
+            (1, 1, 7, 0)
+        );
+        assert_eq!(v.delivered_unacked, 0);
+    }
+
+    #[test]
+    fn streams_catch_server_mistakes() {
+        let mut s = Stream::new(0);
+        s.push(1);
+        s.push(2);
+        assert_eq!(s.push(2), Take::Skipped);
+        let v = s.verdict(&[1, 2], 0);
+        assert_eq!((v.duplicates, v.not_increasing), (1, 1));
+        assert!(!v.passed());
+
+        // Acked 3 never arrives (not pushed, not in the sync).
+        let mut s = Stream::new(0);
+        s.push(1);
+        s.page_start();
+        s.synced(2);
+        s.synced(4);
+        let v = s.verdict(&[1, 2, 3, 4], 0);
+        assert_eq!((v.missing, v.gaps), (1, 1));
+        assert!(!v.passed());
+
+        // Sync pages out of order, a reused seq in the acks.
+        let mut s = Stream::new(0);
+        s.page_start();
+        s.synced(2);
+        s.synced(1);
+        let v = s.verdict(&[1, 1, 2], 0);
+        assert_eq!((v.not_increasing, v.seq_reused), (1, 1));
+        assert!(!v.passed());
+        assert!(Stream::new(5).verdict(&[], 0).passed());
+    }
+
+    #[test]
+    fn keyed_checks_cover_both_sides() {
+        let acked = HashMap::from([("a", vec![1, 2]), ("b", vec![1])]);
+        let delivered = HashMap::from([("a", vec![1, 2]), ("c", vec![1])]);
+        let v = check_all(acked, delivered);
+        assert_eq!((v.conversations, v.missing, v.delivered_unacked), (3, 1, 1));
+        assert!(!v.passed());
     }
 
     #[test]

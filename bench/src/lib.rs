@@ -6,15 +6,27 @@
 //! throughput, latency percentiles (HdrHistogram, microseconds), errors by code and a
 //! delivery-correctness verdict. A correctness failure makes the process exit non-zero.
 //!
-//! Module map: [`scenarios`] (one module per traffic shape, plus the flags they share),
-//! [`target`] (the server under test: connect, mint tokens, spawn), [`spawn`] (running an
-//! `im-server` child process), [`wire`] (allocation-light frame encoding for the hot
-//! path), [`stats`] (sharded histograms, counters, summaries), [`check`] (the
-//! exactly-once, in-order delivery checker), [`util`] (flag parsers and formatting).
+//! `im-bench --config scenario.toml` (or `im-bench SCENARIO --config FILE`) takes the
+//! scenario and its flags from a TOML file ([`config`]).
+//!
+//! Module map: [`scenarios`] (one module per traffic shape, plus what they share),
+//! [`target`] (the server under test: resolve, mint tokens, spawn, open sessions from
+//! spread loopback source addresses), [`conn`] (the bench's WebSocket connection),
+//! [`spawn`] (running an `im-server` child process), [`admin`] (the server's own figures
+//! from its admin API), [`outbox`] (un-acked sends, retries, pacing), [`wire`]
+//! (allocation-light frame encoding for the hot path, malformed frames), [`stats`]
+//! (sharded histograms, counters, summaries), [`check`] (the exactly-once, in-order
+//! delivery checker), [`report`] (text report pieces and the progress line),
+//! [`config`] (TOML scenario files), [`util`] (flag parsers and formatting).
 
 #![warn(missing_docs)]
 
+pub mod admin;
 pub mod check;
+pub mod config;
+pub mod conn;
+pub mod outbox;
+pub mod report;
 pub mod scenarios;
 pub mod spawn;
 pub mod stats;
@@ -24,7 +36,8 @@ pub mod wire;
 
 use clap::Parser;
 
-/// Command line: `im-bench [--threads N] SCENARIO [flags]`.
+/// Command line: `im-bench [--threads N] SCENARIO [flags]` (after [`config::expand_args`]
+/// has turned a `--config FILE` into flags).
 #[derive(Debug, Parser)]
 #[command(
     name = "im-bench",

@@ -1,5 +1,6 @@
-//! The `im-bench` binary: parses `im-bench SCENARIO [flags]`, builds a multi-threaded
-//! tokio runtime and runs the scenario. Exit code 0: pass; 1: a correctness check
+//! The `im-bench` binary: parses `im-bench SCENARIO [flags]` (a `--config FILE` is
+//! expanded into flags first), builds a multi-threaded tokio runtime and runs the
+//! scenario. Exit code 0: pass; 1: a correctness check
 //! failed (lost, duplicated or reordered messages); 2: the run could not be carried out.
 
 use std::process::ExitCode;
@@ -8,7 +9,14 @@ use clap::Parser;
 use im_bench::{Cli, Outcome};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let argv = match im_bench::config::expand_args(std::env::args_os().collect()) {
+        Ok(argv) => argv,
+        Err(e) => {
+            eprintln!("im-bench: error: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let cli = Cli::parse_from(argv);
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all();
     if let Some(n) = cli.threads {

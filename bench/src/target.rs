@@ -1,33 +1,55 @@
-//! The server under test: where it listens, how to mint tokens for it, and (with
-//! `--spawn`) the child process that runs it. Connections are opened here, logged in
-//! and handed to the scenario's tasks.
+//! The server under test: where it listens, how to mint tokens for it, its admin API
+//! and (with `--spawn`) the child process that runs it. Connections are opened here,
+//! logged in and handed to the scenario's tasks.
+//!
+//! Against a loopback server, connection `i` binds local address
+//! `127.0.0.(2 + i % sources)` before connecting (`--sources`, default 254, so
+//! 127.0.0.2..127.0.0.255): each source address has its own ephemeral port range, so the
+//! number of connections (and of TIME_WAIT sockets left by back-to-back runs) is not
+//! capped by one address's ~28k ports.
 
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
-use im_client::RawConn;
+use anyhow::{bail, Context};
+use im_client::ClientError;
 use im_server::auth::TokenKeys;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::http::Uri;
 
+use crate::admin::AdminClient;
+use crate::conn::{Conn, ConnectOpts, LOGIN_TIMEOUT};
 use crate::scenarios::ServerArgs;
 use crate::spawn::{ServerLog, SpawnedServer};
 
 /// Admin token given to a spawned server.
 pub const SPAWN_ADMIN_TOKEN: &str = "im-bench-admin";
-/// Connections opened (connect + login) at the same time during setup.
+/// Connections opened (connect + login) at the same time by [`Target::connect_all`].
 const CONNECT_CONCURRENCY: usize = 64;
 /// Lifetime of minted tokens.
 const TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
+/// Most loopback source addresses (127.0.0.2..=127.0.0.255).
+pub const MAX_SOURCES: u32 = 254;
 
 /// A logged-in connection and the heartbeat interval the server asked for.
 #[derive(Debug)]
 pub struct Session {
     /// The connection, past `LoginOk`.
-    pub conn: RawConn,
+    pub conn: Conn,
     /// `LoginOk.heartbeat_secs` as a duration (at least one second).
     pub heartbeat: Duration,
+}
+
+/// How long the two halves of opening a session took.
+#[derive(Debug, Clone, Copy)]
+pub struct OpenTimes {
+    /// TCP connect plus WebSocket handshake.
+    pub connect: Duration,
+    /// Login to LoginOk.
+    pub login: Duration,
 }
 
 /// The server a scenario runs against.
@@ -35,15 +57,49 @@ pub struct Session {
 pub struct Target {
     /// The client WebSocket URL.
     pub url: String,
+    /// The address `url` resolves to.
+    pub addr: SocketAddr,
     keys: TokenKeys,
+    sources: Vec<IpAddr>,
+    admin: Option<AdminClient>,
     server: Option<SpawnedServer>,
+}
+
+/// Host and port of a `ws://HOST:PORT/...` URL (brackets of an IPv6 host removed).
+pub fn host_port(url: &str) -> anyhow::Result<(String, u16)> {
+    let uri: Uri = url
+        .parse()
+        .with_context(|| format!("parsing URL {url:?}"))?;
+    let host = uri
+        .host()
+        .with_context(|| format!("URL {url:?} has no host"))?
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    let port = match (uri.port_u16(), uri.scheme_str()) {
+        (Some(p), _) => p,
+        (None, Some("wss")) => 443,
+        (None, _) => 80,
+    };
+    Ok((host, port))
+}
+
+/// The loopback source addresses to spread `count` connections over when connecting to
+/// `server` (empty: let the OS choose, e.g. for a server that is not on loopback).
+pub fn source_ips(server: SocketAddr, count: u32) -> Vec<IpAddr> {
+    match server.ip() {
+        IpAddr::V4(ip) if ip.is_loopback() => (0..count.min(MAX_SOURCES))
+            .map(|i| IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2 + i as u8)))
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 impl Target {
     /// Connects to `--url`, or starts `--spawn` and uses its address.
     pub async fn open(args: &ServerArgs) -> anyhow::Result<Target> {
         let keys = TokenKeys::new(args.secret.as_bytes());
-        match &args.spawn {
+        let (url, admin, server) = match &args.spawn {
             Some(binary) => {
                 let server =
                     SpawnedServer::start(binary, &args.secret, SPAWN_ADMIN_TOKEN, &args.server_env)
@@ -54,42 +110,88 @@ impl Target {
                     server.client_addr,
                     server.admin_addr
                 );
-                Ok(Target {
-                    url: server.ws_url(),
-                    keys,
-                    server: Some(server),
-                })
+                let admin = AdminClient::new(
+                    &format!("http://{}", server.admin_addr),
+                    &server.admin_token,
+                )?;
+                (server.ws_url(), Some(admin), Some(server))
             }
-            None => Ok(Target {
-                url: args.url.clone(),
-                keys,
-                server: None,
-            }),
+            None => {
+                let admin = match (&args.admin_url, &args.admin_token) {
+                    (Some(u), Some(t)) => Some(AdminClient::new(u, t)?),
+                    (Some(_), None) => {
+                        bail!("--admin-url needs --admin-token (or IM_BENCH_ADMIN_TOKEN)")
+                    }
+                    _ => None,
+                };
+                (args.url.clone(), admin, None)
+            }
+        };
+        let (host, port) = host_port(&url)?;
+        let addr = tokio::net::lookup_host((host.as_str(), port))
+            .await
+            .with_context(|| format!("resolving {host}:{port}"))?
+            .next()
+            .with_context(|| format!("{host}:{port} resolves to no address"))?;
+        Ok(Target {
+            sources: source_ips(addr, args.sources),
+            url,
+            addr,
+            keys,
+            admin,
+            server,
+        })
+    }
+
+    /// The admin API, when known (always with `--spawn`; with `--url`, given
+    /// `--admin-url` and `--admin-token`).
+    pub fn admin(&self) -> Option<&AdminClient> {
+        self.admin.as_ref()
+    }
+
+    /// How many source addresses connections are spread over (0: the OS chooses).
+    pub fn source_count(&self) -> usize {
+        self.sources.len()
+    }
+
+    /// Mints a token for `user`.
+    pub fn token(&self, user: &str) -> anyhow::Result<String> {
+        self.keys
+            .issue(user, TOKEN_TTL)
+            .with_context(|| format!("minting a token for {user}"))
+    }
+
+    /// A cheap handle that opens more connections to the same server from other tasks.
+    pub fn dialer(&self) -> Dialer {
+        Dialer {
+            url: self.url.clone().into(),
+            addr: self.addr,
+            sources: self.sources.clone().into(),
+            keys: self.keys.clone(),
         }
     }
 
     /// Opens one connection per user, logged in, in the order given; at most
-    /// `CONNECT_CONCURRENCY` handshakes are in flight at once.
-    pub async fn connect_all(&self, users: &[String]) -> anyhow::Result<Vec<Session>> {
+    /// `CONNECT_CONCURRENCY` handshakes are in flight at once. `first_idx` is the
+    /// connection number of `users[0]` (it picks the source addresses).
+    pub async fn connect_all(
+        &self,
+        users: &[String],
+        first_idx: usize,
+    ) -> anyhow::Result<Vec<Session>> {
         let limit = Arc::new(Semaphore::new(CONNECT_CONCURRENCY));
+        let dialer = self.dialer();
         let mut set = JoinSet::new();
         for (idx, user) in users.iter().enumerate() {
-            let token = self
-                .keys
-                .issue(user, TOKEN_TTL)
-                .with_context(|| format!("minting a token for {user}"))?;
-            let (url, user, limit) = (self.url.clone(), user.clone(), limit.clone());
+            let token = self.token(user)?;
+            let (dialer, user, limit) = (dialer.clone(), user.clone(), limit.clone());
             set.spawn(async move {
                 let _permit = limit.acquire_owned().await;
-                let mut conn = RawConn::connect(&url)
+                let (session, _) = dialer
+                    .open(first_idx + idx, &token)
                     .await
-                    .with_context(|| format!("connecting {user} to {url}"))?;
-                let ok = conn
-                    .login(&token, "im-bench", false)
-                    .await
-                    .with_context(|| format!("logging in {user}"))?;
-                let heartbeat = Duration::from_secs(u64::from(ok.heartbeat_secs.max(1)));
-                anyhow::Ok((idx, Session { conn, heartbeat }))
+                    .with_context(|| format!("connecting and logging in {user}"))?;
+                anyhow::Ok((idx, session))
             });
         }
         let mut slots: Vec<Option<Session>> = (0..users.len()).map(|_| None).collect();
@@ -111,5 +213,86 @@ impl Target {
             Some(s) => Some(s.stop().await),
             None => None,
         }
+    }
+}
+
+/// Opens sessions to the target from any task (cloned per task; shares its strings).
+#[derive(Clone)]
+pub struct Dialer {
+    url: Arc<str>,
+    addr: SocketAddr,
+    sources: Arc<[IpAddr]>,
+    keys: TokenKeys,
+}
+
+impl std::fmt::Debug for Dialer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dialer")
+            .field("url", &self.url)
+            .field("addr", &self.addr)
+            .field("sources", &self.sources.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Dialer {
+    /// Mints a token for `user`.
+    pub fn token(&self, user: &str) -> anyhow::Result<String> {
+        self.keys
+            .issue(user, TOKEN_TTL)
+            .with_context(|| format!("minting a token for {user}"))
+    }
+
+    /// Connects connection number `idx` (from its source address) and logs in with
+    /// `token`; returns the session and how long each half took.
+    pub async fn open(&self, idx: usize, token: &str) -> Result<(Session, OpenTimes), ClientError> {
+        let opts = ConnectOpts {
+            local_ip: (!self.sources.is_empty()).then(|| self.sources[idx % self.sources.len()]),
+            ..ConnectOpts::default()
+        };
+        let t0 = Instant::now();
+        let mut conn = Conn::connect(self.addr, &self.url, &opts).await?;
+        let t1 = Instant::now();
+        let ok = conn.login(token, "im-bench", false, LOGIN_TIMEOUT).await?;
+        let t2 = Instant::now();
+        let heartbeat = Duration::from_secs(u64::from(ok.heartbeat_secs.max(1)));
+        Ok((
+            Session { conn, heartbeat },
+            OpenTimes {
+                connect: t1 - t0,
+                login: t2 - t1,
+            },
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_split_into_host_and_port() {
+        assert_eq!(
+            host_port("ws://127.0.0.1:7070/ws").unwrap(),
+            ("127.0.0.1".into(), 7070)
+        );
+        assert_eq!(host_port("ws://[::1]:9/ws").unwrap(), ("::1".into(), 9));
+        assert_eq!(
+            host_port("ws://example.com/ws").unwrap(),
+            ("example.com".into(), 80)
+        );
+        assert!(host_port("not a url").is_err());
+    }
+
+    #[test]
+    fn sources_are_loopback_only() {
+        let lo: SocketAddr = "127.0.0.1:7070".parse().unwrap();
+        let ips = source_ips(lo, 300);
+        assert_eq!(ips.len(), 254);
+        assert_eq!(ips[0], "127.0.0.2".parse::<IpAddr>().unwrap());
+        assert_eq!(ips[253], "127.0.0.255".parse::<IpAddr>().unwrap());
+        assert!(source_ips(lo, 0).is_empty());
+        assert!(source_ips("10.0.0.1:7070".parse().unwrap(), 10).is_empty());
+        assert!(source_ips("[::1]:7070".parse().unwrap(), 10).is_empty());
     }
 }

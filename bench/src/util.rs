@@ -1,5 +1,6 @@
 //! Small helpers shared by the scenarios: flag value parsers (durations such as `10s`,
-//! `KEY=VALUE` pairs) and human-readable formatting of latencies.
+//! `KEY=VALUE` pairs), human-readable formatting of latencies, and the bench process's
+//! own resident memory and file-descriptor limit (Linux `/proc`).
 
 use std::time::Duration;
 
@@ -44,6 +45,61 @@ pub fn fmt_us(us: u64) -> String {
     }
 }
 
+/// A Zipf distribution over ranks `0..n` (rank 0 the most frequent): P(k) is
+/// proportional to `1 / (k + 1)^s`; `s = 0` is uniform. Sampled by binary search over
+/// the precomputed cumulative weights (8 bytes per rank).
+#[derive(Debug, Clone)]
+pub struct Zipf {
+    cdf: Vec<f64>,
+}
+
+impl Zipf {
+    /// The distribution over `n` ranks (at least one) with exponent `s` (at least 0).
+    pub fn new(n: usize, s: f64) -> Zipf {
+        let s = s.max(0.0);
+        let mut cdf = Vec::with_capacity(n.max(1));
+        let mut total = 0.0;
+        for k in 0..n.max(1) {
+            total += 1.0 / ((k + 1) as f64).powf(s);
+            cdf.push(total);
+        }
+        for c in &mut cdf {
+            *c /= total;
+        }
+        Zipf { cdf }
+    }
+
+    /// The rank for a uniform sample `u` in `[0, 1)`.
+    pub fn rank(&self, u: f64) -> usize {
+        self.cdf
+            .partition_point(|&c| c <= u)
+            .min(self.cdf.len() - 1)
+    }
+
+    /// Probability of the `k` most frequent ranks together.
+    pub fn top_share(&self, k: usize) -> f64 {
+        match k {
+            0 => 0.0,
+            k => self.cdf[k.min(self.cdf.len()) - 1],
+        }
+    }
+}
+
+/// This process's resident set size in bytes (`VmRSS` of `/proc/self/status`).
+pub fn self_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// This process's soft limit on open files (`Max open files` of `/proc/self/limits`).
+pub fn max_open_files() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -73,5 +129,32 @@ mod tests {
         assert_eq!(fmt_us(850), "850us");
         assert_eq!(fmt_us(1_234), "1.23ms");
         assert_eq!(fmt_us(2_500_000), "2.50s");
+    }
+
+    #[test]
+    fn zipf_ranks_follow_the_weights() {
+        let z = Zipf::new(4, 1.0);
+        // Weights 1, 1/2, 1/3, 1/4 over 25/12.
+        assert!((z.top_share(1) - 12.0 / 25.0).abs() < 1e-9);
+        assert_eq!(z.rank(0.0), 0);
+        assert_eq!(z.rank(0.47), 0);
+        assert_eq!(z.rank(0.49), 1);
+        assert_eq!(z.rank(0.999_999), 3);
+        assert_eq!(z.top_share(10), 1.0);
+        let uniform = Zipf::new(10, 0.0);
+        assert!((uniform.top_share(5) - 0.5).abs() < 1e-9);
+        assert_eq!(Zipf::new(0, 1.0).rank(0.5), 0);
+        let hot = Zipf::new(10_000, 1.1);
+        let mut counts = vec![0u32; 10_000];
+        for i in 0..100_000 {
+            counts[hot.rank((i as f64 + 0.5) / 100_000.0)] += 1;
+        }
+        assert!(counts[0] > counts[1] && counts[1] > counts[10] && counts[10] > counts[1000]);
+    }
+
+    #[test]
+    fn own_process_figures_are_read() {
+        assert!(self_rss_bytes().is_some_and(|b| b > 0));
+        assert!(max_open_files().is_some_and(|n| n > 0));
     }
 }

@@ -347,6 +347,13 @@ impl Driver {
                     }
                 }
             }
+            // An unsolicited SyncResponse{more} is the server's notify-and-pull hint
+            // (large groups): new messages wait in the store, fetch them by sync.
+            Some(Body::SyncResp(resp)) if id == 0 => {
+                if resp.more {
+                    self.bg_wanted = true;
+                }
+            }
             Some(Body::SyncResp(resp)) => {
                 if let Some(job) = self.syncs.remove(&id) {
                     self.on_sync_page(conn, job, resp).await?;

@@ -93,6 +93,150 @@ pub struct Config {
     pub store: StoreConfig,
     /// Observability.
     pub obs: Obs,
+    /// Logs: level, rolling files, per-uid filters, off-peak compression.
+    pub log: LogConfig,
+}
+
+/// Log settings (`[log]`): global level, rolling JSON files, per-uid filters and the
+/// off-peak compactor (DESIGN.md section 8).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// Global level: `LEVEL` or `LEVEL,target=LEVEL,...` (env `IM_LOG` wins over `IM_LOG_LEVEL`).
+    pub level: String,
+    /// Write JSON lines to rolling files (stderr always gets text).
+    pub files: bool,
+    /// Log file directory; empty means `<data_dir>/logs`.
+    pub dir: PathBuf,
+    /// File name prefix: files are `<prefix>.<date>.log`.
+    pub prefix: String,
+    /// `minutely`, `hourly`, `daily` or `never`.
+    pub rotation: String,
+    /// Drop lines rather than block when the file writer falls behind (counted).
+    pub lossy: bool,
+    /// Lines buffered between the logging threads and the file writer.
+    pub buffered_lines: u32,
+    /// Per-uid log filters (admin API); off removes the connection span entirely.
+    pub uid_filters: bool,
+    /// Most per-uid filters at once.
+    pub max_uid_filters: u32,
+    /// Off-peak window start, local `HH:MM`: rotated files are compressed inside it.
+    pub window_start: String,
+    /// Off-peak window end, local `HH:MM` (may be before the start: the window wraps midnight).
+    pub window_end: String,
+    /// Rotated and compressed files older than this are deleted.
+    pub retention_hours: u32,
+    /// Outside the window, the node counts as idle below this many messages per second (in + out).
+    pub idle_msgs_per_sec: f64,
+    /// ... sustained for this many minutes.
+    pub idle_minutes: u32,
+    /// zstd level (1-19).
+    pub zstd_level: i32,
+    /// Share of one core the compactor may use while compressing (0.01-1.0).
+    pub compress_cpu_share: f64,
+    /// How often the compactor looks at the directory.
+    pub compact_interval_secs: u32,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            level: "info".into(),
+            files: true,
+            dir: PathBuf::new(),
+            prefix: "im-server".into(),
+            rotation: "hourly".into(),
+            lossy: true,
+            buffered_lines: 128_000,
+            uid_filters: true,
+            max_uid_filters: 10_000,
+            window_start: "03:00".into(),
+            window_end: "05:00".into(),
+            retention_hours: 168,
+            idle_msgs_per_sec: 1.0,
+            idle_minutes: 10,
+            zstd_level: 3,
+            compress_cpu_share: 0.25,
+            compact_interval_secs: 60,
+        }
+    }
+}
+
+impl LogConfig {
+    /// The log directory: `dir`, or `<data_dir>/logs` when empty.
+    pub fn dir_in(&self, data_dir: &Path) -> PathBuf {
+        if self.dir.as_os_str().is_empty() {
+            data_dir.join("logs")
+        } else {
+            self.dir.clone()
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if let Err(e) = crate::obs::logfilter::LevelSpec::parse(&self.level) {
+            return Err(invalid("log.level", &self.level, &e));
+        }
+        if !matches!(
+            self.rotation.as_str(),
+            "minutely" | "hourly" | "daily" | "never"
+        ) {
+            return Err(invalid(
+                "log.rotation",
+                &self.rotation,
+                "use \"minutely\", \"hourly\", \"daily\" or \"never\"",
+            ));
+        }
+        if self.prefix.is_empty()
+            || self.prefix.len() > 64
+            || !self
+                .prefix
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'))
+        {
+            return Err(invalid(
+                "log.prefix",
+                &self.prefix,
+                "use 1-64 characters of A-Z a-z 0-9 _ -",
+            ));
+        }
+        range("log.buffered_lines", self.buffered_lines, 1, 10_000_000)?;
+        range("log.max_uid_filters", self.max_uid_filters, 1, 1_000_000)?;
+        let start = crate::obs::compactor::TimeOfDay::parse(&self.window_start)
+            .map_err(|e| invalid("log.window_start", &self.window_start, &e))?;
+        let end = crate::obs::compactor::TimeOfDay::parse(&self.window_end)
+            .map_err(|e| invalid("log.window_end", &self.window_end, &e))?;
+        if start == end {
+            return Err(invalid(
+                "log.window_end",
+                &self.window_end,
+                "must differ from log.window_start (for an all-day window use 00:00 to 23:59)",
+            ));
+        }
+        range("log.retention_hours", self.retention_hours, 1, 24 * 3650)?;
+        if !self.idle_msgs_per_sec.is_finite() || self.idle_msgs_per_sec < 0.0 {
+            return Err(invalid(
+                "log.idle_msgs_per_sec",
+                self.idle_msgs_per_sec,
+                "must be a number >= 0 (0: never idle)",
+            ));
+        }
+        range("log.idle_minutes", self.idle_minutes, 1, 1440)?;
+        range("log.zstd_level", self.zstd_level, 1, 19)?;
+        if !(0.01..=1.0).contains(&self.compress_cpu_share) {
+            return Err(invalid(
+                "log.compress_cpu_share",
+                self.compress_cpu_share,
+                "must be between 0.01 and 1.0",
+            ));
+        }
+        range(
+            "log.compact_interval_secs",
+            self.compact_interval_secs,
+            1,
+            3600,
+        )?;
+        Ok(())
+    }
 }
 
 /// Observability settings.
@@ -170,6 +314,9 @@ pub struct Flow {
     pub write_timeout_secs: u32,
     /// Most frames coalesced into one socket write.
     pub coalesce_max_frames: u32,
+    /// Groups with more members than this use notify-and-pull: members get a small
+    /// sync hint (an unsolicited `SyncResponse{more: true}`) instead of the payload.
+    pub notify_group_threshold: u32,
     /// WebSocket read buffer per connection (tungstenite allocates it eagerly).
     pub ws_read_buffer_bytes: u32,
     /// WebSocket write buffer per connection.
@@ -207,6 +354,7 @@ impl Default for Config {
             flow: Flow::default(),
             store: StoreConfig::default(),
             obs: Obs::default(),
+            log: LogConfig::default(),
         }
     }
 }
@@ -245,6 +393,7 @@ impl Default for Flow {
             hard_mark_bytes: 4 << 20,
             write_timeout_secs: 10,
             coalesce_max_frames: 64,
+            notify_group_threshold: 2000,
             ws_read_buffer_bytes: 4096,
             ws_write_buffer_bytes: 4096,
             socket_send_buffer_bytes: 0,
@@ -317,6 +466,12 @@ impl Config {
             .filter(|(k, _)| k.starts_with("IM_"))
             .collect();
         apply_env(&mut tree, &mut Vec::new(), &env)?;
+        // `IM_LOG` (the documented level variable) is an alias of `log.level` that wins.
+        if let (Some(level), Some(toml::Value::Table(log))) =
+            (env.get("IM_LOG"), tree.get_mut("log"))
+        {
+            log.insert("level".into(), toml::Value::String(level.clone()));
+        }
         let mut config: Config = serde_path_to_error::deserialize(tree).map_err(|e| {
             let key = e.path().to_string();
             ConfigError::Key {
@@ -388,6 +543,12 @@ impl Config {
         range("flow.write_timeout_secs", f.write_timeout_secs, 1, 3600)?;
         range("flow.coalesce_max_frames", f.coalesce_max_frames, 1, 4096)?;
         range(
+            "flow.notify_group_threshold",
+            f.notify_group_threshold,
+            1,
+            100_000_000,
+        )?;
+        range(
             "flow.ws_read_buffer_bytes",
             f.ws_read_buffer_bytes,
             256,
@@ -419,6 +580,7 @@ impl Config {
             1,
             1 << 30,
         )?;
+        self.log.validate()?;
         Ok(())
     }
 
@@ -589,6 +751,41 @@ mod tests {
         assert_eq!(c.listen, "127.0.0.1:9000");
         assert_eq!(c.persist.batch_max, 7);
         assert_eq!(c.node_id, "n1");
+    }
+
+    #[test]
+    fn log_keys_default_validate_and_im_log_wins() {
+        let c = Config::load_from(None, &Overrides::default(), env(&[])).unwrap();
+        assert_eq!(c.log.level, "info");
+        assert_eq!(c.log.dir_in(Path::new("/d")), PathBuf::from("/d/logs"));
+        let c = Config::load_from(
+            None,
+            &Overrides::default(),
+            env(&[
+                ("IM_LOG_LEVEL", "warn"),
+                ("IM_LOG", "info,im_server::store=debug"),
+                ("IM_LOG_IDLE_MSGS_PER_SEC", "2.5"),
+                ("IM_LOG_WINDOW_START", "23:00"),
+                ("IM_LOG_WINDOW_END", "01:00"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.log.level, "info,im_server::store=debug");
+        assert_eq!(c.log.idle_msgs_per_sec, 2.5);
+        for (var, value, key) in [
+            ("IM_LOG_LEVEL", "loud", "log.level"),
+            ("IM_LOG_ROTATION", "weekly", "log.rotation"),
+            ("IM_LOG_WINDOW_END", "25:00", "log.window_end"),
+            ("IM_LOG_WINDOW_END", "03:00", "log.window_end"),
+            ("IM_LOG_ZSTD_LEVEL", "30", "log.zstd_level"),
+            ("IM_LOG_COMPRESS_CPU_SHARE", "0", "log.compress_cpu_share"),
+            ("IM_LOG_PREFIX", "a/b", "log.prefix"),
+        ] {
+            let e = Config::load_from(None, &Overrides::default(), env(&[(var, value)]))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key) && e.contains(value), "{var}={value}: {e}");
+        }
     }
 
     #[test]

@@ -82,19 +82,16 @@ impl obs::sampler::Live for LiveFigures {
     fn users_online(&self) -> u64 {
         self.pipeline.router.users_online() as u64
     }
-    fn slow_consumers(&self) -> u64 {
+    fn outbound(&self) -> (u64, u64) {
         self.conns
             .snapshot()
             .iter()
-            .filter(|o| o.state() == flow::ConnState::Slow)
-            .count() as u64
-    }
-    fn outbound_queued_bytes(&self) -> u64 {
-        self.conns
-            .snapshot()
-            .iter()
-            .map(|o| o.queued_bytes() as u64)
-            .sum()
+            .fold((0, 0), |(slow, bytes), o| {
+                (
+                    slow + u64::from(o.state() == flow::ConnState::Slow),
+                    bytes + o.queued_bytes() as u64,
+                )
+            })
     }
     fn persist_queue(&self) -> (u64, u64) {
         (
@@ -114,6 +111,7 @@ pub struct Running {
     pub admin_addr: SocketAddr,
     writer: tokio::task::JoinHandle<()>,
     servers: Vec<tokio::task::JoinHandle<()>>,
+    compactor: Option<obs::compactor::CompactorHandle>,
 }
 
 impl Node {
@@ -130,7 +128,10 @@ impl Node {
         };
 
         let relations = Arc::new(Relations::new(store.clone()));
-        let router = Arc::new(Router::new(metrics.clone()));
+        let router = Arc::new(Router::new(
+            metrics.clone(),
+            config.flow.notify_group_threshold,
+        ));
         let (route_tx, route_rx) = mpsc::channel(1024);
         tokio::spawn(router.clone().run(route_rx));
         let (persist, persist_rx) =
@@ -209,8 +210,10 @@ impl Node {
             config.flow.socket_send_buffer_bytes as usize,
             config.flow.socket_recv_buffer_bytes as usize,
         );
+        let (log_tasks, compactor) = start_log_tasks(&config, snapshot_of(&node));
         let servers = vec![
             sampler,
+            log_tasks,
             tokio::spawn(async move {
                 let listener = axum::serve::ListenerExt::tap_io(client, move |tcp| {
                     let _ = tcp.set_nodelay(true);
@@ -238,6 +241,7 @@ impl Node {
             admin_addr,
             writer,
             servers,
+            compactor,
         })
     }
 }
@@ -259,6 +263,9 @@ impl Running {
         for s in &self.servers {
             s.abort();
         }
+        if let Some(c) = self.compactor {
+            tokio::task::spawn_blocking(move || c.stop());
+        }
         let _ = tokio::time::timeout(
             end.saturating_duration_since(Instant::now()),
             node.pipeline.persist.flush(),
@@ -266,6 +273,71 @@ impl Running {
         .await;
         drop(self.writer);
     }
+}
+
+fn snapshot_of(node: &Node) -> Arc<RwLock<obs::sampler::Snapshot>> {
+    node.snapshot.clone()
+}
+
+/// Log housekeeping when this process's logging is managed (`obs::logfiles::init`):
+/// a task that expires per-uid filters and exports the writer's dropped lines, and the
+/// off-peak compactor thread, which reads the node's message rate from the snapshot.
+fn start_log_tasks(
+    config: &Config,
+    snapshot: Arc<RwLock<obs::sampler::Snapshot>>,
+) -> (
+    tokio::task::JoinHandle<()>,
+    Option<obs::compactor::CompactorHandle>,
+) {
+    let Some(logs) = obs::logfiles::control() else {
+        return (tokio::spawn(async {}), None);
+    };
+    let dropped = metrics::counter!("im_log_lines_dropped_total");
+    dropped.absolute(0);
+    let housekeeping = {
+        let logs = logs.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(250));
+            loop {
+                tick.tick().await;
+                logs.filters.sweep();
+                dropped.absolute(logs.dropped_lines());
+            }
+        })
+    };
+    let compactor = logs.dir.clone().and_then(|dir| {
+        let lc = &config.log;
+        let cfg = obs::compactor::CompactorConfig {
+            dir,
+            prefix: logs.prefix.clone(),
+            window: logs.window,
+            retention: Duration::from_secs(lc.retention_hours as u64 * 3600),
+            idle_msgs_per_sec: lc.idle_msgs_per_sec,
+            idle_for: Duration::from_secs(lc.idle_minutes as u64 * 60),
+            zstd_level: lc.zstd_level,
+            cpu_share: lc.compress_cpu_share,
+        };
+        let rate = Box::new(move || {
+            snapshot
+                .read()
+                .map(|s| s.msg_rate_in + s.msg_rate_out)
+                .unwrap_or(f64::MAX)
+        });
+        let c = obs::compactor::Compactor::new(
+            cfg,
+            obs::compactor::SystemClock,
+            rate,
+            logs.stats.clone(),
+        );
+        match obs::compactor::spawn(c, Duration::from_secs(lc.compact_interval_secs as u64)) {
+            Ok(h) => Some(h),
+            Err(e) => {
+                tracing::warn!(error = %e, "log compactor not started");
+                None
+            }
+        }
+    });
+    (housekeeping, compactor)
 }
 
 fn default_node_id() -> String {

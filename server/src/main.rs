@@ -76,14 +76,8 @@ fn run() -> anyhow::Result<()> {
 }
 
 fn serve(config: Config) -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("IM_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    // Text to stderr, JSON lines to <data_dir>/logs; the guard flushes the file writer.
+    let _log_guard = im_server::obs::logfiles::init(&config).context("setting up logging")?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -28,6 +28,7 @@ async fn stores() -> Vec<(Arc<dyn Store>, Option<tempfile::TempDir>)> {
     let admin = sqlx::PgPool::connect(&pg_url())
         .await
         .unwrap_or_else(|e| panic!("Postgres at {} is required: {e}", pg_url()));
+    drop_stale_schemas(&admin).await;
     sqlx::query(&format!("CREATE SCHEMA {schema}"))
         .execute(&admin)
         .await
@@ -37,6 +38,26 @@ async fn stores() -> Vec<(Arc<dyn Store>, Option<tempfile::TempDir>)> {
         .options([("search_path", schema.as_str())]);
     let pg = PgStore::connect_with(opts, 4).await.expect("pg store");
     vec![(Arc::new(sqlite), Some(dir)), (Arc::new(pg), None)]
+}
+
+/// Drops test schemas more than an hour old (their uuid v7 names carry the creation time).
+async fn drop_stale_schemas(admin: &sqlx::PgPool) {
+    let names: Vec<String> =
+        sqlx::query_scalar("SELECT nspname::text FROM pg_namespace WHERE nspname LIKE 't\\_%'")
+            .fetch_all(admin)
+            .await
+            .unwrap_or_default();
+    let now_ms = im_proto::now_ms() as u64;
+    for name in names {
+        let created = name
+            .get(2..14)
+            .and_then(|hex| u64::from_str_radix(hex, 16).ok());
+        if created.is_some_and(|ms| now_ms.saturating_sub(ms) > 3_600_000) {
+            let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS {name} CASCADE"))
+                .execute(admin)
+                .await;
+        }
+    }
 }
 
 fn msg(conv: &str, sender: &str, cmid: &str, body: &str) -> NewMessage {

@@ -5,32 +5,10 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use im_client::proto::{frame, Body, ErrorCode, GroupOp};
-use im_client::{RawConn, Target};
+use im_client::proto::{Body, ErrorCode};
+use im_client::Target;
 
 use crate::support::*;
-
-async fn create_group(owner: &mut RawConn, group: &str, members: Vec<String>) {
-    owner
-        .send(&frame(
-            2,
-            Body::GroupOp(GroupOp {
-                op: 0,
-                group_id: group.into(),
-                members,
-            }),
-        ))
-        .await
-        .unwrap();
-    loop {
-        let f = next_frame(owner).await;
-        match f.body {
-            Some(Body::GroupOpOk(_)) => return,
-            Some(Body::Error(e)) => panic!("group create failed: {e:?}"),
-            _ => {}
-        }
-    }
-}
 
 fn rss_kib(pid_of: &TestServer) -> u64 {
     let (_, body) = pid_of.admin_get("/admin/v1/overview");
@@ -267,4 +245,73 @@ async fn sends_over_the_rate_limit_get_rate_limited() {
     assert!((5..=7).contains(&ok), "{ok} accepted");
     assert_eq!(ok + limited, 20);
     assert!(server.metric("im_bad_frames_total", &[("reason", "rate_limited")]) >= 13.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_groups_switch_to_notify_and_pull() {
+    let server = TestServer::start_with(&[("IM_FLOW_NOTIFY_GROUP_THRESHOLD", "3")]);
+    let mut owner = server.raw("boss").await;
+    let mut raw_member = server.raw("r1").await;
+    let sdk_member = server.client("r2").await;
+    create_group(
+        &mut owner,
+        "town",
+        vec!["r1".into(), "r2".into(), "r3".into()],
+    )
+    .await;
+    for i in 0..10u64 {
+        owner
+            .send(&send_to_group(
+                10 + i,
+                "town",
+                format!("t{i}").as_bytes(),
+                &format!("t{i}"),
+            ))
+            .await
+            .unwrap();
+    }
+    assert_eq!(acks(&mut owner, 10).await.len(), 10);
+
+    // The raw member gets one small hint (not the payloads) until it syncs.
+    let f = next_frame(&mut raw_member).await;
+    assert_eq!(f.req_id, 0);
+    assert!(
+        matches!(f.body, Some(Body::SyncResp(ref r)) if r.more && r.messages.is_empty()),
+        "{f:?}"
+    );
+    assert!(
+        raw_member
+            .recv_timeout(Duration::from_millis(300))
+            .await
+            .is_err(),
+        "hints are coalesced until the member syncs"
+    );
+    let got = raw_sync_all(&mut raw_member, 100).await;
+    assert_eq!(
+        got.iter().map(|m| m.seq).collect::<Vec<_>>(),
+        (1..=10).collect::<Vec<_>>()
+    );
+    // After a sync, the next message hints again.
+    owner
+        .send(&send_to_group(50, "town", b"again", "t-again"))
+        .await
+        .unwrap();
+    let f = next_frame(&mut raw_member).await;
+    assert!(
+        matches!(f.body, Some(Body::SyncResp(ref r)) if r.more),
+        "{f:?}"
+    );
+
+    // The SDK follows hints by syncing: every message arrives once, in order.
+    let mut seqs = Vec::new();
+    while seqs.len() < 11 {
+        seqs.push(sdk_member.next_message(WAIT).await.expect("sdk pulls").seq);
+    }
+    assert_eq!(seqs, (1..=11).collect::<Vec<_>>());
+    assert!(server.metric("im_sync_hints_total", &[]) >= 2.0);
+    assert_eq!(
+        server.metric("im_messages_encoded_total", &[]),
+        0.0,
+        "payloads were not pushed"
+    );
 }

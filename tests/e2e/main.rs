@@ -6,6 +6,8 @@ mod support;
 mod bad_input;
 mod chat;
 mod cli;
+mod dashboards;
+mod diag;
 mod durability;
 mod flow;
 mod groups;

@@ -2,20 +2,7 @@
 //! the scrape passes `promtool check metrics`, kick closes the right connection, and
 //! admin routes refuse a bad token.
 
-use std::time::{Duration, Instant};
-
-use im_client::proto::{frame, Body, GroupOp};
-
 use crate::support::*;
-
-/// Polls `f` until it returns true or the wait runs out.
-async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let end = Instant::now() + WAIT;
-    while !f() {
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_metrics_kick_and_admin_auth() {
@@ -24,20 +11,7 @@ async fn probes_metrics_kick_and_admin_auth() {
     let mut b = server.raw("bo").await;
     let mut c = server.raw("cy").await;
 
-    a.send(&frame(
-        2,
-        Body::GroupOp(GroupOp {
-            op: 0,
-            group_id: "ops".into(),
-            members: vec!["bo".into(), "cy".into()],
-        }),
-    ))
-    .await
-    .unwrap();
-    assert!(matches!(
-        next_frame(&mut a).await.body,
-        Some(Body::GroupOpOk(_))
-    ));
+    create_group(&mut a, "ops", vec!["bo".into(), "cy".into()]).await;
     for i in 0..20u64 {
         a.send(&send_to_user(10 + i, "bo", b"hello", &format!("d{i}")))
             .await

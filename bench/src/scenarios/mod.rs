@@ -1,27 +1,79 @@
-//! Scenarios, one module per traffic shape, and the flags they share: where the server
-//! is ([`ServerArgs`]) and how long to measure ([`RunArgs`]).
+//! Scenarios, one module per traffic shape, and what they share: where the server is
+//! ([`ServerArgs`]), how long to measure ([`RunArgs`]), the run's timeline ([`Clock`]),
+//! how connections that ended are counted ([`Disconnects`]) and how a finished report is
+//! printed ([`finish`]).
 //!
-//! - [`chat`]: one-to-one durable chat, N sender/receiver pairs.
+//! - [`chat`]: one-to-one durable chat, N sender/receiver pairs (closed loop or `--rate`).
+//! - [`idle`]: a connect ramp to N idle connections with heartbeats; memory per
+//!   connection from the server's admin API.
+//! - [`broadcast`]: G groups of M members, R messages/s per group, push or notify-and-pull.
+//! - [`mix`]: one-to-one traffic with a message size mix over zipf-hot conversations.
+//! - [`roundtrip`]: send, SendAck, deliver, DeliverAck and the reply, timed end to end.
+//! - [`chaos`]: chat under disconnect injection (kill, reconnect, sync) and malformed
+//!   frames (each must get BAD_FRAME and leave the connection working).
+//!
+//! Every scenario checks delivery while it loads ([`crate::check`]) and fails (exit 1)
+//! on any loss, duplicate, reordering, or a server that exited during the run.
 
+pub mod broadcast;
+pub mod chaos;
 pub mod chat;
+pub mod follow;
+pub mod idle;
+pub mod mix;
+pub mod peers;
+pub mod roundtrip;
+pub mod sender;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
+use im_client::ClientError;
+use serde::Serialize;
+use tokio::time::Instant;
 
+use crate::admin::ServerFigures;
+use crate::conn::Event;
+use crate::spawn::ServerLog;
+use crate::stats::{ErrorCounts, LocalError};
+use crate::target::Target;
 use crate::util::{parse_duration, parse_key_val};
 use crate::Outcome;
 
 /// JWT secret a spawned server is given, and the default `--secret`.
 pub const DEFAULT_SECRET: &str = "im-bench-secret";
 
-/// The scenarios `im-bench` can run.
+/// The scenarios `im-bench` can run. A flag given twice keeps its last value (so the
+/// command line overrides a `--config` file); repeatable flags accumulate.
 #[derive(Debug, Subcommand)]
 pub enum Scenario {
     /// One-to-one durable chat: sender s{i} sends to receiver r{i}; measures
     /// send-to-SendAck and send-to-deliver latency and checks exactly-once delivery.
+    #[command(args_override_self = true)]
     Chat(chat::ChatArgs),
+    /// N connections ramped over T seconds, logged in and heartbeating; connect/login
+    /// latency, heartbeat round trips and the server's memory per connection.
+    #[command(args_override_self = true)]
+    Idle(idle::IdleArgs),
+    /// G groups of M members, R messages/s per group, full fan-out (push, or
+    /// notify-and-pull with --pull); delivery latency and deliveries/s.
+    #[command(args_override_self = true)]
+    Broadcast(broadcast::BroadcastArgs),
+    /// One-to-one traffic with a message size mix (text/image/file) over zipf-hot
+    /// conversations, at a total rate.
+    #[command(args_override_self = true)]
+    Mix(mix::MixArgs),
+    /// Pairs exchanging messages: send, SendAck, deliver, DeliverAck and the reply,
+    /// timed end to end; stored cursors checked after the run.
+    #[command(args_override_self = true)]
+    Roundtrip(roundtrip::RoundtripArgs),
+    /// Chat under fire: x% of connections killed at random (reconnect + sync timed as
+    /// time to recover), y% malformed frames (each must get BAD_FRAME).
+    #[command(args_override_self = true)]
+    Chaos(chaos::ChaosArgs),
 }
 
 /// Where the server under test is.
@@ -40,6 +92,17 @@ pub struct ServerArgs {
     /// Extra environment for the spawned server, e.g. IM_PERSIST_BATCH_MAX=64 (repeatable).
     #[arg(long = "server-env", value_name = "KEY=VALUE", value_parser = parse_key_val)]
     pub server_env: Vec<(String, String)>,
+    /// Admin API of a running server (`http://HOST:PORT`), for its figures (automatic
+    /// with --spawn).
+    #[arg(long, conflicts_with = "spawn")]
+    pub admin_url: Option<String>,
+    /// Admin bearer token for --admin-url.
+    #[arg(long, env = "IM_BENCH_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// Loopback source addresses to spread connections over (127.0.0.2 onwards, at
+    /// most 254); 0 lets the OS choose. Ignored for a server that is not on loopback.
+    #[arg(long, default_value_t = 254, value_parser = clap::value_parser!(u32).range(0..=254))]
+    pub sources: u32,
 }
 
 /// How long to run and how to report.
@@ -63,5 +126,167 @@ pub struct RunArgs {
 pub async fn run(scenario: Scenario) -> anyhow::Result<Outcome> {
     match scenario {
         Scenario::Chat(args) => chat::run(args).await,
+        Scenario::Idle(args) => idle::run(args).await,
+        Scenario::Broadcast(args) => broadcast::run(args).await,
+        Scenario::Mix(args) => mix::run(args).await,
+        Scenario::Roundtrip(args) => roundtrip::run(args).await,
+        Scenario::Chaos(args) => chaos::run(args).await,
     }
+}
+
+/// A run's timeline: time zero of payload timestamps, the end of the warmup and the end
+/// of the measured window.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    /// Time zero (payload timestamps count microseconds from here).
+    pub base: Instant,
+    /// Measuring starts here.
+    pub warmup_end: Instant,
+    /// Measuring (and sending) stops here.
+    pub end: Instant,
+}
+
+impl Clock {
+    /// A timeline starting now: `warmup`, then `duration` measured.
+    pub fn start(warmup: Duration, duration: Duration) -> Clock {
+        let base = Instant::now();
+        Clock {
+            base,
+            warmup_end: base + warmup,
+            end: base + warmup + duration,
+        }
+    }
+
+    /// Microseconds from the base to `t`.
+    pub fn us(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.base).as_micros() as u64
+    }
+
+    /// Microseconds from the base to now.
+    pub fn now_us(&self) -> u64 {
+        self.us(Instant::now())
+    }
+
+    /// Whether `t` is in the measured window.
+    pub fn measured(&self, t: Instant) -> bool {
+        t >= self.warmup_end && t < self.end
+    }
+
+    /// Whether a payload timestamp (µs from the base) is in the measured window.
+    pub fn measured_us(&self, us: u64) -> bool {
+        (self.us(self.warmup_end)..self.us(self.end)).contains(&us)
+    }
+
+    /// `warmup`, `measure` or `drain`, for the progress line.
+    pub fn phase(&self, now: Instant) -> &'static str {
+        if now < self.warmup_end {
+            "warmup"
+        } else if now < self.end {
+            "measure"
+        } else {
+            "drain"
+        }
+    }
+
+    /// Measured seconds.
+    pub fn measured_secs(&self) -> f64 {
+        (self.end - self.warmup_end).as_secs_f64()
+    }
+}
+
+/// Connections that ended unexpectedly, by close code and reason (or transport error).
+#[derive(Debug, Default)]
+pub struct Disconnects {
+    by_reason: Mutex<BTreeMap<String, u64>>,
+}
+
+impl Disconnects {
+    /// Counts a connection that ended (`ev` is the close event or the receive error) in
+    /// `errors` (as `connection_closed` or `transport`) and by reason.
+    pub fn record(&self, errors: &ErrorCounts, ev: Result<Event, ClientError>) {
+        let (kind, why) = match ev {
+            Ok(Event::Closed { code, reason }) => (
+                LocalError::Closed,
+                match code {
+                    Some(c) => format!("close {c}: {reason}"),
+                    None => format!("closed: {reason}"),
+                },
+            ),
+            Ok(Event::Frame(_) | Event::WsPong(_)) => return,
+            Err(e) => (LocalError::Transport, format!("transport: {e}")),
+        };
+        errors.local(kind);
+        self.add(why);
+    }
+
+    /// Counts one ended connection under `why`.
+    pub fn add(&self, why: String) {
+        if let Ok(mut d) = self.by_reason.lock() {
+            *d.entry(why).or_default() += 1;
+        }
+    }
+
+    /// The counts by reason.
+    pub fn snapshot(&self) -> BTreeMap<String, u64> {
+        self.by_reason.lock().map(|d| d.clone()).unwrap_or_default()
+    }
+}
+
+/// What [`finish`] needs from a scenario's report.
+pub trait Report: Serialize {
+    /// Whether every correctness check passed.
+    fn passed(&self) -> bool;
+    /// The text form.
+    fn render(&self) -> String;
+    /// Attaches what the spawned server logged, and whether it exited during the run.
+    fn set_server(&mut self, log: Option<ServerLog>, exited: bool);
+}
+
+/// Stops the target, completes the report and prints it (text, or JSON with `json`);
+/// the outcome is a failure if a check failed or the spawned server exited early.
+pub async fn finish<R: Report>(
+    mut target: Target,
+    result: anyhow::Result<R>,
+    json: bool,
+) -> anyhow::Result<Outcome> {
+    let exited = !target.server_alive();
+    if exited {
+        eprintln!("im-bench: the spawned server exited during the run");
+    }
+    let log = target.close().await;
+    let mut report = result?;
+    report.set_server(log, exited);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.render());
+    }
+    Ok(if report.passed() && !exited {
+        Outcome::Pass
+    } else {
+        Outcome::Fail
+    })
+}
+
+/// Reads the server's figures (if it has a known admin API) shortly before the end of
+/// the measured window, while the load is still on.
+pub fn figures_near_end(
+    target: &Target,
+    clock: &Clock,
+) -> tokio::task::JoinHandle<Option<ServerFigures>> {
+    let admin = target.admin().cloned();
+    let at = clock.end - ((clock.end - clock.warmup_end) / 2).min(Duration::from_millis(500));
+    tokio::spawn(async move {
+        tokio::time::sleep_until(at).await;
+        match admin {
+            Some(a) => a.try_figures().await,
+            None => None,
+        }
+    })
+}
+
+/// A short random tag for this run's user and group names (8 hex digits), so that runs
+/// against the same server never share conversations.
+pub fn run_tag(run_id: u64) -> String {
+    format!("{:08x}", (run_id >> 32) as u32)
 }

@@ -3,6 +3,8 @@
 //! wrong token gets 401 and is counted in `im_admin_unauthorized_total`. JSON shapes are
 //! documented in `docs/admin-api.md` and kept stable: the console is built on them.
 
+pub mod diag;
+
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -26,6 +28,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/admin/v1/connections/{conn_id}", delete(kick))
         .route("/admin/v1/slow-consumers", get(slow_consumers))
         .route("/admin/v1/memory", get(memory))
+        .merge(diag::routes())
         .route_layer(middleware::from_fn_with_state(node.clone(), require_token));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))

@@ -98,6 +98,7 @@ pub struct Outbound {
     hard: usize,
     slow: AtomicBool,
     logged_in: AtomicBool,
+    sync_hint: AtomicBool,
     close: watch::Sender<Option<CloseReason>>,
     /// Frames received from the client.
     pub frames_in: AtomicU64,
@@ -136,6 +137,7 @@ impl Outbound {
             hard: hard as usize,
             slow: AtomicBool::new(false),
             logged_in: AtomicBool::new(false),
+            sync_hint: AtomicBool::new(false),
             close,
             frames_in: AtomicU64::new(0),
             frames_out: AtomicU64::new(0),
@@ -203,6 +205,19 @@ impl Outbound {
             return Pushed::Closed;
         }
         Pushed::Queued
+    }
+
+    /// Queues the notify-and-pull hint unless one is already pending (one per sync).
+    pub fn hint_sync(&self, hint: &Bytes) -> bool {
+        if self.sync_hint.swap(true, Relaxed) {
+            return false;
+        }
+        self.push(hint.clone(), true) == Pushed::Queued
+    }
+
+    /// The client is syncing: the next committed message may hint again.
+    pub fn clear_sync_hint(&self) {
+        self.sync_hint.store(false, Relaxed);
     }
 
     /// Called by the write loop once `len` bytes have left the queue.

@@ -20,6 +20,12 @@ use crate::pipeline::Session;
 const MAX_DEVICE_ID: usize = 128;
 
 pub(super) async fn serve(gw: Arc<Gateway>, socket: WebSocket, conn_id: u64, remote: SocketAddr) {
+    // One `conn` span per connection; its `uid` is recorded once at login (per-uid log
+    // filters, see obs::logfilter).
+    crate::obs::logfilter::in_conn(conn_id, serve_conn(gw, socket, conn_id, remote)).await
+}
+
+async fn serve_conn(gw: Arc<Gateway>, socket: WebSocket, conn_id: u64, remote: SocketAddr) {
     let (out, out_rx) = Outbound::new(
         conn_id,
         remote.to_string(),
@@ -32,14 +38,14 @@ pub(super) async fn serve(gw: Arc<Gateway>, socket: WebSocket, conn_id: u64, rem
     gw.metrics.connections_opened.increment(1);
     let (sink, stream) = socket.split();
     let write_timeout = Duration::from_secs(gw.flow.write_timeout_secs as u64);
-    let writer = tokio::spawn(write_loop(
+    let writer = tokio::spawn(crate::obs::logfilter::in_current_conn(write_loop(
         sink,
         out.clone(),
         out_rx,
         gw.flow.coalesce_max_frames as usize,
         write_timeout,
         gw.metrics.clone(),
-    ));
+    )));
     let mut user = None;
     let reason = read_loop(&gw, stream, &out, &mut user).await;
     out.close(reason);
@@ -180,7 +186,12 @@ async fn read_loop(
         };
         for f in frames {
             let req_id = f.req_id;
-            if let Err(r) = gw.pipeline.handle(s, f, started).await {
+            let what = Handled::of(&f);
+            let res = gw.pipeline.handle(s, f, started).await;
+            if res.is_ok() {
+                what.log(req_id);
+            }
+            if let Err(r) = res {
                 if let Some(reason) = r.bad_reason {
                     m.bad_frame(reason);
                 }
@@ -223,6 +234,7 @@ fn login(gw: &Gateway, out: &Arc<Outbound>, f: Frame) -> Result<Session, CloseRe
         }
     };
     out.set_user(&user_id);
+    crate::obs::logfilter::set_conn_uid(&user_id);
     gw.pipeline.router.register(&user_id, out.clone());
     let ok = frame(
         f.req_id,
@@ -336,6 +348,47 @@ async fn write_batch(
                 .slow_disconnects
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             Err(CloseReason::new(CloseReason::SLOW, "write timeout"))
+        }
+    }
+}
+
+/// What a handled frame was, in Copy fields only (nothing is cloned for a debug event
+/// that is almost always off).
+#[derive(Clone, Copy)]
+enum Handled {
+    Send { bytes: usize, group: bool },
+    DeliverAck { seq: u64 },
+    Sync { cursors: usize, limit: u32 },
+    Other,
+}
+
+impl Handled {
+    fn of(f: &Frame) -> Handled {
+        match &f.body {
+            Some(Body::Send(s)) => Handled::Send {
+                bytes: s.payload.len(),
+                group: matches!(s.target, Some(im_proto::send::Target::GroupId(_))),
+            },
+            Some(Body::DeliverAck(a)) => Handled::DeliverAck { seq: a.seq },
+            Some(Body::Sync(r)) => Handled::Sync {
+                cursors: r.cursors.len(),
+                limit: r.limit,
+            },
+            _ => Handled::Other,
+        }
+    }
+
+    /// A debug event per handled frame: one relaxed load when debug is off.
+    fn log(self, req_id: u64) {
+        match self {
+            Handled::Send { bytes, group } => {
+                tracing::debug!(req_id, bytes, group, "send accepted")
+            }
+            Handled::DeliverAck { seq } => tracing::debug!(req_id, seq, "deliver ack"),
+            Handled::Sync { cursors, limit } => {
+                tracing::debug!(req_id, cursors, limit, "sync served")
+            }
+            Handled::Other => {}
         }
     }
 }

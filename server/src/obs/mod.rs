@@ -6,8 +6,12 @@
 
 pub mod alloc;
 pub mod capacity;
+pub mod compactor;
 pub mod latency;
+pub mod logfiles;
+pub mod logfilter;
 pub mod process;
+pub mod profile;
 pub mod sampler;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -296,6 +300,10 @@ fn describe() {
         "im_stage_duration_seconds",
         Unit::Seconds,
         "Latency of each stage of the message path."
+    );
+    describe_counter!(
+        "im_sync_hints_total",
+        "Notify-and-pull sync hints sent to members of large groups."
     );
     describe_gauge!(
         "im_persist_queue_depth",

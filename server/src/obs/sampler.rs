@@ -26,10 +26,8 @@ pub trait Live: Send + Sync {
     fn connections(&self) -> u64;
     /// Distinct users online.
     fn users_online(&self) -> u64;
-    /// Connections above the soft mark.
-    fn slow_consumers(&self) -> u64;
-    /// Bytes queued across connections.
-    fn outbound_queued_bytes(&self) -> u64;
+    /// Connections above the soft mark, and bytes queued across connections.
+    fn outbound(&self) -> (u64, u64);
     /// Persistence queue depth and capacity.
     fn persist_queue(&self) -> (u64, u64);
 }
@@ -201,6 +199,7 @@ impl Sampler {
         let memory = alloc::read();
         let connections = self.live.connections();
         let (backlog, capacity_q) = self.live.persist_queue();
+        let (slow_consumers, outbound_queued_bytes) = self.live.outbound();
         let headroom = capacity::compute(&capacity::Inputs {
             connections,
             rss_bytes: proc.rss_bytes,
@@ -251,9 +250,9 @@ impl Sampler {
             messages_out_total: msgs_out,
             persist_backlog: backlog,
             persist_queue_capacity: capacity_q,
-            slow_consumers: self.live.slow_consumers(),
+            slow_consumers,
             slow_consumer_disconnects: totals.slow_disconnects.load(Relaxed),
-            outbound_queued_bytes: self.live.outbound_queued_bytes(),
+            outbound_queued_bytes,
             latency_window_secs: WINDOW.as_secs(),
             stages,
             memory,

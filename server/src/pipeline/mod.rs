@@ -342,6 +342,8 @@ impl Pipeline {
                 "more than {MAX_SYNC_CURSORS} cursors"
             )));
         }
+        // Cleared before the read, so a message committed after it hints again.
+        s.out.clear_sync_hint();
         let limit = match req.limit {
             0 => DEFAULT_SYNC_LIMIT.min(self.limits.sync_limit_max),
             n => n.min(self.limits.sync_limit_max),

@@ -38,15 +38,41 @@ pub struct Delivery {
 pub struct Router {
     sessions: RwLock<HashMap<String, Vec<Arc<Outbound>>>>,
     metrics: Metrics,
+    notify_threshold: usize,
+    hint: bytes::Bytes,
+    hints: metrics::Counter,
 }
 
 impl Router {
-    /// An empty registry.
-    pub fn new(metrics: Metrics) -> Self {
+    /// An empty registry; groups above `notify_threshold` members get sync hints.
+    pub fn new(metrics: Metrics, notify_threshold: u32) -> Self {
+        let hint = im_proto::encode(&frame(
+            0,
+            Body::SyncResp(im_proto::SyncResponse {
+                messages: Vec::new(),
+                more: true,
+            }),
+        ));
         Router {
             sessions: RwLock::new(HashMap::new()),
             metrics,
+            notify_threshold: notify_threshold as usize,
+            hint,
+            hints: metrics::counter!("im_sync_hints_total"),
         }
+    }
+
+    /// Notify-and-pull: a sync hint to every online member but the sender.
+    fn hint_members(&self, members: &[String], origin_conn: u64) {
+        let mut sent = 0;
+        if let Ok(sessions) = self.sessions.read() {
+            for out in members.iter().filter_map(|m| sessions.get(m)).flatten() {
+                if out.conn_id != origin_conn && out.hint_sync(&self.hint) {
+                    sent += 1;
+                }
+            }
+        }
+        self.hints.increment(sent);
     }
 
     /// Registers a logged-in connection for `user`.
@@ -85,6 +111,13 @@ impl Router {
     /// recipient connection but the sender's own.
     pub fn deliver(&self, d: Delivery) {
         let t = Instant::now();
+        if let Recipients::Group(members) = &d.recipients {
+            if members.len() > self.notify_threshold {
+                self.hint_members(members, d.origin_conn);
+                self.metrics.stage_since(Stage::Route, t);
+                return;
+            }
+        }
         let direct = matches!(d.recipients, Recipients::Direct(..));
         let bytes = im_proto::encode(&frame(
             0,

@@ -1,6 +1,6 @@
 //! The SQL shared by both backends. SQLite (3.35+) and Postgres accept the same
-//! statements here (`$N` parameters, `ON CONFLICT ... DO UPDATE ... RETURNING`, row-value
-//! `IN (VALUES ...)`), so the [`Store`](super::Store) logic is written once, as a macro
+//! statements here (`$N` parameters, multi-row `ON CONFLICT ... DO UPDATE ... RETURNING`,
+//! `WITH k AS (VALUES ...)`), so the [`Store`](super::Store) logic is written once, as a macro
 //! expanded for each backend's pool type. Each backend struct has `write` and `read`
 //! pools.
 
@@ -32,14 +32,17 @@ macro_rules! sql_store_impl {
                     .collect();
                 let mut found: HashMap<(String, String), Committed> = HashMap::new();
                 for chunk in keyed.chunks(CHUNK) {
-                    let mut qb = sqlx::QueryBuilder::<$db>::new(
-                        "SELECT sender, client_msg_id, msg_id, conversation_id, seq, send_time \
-                         FROM messages WHERE (sender, client_msg_id) IN (",
-                    );
+                    // A join against the keys, so both engines probe the unique index
+                    // (SQLite scans the whole index for a row-value `IN (VALUES ...)`).
+                    let mut qb = sqlx::QueryBuilder::<$db>::new("WITH k (s, c) AS (");
                     qb.push_values(chunk, |mut b, m| {
                         b.push_bind(m.sender.as_str()).push_bind(m.client_msg_id.as_str());
                     });
-                    qb.push(")");
+                    qb.push(
+                        ") SELECT m.sender, m.client_msg_id, m.msg_id, m.conversation_id, m.seq, \
+                         m.send_time FROM k JOIN messages m \
+                         ON m.sender = k.s AND m.client_msg_id = k.c",
+                    );
                     for row in qb.build().fetch_all(&mut *tx).await? {
                         let seq: i64 = row.try_get("seq")?;
                         found.insert(
@@ -60,7 +63,9 @@ macro_rules! sql_store_impl {
                 let mut results: Vec<Option<Committed>> = vec![None; messages.len()];
                 let mut first_of: HashMap<(&str, &str), usize> = HashMap::new();
                 let mut dup_of: Vec<(usize, usize)> = Vec::new();
-                let mut counts: Vec<(&str, u64)> = Vec::new();
+                // Per conversation, in order of first appearance: (id, new messages, parties).
+                let mut counts: Vec<(&str, u64, Option<&(String, String)>)> = Vec::new();
+                let mut conv_index: HashMap<&str, usize> = HashMap::new();
                 for (i, m) in messages.iter().enumerate() {
                     if !m.client_msg_id.is_empty() {
                         let key = (m.sender.as_str(), m.client_msg_id.as_str());
@@ -75,46 +80,64 @@ macro_rules! sql_store_impl {
                         first_of.insert(key, i);
                     }
                     fresh.push(i);
-                    match counts.iter_mut().find(|(c, _)| *c == m.conversation_id) {
-                        Some((_, n)) => *n += 1,
-                        None => counts.push((m.conversation_id.as_str(), 1)),
+                    match conv_index.get(m.conversation_id.as_str()) {
+                        Some(&k) => counts[k].1 += 1,
+                        None => {
+                            conv_index.insert(m.conversation_id.as_str(), counts.len());
+                            counts.push((m.conversation_id.as_str(), 1, m.direct.as_ref()));
+                        }
                     }
                 }
 
-                // 3. Allocate seqs: one upsert per conversation, gapless in input order.
+                // 3. Allocate seqs: one multi-row upsert reserves a gapless range per
+                //    conversation (atomic on the row, so several nodes may share a database).
                 let mut next: HashMap<&str, u64> = HashMap::new();
-                for (conv, n) in &counts {
-                    let last: i64 = sqlx::query_scalar(
-                        "INSERT INTO conversations (conversation_id, last_seq) VALUES ($1, $2) \
-                         ON CONFLICT (conversation_id) DO UPDATE \
+                let mut created: Vec<(&str, &str)> = Vec::new();
+                for chunk in counts.chunks(CHUNK) {
+                    let mut qb = sqlx::QueryBuilder::<$db>::new(
+                        "INSERT INTO conversations (conversation_id, last_seq) ",
+                    );
+                    qb.push_values(chunk, |mut b, (conv, n, _)| {
+                        b.push_bind(*conv).push_bind(*n as i64);
+                    });
+                    qb.push(
+                        " ON CONFLICT (conversation_id) DO UPDATE \
                          SET last_seq = conversations.last_seq + excluded.last_seq \
-                         RETURNING last_seq",
-                    )
-                    .bind(*conv)
-                    .bind(*n as i64)
-                    .fetch_one(&mut *tx)
-                    .await?;
-                    let last = last as u64;
-                    next.insert(conv, last - n + 1);
-                    if last == *n {
-                        // A new conversation: record a one-to-one chat for both parties.
-                        let direct = messages
-                            .iter()
-                            .find(|m| m.conversation_id == *conv)
-                            .and_then(|m| m.direct.as_ref());
-                        if let Some((a, b)) = direct {
-                            for user in [a, b] {
-                                sqlx::query(
-                                    "INSERT INTO user_conversations (user_id, conversation_id) \
-                                     VALUES ($1, $2) ON CONFLICT DO NOTHING",
-                                )
-                                .bind(user.as_str())
-                                .bind(*conv)
-                                .execute(&mut *tx)
-                                .await?;
-                            }
+                         RETURNING conversation_id, last_seq",
+                    );
+                    for row in qb.build().fetch_all(&mut *tx).await? {
+                        let conv: String = row.try_get(0)?;
+                        let last: i64 = row.try_get(1)?;
+                        let Some(&k) = conv_index.get(conv.as_str()) else {
+                            continue;
+                        };
+                        let (id, n, direct) = counts[k];
+                        let last = last as u64;
+                        next.insert(id, last + 1 - n);
+                        if let (true, Some((a, b))) = (last == n, direct) {
+                            // A new one-to-one conversation: record it for both parties.
+                            created.push((a.as_str(), id));
+                            created.push((b.as_str(), id));
                         }
                     }
+                }
+                if next.len() != counts.len() {
+                    return Err(sqlx::Error::Protocol(
+                        "seq allocation returned fewer conversations than asked".into(),
+                    )
+                    .into());
+                }
+                created.sort_unstable();
+                created.dedup();
+                for chunk in created.chunks(CHUNK) {
+                    let mut qb = sqlx::QueryBuilder::<$db>::new(
+                        "INSERT INTO user_conversations (user_id, conversation_id) ",
+                    );
+                    qb.push_values(chunk, |mut b, (user, conv)| {
+                        b.push_bind(*user).push_bind(*conv);
+                    });
+                    qb.push(" ON CONFLICT DO NOTHING");
+                    qb.build().execute(&mut *tx).await?;
                 }
                 for &i in &fresh {
                     let m = &messages[i];
@@ -159,17 +182,21 @@ macro_rules! sql_store_impl {
                 }
 
                 // 5. Cursors move forward only.
-                for c in cursors {
-                    sqlx::query(
-                        "INSERT INTO cursors (user_id, conversation_id, seq) VALUES ($1, $2, $3) \
-                         ON CONFLICT (user_id, conversation_id) DO UPDATE SET seq = excluded.seq \
+                //    (The writer sends each (user, conversation) once per batch.)
+                for chunk in cursors.chunks(CHUNK) {
+                    let mut qb = sqlx::QueryBuilder::<$db>::new(
+                        "INSERT INTO cursors (user_id, conversation_id, seq) ",
+                    );
+                    qb.push_values(chunk, |mut b, c| {
+                        b.push_bind(c.user_id.as_str())
+                            .push_bind(c.conversation_id.as_str())
+                            .push_bind(c.seq as i64);
+                    });
+                    qb.push(
+                        " ON CONFLICT (user_id, conversation_id) DO UPDATE SET seq = excluded.seq \
                          WHERE excluded.seq > cursors.seq",
-                    )
-                    .bind(c.user_id.as_str())
-                    .bind(c.conversation_id.as_str())
-                    .bind(c.seq as i64)
-                    .execute(&mut *tx)
-                    .await?;
+                    );
+                    qb.build().execute(&mut *tx).await?;
                 }
 
                 tx.commit().await?;

@@ -390,3 +390,104 @@ pub async fn acks(c: &mut RawConn, n: usize) -> Vec<(u64, proto::SendAck)> {
     }
     out
 }
+
+/// An HTTP/1.1 request with an optional body over loopback; returns (status, lower-cased
+/// headers, raw body bytes). For binary responses and JSON request bodies.
+pub fn http_bytes(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &[u8],
+) -> (u16, String, Vec<u8>) {
+    let mut s = std::net::TcpStream::connect(addr).expect("admin connect");
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    s.write_all(body).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("read response");
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("response head");
+    let head = String::from_utf8_lossy(&raw[..split]).to_ascii_lowercase();
+    let mut body = raw[split + 4..].to_vec();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    if head.contains("transfer-encoding: chunked") {
+        body = dechunk_bytes(&body);
+    }
+    (status, head, body)
+}
+
+fn dechunk_bytes(mut body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(i) = body.windows(2).position(|w| w == b"\r\n") {
+        let size = String::from_utf8_lossy(&body[..i]);
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        let rest = &body[i + 2..];
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.extend_from_slice(&rest[..n]);
+        body = rest[n..].strip_prefix(b"\r\n").unwrap_or(&rest[n..]);
+    }
+    out
+}
+
+impl TestServer {
+    /// An admin request with a JSON body and the admin token; returns (status, body).
+    pub fn admin_json(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        let (status, _, b) = http_bytes(
+            self.admin_addr,
+            method,
+            path,
+            Some(ADMIN_TOKEN),
+            body.as_bytes(),
+        );
+        (status, String::from_utf8_lossy(&b).to_string())
+    }
+}
+
+/// Polls `f` until it returns true; panics naming `what` when [`WAIT`] runs out.
+pub async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + WAIT;
+    while !f() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Creates `group` with `owner`'s connection as creator and `members`; panics on refusal.
+pub async fn create_group(owner: &mut RawConn, group: &str, members: Vec<String>) {
+    owner
+        .send(&frame(
+            2,
+            Body::GroupOp(proto::GroupOp {
+                op: proto::group_op::Op::Create as i32,
+                group_id: group.into(),
+                members,
+            }),
+        ))
+        .await
+        .unwrap();
+    loop {
+        let f = next_frame(owner).await;
+        match f.body {
+            Some(Body::GroupOpOk(_)) => return,
+            Some(Body::Error(e)) => panic!("group create failed: {e:?}"),
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,777 @@
+//! `im-bench broadcast`: group fan-out, the seeds' "broadcast storm" (ten groups, five
+//! messages a second each) and the large-group case.
+//!
+//! `--groups G` groups of `--members M` users each, every member on its own connection.
+//! Member 0 of each group is its sender: it creates the group (`GroupOp CREATE` with all
+//! M members), then sends `--rate R` messages per second (0: as fast as `--window`
+//! un-acked sends allow) through the shared sending loop ([`super::sender`]). The server
+//! fans each message out to the M - 1 other members (the sending connection gets its
+//! SendAck instead).
+//!
+//! Members follow the group conversation like a client ([`super::follow`]): pushed
+//! messages in seq order; on a push gap (a slow consumer's dropped pushes) or a
+//! notify-and-pull hint (groups above the server's `flow.notify_group_threshold`: an
+//! unsolicited `SyncResponse{more: true}` with req_id 0) they sync after their last seq.
+//! `--pull` documents that the run expects notify-and-pull (the report says which mode the
+//! members actually saw); members handle both either way. Every `--deliver-ack-every`
+//! members send a cumulative DeliverAck, as a client's coalesced acks would.
+//!
+//! Measured, after the warmup: delivery latency (the payload's send time to each
+//! member's receipt, push or sync) P50/P95/P99/P999, deliveries per second (receipts in
+//! the measured window), send-to-ack latency, the server's figures. Every acked message
+//! must reach every member exactly once, in order.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use im_client::ClientError;
+use im_proto::{group_op, Body, DeliverAck, Frame, GroupOp, MessageType, SendAck};
+use serde::Serialize;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use super::follow::{Follower, Via};
+use super::sender::{self, Hooks};
+use super::{figures_near_end, finish, run_tag, Clock, Disconnects, Report, RunArgs, ServerArgs};
+use crate::admin::ServerFigures;
+use crate::check::Verdict;
+use crate::conn::{Conn, Event};
+use crate::outbox::{Outbox, Pacer, Pending, Refused, SendSpec, Target as To};
+use crate::report::{self, p99_text, Rate};
+use crate::spawn::ServerLog;
+use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
+use crate::target::{Session, Target};
+use crate::util::parse_duration;
+use crate::{wire, Outcome};
+
+/// Histogram shards.
+const SHARDS: usize = 64;
+/// How long group creation may take.
+const GROUP_OP_TIMEOUT: Duration = Duration::from_secs(60);
+/// req_id of the GroupOp CREATE.
+const GROUP_OP_REQ: u64 = 1 << 40;
+
+/// Flags of `im-bench broadcast`.
+#[derive(Debug, Clone, Args)]
+pub struct BroadcastArgs {
+    /// Where the server is.
+    #[command(flatten)]
+    pub server: ServerArgs,
+    /// How long to run.
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// Groups.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    pub groups: u32,
+    /// Members per group, the sender included (one connection each).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(2..))]
+    pub members: u32,
+    /// Messages per second per group (0: as fast as the window allows).
+    #[arg(long, default_value_t = 5.0)]
+    pub rate: f64,
+    /// Outstanding un-acked sends per group sender.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub window: u32,
+    /// Payload size in bytes (at least 8: the send timestamp).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(8..))]
+    pub payload: u32,
+    /// Expect notify-and-pull (groups above the server's notify_group_threshold):
+    /// members sync on each hint. Without it, pushes are expected (members still sync on
+    /// a hint or a push gap).
+    #[arg(long)]
+    pub pull: bool,
+    /// Messages per sync page.
+    #[arg(long, default_value_t = 1000)]
+    pub sync_limit: u32,
+    /// How often members send a cumulative DeliverAck (0: never).
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub deliver_ack_every: Duration,
+    /// A send with neither SendAck nor Error after this long is given up on.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub ack_timeout: Duration,
+}
+
+/// One group's shared state.
+struct Group {
+    id: String,
+    conversation: String,
+    /// Highest seq acked to the sender; final once `done` is true.
+    max_acked: AtomicU64,
+    done: watch::Sender<bool>,
+}
+
+impl Group {
+    fn caught_up(&self, last: u64) -> bool {
+        *self.done.borrow() && last >= self.max_acked.load(Ordering::Acquire)
+    }
+}
+
+/// Run-wide state shared by every task.
+struct Ctx {
+    clock: Clock,
+    run_id: u64,
+    window: usize,
+    payload: usize,
+    rate: f64,
+    drain: Duration,
+    ack_timeout: Duration,
+    sync_limit: u32,
+    deliver_ack_every: Option<Duration>,
+    ack_latency: LatencyRecorder,
+    delivery_latency: LatencyRecorder,
+    sent: AtomicU64,
+    retries: AtomicU64,
+    acked_all: AtomicU64,
+    acked_measured: AtomicU64,
+    duplicate_acks: AtomicU64,
+    late_acks: AtomicU64,
+    unacked_at_end: AtomicU64,
+    rate_skipped: AtomicU64,
+    deliveries: AtomicU64,
+    deliveries_measured: AtomicU64,
+    pushed: AtomicU64,
+    synced: AtomicU64,
+    syncs: AtomicU64,
+    hints: AtomicU64,
+    deliver_acks: AtomicU64,
+    errors: ErrorCounts,
+    disconnects: Disconnects,
+}
+
+/// The final report of a broadcast run.
+#[derive(Debug, Clone, Serialize)]
+pub struct BroadcastReport {
+    /// Always `"broadcast"`.
+    pub scenario: &'static str,
+    /// The client endpoint used.
+    pub url: String,
+    /// Groups.
+    pub groups: u32,
+    /// Members per group (sender included).
+    pub members: u32,
+    /// Messages/s per group asked for (0: closed loop).
+    pub rate_per_group: f64,
+    /// Window per sender.
+    pub window: u32,
+    /// Payload bytes.
+    pub payload_bytes: u32,
+    /// `push` or `pull`, as asked with `--pull`.
+    pub expected_mode: &'static str,
+    /// What members saw: `push`, `pull` (hints), or `mixed`.
+    pub observed_mode: &'static str,
+    /// DeliverAck period (0: none), seconds.
+    pub deliver_ack_every_secs: f64,
+    /// Measured seconds.
+    pub duration_secs: f64,
+    /// Warmup seconds.
+    pub warmup_secs: f64,
+    /// Send frames written, retries included.
+    pub sent_frames: u64,
+    /// OVERLOADED / RATE_LIMITED retries.
+    pub retries: u64,
+    /// Acks in the measured window.
+    pub acked: u64,
+    /// Acked messages per second (all groups).
+    pub acked_per_sec: f64,
+    /// Deliveries received in the measured window (push or sync).
+    pub deliveries: u64,
+    /// Deliveries per second over the measured window.
+    pub deliveries_per_sec: f64,
+    /// Deliveries over the whole run.
+    pub deliveries_total: u64,
+    /// Of those, pushed.
+    pub pushed: u64,
+    /// Of those, read by sync.
+    pub synced: u64,
+    /// Sync requests sent by members.
+    pub sync_requests: u64,
+    /// Notify-and-pull hints received.
+    pub hints: u64,
+    /// DeliverAcks sent.
+    pub deliver_acks: u64,
+    /// Sends never acked when the drain ended.
+    pub unacked_at_end: u64,
+    /// Acks that came after their send was given up on.
+    pub late_acks: u64,
+    /// SendAcks flagged duplicate.
+    pub duplicate_acks: u64,
+    /// Scheduled sends skipped because a sender fell a second behind `--rate`.
+    pub rate_skipped: u64,
+    /// Send-to-SendAck latency (µs), messages sent in the measured window.
+    pub send_to_ack_us: Summary,
+    /// Send to each member's receipt (µs), messages sent in the measured window.
+    pub delivery_us: Summary,
+    /// Errors by code.
+    pub errors: BTreeMap<String, u64>,
+    /// Connections that ended during the run, by reason.
+    pub disconnects: BTreeMap<String, u64>,
+    /// The delivery check (one conversation per member).
+    pub correctness: Verdict,
+    /// Whether it passed.
+    pub passed: bool,
+    /// The server's figures near the end of the measured window.
+    pub server: Option<ServerFigures>,
+    /// With `--spawn`: what the server logged at WARN/ERROR level.
+    pub server_log: Option<ServerLog>,
+    /// With `--spawn`: whether the server exited during the run.
+    pub server_exited: bool,
+}
+
+impl Report for BroadcastReport {
+    fn passed(&self) -> bool {
+        self.passed
+    }
+    fn render(&self) -> String {
+        render(self)
+    }
+    fn set_server(&mut self, log: Option<ServerLog>, exited: bool) {
+        self.server_log = log;
+        self.server_exited = exited;
+    }
+}
+
+/// Runs the broadcast scenario.
+pub async fn run(args: BroadcastArgs) -> anyhow::Result<Outcome> {
+    let mut target = Target::open(&args.server).await?;
+    let result = run_against(&args, &mut target).await;
+    finish(target, result, args.run.json).await
+}
+
+fn user(tag: &str, g: usize, k: usize) -> String {
+    format!("b{tag}-{g}-{k}")
+}
+
+/// Creates group `id` with `members` from the sender's connection.
+async fn create_group(conn: &mut Conn, id: &str, members: Vec<String>) -> anyhow::Result<u32> {
+    let want = members.len();
+    conn.send(&im_proto::frame(
+        GROUP_OP_REQ,
+        Body::GroupOp(GroupOp {
+            op: group_op::Op::Create as i32,
+            group_id: id.to_string(),
+            members,
+        }),
+    ))
+    .await
+    .with_context(|| format!("sending GroupOp CREATE {id}"))?;
+    let deadline = Instant::now() + GROUP_OP_TIMEOUT;
+    loop {
+        let ev = tokio::time::timeout_at(deadline, conn.recv())
+            .await
+            .with_context(|| format!("no GroupOpOk for {id} within {GROUP_OP_TIMEOUT:?}"))?
+            .with_context(|| format!("creating group {id}"))?;
+        let f = match ev {
+            Event::Frame(f) => f,
+            Event::WsPong(_) => continue,
+            Event::Closed { code, reason } => {
+                bail!("connection closed while creating {id}: {code:?} {reason}")
+            }
+        };
+        match f.body {
+            Some(Body::GroupOpOk(ok)) if f.req_id == GROUP_OP_REQ => {
+                if (ok.members as usize) < want {
+                    bail!("group {id} has {} members, {want} asked for", ok.members);
+                }
+                return Ok(ok.members);
+            }
+            Some(Body::Error(e)) if f.req_id == GROUP_OP_REQ => {
+                bail!("creating group {id}: {}", ClientError::from_server(e))
+            }
+            _ => {}
+        }
+    }
+}
+
+async fn run_against(args: &BroadcastArgs, target: &mut Target) -> anyhow::Result<BroadcastReport> {
+    let (g_count, m) = (args.groups as usize, args.members as usize);
+    let run_id: u64 = rand::random();
+    let tag = run_tag(run_id);
+    eprintln!(
+        "im-bench broadcast: {g_count} groups x {m} members ({} connections) on {}",
+        g_count * m,
+        target.url
+    );
+    let sender_users: Vec<String> = (0..g_count).map(|g| user(&tag, g, 0)).collect();
+    let mut sender_sessions = target.connect_all(&sender_users, 0).await?;
+    let mut groups = Vec::with_capacity(g_count);
+    for (g, s) in sender_sessions.iter_mut().enumerate() {
+        let id = format!("b{tag}-{g}");
+        let members = (0..m).map(|k| user(&tag, g, k)).collect();
+        create_group(&mut s.conn, &id, members).await?;
+        groups.push(Arc::new(Group {
+            conversation: im_proto::group_conversation(&id),
+            id,
+            max_acked: AtomicU64::new(0),
+            done: watch::channel(false).0,
+        }));
+    }
+    let member_users: Vec<String> = (0..g_count)
+        .flat_map(|g| (1..m).map(move |k| (g, k)))
+        .map(|(g, k)| user(&tag, g, k))
+        .collect();
+    eprintln!(
+        "im-bench broadcast: groups created; connecting {} members",
+        member_users.len()
+    );
+    let member_sessions = target.connect_all(&member_users, g_count).await?;
+
+    let clock = Clock::start(args.run.warmup, args.run.duration);
+    let ctx = Arc::new(Ctx {
+        clock,
+        run_id,
+        window: args.window as usize,
+        payload: args.payload as usize,
+        rate: args.rate,
+        drain: args.run.drain,
+        ack_timeout: args.ack_timeout,
+        sync_limit: args.sync_limit,
+        deliver_ack_every: (!args.deliver_ack_every.is_zero()).then_some(args.deliver_ack_every),
+        ack_latency: LatencyRecorder::new(SHARDS),
+        delivery_latency: LatencyRecorder::new(SHARDS),
+        sent: AtomicU64::new(0),
+        retries: AtomicU64::new(0),
+        acked_all: AtomicU64::new(0),
+        acked_measured: AtomicU64::new(0),
+        duplicate_acks: AtomicU64::new(0),
+        late_acks: AtomicU64::new(0),
+        unacked_at_end: AtomicU64::new(0),
+        rate_skipped: AtomicU64::new(0),
+        deliveries: AtomicU64::new(0),
+        deliveries_measured: AtomicU64::new(0),
+        pushed: AtomicU64::new(0),
+        synced: AtomicU64::new(0),
+        syncs: AtomicU64::new(0),
+        hints: AtomicU64::new(0),
+        deliver_acks: AtomicU64::new(0),
+        errors: ErrorCounts::default(),
+        disconnects: Disconnects::default(),
+    });
+
+    let mut member_tasks = JoinSet::new();
+    for (idx, s) in member_sessions.into_iter().enumerate() {
+        let g = idx / (m - 1);
+        member_tasks.spawn(member(ctx.clone(), groups[g].clone(), g, idx, s));
+    }
+    let mut sender_tasks = JoinSet::new();
+    for (g, s) in sender_sessions.into_iter().enumerate() {
+        sender_tasks.spawn(group_sender(ctx.clone(), groups[g].clone(), g, g_count, s));
+    }
+    let progress = {
+        let ctx = ctx.clone();
+        let (mut d, mut a, mut sy) = (Rate::default(), Rate::default(), Rate::default());
+        report::spawn_progress(clock, move |dt| {
+            format!(
+                "sent {:>6.0} msg/s  deliveries {:>9.0}/s  syncs {:>7.0}/s  errors {:>5}  p99 delivery {}",
+                a.per_sec(ctx.acked_all.load(Ordering::Relaxed), dt),
+                d.per_sec(ctx.deliveries.load(Ordering::Relaxed), dt),
+                sy.per_sec(ctx.syncs.load(Ordering::Relaxed), dt),
+                ctx.errors.total(),
+                p99_text(&ctx.delivery_latency.snapshot()),
+            )
+        })
+    };
+    let figures = figures_near_end(target, &clock);
+
+    let mut acked_by_group: Vec<Vec<u64>> = vec![Vec::new(); g_count];
+    while let Some(joined) = sender_tasks.join_next().await {
+        let (g, mut acked) = joined.context("sender task panicked")?;
+        acked.sort_unstable();
+        acked_by_group[g] = acked;
+    }
+    let mut verdict = Verdict::default();
+    let (mut saw_push, mut saw_hints) = (false, false);
+    while let Some(joined) = member_tasks.join_next().await {
+        let (g, follower) = joined.context("member task panicked")?;
+        verdict += follower.verdict(&acked_by_group[g]);
+        saw_push |= follower.pushed > 0;
+        saw_hints |= follower.hints > 0;
+    }
+    progress.abort();
+    let server = figures.await.ok().flatten();
+
+    let secs = clock.measured_secs();
+    let per_sec = |n: u64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
+    let acked = ctx.acked_measured.load(Ordering::Relaxed);
+    let deliveries = ctx.deliveries_measured.load(Ordering::Relaxed);
+    Ok(BroadcastReport {
+        scenario: "broadcast",
+        url: target.url.clone(),
+        groups: args.groups,
+        members: args.members,
+        rate_per_group: args.rate,
+        window: args.window,
+        payload_bytes: args.payload,
+        expected_mode: if args.pull { "pull" } else { "push" },
+        observed_mode: match (saw_push, saw_hints) {
+            (true, true) => "mixed",
+            (false, true) => "pull",
+            _ => "push",
+        },
+        deliver_ack_every_secs: args.deliver_ack_every.as_secs_f64(),
+        duration_secs: secs,
+        warmup_secs: args.run.warmup.as_secs_f64(),
+        sent_frames: ctx.sent.load(Ordering::Relaxed),
+        retries: ctx.retries.load(Ordering::Relaxed),
+        acked,
+        acked_per_sec: per_sec(acked),
+        deliveries,
+        deliveries_per_sec: per_sec(deliveries),
+        deliveries_total: ctx.deliveries.load(Ordering::Relaxed),
+        pushed: ctx.pushed.load(Ordering::Relaxed),
+        synced: ctx.synced.load(Ordering::Relaxed),
+        sync_requests: ctx.syncs.load(Ordering::Relaxed),
+        hints: ctx.hints.load(Ordering::Relaxed),
+        deliver_acks: ctx.deliver_acks.load(Ordering::Relaxed),
+        unacked_at_end: ctx.unacked_at_end.load(Ordering::Relaxed),
+        late_acks: ctx.late_acks.load(Ordering::Relaxed),
+        duplicate_acks: ctx.duplicate_acks.load(Ordering::Relaxed),
+        rate_skipped: ctx.rate_skipped.load(Ordering::Relaxed),
+        send_to_ack_us: Summary::of(&ctx.ack_latency.snapshot()),
+        delivery_us: Summary::of(&ctx.delivery_latency.snapshot()),
+        errors: ctx.errors.by_name(),
+        disconnects: ctx.disconnects.snapshot(),
+        passed: verdict.passed(),
+        correctness: verdict,
+        server,
+        server_log: None,
+        server_exited: false,
+    })
+}
+
+/// The group sender's view of the sending loop.
+struct GroupHooks<'a> {
+    ctx: &'a Ctx,
+    g: usize,
+    spec: SendSpec,
+    acked: Vec<u64>,
+    max_acked: u64,
+}
+
+impl Hooks for GroupHooks<'_> {
+    fn next(&mut self) -> Option<SendSpec> {
+        Some(self.spec.clone())
+    }
+
+    fn written(&mut self, retry: bool) {
+        self.ctx.sent.fetch_add(1, Ordering::Relaxed);
+        if retry {
+            self.ctx.retries.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn acked(&mut self, ack: &SendAck, pending: Option<Pending>, now: Instant) {
+        let ctx = self.ctx;
+        ctx.acked_all.fetch_add(1, Ordering::Relaxed);
+        if ctx.clock.measured(now) {
+            ctx.acked_measured.fetch_add(1, Ordering::Relaxed);
+        }
+        if ack.duplicate {
+            ctx.duplicate_acks.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.acked.push(ack.seq);
+        }
+        self.max_acked = self.max_acked.max(ack.seq);
+        match pending {
+            Some(p) if ctx.clock.measured(p.first_sent) => {
+                let us = now.saturating_duration_since(p.first_sent).as_micros() as u64;
+                ctx.ack_latency.record(self.g, us);
+            }
+            Some(_) => {}
+            None => {
+                ctx.late_acks.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn refused(&mut self, e: &im_proto::Error, _outcome: Refused) {
+        self.ctx.errors.server(e.code);
+    }
+
+    fn timed_out(&mut self, _p: Pending) {
+        self.ctx.errors.local(LocalError::AckTimeout);
+    }
+
+    fn other(&mut self, f: Frame, _now: Instant) -> Vec<Vec<u8>> {
+        match f.body {
+            Some(Body::Error(e)) => self.ctx.errors.server(e.code),
+            Some(Body::Pong(_)) => {}
+            _ => self.ctx.errors.local(LocalError::Unexpected),
+        }
+        Vec::new()
+    }
+
+    fn write_failed(&mut self, _e: &ClientError) {
+        self.ctx.errors.local(LocalError::Transport);
+    }
+
+    fn ended(&mut self, ev: Result<Event, ClientError>) {
+        self.ctx.disconnects.record(&self.ctx.errors, ev);
+    }
+}
+
+/// Group `g`'s sender: sends at the group's rate until the end, drains, then tells the
+/// members the highest acked seq. Returns the acked seqs.
+async fn group_sender(
+    ctx: Arc<Ctx>,
+    group: Arc<Group>,
+    g: usize,
+    groups: usize,
+    session: Session,
+) -> (usize, Vec<u64>) {
+    let Session {
+        mut conn,
+        heartbeat,
+    } = session;
+    let clock = ctx.clock;
+    let mut outbox = Outbox::new(ctx.run_id, ctx.ack_timeout);
+    let mut pacer = (ctx.rate > 0.0).then(|| {
+        let offset = Duration::from_secs_f64(g as f64 / (groups as f64 * ctx.rate));
+        Pacer::new(ctx.rate, clock.base + offset)
+    });
+    let mut hooks = GroupHooks {
+        ctx: &ctx,
+        g,
+        spec: SendSpec {
+            target: To::Group(group.id.as_str().into()),
+            msg_type: MessageType::Text,
+            payload_len: ctx.payload,
+            tag: 0,
+        },
+        acked: Vec::with_capacity(1024),
+        max_acked: 0,
+    };
+    let cfg = sender::Loop {
+        clock,
+        window: ctx.window,
+        pacer: pacer.as_mut(),
+        drain: ctx.drain,
+        heartbeat,
+        kill: None,
+    };
+    sender::run(&mut conn, &mut outbox, cfg, &mut hooks).await;
+    if let Some(p) = &pacer {
+        ctx.rate_skipped.fetch_add(p.skipped(), Ordering::Relaxed);
+    }
+    ctx.unacked_at_end
+        .fetch_add(outbox.len() as u64, Ordering::Relaxed);
+    group.max_acked.store(hooks.max_acked, Ordering::Release);
+    group.done.send_replace(true);
+    let _ = conn.close().await;
+    (g, hooks.acked)
+}
+
+/// A member: follows the group conversation until it has everything acked to the
+/// sender (or the drain runs out). Returns its group and follower.
+async fn member(
+    ctx: Arc<Ctx>,
+    group: Arc<Group>,
+    g: usize,
+    idx: usize,
+    session: Session,
+) -> (usize, Follower) {
+    let Session {
+        mut conn,
+        heartbeat,
+    } = session;
+    let clock = ctx.clock;
+    let mut follower = Follower::new(group.conversation.clone(), 0, ctx.sync_limit);
+    let mut done_rx = group.done.subscribe();
+    let hard_deadline = clock.end + ctx.drain * 2;
+    let mut last_tx = Instant::now();
+    let mut next_ack = ctx.deliver_ack_every.map(|d| Instant::now() + d);
+    let mut acked_cursor = 0u64;
+
+    loop {
+        if let Some(req) = follower.sync_request() {
+            if conn.send(&req).await.is_err() {
+                ctx.errors.local(LocalError::Transport);
+                break;
+            }
+            ctx.syncs.fetch_add(1, Ordering::Relaxed);
+            last_tx = Instant::now();
+        }
+        if follower.settled() && group.caught_up(follower.last()) {
+            break;
+        }
+        let mut wake = (last_tx + heartbeat / 2).min(hard_deadline);
+        if let Some(at) = next_ack {
+            wake = wake.min(at);
+        }
+        tokio::select! {
+            biased;
+            ev = conn.recv() => {
+                let f = match ev {
+                    Ok(Event::Frame(f)) => f,
+                    Ok(Event::WsPong(_)) => continue,
+                    other => {
+                        ctx.disconnects.record(&ctx.errors, other);
+                        break;
+                    }
+                };
+                let now_us = clock.now_us();
+                let hints = follower.hints;
+                let mine = follower.on_frame(&f, |m, via| {
+                    ctx.deliveries.fetch_add(1, Ordering::Relaxed);
+                    match via {
+                        Via::Push => ctx.pushed.fetch_add(1, Ordering::Relaxed),
+                        Via::Sync => ctx.synced.fetch_add(1, Ordering::Relaxed),
+                    };
+                    if clock.measured_us(now_us) {
+                        ctx.deliveries_measured.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if let Some(sent_us) = wire::payload_timestamp(&m.payload) {
+                        if clock.measured_us(sent_us) {
+                            ctx.delivery_latency.record(idx, now_us.saturating_sub(sent_us));
+                        }
+                    }
+                });
+                ctx.hints.fetch_add(follower.hints - hints, Ordering::Relaxed);
+                if !mine {
+                    match f.body {
+                        Some(Body::Error(e)) => ctx.errors.server(e.code),
+                        Some(Body::Pong(_)) => {}
+                        _ => ctx.errors.local(LocalError::Unexpected),
+                    }
+                }
+            }
+            _ = done_rx.changed(), if !*done_rx.borrow() => {}
+            () = tokio::time::sleep_until(wake) => {
+                let now = Instant::now();
+                if now >= hard_deadline {
+                    break;
+                }
+                if next_ack.is_some_and(|at| now >= at) {
+                    next_ack = ctx.deliver_ack_every.map(|d| now + d);
+                    if follower.last() > acked_cursor {
+                        acked_cursor = follower.last();
+                        let ack = im_proto::frame(0, Body::DeliverAck(DeliverAck {
+                            conversation_id: group.conversation.clone(),
+                            seq: acked_cursor,
+                        }));
+                        if conn.send(&ack).await.is_err() {
+                            ctx.errors.local(LocalError::Transport);
+                            break;
+                        }
+                        ctx.deliver_acks.fetch_add(1, Ordering::Relaxed);
+                        last_tx = now;
+                    }
+                }
+                if now >= last_tx + heartbeat / 2 {
+                    if super::chat::ping(&mut conn).await.is_err() {
+                        ctx.errors.local(LocalError::Transport);
+                        break;
+                    }
+                    last_tx = now;
+                }
+            }
+        }
+    }
+    let _ = conn.close().await;
+    (g, follower)
+}
+
+/// The text form of a report.
+pub fn render(r: &BroadcastReport) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "im-bench broadcast: {} groups x {} members, {} per group (window {}), payload {} B, {} expected / {} observed, {:.1}s measured after {:.1}s warmup, {}",
+        r.groups,
+        r.members,
+        if r.rate_per_group > 0.0 {
+            format!("{} msg/s", r.rate_per_group)
+        } else {
+            "as fast as acks allow".to_string()
+        },
+        r.window,
+        r.payload_bytes,
+        r.expected_mode,
+        r.observed_mode,
+        r.duration_secs,
+        r.warmup_secs,
+        r.url
+    );
+    report::line(
+        &mut s,
+        "throughput",
+        format!(
+            "{:.0} deliveries/s ({} in the measured window), {:.1} acked msgs/s ({} acked; {} send frames, {} retries)",
+            r.deliveries_per_sec, r.deliveries, r.acked_per_sec, r.acked, r.sent_frames, r.retries
+        ),
+    );
+    report::summary_line(&mut s, "delivery", &r.delivery_us);
+    report::summary_line(&mut s, "send->ack", &r.send_to_ack_us);
+    report::line(
+        &mut s,
+        "members",
+        format!(
+            "{} received in total: {} pushed, {} by sync ({} sync requests, {} hints); {} DeliverAcks",
+            r.deliveries_total, r.pushed, r.synced, r.sync_requests, r.hints, r.deliver_acks
+        ),
+    );
+    if r.expected_mode != r.observed_mode {
+        report::line(
+            &mut s,
+            "",
+            format!(
+                "note: {} was expected but members saw {} (the server's flow.notify_group_threshold decides)",
+                r.expected_mode, r.observed_mode
+            ),
+        );
+    }
+    report::errors_lines(&mut s, &r.errors, &r.disconnects);
+    report::verdict_lines(
+        &mut s,
+        &r.correctness,
+        r.passed,
+        &format!(
+            "{} unacked at end, {} late acks, {} duplicate acks{}",
+            r.unacked_at_end,
+            r.late_acks,
+            r.duplicate_acks,
+            if r.rate_skipped > 0 {
+                format!(", {} scheduled sends skipped", r.rate_skipped)
+            } else {
+                String::new()
+            }
+        ),
+    );
+    report::server_lines(&mut s, r.server.as_ref());
+    report::server_log_lines(&mut s, r.server_log.as_ref(), r.server_exited);
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn flags_parse() {
+        let cli = crate::Cli::try_parse_from([
+            "im-bench",
+            "broadcast",
+            "--groups",
+            "1",
+            "--members",
+            "5000",
+            "--rate",
+            "0",
+            "--pull",
+        ])
+        .unwrap();
+        let crate::scenarios::Scenario::Broadcast(a) = cli.scenario else {
+            panic!("not broadcast")
+        };
+        assert_eq!((a.groups, a.members, a.rate, a.pull), (1, 5000, 0.0, true));
+        assert_eq!(a.deliver_ack_every, Duration::from_secs(1));
+        assert!(crate::Cli::try_parse_from(["im-bench", "broadcast", "--members", "1"]).is_err());
+        assert_eq!(user("ab", 2, 3), "bab-2-3");
+    }
+}

@@ -1,0 +1,876 @@
+//! `im-bench chaos`: one-to-one chat while connections are killed and malformed frames
+//! are thrown in (the seeds: "randomly kill 2% of connections and watch how fast they
+//! recover"; "1% illegal packets").
+//!
+//! Pairs as in `chat` (sender `s{i}` -> receiver `r{i}`, `--window` in flight, or
+//! `--rate`), with two kinds of injection:
+//!
+//! - **Disconnects.** Every `--kill-every`, `--kill-percent` of all connections, picked
+//!   at random, are killed: TCP reset, no close frame, as a phone losing its network
+//!   does. After `--reconnect-delay` the victim reconnects and logs in. A receiver then
+//!   syncs after its last seq ([`super::follow`]); it has recovered when the sync has
+//!   no more pages. A sender resends every un-acked message with its client_msg_id
+//!   (the server answers a committed one with `duplicate = true` and its original seq);
+//!   it has recovered when all of them are acked. Time to reconnect (kill to LoginOk)
+//!   and time to recover (kill to recovered) are reported. Kills stop at the end of the
+//!   measured window, so the drain is clean.
+//! - **Malformed frames.** After a send, with probability `--bad-percent`, a sender also
+//!   writes a malformed frame ([`crate::wire::BadFrame`]: undecodable bytes, a
+//!   truncated frame, an overlong varint, a frame without a body, a send without a
+//!   target). Each must be answered with `Error BAD_FRAME` and leave the connection
+//!   working. At most `--max-bad-per-conn` go to one connection (the server closes a
+//!   connection after `limits.max_bad_frames`, default 10).
+//!
+//! It fails on any loss, duplicate or reordering (pushes and syncs merged, as a client
+//! sees them), on a BAD_FRAME missing, on a connection the server closed, or on a victim
+//! that could not reconnect.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use futures_util::FutureExt;
+use im_client::ClientError;
+use im_proto::{Body, ErrorCode, Frame, MessageType, SendAck};
+use rand::seq::index::sample;
+use serde::Serialize;
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use super::follow::Follower;
+use super::sender::{self, Ended, Hooks};
+use super::{figures_near_end, finish, run_tag, Clock, Disconnects, Report, RunArgs, ServerArgs};
+use crate::admin::ServerFigures;
+use crate::check::Verdict;
+use crate::conn::{Conn, Event};
+use crate::outbox::{Outbox, Pacer, Pending, Refused, SendSpec, Target as To};
+use crate::report::{self, p99_text, Rate};
+use crate::spawn::ServerLog;
+use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
+use crate::target::{Dialer, Session, Target};
+use crate::util::parse_duration;
+use crate::wire::{self, BadFrame};
+use crate::Outcome;
+
+/// Histogram shards.
+const SHARDS: usize = 16;
+/// First req_id of malformed frames that carry one (far from message numbers).
+const BAD_REQ_BASE: u64 = 1 << 62;
+/// Pause between failed reconnect attempts.
+const RETRY_CONNECT: Duration = Duration::from_millis(200);
+/// How long a finished sender waits for BAD_FRAME replies still in flight.
+const BAD_REPLY_WAIT: Duration = Duration::from_secs(2);
+/// How often a receiver wakes for heartbeats and the end check.
+const RECEIVER_TICK: Duration = Duration::from_millis(100);
+
+/// Flags of `im-bench chaos`.
+#[derive(Debug, Clone, Args)]
+pub struct ChaosArgs {
+    /// Where the server is.
+    #[command(flatten)]
+    pub server: ServerArgs,
+    /// How long to run.
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// Sender/receiver pairs (2 connections each).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub senders: u32,
+    /// Outstanding un-acked sends per sender.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub window: u32,
+    /// Total send rate, messages per second (0: as fast as the window allows).
+    #[arg(long, default_value_t = 0.0)]
+    pub rate: f64,
+    /// Payload size in bytes.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(8..))]
+    pub payload: u32,
+    /// Percent of all connections killed in each round.
+    #[arg(long, default_value_t = 2.0)]
+    pub kill_percent: f64,
+    /// Time between kill rounds.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub kill_every: Duration,
+    /// How long a killed client waits before reconnecting.
+    #[arg(long, default_value = "100ms", value_parser = parse_duration)]
+    pub reconnect_delay: Duration,
+    /// Percent of sends followed by a malformed frame.
+    #[arg(long, default_value_t = 1.0)]
+    pub bad_percent: f64,
+    /// Most malformed frames sent on one connection (the server closes a connection
+    /// after `limits.max_bad_frames` of them).
+    #[arg(long, default_value_t = 10)]
+    pub max_bad_per_conn: u32,
+    /// A send with neither SendAck nor Error after this long is given up on.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub ack_timeout: Duration,
+}
+
+/// Run-wide state shared by every task.
+struct Ctx {
+    clock: Clock,
+    dialer: Dialer,
+    tag: String,
+    run_id: u64,
+    window: usize,
+    payload: usize,
+    rate_per_sender: Option<f64>,
+    senders: usize,
+    reconnect_delay: Duration,
+    bad_ratio: f64,
+    max_bad_per_conn: u32,
+    ack_timeout: Duration,
+    drain: Duration,
+    /// One per connection: senders 0..n, receivers n..2n.
+    kills: Vec<Notify>,
+    ack_latency: LatencyRecorder,
+    deliver_latency: LatencyRecorder,
+    reconnect_latency: LatencyRecorder,
+    recover_latency: LatencyRecorder,
+    acked_all: AtomicU64,
+    acked_measured: AtomicU64,
+    sent: AtomicU64,
+    retries: AtomicU64,
+    resent: AtomicU64,
+    duplicate_acks: AtomicU64,
+    delivered: AtomicU64,
+    unacked_at_end: AtomicU64,
+    kills_requested: AtomicU64,
+    kills_done: AtomicU64,
+    kills_ignored: AtomicU64,
+    reconnect_failures: AtomicU64,
+    never_reconnected: AtomicU64,
+    unexpected_disconnects: AtomicU64,
+    bad_sent: AtomicU64,
+    bad_answered: AtomicU64,
+    bad_killed: AtomicU64,
+    bad_unanswered: AtomicU64,
+    errors: ErrorCounts,
+    disconnects: Disconnects,
+}
+
+impl Ctx {
+    fn sender_name(&self, i: usize) -> String {
+        format!("c{}-s{i}", self.tag)
+    }
+    fn receiver_name(&self, i: usize) -> String {
+        format!("c{}-r{i}", self.tag)
+    }
+
+    /// Reconnects connection `idx` as `user` after a kill at `killed`: waits the
+    /// reconnect delay, retries until the drain is over. `None`: it never came back.
+    async fn reconnect(&self, idx: usize, user: &str, killed: Instant) -> Option<Conn> {
+        tokio::time::sleep(self.reconnect_delay).await;
+        let token = self.dialer_token(user)?;
+        let give_up = self.clock.end + self.drain;
+        loop {
+            match self.dialer.open(idx, &token).await {
+                Ok((session, _)) => {
+                    self.reconnect_latency
+                        .record(idx, killed.elapsed().as_micros() as u64);
+                    // Kills that landed while reconnecting are dropped, not stored.
+                    if self.kills[idx].notified().now_or_never().is_some() {
+                        self.kills_ignored.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Some(session.conn);
+                }
+                Err(e) => {
+                    self.reconnect_failures.fetch_add(1, Ordering::Relaxed);
+                    self.disconnects.add(format!("reconnect failed: {e}"));
+                    if Instant::now() >= give_up {
+                        self.never_reconnected.fetch_add(1, Ordering::Relaxed);
+                        return None;
+                    }
+                    tokio::time::sleep(RETRY_CONNECT).await;
+                }
+            }
+        }
+    }
+
+    fn dialer_token(&self, user: &str) -> Option<String> {
+        match self.dialer.token(user) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                self.disconnects.add(format!("token: {e:#}"));
+                self.never_reconnected.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+}
+
+/// What a sender tells its receiver about the end of the run.
+#[derive(Default)]
+struct Pair {
+    max_acked: AtomicU64,
+    sender_done: AtomicBool,
+}
+
+impl Pair {
+    fn caught_up(&self, last: u64) -> bool {
+        self.sender_done.load(Ordering::Acquire) && last >= self.max_acked.load(Ordering::Acquire)
+    }
+}
+
+/// The final report of a chaos run.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChaosReport {
+    /// Always `"chaos"`.
+    pub scenario: &'static str,
+    /// The client endpoint used.
+    pub url: String,
+    /// Pairs.
+    pub senders: u32,
+    /// Window per sender.
+    pub window: u32,
+    /// Target total rate (0: closed loop).
+    pub rate: f64,
+    /// Measured seconds.
+    pub duration_secs: f64,
+    /// Warmup seconds.
+    pub warmup_secs: f64,
+    /// Percent of connections killed per round.
+    pub kill_percent: f64,
+    /// Seconds between rounds.
+    pub kill_every_secs: f64,
+    /// Percent of sends followed by a malformed frame.
+    pub bad_percent: f64,
+    /// Kills asked for.
+    pub kills_requested: u64,
+    /// Connections killed.
+    pub kills: u64,
+    /// Kills that landed while the victim was already reconnecting (dropped).
+    pub kills_ignored: u64,
+    /// Reconnect attempts that failed (retried).
+    pub reconnect_failures: u64,
+    /// Victims that never came back (a failure).
+    pub never_reconnected: u64,
+    /// Connections the server closed, or that broke, without being killed (a failure).
+    pub unexpected_disconnects: u64,
+    /// Kill to LoginOk on the new connection (µs).
+    pub reconnect_us: Summary,
+    /// Kill to recovered: synced up (receivers) or every un-acked send acked (senders) (µs).
+    pub recover_us: Summary,
+    /// Sends written again on a new connection.
+    pub resent: u64,
+    /// SendAcks flagged duplicate (resends of messages committed before the kill).
+    pub duplicate_acks: u64,
+    /// Malformed frames sent.
+    pub bad_frames_sent: u64,
+    /// BAD_FRAME errors received for them.
+    pub bad_frames_answered: u64,
+    /// Malformed frames whose answer was lost to a kill.
+    pub bad_frames_killed: u64,
+    /// Malformed frames never answered on a live connection (a failure).
+    pub bad_frames_unanswered: u64,
+    /// Acks in the measured window.
+    pub acked: u64,
+    /// Acked messages per second.
+    pub acked_per_sec: f64,
+    /// Send frames written, retries and resends included.
+    pub sent_frames: u64,
+    /// OVERLOADED / RATE_LIMITED retries.
+    pub retries: u64,
+    /// Messages received by receivers (push or sync).
+    pub delivered: u64,
+    /// Sends never acked when the drain ended.
+    pub unacked_at_end: u64,
+    /// Send-to-SendAck latency (µs), first attempt to ack.
+    pub send_to_ack_us: Summary,
+    /// Send-to-receipt latency (µs), push or sync.
+    pub send_to_deliver_us: Summary,
+    /// Errors by code (BAD_FRAME includes the injected ones).
+    pub errors: BTreeMap<String, u64>,
+    /// Connections that ended, by reason (kills not included).
+    pub disconnects: BTreeMap<String, u64>,
+    /// The delivery check over all pairs.
+    pub correctness: Verdict,
+    /// Whether the check and the injection checks passed.
+    pub passed: bool,
+    /// The server's figures near the end of the measured window.
+    pub server: Option<ServerFigures>,
+    /// With `--spawn`: what the server logged at WARN/ERROR level.
+    pub server_log: Option<ServerLog>,
+    /// With `--spawn`: whether the server exited during the run.
+    pub server_exited: bool,
+}
+
+impl Report for ChaosReport {
+    fn passed(&self) -> bool {
+        self.passed
+    }
+    fn render(&self) -> String {
+        render(self)
+    }
+    fn set_server(&mut self, log: Option<ServerLog>, exited: bool) {
+        self.server_log = log;
+        self.server_exited = exited;
+    }
+}
+
+/// Runs the chaos scenario.
+pub async fn run(args: ChaosArgs) -> anyhow::Result<Outcome> {
+    let mut target = Target::open(&args.server).await?;
+    let result = run_against(&args, &mut target).await;
+    finish(target, result, args.run.json).await
+}
+
+async fn run_against(args: &ChaosArgs, target: &mut Target) -> anyhow::Result<ChaosReport> {
+    let n = args.senders as usize;
+    let run_id: u64 = rand::random();
+    let tag = run_tag(run_id);
+    let receivers: Vec<String> = (0..n).map(|i| format!("c{tag}-r{i}")).collect();
+    let senders: Vec<String> = (0..n).map(|i| format!("c{tag}-s{i}")).collect();
+    eprintln!(
+        "im-bench chaos: {n} pairs, killing {}% of connections every {:?}, {}% malformed frames, on {}",
+        args.kill_percent, args.kill_every, args.bad_percent, target.url
+    );
+    let receiver_sessions = target.connect_all(&receivers, n).await?;
+    let sender_sessions = target.connect_all(&senders, 0).await?;
+    let clock = Clock::start(args.run.warmup, args.run.duration);
+    let ctx = Arc::new(Ctx {
+        clock,
+        dialer: target.dialer(),
+        tag,
+        run_id,
+        window: args.window as usize,
+        payload: args.payload as usize,
+        rate_per_sender: (args.rate > 0.0).then(|| args.rate / n as f64),
+        senders: n,
+        reconnect_delay: args.reconnect_delay,
+        bad_ratio: (args.bad_percent / 100.0).clamp(0.0, 1.0),
+        max_bad_per_conn: args.max_bad_per_conn,
+        ack_timeout: args.ack_timeout,
+        drain: args.run.drain,
+        kills: (0..2 * n).map(|_| Notify::new()).collect(),
+        ack_latency: LatencyRecorder::new(SHARDS),
+        deliver_latency: LatencyRecorder::new(SHARDS),
+        reconnect_latency: LatencyRecorder::new(SHARDS),
+        recover_latency: LatencyRecorder::new(SHARDS),
+        acked_all: AtomicU64::new(0),
+        acked_measured: AtomicU64::new(0),
+        sent: AtomicU64::new(0),
+        retries: AtomicU64::new(0),
+        resent: AtomicU64::new(0),
+        duplicate_acks: AtomicU64::new(0),
+        delivered: AtomicU64::new(0),
+        unacked_at_end: AtomicU64::new(0),
+        kills_requested: AtomicU64::new(0),
+        kills_done: AtomicU64::new(0),
+        kills_ignored: AtomicU64::new(0),
+        reconnect_failures: AtomicU64::new(0),
+        never_reconnected: AtomicU64::new(0),
+        unexpected_disconnects: AtomicU64::new(0),
+        bad_sent: AtomicU64::new(0),
+        bad_answered: AtomicU64::new(0),
+        bad_killed: AtomicU64::new(0),
+        bad_unanswered: AtomicU64::new(0),
+        errors: ErrorCounts::default(),
+        disconnects: Disconnects::default(),
+    });
+
+    let pairs: Vec<Arc<Pair>> = (0..n).map(|_| Arc::new(Pair::default())).collect();
+    let mut receiver_tasks = JoinSet::new();
+    for (i, s) in receiver_sessions.into_iter().enumerate() {
+        receiver_tasks.spawn(receiver(ctx.clone(), pairs[i].clone(), i, s));
+    }
+    let mut sender_tasks = JoinSet::new();
+    for (i, s) in sender_sessions.into_iter().enumerate() {
+        sender_tasks.spawn(chaos_sender(ctx.clone(), pairs[i].clone(), i, s));
+    }
+    let killer = tokio::spawn(killer(ctx.clone(), args.kill_percent, args.kill_every));
+    let progress = {
+        let ctx = ctx.clone();
+        let mut rate = Rate::default();
+        report::spawn_progress(clock, move |dt| {
+            format!(
+                "acked {:>8.0} msg/s  kills {:>5}  bad frames {:>5}  errors {:>6}  p99 recover {}  p99 send->ack {}",
+                rate.per_sec(ctx.acked_all.load(Ordering::Relaxed), dt),
+                ctx.kills_done.load(Ordering::Relaxed),
+                ctx.bad_sent.load(Ordering::Relaxed),
+                ctx.errors.total(),
+                p99_text(&ctx.recover_latency.snapshot()),
+                p99_text(&ctx.ack_latency.snapshot()),
+            )
+        })
+    };
+    let figures = figures_near_end(target, &clock);
+
+    let mut acked_by_pair: Vec<Vec<u64>> = vec![Vec::new(); n];
+    while let Some(joined) = sender_tasks.join_next().await {
+        let (i, mut acked) = joined.context("sender task panicked")?;
+        acked.sort_unstable();
+        acked_by_pair[i] = acked;
+    }
+    let mut verdict = Verdict::default();
+    while let Some(joined) = receiver_tasks.join_next().await {
+        let (i, follower) = joined.context("receiver task panicked")?;
+        verdict += follower.verdict(&acked_by_pair[i]);
+    }
+    killer.abort();
+    progress.abort();
+    let server = figures.await.ok().flatten();
+
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let never = load(&ctx.never_reconnected);
+    let unexpected = load(&ctx.unexpected_disconnects);
+    let unanswered = load(&ctx.bad_unanswered);
+    let secs = clock.measured_secs();
+    let acked = load(&ctx.acked_measured);
+    Ok(ChaosReport {
+        scenario: "chaos",
+        url: target.url.clone(),
+        senders: args.senders,
+        window: args.window,
+        rate: args.rate,
+        duration_secs: secs,
+        warmup_secs: args.run.warmup.as_secs_f64(),
+        kill_percent: args.kill_percent,
+        kill_every_secs: args.kill_every.as_secs_f64(),
+        bad_percent: args.bad_percent,
+        kills_requested: load(&ctx.kills_requested),
+        kills: load(&ctx.kills_done),
+        kills_ignored: load(&ctx.kills_ignored),
+        reconnect_failures: load(&ctx.reconnect_failures),
+        never_reconnected: never,
+        unexpected_disconnects: unexpected,
+        reconnect_us: Summary::of(&ctx.reconnect_latency.snapshot()),
+        recover_us: Summary::of(&ctx.recover_latency.snapshot()),
+        resent: load(&ctx.resent),
+        duplicate_acks: load(&ctx.duplicate_acks),
+        bad_frames_sent: load(&ctx.bad_sent),
+        bad_frames_answered: load(&ctx.bad_answered),
+        bad_frames_killed: load(&ctx.bad_killed),
+        bad_frames_unanswered: unanswered,
+        acked,
+        acked_per_sec: if secs > 0.0 { acked as f64 / secs } else { 0.0 },
+        sent_frames: load(&ctx.sent),
+        retries: load(&ctx.retries),
+        delivered: load(&ctx.delivered),
+        unacked_at_end: load(&ctx.unacked_at_end),
+        send_to_ack_us: Summary::of(&ctx.ack_latency.snapshot()),
+        send_to_deliver_us: Summary::of(&ctx.deliver_latency.snapshot()),
+        errors: ctx.errors.by_name(),
+        disconnects: ctx.disconnects.snapshot(),
+        passed: verdict.passed() && never == 0 && unexpected == 0 && unanswered == 0,
+        correctness: verdict,
+        server,
+        server_log: None,
+        server_exited: false,
+    })
+}
+
+/// Every `every` until the end of the measured window, kills `percent`% of the
+/// connections, picked at random.
+async fn killer(ctx: Arc<Ctx>, percent: f64, every: Duration) {
+    let total = ctx.kills.len();
+    let per_round = ((total as f64 * percent / 100.0).round() as usize).min(total);
+    if per_round == 0 || every.is_zero() {
+        return;
+    }
+    let mut tick = tokio::time::interval_at(ctx.clock.base + every, every);
+    loop {
+        let now = tick.tick().await;
+        if now >= ctx.clock.end {
+            return;
+        }
+        let victims = sample(&mut rand::thread_rng(), total, per_round);
+        for v in victims.iter() {
+            ctx.kills[v].notify_one();
+        }
+        ctx.kills_requested
+            .fetch_add(per_round as u64, Ordering::Relaxed);
+    }
+}
+
+/// The chaos sender's view of the sending loop.
+struct ChaosHooks<'a> {
+    ctx: &'a Ctx,
+    i: usize,
+    spec: SendSpec,
+    acked: Vec<u64>,
+    max_acked: u64,
+    /// Malformed frames sent on this connection, and those not yet answered.
+    bad_on_conn: u32,
+    bad_outstanding: u64,
+    next_bad: u64,
+    /// After a kill: when, and the sends that were un-acked then.
+    recovering: Option<(Instant, Vec<u64>)>,
+}
+
+impl ChaosHooks<'_> {
+    fn check_recovered(&mut self, now: Instant) {
+        if let Some((killed, waiting)) = &self.recovering {
+            if waiting.is_empty() {
+                let us = now.saturating_duration_since(*killed).as_micros() as u64;
+                self.ctx.recover_latency.record(self.i, us);
+                self.recovering = None;
+            }
+        }
+    }
+
+    fn settle(&mut self, n: u64, now: Instant) {
+        if let Some((_, waiting)) = &mut self.recovering {
+            waiting.retain(|&w| w != n);
+        }
+        self.check_recovered(now);
+    }
+}
+
+impl Hooks for ChaosHooks<'_> {
+    fn next(&mut self) -> Option<SendSpec> {
+        Some(self.spec.clone())
+    }
+
+    fn written(&mut self, retry: bool) {
+        self.ctx.sent.fetch_add(1, Ordering::Relaxed);
+        if retry {
+            self.ctx.retries.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn after_send(&mut self) -> Option<Vec<u8>> {
+        let ctx = self.ctx;
+        if self.bad_on_conn >= ctx.max_bad_per_conn || rand::random::<f64>() >= ctx.bad_ratio {
+            return None;
+        }
+        let kind = BadFrame::ALL[(self.next_bad % BadFrame::ALL.len() as u64) as usize];
+        let req_id = BAD_REQ_BASE + self.next_bad;
+        self.next_bad += 1;
+        self.bad_on_conn += 1;
+        self.bad_outstanding += 1;
+        ctx.bad_sent.fetch_add(1, Ordering::Relaxed);
+        Some(wire::bad_frame(kind, req_id))
+    }
+
+    fn acked(&mut self, ack: &SendAck, pending: Option<Pending>, now: Instant) {
+        let ctx = self.ctx;
+        ctx.acked_all.fetch_add(1, Ordering::Relaxed);
+        if ctx.clock.measured(now) {
+            ctx.acked_measured.fetch_add(1, Ordering::Relaxed);
+        }
+        if ack.duplicate {
+            ctx.duplicate_acks.fetch_add(1, Ordering::Relaxed);
+        }
+        let Some(p) = pending else { return };
+        // A duplicate ack answers a resend whose first ack died with a killed
+        // connection: its seq is the original one, recorded now for the first time.
+        self.acked.push(ack.seq);
+        self.max_acked = self.max_acked.max(ack.seq);
+        if ctx.clock.measured(p.first_sent) {
+            let us = now.saturating_duration_since(p.first_sent).as_micros() as u64;
+            ctx.ack_latency.record(self.i, us);
+        }
+        self.settle(p.n, now);
+    }
+
+    fn refused(&mut self, e: &im_proto::Error, outcome: Refused) {
+        self.ctx.errors.server(e.code);
+        if let Refused::Failed(p) = outcome {
+            self.settle(p.n, Instant::now());
+        }
+    }
+
+    fn timed_out(&mut self, p: Pending) {
+        self.ctx.errors.local(LocalError::AckTimeout);
+        self.settle(p.n, Instant::now());
+    }
+
+    fn other(&mut self, f: Frame, _now: Instant) -> Vec<Vec<u8>> {
+        match f.body {
+            Some(Body::Error(e)) => {
+                self.ctx.errors.server(e.code);
+                let injected = f.req_id == 0 || f.req_id >= BAD_REQ_BASE;
+                if e.code == ErrorCode::BadFrame as i32 && injected && self.bad_outstanding > 0 {
+                    self.bad_outstanding -= 1;
+                    self.ctx.bad_answered.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Some(Body::Pong(_)) => {}
+            _ => self.ctx.errors.local(LocalError::Unexpected),
+        }
+        Vec::new()
+    }
+
+    fn write_failed(&mut self, _e: &ClientError) {
+        self.ctx.errors.local(LocalError::Transport);
+    }
+
+    fn ended(&mut self, ev: Result<Event, ClientError>) {
+        self.ctx.disconnects.record(&self.ctx.errors, ev);
+    }
+}
+
+/// Sender `s{i}` under fire: the shared sending loop; on a kill, reconnect, resend
+/// what was un-acked, go on.
+async fn chaos_sender(
+    ctx: Arc<Ctx>,
+    pair: Arc<Pair>,
+    i: usize,
+    session: Session,
+) -> (usize, Vec<u64>) {
+    let Session { conn, heartbeat } = session;
+    let mut conn = Some(conn);
+    let clock = ctx.clock;
+    let me = ctx.sender_name(i);
+    let mut outbox = Outbox::new(ctx.run_id, ctx.ack_timeout);
+    let mut pacer = ctx.rate_per_sender.map(|r| {
+        let offset = Duration::from_secs_f64(i as f64 / (ctx.senders as f64 * r));
+        Pacer::new(r, clock.base + offset)
+    });
+    let mut hooks = ChaosHooks {
+        ctx: &ctx,
+        i,
+        spec: SendSpec {
+            target: To::User(ctx.receiver_name(i).into()),
+            msg_type: MessageType::Text,
+            payload_len: ctx.payload,
+            tag: 0,
+        },
+        acked: Vec::with_capacity(1024),
+        max_acked: 0,
+        bad_on_conn: 0,
+        bad_outstanding: 0,
+        next_bad: 0,
+        recovering: None,
+    };
+    while let Some(mut c) = conn.take() {
+        let cfg = sender::Loop {
+            clock,
+            window: ctx.window,
+            pacer: pacer.as_mut(),
+            drain: ctx.drain,
+            heartbeat,
+            kill: Some(&ctx.kills[i]),
+        };
+        let ended = sender::run(&mut c, &mut outbox, cfg, &mut hooks).await;
+        let killed_at = Instant::now();
+        match ended {
+            Ended::Finished => {
+                wait_bad_replies(&mut c, &mut hooks).await;
+                ctx.bad_unanswered
+                    .fetch_add(hooks.bad_outstanding, Ordering::Relaxed);
+                let _ = c.close().await;
+                break;
+            }
+            Ended::Killed => {
+                c.abort();
+                ctx.kills_done.fetch_add(1, Ordering::Relaxed);
+            }
+            Ended::Disconnected => {
+                ctx.unexpected_disconnects.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        ctx.bad_killed
+            .fetch_add(hooks.bad_outstanding, Ordering::Relaxed);
+        hooks.bad_outstanding = 0;
+        hooks.bad_on_conn = 0;
+        let waiting: Vec<u64> = outbox.pending().iter().map(|p| p.n).collect();
+        let Some(mut fresh) = ctx.reconnect(i, &me, killed_at).await else {
+            break;
+        };
+        hooks.recovering = Some((killed_at, waiting));
+        let now = Instant::now();
+        let mut ok = true;
+        for frame in outbox.resend_all(now) {
+            if fresh.send_bytes(frame).await.is_err() {
+                ok = false;
+                break;
+            }
+            ctx.resent.fetch_add(1, Ordering::Relaxed);
+            ctx.sent.fetch_add(1, Ordering::Relaxed);
+        }
+        hooks.check_recovered(now);
+        if !ok {
+            ctx.unexpected_disconnects.fetch_add(1, Ordering::Relaxed);
+        }
+        conn = Some(fresh);
+    }
+    ctx.unacked_at_end
+        .fetch_add(outbox.len() as u64, Ordering::Relaxed);
+    pair.max_acked.store(hooks.max_acked, Ordering::Release);
+    pair.sender_done.store(true, Ordering::Release);
+    (i, hooks.acked)
+}
+
+/// After the last ack: reads until every malformed frame of this connection has its
+/// BAD_FRAME (or a short timeout).
+async fn wait_bad_replies(conn: &mut Conn, hooks: &mut ChaosHooks<'_>) {
+    let deadline = Instant::now() + BAD_REPLY_WAIT;
+    while hooks.bad_outstanding > 0 {
+        match tokio::time::timeout_at(deadline, conn.recv()).await {
+            Ok(Ok(Event::Frame(f))) => {
+                hooks.other(f, Instant::now());
+            }
+            Ok(Ok(Event::WsPong(_))) => {}
+            _ => return,
+        }
+    }
+}
+
+/// Receiver `r{i}` under fire: follows the conversation by pushes and syncs; on a kill,
+/// reconnects and syncs after its last seq.
+async fn receiver(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) -> (usize, Follower) {
+    let heartbeat = session.heartbeat;
+    let mut conn = Some(session.conn);
+    let clock = ctx.clock;
+    let idx = ctx.senders + i;
+    let me = ctx.receiver_name(i);
+    let conv = im_proto::direct_conversation(&ctx.sender_name(i), &me);
+    let mut follower = Follower::new(conv, 0, 1000);
+    let hard_deadline = clock.end + ctx.drain * 2;
+    let mut last_tx = Instant::now();
+    let mut recovering: Option<Instant> = None;
+    let mut tick = tokio::time::interval(RECEIVER_TICK);
+
+    while let Some(c) = conn.as_mut() {
+        if let Some(req) = follower.sync_request() {
+            if c.send(&req).await.is_err() {
+                ctx.errors.local(LocalError::Transport);
+            }
+            last_tx = Instant::now();
+        }
+        if let Some(killed) = recovering {
+            if follower.settled() {
+                let us = killed.elapsed().as_micros() as u64;
+                ctx.recover_latency.record(idx, us);
+                recovering = None;
+            }
+        }
+        if follower.settled() && pair.caught_up(follower.last()) {
+            break;
+        }
+        let lost = tokio::select! {
+            biased;
+            () = ctx.kills[idx].notified() => {
+                ctx.kills_done.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            ev = c.recv() => {
+                match ev {
+                    Ok(Event::Frame(f)) => {
+                        let now_us = clock.now_us();
+                        let mine = follower.on_frame(&f, |m, _via| {
+                            ctx.delivered.fetch_add(1, Ordering::Relaxed);
+                            if let Some(sent_us) = wire::payload_timestamp(&m.payload) {
+                                if clock.measured_us(sent_us) {
+                                    ctx.deliver_latency.record(idx, now_us.saturating_sub(sent_us));
+                                }
+                            }
+                        });
+                        if !mine {
+                            match f.body {
+                                Some(Body::Error(e)) => ctx.errors.server(e.code),
+                                Some(Body::Pong(_)) => {}
+                                _ => ctx.errors.local(LocalError::Unexpected),
+                            }
+                        }
+                        false
+                    }
+                    Ok(Event::WsPong(_)) => false,
+                    other => {
+                        ctx.disconnects.record(&ctx.errors, other);
+                        ctx.unexpected_disconnects.fetch_add(1, Ordering::Relaxed);
+                        true
+                    }
+                }
+            }
+            _ = tick.tick() => {
+                let now = Instant::now();
+                if now >= hard_deadline {
+                    break;
+                }
+                if now.saturating_duration_since(last_tx) >= heartbeat / 2 {
+                    if super::chat::ping(c).await.is_err() {
+                        ctx.errors.local(LocalError::Transport);
+                    }
+                    last_tx = now;
+                }
+                false
+            }
+        };
+        if lost {
+            let killed_at = Instant::now();
+            if let Some(old) = conn.take() {
+                old.abort();
+            }
+            conn = ctx.reconnect(idx, &me, killed_at).await;
+            follower.reconnected();
+            recovering = Some(killed_at);
+        }
+    }
+    if let Some(mut c) = conn {
+        let _ = c.close().await;
+    }
+    (i, follower)
+}
+
+/// The text form of a report.
+pub fn render(r: &ChaosReport) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "im-bench chaos: {} pairs, {}, killing {}% of connections every {:.1}s, {}% malformed frames, {:.1}s measured after {:.1}s warmup, {}",
+        r.senders,
+        if r.rate > 0.0 {
+            format!("rate {:.0} msg/s (window {})", r.rate, r.window)
+        } else {
+            format!("window {}", r.window)
+        },
+        r.kill_percent,
+        r.kill_every_secs,
+        r.bad_percent,
+        r.duration_secs,
+        r.warmup_secs,
+        r.url
+    );
+    report::line(
+        &mut s,
+        "throughput",
+        format!(
+            "{:.0} acked msgs/s ({} acked in the window; {} send frames, {} resent after reconnects, {} duplicate acks, {} retries)",
+            r.acked_per_sec, r.acked, r.sent_frames, r.resent, r.duplicate_acks, r.retries
+        ),
+    );
+    report::summary_line(&mut s, "send->ack", &r.send_to_ack_us);
+    report::summary_line(&mut s, "send->deliver", &r.send_to_deliver_us);
+    report::line(
+        &mut s,
+        "kills",
+        format!(
+            "{} killed ({} asked, {} landed mid-reconnect); {} reconnect attempts failed, {} never came back; {} unexpected disconnects",
+            r.kills, r.kills_requested, r.kills_ignored, r.reconnect_failures, r.never_reconnected, r.unexpected_disconnects
+        ),
+    );
+    report::summary_line(&mut s, "reconnect", &r.reconnect_us);
+    report::summary_line(&mut s, "recover", &r.recover_us);
+    report::line(
+        &mut s,
+        "bad frames",
+        format!(
+            "{} sent, {} answered BAD_FRAME, {} answers lost to kills, {} unanswered",
+            r.bad_frames_sent, r.bad_frames_answered, r.bad_frames_killed, r.bad_frames_unanswered
+        ),
+    );
+    report::errors_lines(&mut s, &r.errors, &r.disconnects);
+    report::verdict_lines(
+        &mut s,
+        &r.correctness,
+        r.passed,
+        &format!("{} unacked at end", r.unacked_at_end),
+    );
+    if r.never_reconnected > 0 || r.unexpected_disconnects > 0 || r.bad_frames_unanswered > 0 {
+        report::line(
+            &mut s,
+            "",
+            "FAIL: a connection broke without a kill, a victim never came back, or a malformed frame got no BAD_FRAME",
+        );
+    }
+    report::server_lines(&mut s, r.server.as_ref());
+    report::server_log_lines(&mut s, r.server_log.as_ref(), r.server_exited);
+    s
+}

@@ -1,0 +1,750 @@
+//! `im-bench mix`: one-to-one traffic shaped like production (the seeds' mix: "short
+//! text 80%, images 15%, files 5%", and "a few hot conversations carry most messages").
+//!
+//! `--users U` connections (one user each) and `--conversations C` one-to-one
+//! conversations between random pairs of them. A dispatcher schedules `--rate R`
+//! messages per second in total; each picks a conversation by a Zipf law over
+//! conversation ranks (`--zipf S`: rank k has weight 1/(k+1)^S, 0 = uniform), a
+//! direction (either party sends), and a size class from `--mix` (default
+//! `text:80:50-200,image:15:10000-50000,file:5:50000-60000`: name (text, image or file,
+//! which sets the message type), weight, and the payload size range in bytes, drawn
+//! uniformly). The server's default `limits.max_frame_bytes` is 64 KiB, hence files of
+//! 50-60 KB; raise it (`--server-env IM_LIMITS_MAX_FRAME_BYTES=...`) for larger ones.
+//! The sending user's connection writes the Send (at most `--window` un-acked; a job
+//! that finds the window full, or the connection's queue full, is skipped and counted).
+//!
+//! Measured per class: send-to-ack and send-to-deliver latency; overall: acked
+//! messages and payload bytes per second, how concentrated the traffic was, and the
+//! server's figures. Every acked message must be delivered exactly once, in order,
+//! to its recipient.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use im_proto::{Body, MessageType};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use super::peers::{self, Expect, Ledger};
+use super::{figures_near_end, finish, run_tag, Clock, Disconnects, Report, RunArgs, ServerArgs};
+use crate::admin::ServerFigures;
+use crate::check::Verdict;
+use crate::conn::Event;
+use crate::outbox::{Outbox, Pacer, SendSpec, Target as To};
+use crate::report::{self, fmt_bytes, p99_text, Rate};
+use crate::spawn::ServerLog;
+use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
+use crate::target::{Session, Target};
+use crate::util::{parse_duration, Zipf};
+use crate::{wire, Outcome};
+
+/// Histogram shards per class and kind.
+const SHARDS: usize = 16;
+/// Jobs queued per user connection before the dispatcher skips.
+const JOB_QUEUE: usize = 256;
+/// How often a user connection checks ack timeouts and heartbeats.
+const HOUSEKEEPING: Duration = Duration::from_millis(250);
+/// The default `--mix`.
+pub const DEFAULT_MIX: &str = "text:80:50-200,image:15:10000-50000,file:5:50000-60000";
+
+/// One message size class of `--mix`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SizeClass {
+    /// `text`, `image` or `file`.
+    pub name: String,
+    /// Relative weight.
+    pub weight: f64,
+    /// Smallest payload, bytes (at least 8).
+    pub min: usize,
+    /// Largest payload, bytes.
+    pub max: usize,
+    /// The message type it is sent as.
+    #[serde(skip)]
+    pub msg_type: MessageType,
+}
+
+/// The size classes of `--mix`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Mix(pub Vec<SizeClass>);
+
+/// Parses `--mix`: `NAME:WEIGHT:MIN-MAX` entries separated by commas; each name
+/// (text, image, file) at most once.
+pub fn parse_mix(text: &str) -> Result<Mix, String> {
+    let mut out: Vec<SizeClass> = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let fields: Vec<&str> = part.split(':').collect();
+        let [name, weight, range] = fields[..] else {
+            return Err(format!("{part:?}: expected NAME:WEIGHT:MIN-MAX"));
+        };
+        let msg_type = match name {
+            "text" => MessageType::Text,
+            "image" => MessageType::Image,
+            "file" => MessageType::File,
+            other => return Err(format!("unknown class {other:?} (text, image or file)")),
+        };
+        if out.iter().any(|c| c.name == name) {
+            return Err(format!("class {name:?} given twice"));
+        }
+        let weight: f64 = weight
+            .parse()
+            .map_err(|_| format!("{part:?}: weight {weight:?} is not a number"))?;
+        let (lo, hi) = range
+            .split_once('-')
+            .ok_or_else(|| format!("{part:?}: size {range:?} is not MIN-MAX"))?;
+        let (min, max): (usize, usize) = match (lo.parse(), hi.parse()) {
+            (Ok(a), Ok(b)) => (a, b),
+            _ => return Err(format!("{part:?}: size {range:?} is not MIN-MAX in bytes")),
+        };
+        if !(weight >= 0.0 && weight.is_finite()) || min < wire::TIMESTAMP_LEN || max < min {
+            return Err(format!(
+                "{part:?}: need weight >= 0 and {} <= MIN <= MAX",
+                wire::TIMESTAMP_LEN
+            ));
+        }
+        out.push(SizeClass {
+            name: name.to_string(),
+            weight,
+            min,
+            max,
+            msg_type,
+        });
+    }
+    if out.iter().map(|c| c.weight).sum::<f64>() <= 0.0 {
+        return Err("the mix needs at least one class with a positive weight".into());
+    }
+    Ok(Mix(out))
+}
+
+/// Flags of `im-bench mix`.
+#[derive(Debug, Clone, Args)]
+pub struct MixArgs {
+    /// Where the server is.
+    #[command(flatten)]
+    pub server: ServerArgs,
+    /// How long to run.
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// Users (one connection each).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(2..))]
+    pub users: u32,
+    /// One-to-one conversations between random pairs of users (default: as many as users).
+    #[arg(long)]
+    pub conversations: Option<u32>,
+    /// Zipf exponent of conversation popularity (0: uniform).
+    #[arg(long, default_value_t = 1.0)]
+    pub zipf: f64,
+    /// Total messages per second.
+    #[arg(long, default_value_t = 1000.0)]
+    pub rate: f64,
+    /// Size classes: NAME:WEIGHT:MIN-MAX,... (bytes).
+    #[arg(long, default_value = DEFAULT_MIX, value_parser = parse_mix)]
+    pub mix: Mix,
+    /// Most un-acked sends per connection.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub window: u32,
+    /// A send with neither SendAck nor Error after this long is given up on.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub ack_timeout: Duration,
+}
+
+/// Latency and counts of one class.
+struct ClassStats {
+    ack: LatencyRecorder,
+    deliver: LatencyRecorder,
+    sent: AtomicU64,
+    acked: AtomicU64,
+    acked_bytes: AtomicU64,
+}
+
+/// A send the dispatcher hands to a user connection.
+#[derive(Debug, Clone, Copy)]
+struct Job {
+    to: u32,
+    class: u8,
+    size: u32,
+}
+
+/// Run-wide state shared by every task.
+struct Ctx {
+    clock: Clock,
+    tag: String,
+    run_id: u64,
+    window: usize,
+    ack_timeout: Duration,
+    drain: Duration,
+    classes: Vec<SizeClass>,
+    stats: Vec<ClassStats>,
+    acked_all: AtomicU64,
+    acked_measured: AtomicU64,
+    delivered: AtomicU64,
+    dispatched: AtomicU64,
+    skipped_queue: AtomicU64,
+    skipped_window: AtomicU64,
+    retries: AtomicU64,
+    unacked_at_end: AtomicU64,
+    expect: Expect,
+    errors: ErrorCounts,
+    disconnects: Disconnects,
+}
+
+fn user_name(tag: &str, idx: usize) -> String {
+    format!("x{tag}-{idx}")
+}
+
+impl Ctx {
+    fn user(&self, idx: usize) -> String {
+        user_name(&self.tag, idx)
+    }
+
+    fn class_of(&self, t: i32) -> Option<usize> {
+        self.classes.iter().position(|c| c.msg_type as i32 == t)
+    }
+}
+
+/// One class in the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClassReport {
+    /// The class as configured.
+    #[serde(flatten)]
+    pub class: SizeClass,
+    /// Sends written (first attempts).
+    pub sent: u64,
+    /// Acked in the measured window.
+    pub acked: u64,
+    /// Send-to-SendAck latency (µs), measured window.
+    pub send_to_ack_us: Summary,
+    /// Send-to-deliver latency (µs), measured window.
+    pub send_to_deliver_us: Summary,
+}
+
+/// The final report of a mix run.
+#[derive(Debug, Clone, Serialize)]
+pub struct MixReport {
+    /// Always `"mix"`.
+    pub scenario: &'static str,
+    /// The client endpoint used.
+    pub url: String,
+    /// Users (connections).
+    pub users: u32,
+    /// Conversations.
+    pub conversations: u32,
+    /// Zipf exponent.
+    pub zipf: f64,
+    /// Share of the traffic the law gives the hottest 1% of conversations.
+    pub zipf_top1pct_share: f64,
+    /// Share of dispatched messages that went to the 10 busiest conversations.
+    pub top10_share_observed: f64,
+    /// Target total rate, msgs/s.
+    pub rate: f64,
+    /// Measured seconds.
+    pub duration_secs: f64,
+    /// Warmup seconds.
+    pub warmup_secs: f64,
+    /// Messages dispatched to connections.
+    pub dispatched: u64,
+    /// Jobs skipped: the sender's queue was full.
+    pub skipped_queue: u64,
+    /// Jobs skipped: the sender's window was full.
+    pub skipped_window: u64,
+    /// Retries after OVERLOADED / RATE_LIMITED.
+    pub retries: u64,
+    /// Acked in the measured window.
+    pub acked: u64,
+    /// Acked messages per second.
+    pub acked_per_sec: f64,
+    /// Acked payload bytes per second.
+    pub acked_bytes_per_sec: f64,
+    /// Messages delivered over the run.
+    pub delivered: u64,
+    /// Sends never acked when the drain ended.
+    pub unacked_at_end: u64,
+    /// Per class.
+    pub classes: Vec<ClassReport>,
+    /// Errors by code.
+    pub errors: BTreeMap<String, u64>,
+    /// Connections that ended during the run, by reason.
+    pub disconnects: BTreeMap<String, u64>,
+    /// The delivery check.
+    pub correctness: Verdict,
+    /// Whether it passed.
+    pub passed: bool,
+    /// The server's figures near the end of the measured window.
+    pub server: Option<ServerFigures>,
+    /// With `--spawn`: what the server logged at WARN/ERROR level.
+    pub server_log: Option<ServerLog>,
+    /// With `--spawn`: whether the server exited during the run.
+    pub server_exited: bool,
+}
+
+impl Report for MixReport {
+    fn passed(&self) -> bool {
+        self.passed
+    }
+    fn render(&self) -> String {
+        render(self)
+    }
+    fn set_server(&mut self, log: Option<ServerLog>, exited: bool) {
+        self.server_log = log;
+        self.server_exited = exited;
+    }
+}
+
+/// Runs the mix scenario.
+pub async fn run(args: MixArgs) -> anyhow::Result<Outcome> {
+    let mut target = Target::open(&args.server).await?;
+    let result = run_against(&args, &mut target).await;
+    finish(target, result, args.run.json).await
+}
+
+async fn run_against(args: &MixArgs, target: &mut Target) -> anyhow::Result<MixReport> {
+    let n = args.users as usize;
+    let c = args.conversations.unwrap_or(args.users).max(1) as usize;
+    if args.rate <= 0.0 {
+        bail!("--rate must be positive");
+    }
+    let classes = args.mix.0.clone();
+    if let Some(big) = classes.iter().find(|c| c.max > 64 * 1024 - 128) {
+        eprintln!(
+            "im-bench mix: note: class {} goes up to {} B; the server's default max frame is 64 KiB (IM_LIMITS_MAX_FRAME_BYTES)",
+            big.name, big.max
+        );
+    }
+    let run_id: u64 = rand::random();
+    let tag = run_tag(run_id);
+    let users: Vec<String> = (0..n).map(|i| user_name(&tag, i)).collect();
+    eprintln!(
+        "im-bench mix: connecting {n} users ({c} conversations, zipf {}) to {}",
+        args.zipf, target.url
+    );
+    let sessions = target.connect_all(&users, 0).await?;
+    let clock = Clock::start(args.run.warmup, args.run.duration);
+    let mut rng = StdRng::seed_from_u64(run_id);
+    let pairs: Vec<(u32, u32)> = (0..c)
+        .map(|_| {
+            let a = rng.gen_range(0..n as u32);
+            let b = (a + rng.gen_range(1..n as u32)) % n as u32;
+            (a, b)
+        })
+        .collect();
+    let ctx = Arc::new(Ctx {
+        clock,
+        tag,
+        run_id,
+        window: args.window as usize,
+        ack_timeout: args.ack_timeout,
+        drain: args.run.drain,
+        stats: classes
+            .iter()
+            .map(|_| ClassStats {
+                ack: LatencyRecorder::new(SHARDS),
+                deliver: LatencyRecorder::new(SHARDS),
+                sent: AtomicU64::new(0),
+                acked: AtomicU64::new(0),
+                acked_bytes: AtomicU64::new(0),
+            })
+            .collect(),
+        classes,
+        acked_all: AtomicU64::new(0),
+        acked_measured: AtomicU64::new(0),
+        delivered: AtomicU64::new(0),
+        dispatched: AtomicU64::new(0),
+        skipped_queue: AtomicU64::new(0),
+        skipped_window: AtomicU64::new(0),
+        retries: AtomicU64::new(0),
+        unacked_at_end: AtomicU64::new(0),
+        expect: Expect::new(n),
+        errors: ErrorCounts::default(),
+        disconnects: Disconnects::default(),
+    });
+
+    let mut queues = Vec::with_capacity(n);
+    let mut tasks = JoinSet::new();
+    for (idx, s) in sessions.into_iter().enumerate() {
+        let (tx, rx) = mpsc::channel(JOB_QUEUE);
+        queues.push(tx);
+        tasks.spawn(user(ctx.clone(), idx, s, rx));
+    }
+    let zipf = Zipf::new(c, args.zipf);
+    let top1 = zipf.top_share(c.div_ceil(100));
+    let dispatcher = tokio::spawn(dispatch(ctx.clone(), queues, pairs, zipf, args.rate));
+    let progress = {
+        let ctx = ctx.clone();
+        let mut rate = Rate::default();
+        report::spawn_progress(clock, move |dt| {
+            format!(
+                "acked {:>8.0} msg/s  errors {:>5}  skipped {:>6}  p99 send->ack text {} / image {}",
+                rate.per_sec(ctx.acked_all.load(Ordering::Relaxed), dt),
+                ctx.errors.total(),
+                ctx.skipped_queue.load(Ordering::Relaxed) + ctx.skipped_window.load(Ordering::Relaxed),
+                ctx.stats.first().map_or("-".into(), |s| p99_text(&s.ack.snapshot())),
+                ctx.stats.get(1).map_or("-".into(), |s| p99_text(&s.ack.snapshot())),
+            )
+        })
+    };
+    let figures = figures_near_end(target, &clock);
+
+    let counts = dispatcher.await.context("dispatcher panicked")?;
+    let mut ledgers: Vec<Ledger> = (0..n).map(|_| Ledger::default()).collect();
+    while let Some(joined) = tasks.join_next().await {
+        let (idx, ledger) = joined.context("user task panicked")?;
+        ledgers[idx] = ledger;
+    }
+    progress.abort();
+    let verdict = peers::verdict(ledgers);
+    let server = figures.await.ok().flatten();
+
+    let mut sorted = counts;
+    sorted.sort_unstable_by(|a, b| b.cmp(a));
+    let total: u64 = sorted.iter().sum();
+    let top10: u64 = sorted.iter().take(10).sum();
+    let secs = clock.measured_secs();
+    let per_sec = |x: u64| if secs > 0.0 { x as f64 / secs } else { 0.0 };
+    let acked = ctx.acked_measured.load(Ordering::Relaxed);
+    Ok(MixReport {
+        scenario: "mix",
+        url: target.url.clone(),
+        users: args.users,
+        conversations: c as u32,
+        zipf: args.zipf,
+        zipf_top1pct_share: top1,
+        top10_share_observed: if total > 0 {
+            top10 as f64 / total as f64
+        } else {
+            0.0
+        },
+        rate: args.rate,
+        duration_secs: secs,
+        warmup_secs: args.run.warmup.as_secs_f64(),
+        dispatched: ctx.dispatched.load(Ordering::Relaxed),
+        skipped_queue: ctx.skipped_queue.load(Ordering::Relaxed),
+        skipped_window: ctx.skipped_window.load(Ordering::Relaxed),
+        retries: ctx.retries.load(Ordering::Relaxed),
+        acked,
+        acked_per_sec: per_sec(acked),
+        acked_bytes_per_sec: per_sec(
+            ctx.stats
+                .iter()
+                .map(|s| s.acked_bytes.load(Ordering::Relaxed))
+                .sum(),
+        ),
+        delivered: ctx.delivered.load(Ordering::Relaxed),
+        unacked_at_end: ctx.unacked_at_end.load(Ordering::Relaxed),
+        classes: ctx
+            .classes
+            .iter()
+            .zip(&ctx.stats)
+            .map(|(c, s)| ClassReport {
+                class: c.clone(),
+                sent: s.sent.load(Ordering::Relaxed),
+                acked: s.acked.load(Ordering::Relaxed),
+                send_to_ack_us: Summary::of(&s.ack.snapshot()),
+                send_to_deliver_us: Summary::of(&s.deliver.snapshot()),
+            })
+            .collect(),
+        errors: ctx.errors.by_name(),
+        disconnects: ctx.disconnects.snapshot(),
+        passed: verdict.passed(),
+        correctness: verdict,
+        server,
+        server_log: None,
+        server_exited: false,
+    })
+}
+
+/// Schedules the run's messages until the end; returns the count per conversation.
+async fn dispatch(
+    ctx: Arc<Ctx>,
+    queues: Vec<mpsc::Sender<Job>>,
+    pairs: Vec<(u32, u32)>,
+    zipf: Zipf,
+    rate: f64,
+) -> Vec<u64> {
+    let clock = ctx.clock;
+    let mut rng = StdRng::seed_from_u64(ctx.run_id ^ 0x5eed);
+    let weights: Vec<f64> = ctx.classes.iter().map(|c| c.weight).collect();
+    let total_weight: f64 = weights.iter().sum();
+    let mut counts = vec![0u64; pairs.len()];
+    let mut pacer = Pacer::new(rate, clock.base);
+    loop {
+        let now = Instant::now();
+        if now >= clock.end {
+            break;
+        }
+        while pacer.take(now) {
+            let k = zipf.rank(rng.gen::<f64>());
+            let (a, b) = pairs[k];
+            let (from, to) = if rng.gen::<bool>() { (a, b) } else { (b, a) };
+            let mut pick = rng.gen::<f64>() * total_weight;
+            let class = weights
+                .iter()
+                .position(|&w| {
+                    pick -= w;
+                    pick < 0.0
+                })
+                .unwrap_or(weights.len() - 1);
+            let c = &ctx.classes[class];
+            let size = rng.gen_range(c.min..=c.max) as u32;
+            let job = Job {
+                to,
+                class: class as u8,
+                size,
+            };
+            match queues[from as usize].try_send(job) {
+                Ok(()) => {
+                    counts[k] += 1;
+                    ctx.dispatched.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(_) => {
+                    ctx.skipped_queue.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        tokio::time::sleep_until(pacer.next_at().min(clock.end)).await;
+    }
+    counts
+}
+
+/// One user connection: sends the jobs it is given, records acks and deliveries, then
+/// drains, publishes its acks, waits for what it is owed and closes.
+async fn user(
+    ctx: Arc<Ctx>,
+    idx: usize,
+    session: Session,
+    mut jobs: mpsc::Receiver<Job>,
+) -> (usize, Ledger) {
+    let Session {
+        mut conn,
+        heartbeat,
+    } = session;
+    let clock = ctx.clock;
+    let me = ctx.user(idx);
+    let mut ledger = Ledger::default();
+    let mut outbox = Outbox::new(ctx.run_id, ctx.ack_timeout);
+    let mut sending = true;
+    let mut stopped_at: Option<Instant> = None;
+    let mut published = false;
+    let mut last_tx = Instant::now();
+    let mut next_housekeeping = last_tx + HOUSEKEEPING;
+
+    loop {
+        let now = Instant::now();
+        if !sending && stopped_at.is_none() {
+            stopped_at = Some(now);
+        }
+        if let Some(stop) = stopped_at {
+            if !published && (outbox.is_empty() || now >= stop + ctx.drain) {
+                ctx.unacked_at_end
+                    .fetch_add(outbox.len() as u64, Ordering::Relaxed);
+                ledger.publish(&ctx.expect);
+                published = true;
+            }
+            if published && (ctx.expect.caught_up(idx, &ledger) || now >= stop + ctx.drain * 2) {
+                break;
+            }
+        }
+        for frame in outbox.due_retries(now) {
+            if conn.send_bytes(frame).await.is_err() {
+                ctx.errors.local(LocalError::Transport);
+                break;
+            }
+            ctx.retries.fetch_add(1, Ordering::Relaxed);
+            last_tx = now;
+        }
+        let mut wake = next_housekeeping;
+        if let Some(at) = outbox.next_retry() {
+            wake = wake.min(at);
+        }
+        tokio::select! {
+            biased;
+            ev = conn.recv() => {
+                let f = match ev {
+                    Ok(Event::Frame(f)) => f,
+                    Ok(Event::WsPong(_)) => continue,
+                    other => {
+                        ctx.disconnects.record(&ctx.errors, other);
+                        break;
+                    }
+                };
+                let now = Instant::now();
+                match f.body {
+                    Some(Body::SendAck(ack)) => {
+                        ctx.acked_all.fetch_add(1, Ordering::Relaxed);
+                        let Some(p) = outbox.take(f.req_id) else { continue };
+                        if !ack.duplicate {
+                            ledger.acked(p.spec.tag, &ack.conversation_id, ack.seq);
+                        }
+                        let Some(class) = ctx.class_of(p.spec.msg_type as i32) else { continue };
+                        let st = &ctx.stats[class];
+                        if clock.measured(now) {
+                            ctx.acked_measured.fetch_add(1, Ordering::Relaxed);
+                            st.acked.fetch_add(1, Ordering::Relaxed);
+                            st.acked_bytes.fetch_add(p.spec.payload_len as u64, Ordering::Relaxed);
+                        }
+                        if clock.measured(p.first_sent) {
+                            st.ack.record(idx, (now - p.first_sent).as_micros() as u64);
+                        }
+                    }
+                    Some(Body::Deliver(d)) => {
+                        let now_us = clock.us(now);
+                        for m in &d.messages {
+                            if !ledger.delivered(&me, m) {
+                                continue;
+                            }
+                            ctx.delivered.fetch_add(1, Ordering::Relaxed);
+                            let (Some(class), Some(sent_us)) =
+                                (ctx.class_of(m.r#type), wire::payload_timestamp(&m.payload))
+                            else {
+                                continue;
+                            };
+                            if clock.measured_us(sent_us) {
+                                ctx.stats[class].deliver.record(idx, now_us.saturating_sub(sent_us));
+                            }
+                        }
+                    }
+                    Some(Body::Error(e)) => {
+                        ctx.errors.server(e.code);
+                        outbox.refused(f.req_id, &e, now);
+                    }
+                    Some(Body::Pong(_)) => {}
+                    _ => ctx.errors.local(LocalError::Unexpected),
+                }
+            }
+            job = jobs.recv(), if sending => {
+                let Some(job) = job else {
+                    sending = false;
+                    continue;
+                };
+                if outbox.len() >= ctx.window {
+                    ctx.skipped_window.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                let class = &ctx.classes[job.class as usize];
+                let spec = SendSpec {
+                    target: To::User(ctx.user(job.to as usize).into()),
+                    msg_type: class.msg_type,
+                    payload_len: job.size as usize,
+                    tag: job.to,
+                };
+                let t = Instant::now();
+                let frame = outbox.start(spec, t, clock.us(t));
+                if conn.send_bytes(frame).await.is_err() {
+                    ctx.errors.local(LocalError::Transport);
+                    break;
+                }
+                ctx.stats[job.class as usize].sent.fetch_add(1, Ordering::Relaxed);
+                last_tx = t;
+            }
+            () = tokio::time::sleep_until(wake) => {
+                let now = Instant::now();
+                if now >= next_housekeeping {
+                    next_housekeeping = now + HOUSEKEEPING;
+                    for _ in outbox.expired(now) {
+                        ctx.errors.local(LocalError::AckTimeout);
+                    }
+                    if now.saturating_duration_since(last_tx) >= heartbeat / 2 {
+                        if super::chat::ping(&mut conn).await.is_err() {
+                            ctx.errors.local(LocalError::Transport);
+                            break;
+                        }
+                        last_tx = now;
+                    }
+                }
+            }
+        }
+    }
+    if !published {
+        ctx.unacked_at_end
+            .fetch_add(outbox.len() as u64, Ordering::Relaxed);
+        ledger.publish(&ctx.expect);
+    }
+    let _ = conn.close().await;
+    (idx, ledger)
+}
+
+/// The text form of a report.
+pub fn render(r: &MixReport) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "im-bench mix: {} users, {} conversations (zipf {}: hottest 1% get {:.0}% by the law, top 10 got {:.1}% observed), {:.0} msg/s, {:.1}s measured after {:.1}s warmup, {}",
+        r.users,
+        r.conversations,
+        r.zipf,
+        r.zipf_top1pct_share * 100.0,
+        r.top10_share_observed * 100.0,
+        r.rate,
+        r.duration_secs,
+        r.warmup_secs,
+        r.url
+    );
+    report::line(
+        &mut s,
+        "throughput",
+        format!(
+            "{:.0} acked msgs/s, {}/s of payload ({} acked; {} dispatched, {} skipped: queue {}, window {}; {} retries)",
+            r.acked_per_sec,
+            fmt_bytes(r.acked_bytes_per_sec as u64),
+            r.acked,
+            r.dispatched,
+            r.skipped_queue + r.skipped_window,
+            r.skipped_queue,
+            r.skipped_window,
+            r.retries
+        ),
+    );
+    for c in &r.classes {
+        report::line(
+            &mut s,
+            &format!("{} {}-{} B", c.class.name, c.class.min, c.class.max),
+            format!(
+                "weight {}: {} sent, {} acked in the window",
+                c.class.weight, c.sent, c.acked
+            ),
+        );
+        report::summary_line(&mut s, "  send->ack", &c.send_to_ack_us);
+        report::summary_line(&mut s, "  send->deliver", &c.send_to_deliver_us);
+    }
+    report::errors_lines(&mut s, &r.errors, &r.disconnects);
+    report::verdict_lines(
+        &mut s,
+        &r.correctness,
+        r.passed,
+        &format!("{} unacked at end", r.unacked_at_end),
+    );
+    report::server_lines(&mut s, r.server.as_ref());
+    report::server_log_lines(&mut s, r.server_log.as_ref(), r.server_exited);
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mixes_parse_and_validate() {
+        let m = parse_mix(DEFAULT_MIX).unwrap().0;
+        assert_eq!(m.len(), 3);
+        assert_eq!(
+            (m[1].name.as_str(), m[1].min, m[1].max),
+            ("image", 10_000, 50_000)
+        );
+        assert_eq!(m[2].msg_type, MessageType::File);
+        assert!(parse_mix("text:1:5-10").is_err(), "below the timestamp");
+        assert!(parse_mix("text:1:100-50").is_err());
+        assert!(parse_mix("video:1:10-20").is_err());
+        assert!(parse_mix("text:1:10-20,text:1:10-20").is_err());
+        assert!(parse_mix("text:0:10-20").is_err());
+        assert!(parse_mix("text:x:10-20").is_err());
+        assert!(parse_mix("text:1").is_err());
+        assert_eq!(parse_mix("file:1:8-8").unwrap().0[0].max, 8);
+    }
+}

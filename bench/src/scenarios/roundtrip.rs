@@ -1,0 +1,685 @@
+//! `im-bench roundtrip`: the full round trip of a conversation turn, timed end to end
+//! (the seeds: "a one-way load test is self-deception: send, receive, ack").
+//!
+//! `--pairs P` pairs of users `a{i}`, `b{i}`. One exchange: `a` sends a message (t0);
+//! the server commits it and acks `a` (t1) and pushes it to `b` (t2); `b` acknowledges
+//! it with a DeliverAck (t3) and sends a reply; `a` receives the reply (t5) and
+//! DeliverAcks it, then starts the next exchange (after `--think`). One exchange is in
+//! flight per pair, so P is the concurrency. Timed: send->SendAck (t1-t0),
+//! send->deliver (t2-t0), send->DeliverAck written (t3-t0), the reply's send->deliver,
+//! and the round trip t5-t0: two durable commits, two pushes, two DeliverAcks.
+//!
+//! Both directions are checked for exactly-once, in-order delivery. After the run
+//! every user reconnects and sends a SyncRequest with no cursors, so the server syncs
+//! after its *stored* cursors: what comes back from the other party was delivered but
+//! its DeliverAck did not move the cursor (reported as cursor lag; DeliverAcks are
+//! advisory, so this is informational, not a failure). The user's own messages come
+//! back too (the cursor is per conversation and nothing acks one's own sends); they are
+//! not counted.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use im_proto::{Body, DeliverAck, MessageType, SyncRequest};
+use serde::Serialize;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use super::{figures_near_end, finish, run_tag, Clock, Disconnects, Report, RunArgs, ServerArgs};
+use crate::admin::ServerFigures;
+use crate::check::{check, Verdict};
+use crate::conn::{Conn, Event};
+use crate::outbox::{Outbox, SendSpec, Target as To};
+use crate::report::{self, p99_text, Rate};
+use crate::spawn::ServerLog;
+use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
+use crate::target::{Session, Target};
+use crate::util::parse_duration;
+use crate::{wire, Outcome};
+
+/// Histogram shards.
+const SHARDS: usize = 16;
+/// How often a task wakes to check timeouts and heartbeats.
+const TICK: Duration = Duration::from_millis(100);
+/// req_id of the cursor-check sync.
+const CHECK_REQ: u64 = 7;
+
+/// Flags of `im-bench roundtrip`.
+#[derive(Debug, Clone, Args)]
+pub struct RoundtripArgs {
+    /// Where the server is.
+    #[command(flatten)]
+    pub server: ServerArgs,
+    /// How long to run.
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// Pairs (2 connections each); one exchange in flight per pair.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub pairs: u32,
+    /// Pause between the end of one exchange and the next.
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    pub think: Duration,
+    /// Payload bytes of both messages.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(8..))]
+    pub payload: u32,
+    /// An exchange not completed in this long is abandoned (counted) and the next begins.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub timeout: Duration,
+    /// Skip the stored-cursor check after the run.
+    #[arg(long)]
+    pub no_cursor_check: bool,
+}
+
+/// Run-wide state shared by every task.
+struct Ctx {
+    clock: Clock,
+    tag: String,
+    run_id: u64,
+    payload: usize,
+    think: Duration,
+    timeout: Duration,
+    drain: Duration,
+    ack: LatencyRecorder,
+    deliver: LatencyRecorder,
+    deliver_ack: LatencyRecorder,
+    reply_deliver: LatencyRecorder,
+    round_trip: LatencyRecorder,
+    exchanges: AtomicU64,
+    exchanges_measured: AtomicU64,
+    abandoned: AtomicU64,
+    deliver_acks: AtomicU64,
+    errors: ErrorCounts,
+    disconnects: Disconnects,
+}
+
+impl Ctx {
+    fn a(&self, i: usize) -> String {
+        format!("t{}-a{i}", self.tag)
+    }
+    fn b(&self, i: usize) -> String {
+        format!("t{}-b{i}", self.tag)
+    }
+}
+
+/// The two sides' end-of-run handshake.
+#[derive(Default)]
+struct Pair {
+    a_max_acked: AtomicU64,
+    a_done: AtomicBool,
+    b_max_acked: AtomicU64,
+    b_done: AtomicBool,
+}
+
+/// What one side saw: seqs it was acked, seqs delivered to it, misrouted deliveries.
+#[derive(Debug, Default)]
+struct Side {
+    acked: Vec<u64>,
+    delivered: Vec<u64>,
+    wrong: u64,
+}
+
+/// The final report of a roundtrip run.
+#[derive(Debug, Clone, Serialize)]
+pub struct RoundtripReport {
+    /// Always `"roundtrip"`.
+    pub scenario: &'static str,
+    /// The client endpoint used.
+    pub url: String,
+    /// Pairs.
+    pub pairs: u32,
+    /// Think time, seconds.
+    pub think_secs: f64,
+    /// Payload bytes.
+    pub payload_bytes: u32,
+    /// Measured seconds.
+    pub duration_secs: f64,
+    /// Warmup seconds.
+    pub warmup_secs: f64,
+    /// Exchanges completed in the measured window.
+    pub exchanges: u64,
+    /// Exchanges per second.
+    pub exchanges_per_sec: f64,
+    /// Exchanges abandoned after `--timeout`.
+    pub abandoned: u64,
+    /// DeliverAcks sent.
+    pub deliver_acks: u64,
+    /// Send to SendAck (µs).
+    pub send_to_ack_us: Summary,
+    /// Send to the peer's receipt (µs).
+    pub send_to_deliver_us: Summary,
+    /// Send to the peer's DeliverAck being written (µs).
+    pub send_to_deliver_ack_us: Summary,
+    /// The reply's send to receipt (µs).
+    pub reply_send_to_deliver_us: Summary,
+    /// Send to the reply's receipt: the full round trip (µs).
+    pub round_trip_us: Summary,
+    /// Users whose stored cursor was checked after the run.
+    pub cursor_checked: u64,
+    /// Of those, users whose stored cursor lagged behind what they had acknowledged.
+    pub cursor_behind: u64,
+    /// Messages the stored-cursor sync returned again.
+    pub cursor_lag_messages: u64,
+    /// Errors by code.
+    pub errors: BTreeMap<String, u64>,
+    /// Connections that ended during the run, by reason.
+    pub disconnects: BTreeMap<String, u64>,
+    /// The delivery check (both directions of every pair).
+    pub correctness: Verdict,
+    /// Whether it passed.
+    pub passed: bool,
+    /// The server's figures near the end of the measured window.
+    pub server: Option<ServerFigures>,
+    /// With `--spawn`: what the server logged at WARN/ERROR level.
+    pub server_log: Option<ServerLog>,
+    /// With `--spawn`: whether the server exited during the run.
+    pub server_exited: bool,
+}
+
+impl Report for RoundtripReport {
+    fn passed(&self) -> bool {
+        self.passed
+    }
+    fn render(&self) -> String {
+        render(self)
+    }
+    fn set_server(&mut self, log: Option<ServerLog>, exited: bool) {
+        self.server_log = log;
+        self.server_exited = exited;
+    }
+}
+
+/// Runs the roundtrip scenario.
+pub async fn run(args: RoundtripArgs) -> anyhow::Result<Outcome> {
+    let mut target = Target::open(&args.server).await?;
+    let result = run_against(&args, &mut target).await;
+    finish(target, result, args.run.json).await
+}
+
+async fn run_against(args: &RoundtripArgs, target: &mut Target) -> anyhow::Result<RoundtripReport> {
+    let n = args.pairs as usize;
+    let run_id: u64 = rand::random();
+    let tag = run_tag(run_id);
+    let a_users: Vec<String> = (0..n).map(|i| format!("t{tag}-a{i}")).collect();
+    let b_users: Vec<String> = (0..n).map(|i| format!("t{tag}-b{i}")).collect();
+    eprintln!("im-bench roundtrip: connecting {n} pairs to {}", target.url);
+    let b_sessions = target.connect_all(&b_users, 0).await?;
+    let a_sessions = target.connect_all(&a_users, n).await?;
+    let clock = Clock::start(args.run.warmup, args.run.duration);
+    let ctx = Arc::new(Ctx {
+        clock,
+        tag,
+        run_id,
+        payload: args.payload as usize,
+        think: args.think,
+        timeout: args.timeout,
+        drain: args.run.drain,
+        ack: LatencyRecorder::new(SHARDS),
+        deliver: LatencyRecorder::new(SHARDS),
+        deliver_ack: LatencyRecorder::new(SHARDS),
+        reply_deliver: LatencyRecorder::new(SHARDS),
+        round_trip: LatencyRecorder::new(SHARDS),
+        exchanges: AtomicU64::new(0),
+        exchanges_measured: AtomicU64::new(0),
+        abandoned: AtomicU64::new(0),
+        deliver_acks: AtomicU64::new(0),
+        errors: ErrorCounts::default(),
+        disconnects: Disconnects::default(),
+    });
+    let pairs: Vec<Arc<Pair>> = (0..n).map(|_| Arc::new(Pair::default())).collect();
+    let mut tasks = JoinSet::new();
+    for (i, s) in b_sessions.into_iter().enumerate() {
+        tasks.spawn(side_b(ctx.clone(), pairs[i].clone(), i, s));
+    }
+    for (i, s) in a_sessions.into_iter().enumerate() {
+        tasks.spawn(side_a(ctx.clone(), pairs[i].clone(), i, s));
+    }
+    let progress = {
+        let ctx = ctx.clone();
+        let mut rate = Rate::default();
+        report::spawn_progress(clock, move |dt| {
+            format!(
+                "exchanges {:>7.0}/s  errors {:>5}  p99 round trip {}",
+                rate.per_sec(ctx.exchanges.load(Ordering::Relaxed), dt),
+                ctx.errors.total(),
+                p99_text(&ctx.round_trip.snapshot())
+            )
+        })
+    };
+    let figures = figures_near_end(target, &clock);
+
+    // sides[i] = (a, b).
+    let mut sides: Vec<(Side, Side)> = (0..n).map(|_| (Side::default(), Side::default())).collect();
+    while let Some(joined) = tasks.join_next().await {
+        let (i, is_a, side) = joined.context("roundtrip task panicked")?;
+        if is_a {
+            sides[i].0 = side;
+        } else {
+            sides[i].1 = side;
+        }
+    }
+    progress.abort();
+    let server = figures.await.ok().flatten();
+    let mut verdict = Verdict::default();
+    for (mut a, mut b) in sides {
+        verdict += check(&mut a.acked, &mut b.delivered, b.wrong);
+        verdict += check(&mut b.acked, &mut a.delivered, a.wrong);
+    }
+    let (checked, behind, lag) = if args.no_cursor_check {
+        (0, 0, 0)
+    } else {
+        cursor_check(target, &a_users, &b_users).await?
+    };
+
+    let secs = clock.measured_secs();
+    let exchanges = ctx.exchanges_measured.load(Ordering::Relaxed);
+    Ok(RoundtripReport {
+        scenario: "roundtrip",
+        url: target.url.clone(),
+        pairs: args.pairs,
+        think_secs: args.think.as_secs_f64(),
+        payload_bytes: args.payload,
+        duration_secs: secs,
+        warmup_secs: args.run.warmup.as_secs_f64(),
+        exchanges,
+        exchanges_per_sec: if secs > 0.0 {
+            exchanges as f64 / secs
+        } else {
+            0.0
+        },
+        abandoned: ctx.abandoned.load(Ordering::Relaxed),
+        deliver_acks: ctx.deliver_acks.load(Ordering::Relaxed),
+        send_to_ack_us: Summary::of(&ctx.ack.snapshot()),
+        send_to_deliver_us: Summary::of(&ctx.deliver.snapshot()),
+        send_to_deliver_ack_us: Summary::of(&ctx.deliver_ack.snapshot()),
+        reply_send_to_deliver_us: Summary::of(&ctx.reply_deliver.snapshot()),
+        round_trip_us: Summary::of(&ctx.round_trip.snapshot()),
+        cursor_checked: checked,
+        cursor_behind: behind,
+        cursor_lag_messages: lag,
+        errors: ctx.errors.by_name(),
+        disconnects: ctx.disconnects.snapshot(),
+        passed: verdict.passed(),
+        correctness: verdict,
+        server,
+        server_log: None,
+        server_exited: false,
+    })
+}
+
+/// Reconnects every user and syncs after the server's stored cursors: returns (users
+/// checked, users with messages returned, messages returned).
+async fn cursor_check(
+    target: &Target,
+    a: &[String],
+    b: &[String],
+) -> anyhow::Result<(u64, u64, u64)> {
+    let users: Vec<String> = a.iter().chain(b).cloned().collect();
+    let sessions = target.connect_all(&users, 2 * a.len()).await?;
+    let mut set = JoinSet::new();
+    for (s, me) in sessions.into_iter().zip(users) {
+        set.spawn(async move {
+            let mut conn = s.conn;
+            let req = im_proto::frame(
+                CHECK_REQ,
+                Body::Sync(SyncRequest {
+                    cursors: Vec::new(),
+                    limit: 1000,
+                }),
+            );
+            conn.send(&req)
+                .await
+                .context("sending the cursor-check sync")?;
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let returned = loop {
+                let ev = tokio::time::timeout_at(deadline, conn.recv())
+                    .await
+                    .context("no SyncResponse to the cursor check")??;
+                match ev {
+                    Event::Frame(f) => match f.body {
+                        // The user's own messages are not delivered to it, so no
+                        // DeliverAck covers them: only the others' count.
+                        Some(Body::SyncResp(r)) if f.req_id == CHECK_REQ => {
+                            break r.messages.iter().filter(|m| m.sender != me).count() as u64
+                        }
+                        _ => {}
+                    },
+                    Event::WsPong(_) => {}
+                    Event::Closed { code, reason } => {
+                        anyhow::bail!("closed during the cursor check: {code:?} {reason}")
+                    }
+                }
+            };
+            let _ = conn.close().await;
+            anyhow::Ok(returned)
+        });
+    }
+    let (mut checked, mut behind, mut lag) = (0, 0, 0);
+    while let Some(joined) = set.join_next().await {
+        let returned = joined.context("cursor check panicked")??;
+        checked += 1;
+        behind += u64::from(returned > 0);
+        lag += returned;
+    }
+    Ok((checked, behind, lag))
+}
+
+/// Writes a DeliverAck for `seq` in `conversation`.
+async fn deliver_ack(
+    conn: &mut Conn,
+    conversation: &str,
+    seq: u64,
+) -> Result<(), im_client::ClientError> {
+    conn.send(&im_proto::frame(
+        0,
+        Body::DeliverAck(DeliverAck {
+            conversation_id: conversation.to_string(),
+            seq,
+        }),
+    ))
+    .await
+}
+
+/// Side `a{i}`: runs exchanges until the end, then waits for `b` to finish and for
+/// every reply `b` was acked.
+async fn side_a(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) -> (usize, bool, Side) {
+    let Session {
+        mut conn,
+        heartbeat,
+    } = session;
+    let clock = ctx.clock;
+    let conv = im_proto::direct_conversation(&ctx.a(i), &ctx.b(i));
+    let spec = SendSpec {
+        target: To::User(ctx.b(i).into()),
+        msg_type: MessageType::Text,
+        payload_len: ctx.payload,
+        tag: 0,
+    };
+    let mut outbox = Outbox::new(ctx.run_id, ctx.timeout);
+    let mut side = Side::default();
+    let mut max_acked = 0;
+    // The exchange in flight: (t0, acked, replied).
+    let mut current: Option<(Instant, bool, bool)> = None;
+    let mut next_start = Instant::now();
+    let mut last_tx = Instant::now();
+    let mut last_reply = 0u64;
+    let drain_deadline = clock.end + ctx.drain;
+    let hard_deadline = clock.end + ctx.drain * 2;
+    let mut tick = tokio::time::interval(TICK);
+
+    loop {
+        let now = Instant::now();
+        if let Some((t0, _, _)) = current {
+            if now - t0 >= ctx.timeout {
+                ctx.abandoned.fetch_add(1, Ordering::Relaxed);
+                current = None;
+                next_start = now;
+            }
+        }
+        if current.is_none() && now < clock.end && now >= next_start {
+            let frame = outbox.start(spec.clone(), now, clock.us(now));
+            if conn.send_bytes(frame).await.is_err() {
+                ctx.errors.local(LocalError::Transport);
+                break;
+            }
+            current = Some((now, false, false));
+            last_tx = now;
+        }
+        let a_finished = now >= clock.end && (current.is_none() || now >= drain_deadline);
+        if a_finished && !pair.a_done.load(Ordering::Acquire) {
+            pair.a_max_acked.store(max_acked, Ordering::Release);
+            pair.a_done.store(true, Ordering::Release);
+        }
+        if a_finished
+            && ((pair.b_done.load(Ordering::Acquire)
+                && last_reply >= pair.b_max_acked.load(Ordering::Acquire))
+                || now >= hard_deadline)
+        {
+            break;
+        }
+        tokio::select! {
+            biased;
+            ev = conn.recv() => {
+                let f = match ev {
+                    Ok(Event::Frame(f)) => f,
+                    Ok(Event::WsPong(_)) => continue,
+                    other => {
+                        ctx.disconnects.record(&ctx.errors, other);
+                        break;
+                    }
+                };
+                let now = Instant::now();
+                match f.body {
+                    Some(Body::SendAck(ack)) => {
+                        if let Some(p) = outbox.take(f.req_id) {
+                            if clock.measured(p.first_sent) {
+                                ctx.ack.record(i, (now - p.first_sent).as_micros() as u64);
+                            }
+                        }
+                        if !ack.duplicate {
+                            side.acked.push(ack.seq);
+                        }
+                        max_acked = max_acked.max(ack.seq);
+                        if let Some(c) = current.as_mut() {
+                            c.1 = true;
+                        }
+                    }
+                    Some(Body::Deliver(d)) => {
+                        let now_us = clock.us(now);
+                        for m in &d.messages {
+                            if m.conversation_id != conv {
+                                side.wrong += 1;
+                                continue;
+                            }
+                            side.delivered.push(m.seq);
+                            last_reply = last_reply.max(m.seq);
+                            if let Some(sent_us) = wire::payload_timestamp(&m.payload) {
+                                if clock.measured_us(sent_us) {
+                                    ctx.reply_deliver.record(i, now_us.saturating_sub(sent_us));
+                                }
+                            }
+                            if deliver_ack(&mut conn, &conv, m.seq).await.is_err() {
+                                ctx.errors.local(LocalError::Transport);
+                            }
+                            ctx.deliver_acks.fetch_add(1, Ordering::Relaxed);
+                            last_tx = now;
+                            if let Some(c) = current.as_mut() {
+                                c.2 = true;
+                            }
+                        }
+                    }
+                    Some(Body::Error(e)) => {
+                        ctx.errors.server(e.code);
+                        outbox.refused(f.req_id, &e, now);
+                    }
+                    Some(Body::Pong(_)) => {}
+                    _ => ctx.errors.local(LocalError::Unexpected),
+                }
+                if let Some((t0, true, true)) = current {
+                    current = None;
+                    ctx.exchanges.fetch_add(1, Ordering::Relaxed);
+                    if clock.measured(t0) {
+                        ctx.exchanges_measured.fetch_add(1, Ordering::Relaxed);
+                        ctx.round_trip.record(i, (now - t0).as_micros() as u64);
+                    }
+                    next_start = now + ctx.think;
+                }
+            }
+            () = tokio::time::sleep_until(next_start), if current.is_none() && next_start > now && now < clock.end => {}
+            _ = tick.tick() => {
+                let now = Instant::now();
+                for frame in outbox.due_retries(now) {
+                    let _ = conn.send_bytes(frame).await;
+                }
+                outbox.expired(now);
+                if now.saturating_duration_since(last_tx) >= heartbeat / 2 {
+                    if super::chat::ping(&mut conn).await.is_err() {
+                        ctx.errors.local(LocalError::Transport);
+                        break;
+                    }
+                    last_tx = now;
+                }
+            }
+        }
+    }
+    if !pair.a_done.load(Ordering::Acquire) {
+        pair.a_max_acked.store(max_acked, Ordering::Release);
+        pair.a_done.store(true, Ordering::Release);
+    }
+    let _ = conn.close().await;
+    (i, true, side)
+}
+
+/// Side `b{i}`: DeliverAcks each message from `a` and replies to it; ends once `a` is
+/// done, it has what `a` was acked and its own replies are acked.
+async fn side_b(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) -> (usize, bool, Side) {
+    let Session {
+        mut conn,
+        heartbeat,
+    } = session;
+    let clock = ctx.clock;
+    let conv = im_proto::direct_conversation(&ctx.a(i), &ctx.b(i));
+    let spec = SendSpec {
+        target: To::User(ctx.a(i).into()),
+        msg_type: MessageType::Text,
+        payload_len: ctx.payload,
+        tag: 0,
+    };
+    let mut outbox = Outbox::new(ctx.run_id, ctx.timeout);
+    let mut side = Side::default();
+    let mut max_acked = 0;
+    let mut last = 0u64;
+    let mut last_tx = Instant::now();
+    let hard_deadline = clock.end + ctx.drain * 2;
+    let mut tick = tokio::time::interval(TICK);
+
+    loop {
+        let now = Instant::now();
+        let a_done = pair.a_done.load(Ordering::Acquire);
+        if (a_done && last >= pair.a_max_acked.load(Ordering::Acquire) && outbox.is_empty())
+            || now >= hard_deadline
+        {
+            break;
+        }
+        tokio::select! {
+            biased;
+            ev = conn.recv() => {
+                let f = match ev {
+                    Ok(Event::Frame(f)) => f,
+                    Ok(Event::WsPong(_)) => continue,
+                    other => {
+                        ctx.disconnects.record(&ctx.errors, other);
+                        break;
+                    }
+                };
+                let now = Instant::now();
+                match f.body {
+                    Some(Body::Deliver(d)) => {
+                        let now_us = clock.us(now);
+                        for m in &d.messages {
+                            if m.conversation_id != conv {
+                                side.wrong += 1;
+                                continue;
+                            }
+                            side.delivered.push(m.seq);
+                            last = last.max(m.seq);
+                            let sent_us = wire::payload_timestamp(&m.payload);
+                            if let Some(sent_us) = sent_us.filter(|&t| clock.measured_us(t)) {
+                                ctx.deliver.record(i, now_us.saturating_sub(sent_us));
+                            }
+                            if deliver_ack(&mut conn, &conv, m.seq).await.is_err() {
+                                ctx.errors.local(LocalError::Transport);
+                                continue;
+                            }
+                            ctx.deliver_acks.fetch_add(1, Ordering::Relaxed);
+                            let t3 = Instant::now();
+                            if let Some(sent_us) = sent_us.filter(|&t| clock.measured_us(t)) {
+                                ctx.deliver_ack.record(i, clock.us(t3).saturating_sub(sent_us));
+                            }
+                            let frame = outbox.start(spec.clone(), t3, clock.us(t3));
+                            if conn.send_bytes(frame).await.is_err() {
+                                ctx.errors.local(LocalError::Transport);
+                            }
+                            last_tx = t3;
+                        }
+                    }
+                    Some(Body::SendAck(ack)) => {
+                        outbox.take(f.req_id);
+                        if !ack.duplicate {
+                            side.acked.push(ack.seq);
+                        }
+                        max_acked = max_acked.max(ack.seq);
+                    }
+                    Some(Body::Error(e)) => {
+                        ctx.errors.server(e.code);
+                        outbox.refused(f.req_id, &e, now);
+                    }
+                    Some(Body::Pong(_)) => {}
+                    _ => ctx.errors.local(LocalError::Unexpected),
+                }
+            }
+            _ = tick.tick() => {
+                let now = Instant::now();
+                for frame in outbox.due_retries(now) {
+                    let _ = conn.send_bytes(frame).await;
+                }
+                for _ in outbox.expired(now) {
+                    ctx.errors.local(LocalError::AckTimeout);
+                }
+                if now.saturating_duration_since(last_tx) >= heartbeat / 2 {
+                    if super::chat::ping(&mut conn).await.is_err() {
+                        ctx.errors.local(LocalError::Transport);
+                        break;
+                    }
+                    last_tx = now;
+                }
+            }
+        }
+    }
+    pair.b_max_acked.store(max_acked, Ordering::Release);
+    pair.b_done.store(true, Ordering::Release);
+    let _ = conn.close().await;
+    (i, false, side)
+}
+
+/// The text form of a report.
+pub fn render(r: &RoundtripReport) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "im-bench roundtrip: {} pairs, one exchange in flight each, think {:.3}s, payload {} B, {:.1}s measured after {:.1}s warmup, {}",
+        r.pairs, r.think_secs, r.payload_bytes, r.duration_secs, r.warmup_secs, r.url
+    );
+    report::line(
+        &mut s,
+        "throughput",
+        format!(
+            "{:.0} exchanges/s ({} in the measured window, {} abandoned; {} DeliverAcks)",
+            r.exchanges_per_sec, r.exchanges, r.abandoned, r.deliver_acks
+        ),
+    );
+    report::summary_line(&mut s, "send->ack", &r.send_to_ack_us);
+    report::summary_line(&mut s, "send->deliver", &r.send_to_deliver_us);
+    report::summary_line(&mut s, "send->dlvr-ack", &r.send_to_deliver_ack_us);
+    report::summary_line(&mut s, "reply->deliver", &r.reply_send_to_deliver_us);
+    report::summary_line(&mut s, "round trip", &r.round_trip_us);
+    if r.cursor_checked > 0 {
+        report::line(
+            &mut s,
+            "stored cursors",
+            format!(
+                "{} users re-synced after their stored cursors: {} behind, {} messages returned again",
+                r.cursor_checked, r.cursor_behind, r.cursor_lag_messages
+            ),
+        );
+    }
+    report::errors_lines(&mut s, &r.errors, &r.disconnects);
+    report::verdict_lines(&mut s, &r.correctness, r.passed, "");
+    report::server_lines(&mut s, r.server.as_ref());
+    report::server_log_lines(&mut s, r.server_log.as_ref(), r.server_exited);
+    s
+}

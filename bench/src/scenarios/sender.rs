@@ -1,0 +1,199 @@
+//! The sending loop shared by the scenarios whose connections send on a schedule
+//! (`chat`, `broadcast`, `chaos`): keep up to a window of sends in flight, at a rate if
+//! a [`Pacer`] is given, retry what the server asks to retry, time out what it never
+//! answers, heartbeat when nothing else was written, stop sending at the end of the
+//! measured window and drain the acks. What each frame means to the scenario (latency,
+//! the checker's seqs, counters) is left to its [`Hooks`].
+//!
+//! The loop also returns early when its connection ends or, for disconnect injection,
+//! when the `kill` notification fires; the caller reconnects and calls it again with the
+//! same [`Outbox`] (after [`Outbox::resend_all`]).
+
+use std::time::Duration;
+
+use im_client::ClientError;
+use im_proto::{Body, Frame, SendAck};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::Clock;
+use crate::conn::{Conn, Event};
+use crate::outbox::{Outbox, Pacer, Pending, Refused, SendSpec};
+
+/// How often the loop checks ack timeouts and heartbeats.
+const HOUSEKEEPING: Duration = Duration::from_millis(250);
+
+/// What the scenario does with the loop's events. All calls are synchronous.
+pub trait Hooks {
+    /// The next message to send, or `None` to send nothing now.
+    fn next(&mut self) -> Option<SendSpec>;
+    /// A frame was written (`retry`: a resend after OVERLOADED / RATE_LIMITED).
+    fn written(&mut self, retry: bool);
+    /// After a new send is written: another frame to write right after it (the chaos
+    /// scenario's malformed frames). None by default.
+    fn after_send(&mut self) -> Option<Vec<u8>> {
+        None
+    }
+    /// A SendAck arrived; `pending` is its send (`None`: it had been given up on).
+    fn acked(&mut self, ack: &SendAck, pending: Option<Pending>, now: Instant);
+    /// An Error arrived, and what it did to its send.
+    fn refused(&mut self, e: &im_proto::Error, outcome: Refused);
+    /// A send got neither an ack nor an error within the ack timeout.
+    fn timed_out(&mut self, p: Pending);
+    /// Any other frame (Pong, Deliver, BAD_FRAME for injected frames, ...). Returns
+    /// frames to write in reply, if any.
+    fn other(&mut self, f: Frame, now: Instant) -> Vec<Vec<u8>>;
+    /// Writing failed (the connection is gone).
+    fn write_failed(&mut self, e: &ClientError);
+    /// The connection ended (`ev` is the close event or the receive error).
+    fn ended(&mut self, ev: Result<Event, ClientError>);
+}
+
+/// How the loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// The run is over and the outbox drained (or the drain ran out).
+    Finished,
+    /// The connection ended or a write failed.
+    Disconnected,
+    /// The kill notification fired.
+    Killed,
+}
+
+/// The loop's settings.
+pub struct Loop<'a> {
+    /// The run's timeline: sending stops at `clock.end`, draining at `end + drain`.
+    pub clock: Clock,
+    /// Most un-acked sends.
+    pub window: usize,
+    /// The send rate (`None`: as fast as the window allows).
+    pub pacer: Option<&'a mut Pacer>,
+    /// How long to wait for acks after the end.
+    pub drain: Duration,
+    /// Protocol Ping after this long without writing.
+    pub heartbeat: Duration,
+    /// Disconnect injection: return [`Ended::Killed`] when notified.
+    pub kill: Option<&'a Notify>,
+}
+
+/// Runs the sending loop on `conn` until the run is over, the connection ends, or a
+/// kill.
+pub async fn run(
+    conn: &mut Conn,
+    outbox: &mut Outbox,
+    mut cfg: Loop<'_>,
+    hooks: &mut impl Hooks,
+) -> Ended {
+    let clock = cfg.clock;
+    let drain_deadline = clock.end + cfg.drain;
+    let mut last_tx = Instant::now();
+    let mut next_housekeeping = last_tx + HOUSEKEEPING;
+    let sleep = tokio::time::sleep_until(next_housekeeping);
+    tokio::pin!(sleep);
+    let mut wake = Some(next_housekeeping);
+    let never = Notify::new();
+    let kill = cfg.kill.unwrap_or(&never);
+
+    loop {
+        let now = Instant::now();
+        let sending = now < clock.end;
+        if !sending && (outbox.is_empty() || now >= drain_deadline) {
+            return Ended::Finished;
+        }
+        for frame in outbox.due_retries(now) {
+            if let Err(e) = conn.send_bytes(frame).await {
+                hooks.write_failed(&e);
+                return Ended::Disconnected;
+            }
+            hooks.written(true);
+            last_tx = now;
+        }
+        while sending
+            && outbox.len() < cfg.window
+            && cfg.pacer.as_mut().is_none_or(|p| p.take(Instant::now()))
+        {
+            let Some(spec) = hooks.next() else { break };
+            let t = Instant::now();
+            let frame = outbox.start(spec, t, clock.us(t));
+            if let Err(e) = conn.send_bytes(frame).await {
+                hooks.write_failed(&e);
+                return Ended::Disconnected;
+            }
+            hooks.written(false);
+            last_tx = t;
+            if let Some(extra) = hooks.after_send() {
+                if let Err(e) = conn.send_bytes(extra).await {
+                    hooks.write_failed(&e);
+                    return Ended::Disconnected;
+                }
+            }
+        }
+
+        let mut want = next_housekeeping.min(if sending { clock.end } else { drain_deadline });
+        if let Some(at) = outbox.next_retry() {
+            want = want.min(at);
+        }
+        if let Some(p) = &cfg.pacer {
+            if sending && outbox.len() < cfg.window {
+                want = want.min(p.next_at());
+            }
+        }
+        if wake != Some(want) {
+            sleep.as_mut().reset(want);
+            wake = Some(want);
+        }
+
+        tokio::select! {
+            biased;
+            () = kill.notified() => return Ended::Killed,
+            ev = conn.recv() => {
+                let f = match ev {
+                    Ok(Event::Frame(f)) => f,
+                    Ok(Event::WsPong(_)) => continue,
+                    other => {
+                        hooks.ended(other);
+                        return Ended::Disconnected;
+                    }
+                };
+                let now = Instant::now();
+                match f.body {
+                    Some(Body::SendAck(ack)) => {
+                        let p = outbox.take(f.req_id);
+                        hooks.acked(&ack, p, now);
+                    }
+                    Some(Body::Error(e)) if f.req_id != 0 && outbox.pending().iter().any(|p| p.n == f.req_id) => {
+                        let outcome = outbox.refused(f.req_id, &e, now);
+                        hooks.refused(&e, outcome);
+                    }
+                    body => {
+                        for frame in hooks.other(Frame { req_id: f.req_id, body }, now) {
+                            if let Err(e) = conn.send_bytes(frame).await {
+                                hooks.write_failed(&e);
+                                return Ended::Disconnected;
+                            }
+                            last_tx = now;
+                        }
+                    }
+                }
+            }
+            () = &mut sleep => {
+                // The sleep is spent: force a reset on the next turn.
+                wake = None;
+                let now = Instant::now();
+                if now >= next_housekeeping {
+                    next_housekeeping = now + HOUSEKEEPING;
+                    for p in outbox.expired(now) {
+                        hooks.timed_out(p);
+                    }
+                    if now.saturating_duration_since(last_tx) >= cfg.heartbeat / 2 {
+                        if let Err(e) = super::chat::ping(conn).await {
+                            hooks.write_failed(&e);
+                            return Ended::Disconnected;
+                        }
+                        last_tx = now;
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,267 @@
+//! App: the event loop. Pollers run as background tasks (one overview loop and one
+//! view loop per node), commands (kick, filters, profile) as one-off tasks; all of them
+//! report through one channel, so the loop only ever waits on keys, results and a
+//! redraw tick and the UI never blocks on a slow node.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crossterm::event::{Event, EventStream, KeyEventKind};
+use futures_util::StreamExt;
+use ratatui::DefaultTerminal;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tokio::time::MissedTickBehavior;
+
+use crate::api::{AdminClient, ApiError};
+use crate::config::Settings;
+use crate::state::{AppState, Command, Plan, Update, CONNECTIONS_LIMIT, TOP_QUEUED_LIMIT};
+use crate::{input, save, view};
+
+/// How often the screen is redrawn when nothing else happens (progress, ages).
+const REDRAW: Duration = Duration::from_millis(250);
+
+/// Why the console stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// A node URL is unusable.
+    #[error(transparent)]
+    Api(#[from] ApiError),
+    /// The terminal failed.
+    #[error("terminal: {0}")]
+    Terminal(#[from] std::io::Error),
+}
+
+/// A result on its way from a task to the loop.
+type Msg = (usize, Update);
+
+/// Runs the console until `q`: draws into `terminal`, polls the nodes in `settings`.
+pub async fn run(terminal: &mut DefaultTerminal, settings: Settings) -> Result<(), AppError> {
+    let clients: Vec<Arc<AdminClient>> = settings
+        .urls
+        .iter()
+        .map(|u| AdminClient::new(u, settings.token.clone(), settings.timeout).map(Arc::new))
+        .collect::<Result<_, _>>()?;
+    let mut state = AppState::new(
+        clients.iter().map(|c| c.base_url().to_owned()),
+        Instant::now(),
+    );
+    state.profile_settings.dir = settings.profile_dir.clone();
+    if settings.token.is_none() {
+        state.error("no admin token: pass --token, --token-file or set IM_ADMIN_TOKEN");
+    }
+
+    let (tx, mut rx) = mpsc::channel::<Msg>(1024);
+    let mut tasks = JoinSet::new();
+    let mut plans = Vec::new();
+    for (i, c) in clients.iter().enumerate() {
+        let (ptx, prx) = watch::channel(state.plan(i));
+        plans.push(ptx);
+        tasks.spawn(overview_loop(
+            i,
+            c.clone(),
+            tx.clone(),
+            prx.clone(),
+            settings.interval,
+        ));
+        tasks.spawn(view_loop(i, c.clone(), tx.clone(), prx, settings.interval));
+    }
+
+    let mut events = EventStream::new();
+    let mut redraw = tokio::time::interval(REDRAW);
+    redraw.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    loop {
+        terminal.draw(|f| view::render(f, &state))?;
+        tokio::select! {
+            ev = events.next() => match ev {
+                Some(Ok(Event::Key(key))) if key.kind != KeyEventKind::Release => {
+                    state.tick(Instant::now());
+                    if let Some(action) = input::map_key(key, &state.mode) {
+                        for cmd in state.apply(action) {
+                            run_command(cmd, &clients, &state, &tx, &mut tasks);
+                        }
+                    }
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => state.error(format!("terminal input: {e}")),
+                None => break,
+            },
+            Some((node, update)) = rx.recv() => state.on_update(node, update, Instant::now()),
+            _ = redraw.tick() => state.tick(Instant::now()),
+        }
+        if state.quit {
+            break;
+        }
+        for (i, p) in plans.iter().enumerate() {
+            let want = state.plan(i);
+            p.send_if_modified(|cur| {
+                if *cur == want {
+                    false
+                } else {
+                    *cur = want;
+                    true
+                }
+            });
+        }
+        // Reap finished one-off tasks so the set does not grow.
+        while tasks.try_join_next().is_some() {}
+    }
+    tasks.abort_all();
+    Ok(())
+}
+
+/// Polls the overview every interval (and at once when the plan changes, e.g. `r`).
+async fn overview_loop(
+    node: usize,
+    client: Arc<AdminClient>,
+    tx: mpsc::Sender<Msg>,
+    mut plan: watch::Receiver<Plan>,
+    every: Duration,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            changed = plan.changed() => if changed.is_err() { return },
+        }
+        let r = client.overview().await.map(Box::new);
+        if tx.send((node, Update::Overview(r))).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Polls what the shown view needs for this node (nothing when another node is shown).
+async fn view_loop(
+    node: usize,
+    client: Arc<AdminClient>,
+    tx: mpsc::Sender<Msg>,
+    mut plan: watch::Receiver<Plan>,
+    every: Duration,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            changed = plan.changed() => if changed.is_err() { return },
+        }
+        let p = plan.borrow_and_update().clone();
+        let mut updates = Vec::new();
+        if let Some(sort) = &p.connections {
+            updates.push(Update::Connections(
+                client.connections(sort, CONNECTIONS_LIMIT).await,
+            ));
+        }
+        if p.slow {
+            updates.push(Update::Slow(client.slow_consumers().await));
+        }
+        if p.memory {
+            let (m, q) = tokio::join!(
+                client.memory(),
+                client.connections("queued", TOP_QUEUED_LIMIT)
+            );
+            updates.push(Update::Memory(m));
+            updates.push(Update::TopQueued(q));
+        }
+        if p.logs {
+            let (f, l) = tokio::join!(client.log_filters(), client.logs());
+            updates.push(Update::LogFilters(f));
+            updates.push(Update::Logs(l));
+        }
+        for u in updates {
+            if tx.send((node, u)).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Starts the task for one command; its result comes back on `tx`.
+fn run_command(
+    cmd: Command,
+    clients: &[Arc<AdminClient>],
+    state: &AppState,
+    tx: &mpsc::Sender<Msg>,
+    tasks: &mut JoinSet<()>,
+) {
+    let node = match &cmd {
+        Command::Kick { node, .. }
+        | Command::SetLogFilter { node, .. }
+        | Command::DeleteLogFilter { node, .. }
+        | Command::SetGlobalLevel { node, .. }
+        | Command::Profile { node, .. } => *node,
+        // The plan's generation changed; the pollers wake on their own.
+        Command::Refresh => return,
+    };
+    let Some(client) = clients.get(node).cloned() else {
+        return;
+    };
+    let node_name = state
+        .nodes
+        .get(node)
+        .map_or_else(|| "node".to_owned(), |n| n.name().to_owned());
+    let tx = tx.clone();
+    tasks.spawn(async move {
+        let update = match cmd {
+            Command::Kick { conn_id, .. } => Update::Kicked {
+                conn_id,
+                result: client.kick(conn_id).await,
+            },
+            Command::SetLogFilter {
+                uid,
+                level,
+                ttl_secs,
+                ..
+            } => {
+                let result = client
+                    .set_log_filter(&uid, &level, ttl_secs)
+                    .await
+                    .map(drop);
+                Update::FilterSet {
+                    uid,
+                    level,
+                    ttl_secs,
+                    result,
+                }
+            }
+            Command::DeleteLogFilter { uid, .. } => {
+                let result = client.delete_log_filter(&uid).await.map(drop);
+                Update::FilterDeleted { uid, result }
+            }
+            Command::SetGlobalLevel { level, .. } => Update::GlobalLevelSet(
+                client
+                    .set_global_level(&level)
+                    .await
+                    .map(|g| g.global_level),
+            ),
+            Command::Profile {
+                seconds,
+                frequency,
+                dir,
+                ..
+            } => match client.profile(seconds, frequency).await {
+                Ok(bundle) => {
+                    let unix = SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs());
+                    let saved = tokio::task::spawn_blocking(move || {
+                        save::save_result(&dir, &node_name, bundle, unix)
+                    })
+                    .await;
+                    match saved {
+                        Ok(r) => Update::Profile(Ok(r)),
+                        Err(e) => Update::Profile(Err(ApiError::Decode {
+                            path: "profile".into(),
+                            reason: format!("saving failed: {e}"),
+                        })),
+                    }
+                }
+                Err(e) => Update::Profile(Err(e)),
+            },
+            Command::Refresh => return,
+        };
+        let _ = tx.send((node, update)).await;
+    });
+}

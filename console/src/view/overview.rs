@@ -1,0 +1,381 @@
+//! Overview view: the node's figures, sparklines of the last minutes (kept client-side),
+//! capacity headroom gauges per resource and the p50/p99 of every stage.
+
+use std::collections::VecDeque;
+
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::Style;
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{LineGauge, Paragraph, Row, Sparkline, Table};
+use ratatui::Frame;
+
+use super::{block, header_style, headroom_color, ACCENT, BAD, DIM, WARN};
+use crate::api::Overview;
+use crate::fmt;
+use crate::state::{AppState, NodeState, HISTORY_LEN};
+
+/// Draws the overview of `node`.
+pub fn render(frame: &mut Frame, area: Rect, _state: &AppState, node: &NodeState) {
+    let Some(o) = node.overview.data.as_ref() else {
+        return;
+    };
+    // The stage table gets the rows it needs (but leaves the top panels 8); extra
+    // height goes to the sparklines.
+    let stage_rows = (o.stages.len() as u16 + 3)
+        .min(area.height.saturating_sub(6 + 8))
+        .max(3);
+    let [top, capacity, stages] = Layout::vertical([
+        Constraint::Min(0),
+        Constraint::Length(6),
+        Constraint::Length(stage_rows),
+    ])
+    .areas(area);
+    let [info, sparks] =
+        Layout::horizontal([Constraint::Length(48), Constraint::Min(20)]).areas(top);
+    render_info(frame, info, o);
+    render_sparks(frame, sparks, node);
+    render_capacity(frame, capacity, o);
+    render_stages(frame, stages, o);
+}
+
+fn kv(label: &str, value: String, note: String) -> Line<'static> {
+    Line::from(vec![
+        Span::styled(format!(" {label:<14}"), Style::new().fg(DIM)),
+        Span::styled(value, Style::new().bold()),
+        Span::styled(note, Style::new().fg(DIM)),
+    ])
+}
+
+fn render_info(frame: &mut Frame, area: Rect, o: &Overview) {
+    let backlog_style =
+        if o.persist_queue_capacity > 0 && o.persist_backlog * 2 > o.persist_queue_capacity {
+            Style::new().fg(BAD).bold()
+        } else {
+            Style::new().bold()
+        };
+    let slow_style = if o.slow_consumers > 0 {
+        Style::new().fg(WARN).bold()
+    } else {
+        Style::new().bold()
+    };
+    let lines = vec![
+        kv(
+            "node",
+            o.node_id.clone(),
+            format!("  v{} {}", o.version, o.store),
+        ),
+        kv(
+            "uptime",
+            fmt::secs(o.uptime_secs),
+            format!("  probes {}", if o.probes { "on" } else { "off" }),
+        ),
+        kv(
+            "connections",
+            o.connections.to_string(),
+            format!("  users online {}", o.users_online),
+        ),
+        kv(
+            "msgs in",
+            format!("{}/s", fmt::count(o.msg_rate_in)),
+            format!("  total {}", o.messages_in_total),
+        ),
+        kv(
+            "msgs out",
+            format!("{}/s", fmt::count(o.msg_rate_out)),
+            format!("  total {}", o.messages_out_total),
+        ),
+        Line::from(vec![
+            Span::styled(format!(" {:<14}", "persist queue"), Style::new().fg(DIM)),
+            Span::styled(o.persist_backlog.to_string(), backlog_style),
+            Span::styled(
+                format!("  of {} waiting", o.persist_queue_capacity),
+                Style::new().fg(DIM),
+            ),
+        ]),
+        Line::from(vec![
+            Span::styled(format!(" {:<14}", "slow"), Style::new().fg(DIM)),
+            Span::styled(o.slow_consumers.to_string(), slow_style),
+            Span::styled(
+                format!("  closed since start {}", o.slow_consumer_disconnects),
+                Style::new().fg(DIM),
+            ),
+        ]),
+        kv(
+            "queued out",
+            fmt::bytes(o.outbound_queued_bytes),
+            String::new(),
+        ),
+        kv(
+            "cpu busy",
+            fmt::percent(o.cpu_busy),
+            format!("  of {} cores", o.process.cores),
+        ),
+        kv(
+            "rss",
+            fmt::bytes(o.process.rss_bytes),
+            format!("  of {}", fmt::bytes(o.process.memory_limit_bytes)),
+        ),
+        kv(
+            "fds",
+            format!("{}", o.process.open_fds),
+            format!("  of {}", o.process.max_fds),
+        ),
+    ];
+    frame.render_widget(Paragraph::new(lines).block(block("node")), area);
+}
+
+/// The last `width` samples of a series.
+fn tail(series: &VecDeque<u64>, width: u16) -> Vec<u64> {
+    let skip = series.len().saturating_sub(width as usize);
+    series.iter().skip(skip).copied().collect()
+}
+
+/// One sparkline: title, samples, value formatter, colour.
+type Series<'a> = (
+    &'a str,
+    &'a VecDeque<u64>,
+    fn(u64) -> String,
+    ratatui::style::Color,
+);
+
+fn render_sparks(frame: &mut Frame, area: Rect, node: &NodeState) {
+    let h = &node.history;
+    let minutes = (h.connections.len() as f64 / 60.0).ceil().max(1.0) as u64;
+    let outer = block(format!(
+        "last {minutes} min (1 sample/s, up to {} min kept)",
+        HISTORY_LEN / 60
+    ));
+    let inner = outer.inner(area);
+    frame.render_widget(outer, area);
+    let rows = Layout::vertical([Constraint::Ratio(1, 2), Constraint::Ratio(1, 2)]).split(inner);
+    let cols = |r: Rect| {
+        Layout::horizontal([
+            Constraint::Ratio(1, 3),
+            Constraint::Ratio(1, 3),
+            Constraint::Ratio(1, 3),
+        ])
+        .split(r)
+    };
+    let top = cols(rows[0]);
+    let bottom = cols(rows[1]);
+    let series: [Series; 6] = [
+        ("connections", &h.connections, |v| v.to_string(), ACCENT),
+        (
+            "msgs in/s",
+            &h.msg_in,
+            |v| fmt::count(v as f64),
+            ratatui::style::Color::Green,
+        ),
+        (
+            "msgs out/s",
+            &h.msg_out,
+            |v| fmt::count(v as f64),
+            ratatui::style::Color::Blue,
+        ),
+        (
+            "persist queue",
+            &h.backlog,
+            |v| v.to_string(),
+            ratatui::style::Color::Magenta,
+        ),
+        ("slow consumers", &h.slow, |v| v.to_string(), WARN),
+        ("rss", &h.rss, fmt::bytes, ratatui::style::Color::Gray),
+    ];
+    for (i, (name, s, f, color)) in series.into_iter().enumerate() {
+        let cell = if i < 3 { top[i] } else { bottom[i - 3] };
+        let [title, spark] =
+            Layout::vertical([Constraint::Length(1), Constraint::Min(1)]).areas(cell);
+        let data = tail(s, spark.width.saturating_sub(1));
+        let last = data.last().copied().unwrap_or(0);
+        let max = data.iter().copied().max().unwrap_or(0);
+        let mut spans = vec![
+            Span::styled(format!(" {name} "), Style::new().fg(DIM)),
+            Span::styled(f(last), Style::new().bold()),
+        ];
+        let peak = format!("  max {}", f(max));
+        let used: usize = spans.iter().map(|s| s.content.chars().count()).sum();
+        if used + peak.chars().count() < title.width as usize {
+            spans.push(Span::styled(peak, Style::new().fg(DIM)));
+        }
+        frame.render_widget(Line::from(spans), title);
+        let mut sp = Sparkline::default()
+            .data(data)
+            .style(Style::new().fg(color));
+        if max == 0 {
+            sp = sp.max(1);
+        }
+        frame.render_widget(
+            sp,
+            Rect {
+                x: spark.x + 1,
+                width: spark.width.saturating_sub(1),
+                ..spark
+            },
+        );
+    }
+}
+
+fn render_capacity(frame: &mut Frame, area: Rect, o: &Overview) {
+    let c = &o.capacity;
+    let outer = block("capacity headroom (free share of each resource)");
+    let inner = outer.inner(area);
+    frame.render_widget(outer, area);
+    let rows = Layout::vertical([Constraint::Length(1); 4]).split(inner);
+    let gauges = [
+        (
+            "memory",
+            c.ratio_memory,
+            format!(
+                "rss {} of {} ({})",
+                fmt::bytes(o.process.rss_bytes),
+                fmt::bytes(o.process.memory_limit_bytes),
+                o.process.memory_limit_source
+            ),
+        ),
+        (
+            "fds",
+            c.ratio_fds,
+            format!("{} of {} open", o.process.open_fds, o.process.max_fds),
+        ),
+        (
+            "cpu",
+            c.ratio_cpu,
+            format!(
+                "{} busy of {} cores",
+                fmt::percent(o.cpu_busy),
+                o.process.cores
+            ),
+        ),
+    ];
+    for (i, (name, ratio, detail)) in gauges.into_iter().enumerate() {
+        let limiting = c.limiting_resource == name;
+        let [g, note] =
+            Layout::horizontal([Constraint::Min(20), Constraint::Length(52)]).areas(rows[i]);
+        let ratio = if ratio.is_finite() {
+            ratio.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        let color = headroom_color(ratio);
+        frame.render_widget(
+            LineGauge::default()
+                .ratio(ratio)
+                .label(Line::from(vec![
+                    Span::styled(
+                        format!(" {name:<7}"),
+                        if limiting {
+                            Style::new().bold().fg(color)
+                        } else {
+                            Style::new()
+                        },
+                    ),
+                    Span::styled(
+                        format!("{:>6} free ", fmt::percent(ratio)),
+                        Style::new().fg(color).bold(),
+                    ),
+                ]))
+                .filled_style(Style::new().fg(color))
+                .unfilled_style(Style::new().fg(DIM)),
+            g,
+        );
+        let mut spans = vec![Span::styled(format!(" {detail}"), Style::new().fg(DIM))];
+        if limiting {
+            spans.push(Span::styled("  ◀ limiting", Style::new().fg(color).bold()));
+        }
+        frame.render_widget(Line::from(spans), note);
+    }
+    let msgs = match c.headroom_msgs_per_sec {
+        Some(m) => format!("{} more msgs/s", fmt::count(m)),
+        None => "msgs/s headroom: too idle to tell".to_owned(),
+    };
+    frame.render_widget(
+        Line::from(vec![
+            Span::raw(" room for "),
+            Span::styled(
+                format!("{} more connections", c.headroom_connections),
+                Style::new().bold(),
+            ),
+            Span::raw(format!(" · {msgs} · limited by ")),
+            Span::styled(c.limiting_resource.clone(), Style::new().bold()),
+            Span::styled(
+                format!(
+                    " · {} per connection ({})",
+                    fmt::bytes(c.per_connection_bytes),
+                    if c.per_connection_measured {
+                        "measured"
+                    } else {
+                        "estimate"
+                    }
+                ),
+                Style::new().fg(DIM),
+            ),
+        ]),
+        rows[3],
+    );
+}
+
+fn render_stages(frame: &mut Frame, area: Rect, o: &Overview) {
+    let slowest = super::latency::slowest_stage(&o.stages);
+    let max_p99 = o.stages.iter().map(|s| s.p99_us).fold(0.0, f64::max);
+    let header = Row::new([
+        "stage",
+        "count",
+        "p50",
+        "p99",
+        "p99 (relative to the largest)",
+    ])
+    .style(header_style());
+    // Columns, spacing and borders take 50; leave room for the "◀ slowest" mark.
+    let bar_width = area.width.saturating_sub(50 + 11) as f64;
+    let rows = o.stages.iter().map(|s| {
+        let is_slowest = slowest.as_deref() == Some(s.stage.as_str());
+        let n = if max_p99 > 0.0 {
+            (s.p99_us / max_p99 * bar_width).round() as usize
+        } else {
+            0
+        };
+        let style = if is_slowest {
+            Style::new().fg(BAD).bold()
+        } else {
+            Style::new()
+        };
+        let bar = format!(
+            "{}{}",
+            "▆".repeat(n.max(usize::from(s.count > 0))),
+            if is_slowest { " ◀ slowest" } else { "" }
+        );
+        Row::new(vec![
+            Span::styled(s.stage.clone(), style),
+            Span::raw(s.count.to_string()),
+            Span::raw(fmt::micros(s.p50_us)),
+            Span::styled(fmt::micros(s.p99_us), style),
+            Span::styled(
+                bar,
+                if is_slowest {
+                    Style::new().fg(BAD)
+                } else {
+                    Style::new().fg(ACCENT)
+                },
+            ),
+        ])
+        .style(if s.count == 0 {
+            Style::new().fg(DIM)
+        } else {
+            Style::new()
+        })
+    });
+    let widths = [
+        Constraint::Length(15),
+        Constraint::Length(9),
+        Constraint::Length(10),
+        Constraint::Length(10),
+        Constraint::Min(10),
+    ];
+    frame.render_widget(
+        Table::new(rows, widths).header(header).block(block(format!(
+            "stage latency over the last {}s (4: Latency view for p999)",
+            o.latency_window_secs
+        ))),
+        area,
+    );
+}

@@ -1,0 +1,336 @@
+//! Snapshot tests of every view: recorded admin API answers (tests/fixtures) are served
+//! by a mock node, fetched with the console's real client, folded into the state with
+//! the same update functions the app uses, and rendered into a `TestBackend`. The
+//! snapshots live in tests/snapshots; a changed screen fails until reviewed
+//! (`cargo insta review`, or INSTA_UPDATE=always to accept).
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use common::{fixture, MockNode};
+use im_console::api::{AdminClient, ApiError, ProfileBundle};
+use im_console::input::Action;
+use im_console::state::{AppState, ProfileResult, ProfileState, Update, View};
+use im_console::view;
+use ratatui::backend::TestBackend;
+use ratatui::Terminal;
+
+/// The URL shown for the recorded node (the mock's port changes every run).
+const URL_A: &str = "http://127.0.0.1:7071";
+const URL_B: &str = "http://127.0.0.1:7072";
+
+fn draw(state: &AppState, w: u16, h: u16) -> String {
+    let mut t = Terminal::new(TestBackend::new(w, h)).expect("terminal");
+    t.draw(|f| view::render(f, state)).expect("draw");
+    t.backend().to_string()
+}
+
+fn at(t0: Instant, secs: u64) -> Instant {
+    t0 + Duration::from_secs(secs)
+}
+
+/// A mock node serving every recorded answer.
+async fn recorded_node() -> MockNode {
+    let n = MockNode::start().await;
+    let series: Vec<serde_json::Value> =
+        serde_json::from_slice(&fixture("overview_series.json")).expect("series");
+    for o in series {
+        n.reply(
+            "GET",
+            "/admin/v1/overview",
+            common::Reply::json(200, o.to_string()),
+        );
+    }
+    n.fixture("GET", "/admin/v1/overview", 200, "overview.json");
+    n.fixture("GET", "/admin/v1/connections", 200, "connections.json");
+    n.fixture(
+        "GET",
+        "/admin/v1/slow-consumers",
+        200,
+        "slow_consumers_1.json",
+    );
+    n.fixture(
+        "GET",
+        "/admin/v1/slow-consumers",
+        200,
+        "slow_consumers_2.json",
+    );
+    n.fixture("GET", "/admin/v1/memory", 200, "memory.json");
+    n.fixture("GET", "/admin/v1/log-filters", 200, "log_filters.json");
+    n.fixture("GET", "/admin/v1/logs", 200, "logs.json");
+    n
+}
+
+/// Polls `client` the way the app does, `polls` overview rounds one second apart.
+async fn poll_into(state: &mut AppState, node: usize, client: &AdminClient, t0: Instant) {
+    for i in 0..11 {
+        let o = client.overview().await.map(Box::new);
+        state.on_update(node, Update::Overview(o), at(t0, i));
+    }
+    let c = client.connections("conn_id", 2000).await;
+    state.on_update(node, Update::Connections(c), at(t0, 10));
+    let s1 = client.slow_consumers().await;
+    state.on_update(node, Update::Slow(s1), at(t0, 9));
+    let s2 = client.slow_consumers().await;
+    state.on_update(node, Update::Slow(s2), at(t0, 10));
+    state.on_update(node, Update::Memory(client.memory().await), at(t0, 10));
+    let q = client.connections("queued", 20).await;
+    state.on_update(node, Update::TopQueued(q), at(t0, 10));
+    let f = client.log_filters().await;
+    state.on_update(node, Update::LogFilters(f), at(t0, 10));
+    state.on_update(node, Update::Logs(client.logs().await), at(t0, 10));
+    state.tick(at(t0, 10));
+    state.status = None;
+}
+
+/// One recorded node, fully polled.
+async fn loaded() -> (AppState, MockNode, Instant) {
+    let n = recorded_node().await;
+    let client =
+        AdminClient::new(&n.url, Some("x".into()), Duration::from_secs(5)).expect("client");
+    let t0 = Instant::now();
+    let mut state = AppState::new([URL_A.to_owned()], t0);
+    poll_into(&mut state, 0, &client, t0).await;
+    (state, n, t0)
+}
+
+fn go(state: &mut AppState, v: View) {
+    state.apply(Action::GoView(v));
+}
+
+#[tokio::test]
+async fn overview() {
+    let (state, _n, _) = loaded().await;
+    insta::assert_snapshot!("overview_120x40", draw(&state, 120, 40));
+    insta::assert_snapshot!("overview_200x50", draw(&state, 200, 50));
+}
+
+#[tokio::test]
+async fn connections_sorted_and_filtered() {
+    let (mut state, _n, _) = loaded().await;
+    go(&mut state, View::Connections);
+    insta::assert_snapshot!("connections", draw(&state, 120, 30));
+    for _ in 0..3 {
+        state.apply(Action::Sort); // conn_id -> user -> age -> queued
+    }
+    state.apply(Action::StartFilter);
+    for c in "r".chars() {
+        state.apply(Action::Char(c));
+    }
+    state.apply(Action::Submit);
+    state.status = None;
+    insta::assert_snapshot!("connections_filter_r_by_queued", draw(&state, 120, 30));
+}
+
+#[tokio::test]
+async fn kick_confirmation_and_result() {
+    let (mut state, _n, t0) = loaded().await;
+    go(&mut state, View::Connections);
+    state.apply(Action::Down);
+    state.apply(Action::Delete);
+    insta::assert_snapshot!("kick_confirm", draw(&state, 120, 30));
+    let cmds = state.apply(Action::Confirm);
+    assert_eq!(cmds.len(), 1);
+    let conn_id = match &cmds[0] {
+        im_console::state::Command::Kick { conn_id, .. } => *conn_id,
+        other => panic!("{other:?}"),
+    };
+    // The node answers 404 for a connection that is already gone (recorded).
+    let n = MockNode::start().await;
+    n.fixture(
+        "DELETE",
+        &format!("/admin/v1/connections/{conn_id}"),
+        404,
+        "error_no_connection.json",
+    );
+    let c = AdminClient::new(&n.url, None, Duration::from_secs(5)).expect("client");
+    let result = c.kick(conn_id).await;
+    state.on_update(0, Update::Kicked { conn_id, result }, at(t0, 10));
+    insta::assert_snapshot!("kick_failed_status", draw(&state, 120, 30));
+}
+
+#[tokio::test]
+async fn slow_consumers() {
+    let (mut state, _n, _) = loaded().await;
+    go(&mut state, View::Slow);
+    insta::assert_snapshot!("slow_consumers", draw(&state, 140, 34));
+}
+
+#[tokio::test]
+async fn latency() {
+    let (mut state, _n, _) = loaded().await;
+    go(&mut state, View::Latency);
+    insta::assert_snapshot!("latency_log", draw(&state, 140, 40));
+    state.apply(Action::ToggleScale);
+    insta::assert_snapshot!("latency_linear", draw(&state, 140, 30));
+}
+
+#[tokio::test]
+async fn memory() {
+    let (mut state, _n, _) = loaded().await;
+    go(&mut state, View::Memory);
+    insta::assert_snapshot!("memory", draw(&state, 140, 34));
+}
+
+#[tokio::test]
+async fn profile_states() {
+    let (mut state, _n, t0) = loaded().await;
+    go(&mut state, View::Profile);
+    insta::assert_snapshot!("profile_idle", draw(&state, 120, 20));
+
+    state.apply(Action::Add);
+    insta::assert_snapshot!("profile_form", draw(&state, 120, 20));
+    let cmds = state.apply(Action::Submit);
+    assert_eq!(cmds.len(), 1, "defaults are valid");
+    state.tick(at(t0, 14));
+    insta::assert_snapshot!("profile_running", draw(&state, 120, 12));
+
+    // A second capture elsewhere: the node answers 409 (recorded).
+    let n = MockNode::start().await;
+    n.fixture(
+        "GET",
+        "/admin/v1/profile/cpu",
+        409,
+        "error_profile_busy.json",
+    );
+    let c = AdminClient::new(&n.url, None, Duration::from_secs(5)).expect("client");
+    let busy = c
+        .profile(10, 99)
+        .await
+        .map(|_| unreachable!("the mock answers 409"));
+    state.on_update(0, Update::Profile(busy), at(t0, 14));
+    insta::assert_snapshot!("profile_busy_409", draw(&state, 120, 12));
+
+    let bundle: ProfileBundle =
+        serde_json::from_slice(&fixture("profile_bundle.json")).expect("bundle");
+    let result = ProfileResult {
+        seconds: bundle.seconds,
+        frequency: bundle.frequency,
+        samples: bundle.samples,
+        top: bundle.top,
+        svg_path: Some(PathBuf::from("./profiles/im-cpu-node-a-1796225340.svg")),
+        pprof_path: Some(PathBuf::from("./profiles/im-cpu-node-a-1796225340.pb.gz")),
+        save_error: None,
+    };
+    state.on_update(0, Update::Profile(Ok(result)), at(t0, 24));
+    assert!(matches!(state.nodes[0].profile, ProfileState::Done(_)));
+    insta::assert_snapshot!("profile_done", draw(&state, 120, 36));
+}
+
+#[tokio::test]
+async fn logs() {
+    let (mut state, _n, t0) = loaded().await;
+    go(&mut state, View::Logs);
+    insta::assert_snapshot!("logs", draw(&state, 120, 30));
+    state.apply(Action::Add);
+    for c in "alice".chars() {
+        state.apply(Action::Char(c));
+    }
+    insta::assert_snapshot!("logs_add_filter_form", draw(&state, 120, 30));
+    state.apply(Action::Cancel);
+
+    let n = MockNode::start().await;
+    n.fixture("GET", "/admin/v1/logs", 200, "logs_rotated.json");
+    let c = AdminClient::new(&n.url, None, Duration::from_secs(5)).expect("client");
+    state.on_update(0, Update::Logs(c.logs().await), at(t0, 10));
+    insta::assert_snapshot!("logs_rotated_files", draw(&state, 120, 30));
+}
+
+#[tokio::test]
+async fn logs_on_a_node_without_the_routes() {
+    let (mut state, _n, t0) = loaded().await;
+    // A node from before the diagnosis routes: 404 {"error":"no such route"} (recorded).
+    let n = MockNode::start().await;
+    n.fixture(
+        "GET",
+        "/admin/v1/log-filters",
+        404,
+        "error_no_such_route.json",
+    );
+    n.fixture("GET", "/admin/v1/logs", 404, "error_no_such_route.json");
+    let c = AdminClient::new(&n.url, None, Duration::from_secs(5)).expect("client");
+    state.nodes[0].log_filters = Default::default();
+    state.nodes[0].logs = Default::default();
+    state.on_update(0, Update::LogFilters(c.log_filters().await), at(t0, 10));
+    state.on_update(0, Update::Logs(c.logs().await), at(t0, 10));
+    go(&mut state, View::Logs);
+    insta::assert_snapshot!("logs_route_missing", draw(&state, 120, 20));
+}
+
+#[tokio::test]
+async fn help_overlay() {
+    let (mut state, _n, _) = loaded().await;
+    state.apply(Action::ToggleHelp);
+    insta::assert_snapshot!("help", draw(&state, 120, 44));
+}
+
+/// Node A recorded and up, node B unreachable: cluster row, picker, and B's own screen.
+#[tokio::test]
+async fn two_nodes_one_unreachable() {
+    let n = recorded_node().await;
+    let client =
+        AdminClient::new(&n.url, Some("x".into()), Duration::from_secs(5)).expect("client");
+    // A port nobody listens on, for the real "connection refused".
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr")
+    };
+    let gone =
+        AdminClient::new(&format!("http://{dead}"), None, Duration::from_secs(2)).expect("client");
+    let t0 = Instant::now();
+    let mut state = AppState::new([URL_A.to_owned(), URL_B.to_owned()], t0);
+    poll_into(&mut state, 0, &client, t0).await;
+    let e = gone.overview().await.map(Box::new);
+    assert!(matches!(&e, Err(err) if err.is_unreachable()), "{e:?}");
+    state.on_update(1, Update::Overview(e), at(t0, 2));
+    state.tick(at(t0, 10));
+    state.status = None;
+    insta::assert_snapshot!("cluster_overview", draw(&state, 140, 42));
+
+    state.apply(Action::NodePicker);
+    insta::assert_snapshot!("node_picker", draw(&state, 140, 20));
+    state.apply(Action::Down);
+    state.apply(Action::Submit);
+    state.status = None;
+    insta::assert_snapshot!("unreachable_node", draw(&state, 120, 20));
+}
+
+/// A node that was up, then went away: stale data under a red banner; then it comes back.
+#[tokio::test]
+async fn node_goes_away_and_comes_back() {
+    let (mut state, _n, t0) = loaded().await;
+    let err = ApiError::Timeout(Duration::from_secs(2));
+    state.on_update(0, Update::Overview(Err(err)), at(t0, 12));
+    state.tick(at(t0, 20));
+    insta::assert_snapshot!("stale_after_timeout", draw(&state, 120, 24));
+
+    let n = MockNode::start().await;
+    n.fixture("GET", "/admin/v1/overview", 200, "overview.json");
+    let c = AdminClient::new(&n.url, None, Duration::from_secs(5)).expect("client");
+    state.on_update(
+        0,
+        Update::Overview(c.overview().await.map(Box::new)),
+        at(t0, 21),
+    );
+    let status = state
+        .status
+        .as_ref()
+        .map(|s| s.text.clone())
+        .unwrap_or_default();
+    assert!(status.contains("node-a is back"), "{status}");
+    assert!(!draw(&state, 120, 24).contains("unreachable"));
+}
+
+/// Wrong token: the node answers 401 (recorded); the console says so and what to check.
+#[tokio::test]
+async fn unauthorized_node() {
+    let n = MockNode::start().await;
+    n.fixture("GET", "/admin/v1/overview", 401, "error_unauthorized.json");
+    let c = AdminClient::new(&n.url, Some("wrong".into()), Duration::from_secs(5)).expect("client");
+    let t0 = Instant::now();
+    let mut state = AppState::new([URL_A.to_owned()], t0);
+    state.on_update(0, Update::Overview(c.overview().await.map(Box::new)), t0);
+    insta::assert_snapshot!("unauthorized", draw(&state, 120, 20));
+}

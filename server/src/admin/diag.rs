@@ -1,0 +1,261 @@
+//! Admin diagnosis routes (DESIGN.md sections 6 and 8): on-demand CPU profiles, per-uid
+//! log filters, the global log level, and the log files with their compaction state.
+//! Shapes are documented in `docs/admin-api.md`; bad input is a 400 naming the parameter
+//! or field.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use axum::{Json, Router};
+use base64::Engine;
+
+use super::error;
+use crate::obs::compactor::{self, SystemClock};
+use crate::obs::logfiles::{self, LogControl};
+use crate::obs::logfilter::{self, FilterError};
+use crate::obs::profile::{self, CaptureSlot, Format, ProfileError};
+use crate::Node;
+
+/// Default and bounds of a filter's `ttl_secs`.
+const TTL_DEFAULT: u64 = 600;
+const TTL_MAX: u64 = 86_400;
+
+/// The diagnosis routes (merged into the token-protected router).
+pub fn routes() -> Router<Arc<Node>> {
+    Router::new()
+        .route("/admin/v1/profile/cpu", get(cpu_profile))
+        .route("/admin/v1/log-filters", get(list_filters))
+        .route(
+            "/admin/v1/log-filters/{uid}",
+            put(set_filter).delete(remove_filter),
+        )
+        .route("/admin/v1/log-level", put(set_level))
+        .route("/admin/v1/logs", get(logs))
+}
+
+/// A refused request, answered as `{"error": ...}` with its status.
+struct Refused(StatusCode, String);
+
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        error(self.0, self.1)
+    }
+}
+
+fn bad(message: impl Into<String>) -> Refused {
+    Refused(StatusCode::BAD_REQUEST, message.into())
+}
+
+fn param(
+    q: &HashMap<String, String>,
+    name: &str,
+    default: u32,
+    range: std::ops::RangeInclusive<u32>,
+) -> Result<u32, Refused> {
+    match q.get(name) {
+        None => Ok(default),
+        Some(v) => match v.parse::<u32>() {
+            Ok(n) if range.contains(&n) => Ok(n),
+            _ => Err(bad(format!(
+                "{name}={v}: expected a whole number from {} to {}",
+                range.start(),
+                range.end()
+            ))),
+        },
+    }
+}
+
+async fn cpu_profile(Query(q): Query<HashMap<String, String>>) -> Result<Response, Refused> {
+    let seconds = param(&q, "seconds", 10, profile::SECONDS)?;
+    let frequency = param(&q, "frequency", 99, profile::FREQUENCY)?;
+    let format = match q.get("format").map(String::as_str) {
+        None => Format::Svg,
+        Some(f) => Format::parse(f)
+            .ok_or_else(|| bad(format!("format={f}: expected svg, pprof or bundle")))?,
+    };
+    let slot = CaptureSlot::try_take().map_err(|e| Refused(StatusCode::CONFLICT, e.to_string()))?;
+    tracing::info!(seconds, frequency, ?format, "CPU profile capture started");
+    let r = match profile::capture(&slot, seconds, frequency, format).await {
+        Ok(r) => r,
+        Err(e @ ProfileError::Busy) => return Err(Refused(StatusCode::CONFLICT, e.to_string())),
+        Err(e) => {
+            tracing::warn!(error = %e, "CPU profile failed");
+            return Err(Refused(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()));
+        }
+    };
+    drop(slot);
+    tracing::info!(samples = r.samples, "CPU profile captured");
+    Ok(match format {
+        Format::Svg => (
+            [(header::CONTENT_TYPE, "image/svg+xml")],
+            r.svg.unwrap_or_default(),
+        )
+            .into_response(),
+        Format::Pprof => (
+            [
+                (header::CONTENT_TYPE, "application/octet-stream"),
+                (
+                    header::CONTENT_DISPOSITION,
+                    "attachment; filename=\"cpu.pb.gz\"",
+                ),
+            ],
+            r.pprof_gz.unwrap_or_default(),
+        )
+            .into_response(),
+        Format::Bundle => Json(serde_json::json!({
+            "seconds": seconds,
+            "frequency": frequency,
+            "samples": r.samples,
+            "top": r.top,
+            "svg": r.svg.unwrap_or_default(),
+            "pprof_gz_base64": base64::engine::general_purpose::STANDARD
+                .encode(r.pprof_gz.unwrap_or_default()),
+        }))
+        .into_response(),
+    })
+}
+
+fn control() -> Result<Arc<LogControl>, Refused> {
+    logfiles::control().ok_or_else(|| {
+        Refused(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "logging is not managed by this process".into(),
+        )
+    })
+}
+
+async fn list_filters() -> Result<Response, Refused> {
+    let c = control()?;
+    Ok(Json(serde_json::json!({
+        "global_level": c.filters.global_level(),
+        "uid_filters_enabled": c.filters.uid_enabled(),
+        "filters": c.filters.list(),
+    }))
+    .into_response())
+}
+
+/// Parses a JSON object body; the error names what is wrong.
+fn object(body: &Bytes) -> Result<serde_json::Map<String, serde_json::Value>, Refused> {
+    match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(serde_json::Value::Object(m)) => Ok(m),
+        Ok(_) => Err(bad("body: expected a JSON object")),
+        Err(e) => Err(bad(format!("body: not JSON: {e}"))),
+    }
+}
+
+fn only(m: &serde_json::Map<String, serde_json::Value>, allowed: &[&str]) -> Result<(), Refused> {
+    match m.keys().find(|k| !allowed.contains(&k.as_str())) {
+        Some(k) => Err(bad(format!(
+            "{k}: unknown field (expected {})",
+            allowed.join(", ")
+        ))),
+        None => Ok(()),
+    }
+}
+
+async fn set_filter(Path(uid): Path<String>, body: Bytes) -> Result<Response, Refused> {
+    let c = control()?;
+    if !im_proto::valid_id(&uid) {
+        return Err(bad(format!(
+            "uid {uid:?}: use 1-64 characters of A-Z a-z 0-9 _ . @ -"
+        )));
+    }
+    let m = object(&body)?;
+    only(&m, &["level", "ttl_secs"])?;
+    let levels = logfilter::UID_LEVELS.join(", ");
+    let level = match m.get("level") {
+        Some(serde_json::Value::String(l)) => logfilter::parse_uid_level(l)
+            .ok_or_else(|| bad(format!("level {l:?}: expected one of {levels}")))?,
+        Some(v) => return Err(bad(format!("level {v}: expected one of {levels}"))),
+        None => return Err(bad(format!("level: missing (one of {levels})"))),
+    };
+    let ttl = match m.get("ttl_secs") {
+        None | Some(serde_json::Value::Null) => TTL_DEFAULT,
+        Some(v) => v
+            .as_u64()
+            .filter(|n| (1..=TTL_MAX).contains(n))
+            .ok_or_else(|| {
+                bad(format!(
+                    "ttl_secs {v}: expected a whole number from 1 to {TTL_MAX}"
+                ))
+            })?,
+    };
+    match c.filters.set(&uid, level, Duration::from_secs(ttl)) {
+        Ok(info) => {
+            tracing::info!(uid = %uid, level = info.level, ttl_secs = ttl, "log filter set");
+            Ok(Json(info).into_response())
+        }
+        Err(e @ (FilterError::TooMany(_) | FilterError::Disabled)) => {
+            Err(Refused(StatusCode::CONFLICT, e.to_string()))
+        }
+    }
+}
+
+async fn remove_filter(Path(uid): Path<String>) -> Result<Response, Refused> {
+    let c = control()?;
+    if c.filters.remove(&uid) {
+        tracing::info!(uid = %uid, "log filter removed");
+        Ok(Json(serde_json::json!({ "removed": uid })).into_response())
+    } else {
+        Err(Refused(
+            StatusCode::NOT_FOUND,
+            format!("no log filter for {uid:?}"),
+        ))
+    }
+}
+
+async fn set_level(body: Bytes) -> Result<Response, Refused> {
+    let c = control()?;
+    let m = object(&body)?;
+    only(&m, &["level"])?;
+    let Some(serde_json::Value::String(level)) = m.get("level") else {
+        return Err(bad(
+            "level: expected a string such as \"debug\" or \"info,im_server::store=debug\"",
+        ));
+    };
+    match c.filters.set_global_level(level) {
+        Ok(shown) => {
+            tracing::info!(level = %shown, "global log level changed");
+            Ok(Json(serde_json::json!({ "global_level": shown })).into_response())
+        }
+        Err(e) => Err(bad(format!("level: {e}"))),
+    }
+}
+
+async fn logs() -> Result<Response, Refused> {
+    let c = control()?;
+    let files = match &c.dir {
+        Some(dir) => compactor::list(dir, &c.prefix).map_err(|e| {
+            Refused(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("listing {}: {e}", dir.display()),
+            )
+        })?,
+        None => Vec::new(),
+    };
+    let now = compactor::Clock::now(&SystemClock);
+    let s = &c.stats;
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    Ok(Json(serde_json::json!({
+        "dir": c.dir.as_ref().map(|d| d.display().to_string()),
+        "files": files,
+        "window": {"start": c.window.start.to_string(), "end": c.window.end.to_string()},
+        "in_window": c.window.contains(now.time()),
+        "idle": s.idle.load(Ordering::Relaxed),
+        "next_window_start_ms": c.window.next_start(now).timestamp_millis(),
+        "retention_hours": c.retention_hours,
+        "written_bytes_total": load(&s.written),
+        "compressed_bytes_total": load(&s.compressed),
+        "compressed_files_total": load(&s.compressed_files),
+        "deleted_files_total": load(&s.deleted_files),
+        "dropped_lines_total": c.dropped_lines(),
+    }))
+    .into_response())
+}
