@@ -321,6 +321,8 @@ pub struct Flow {
     pub ws_read_buffer_bytes: u32,
     /// WebSocket write buffer per connection.
     pub ws_write_buffer_bytes: u32,
+    /// Accept backlog of the client listener (capped by `net.core.somaxconn`).
+    pub listen_backlog: u32,
     /// Kernel send buffer per client socket (SO_SNDBUF; 0: OS default).
     pub socket_send_buffer_bytes: u32,
     /// Kernel receive buffer per client socket (SO_RCVBUF; 0: OS default).
@@ -396,6 +398,7 @@ impl Default for Flow {
             notify_group_threshold: 2000,
             ws_read_buffer_bytes: 4096,
             ws_write_buffer_bytes: 4096,
+            listen_backlog: 4096,
             socket_send_buffer_bytes: 0,
             socket_recv_buffer_bytes: 0,
         }
@@ -542,6 +545,7 @@ impl Config {
         }
         range("flow.write_timeout_secs", f.write_timeout_secs, 1, 3600)?;
         range("flow.coalesce_max_frames", f.coalesce_max_frames, 1, 4096)?;
+        range("flow.listen_backlog", f.listen_backlog, 1, 1 << 20)?;
         range(
             "flow.notify_group_threshold",
             f.notify_group_threshold,

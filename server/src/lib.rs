@@ -194,8 +194,7 @@ impl Node {
             draining,
         );
 
-        let client = TcpListener::bind(config.listen_addr())
-            .await
+        let client = bind(config.listen_addr(), config.flow.listen_backlog)
             .with_context(|| format!("binding listen = {}", config.listen))?;
         let admin = TcpListener::bind(config.admin_addr())
             .await
@@ -338,6 +337,19 @@ fn start_log_tasks(
         }
     });
     (housekeeping, compactor)
+}
+
+/// Binds a listener with an explicit accept backlog (std's default is 128, too small for a
+/// reconnect storm; the kernel caps it at `net.core.somaxconn`).
+fn bind(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(backlog)
 }
 
 fn default_node_id() -> String {

@@ -2,8 +2,8 @@
 //! messages a second each) and the large-group case.
 //!
 //! `--groups G` groups of `--members M` users each, every member on its own connection.
-//! Member 0 of each group is its sender: it creates the group (`GroupOp CREATE` with all
-//! M members), then sends `--rate R` messages per second (0: as fast as `--window`
+//! Member 0 of each group is its sender: it creates the group (`GroupOp CREATE`, then
+//! `JOIN`s, with all M members, in frames under the server's frame limit), then sends `--rate R` messages per second (0: as fast as `--window`
 //! un-acked sends allow) through the shared sending loop ([`super::sender`]). The server
 //! fans each message out to the M - 1 other members (the sending connection gets its
 //! SendAck instead).
@@ -246,41 +246,75 @@ fn user(tag: &str, g: usize, k: usize) -> String {
     format!("b{tag}-{g}-{k}")
 }
 
-/// Creates group `id` with `members` from the sender's connection.
+/// Member ids per GroupOp, in bytes: one frame must stay under the server's
+/// `limits.max_frame_bytes` (64 KiB by default).
+const GROUP_OP_BYTES: usize = 32 * 1024;
+
+/// Creates group `id` with `members` from the sender's connection: `CREATE` with the
+/// first members, then `JOIN`s with the rest, each frame well under the frame limit.
 async fn create_group(conn: &mut Conn, id: &str, members: Vec<String>) -> anyhow::Result<u32> {
     let want = members.len();
+    let mut chunks: Vec<Vec<String>> = vec![Vec::new()];
+    let mut bytes = 0;
+    for m in members {
+        if bytes + m.len() + 3 > GROUP_OP_BYTES {
+            chunks.push(Vec::new());
+            bytes = 0;
+        }
+        bytes += m.len() + 3;
+        if let Some(last) = chunks.last_mut() {
+            last.push(m);
+        }
+    }
+    let mut have = 0;
+    for (k, chunk) in chunks.into_iter().enumerate() {
+        let op = if k == 0 {
+            group_op::Op::Create
+        } else {
+            group_op::Op::Join
+        };
+        have = group_op(conn, id, op, chunk).await?;
+    }
+    if (have as usize) < want {
+        bail!("group {id} has {have} members, {want} asked for");
+    }
+    Ok(have)
+}
+
+/// Sends one GroupOp and waits for its GroupOpOk; returns the member count.
+async fn group_op(
+    conn: &mut Conn,
+    id: &str,
+    op: group_op::Op,
+    members: Vec<String>,
+) -> anyhow::Result<u32> {
     conn.send(&im_proto::frame(
         GROUP_OP_REQ,
         Body::GroupOp(GroupOp {
-            op: group_op::Op::Create as i32,
+            op: op as i32,
             group_id: id.to_string(),
             members,
         }),
     ))
     .await
-    .with_context(|| format!("sending GroupOp CREATE {id}"))?;
+    .with_context(|| format!("sending GroupOp {op:?} {id}"))?;
     let deadline = Instant::now() + GROUP_OP_TIMEOUT;
     loop {
         let ev = tokio::time::timeout_at(deadline, conn.recv())
             .await
             .with_context(|| format!("no GroupOpOk for {id} within {GROUP_OP_TIMEOUT:?}"))?
-            .with_context(|| format!("creating group {id}"))?;
+            .with_context(|| format!("GroupOp {op:?} {id}"))?;
         let f = match ev {
             Event::Frame(f) => f,
             Event::WsPong(_) => continue,
             Event::Closed { code, reason } => {
-                bail!("connection closed while creating {id}: {code:?} {reason}")
+                bail!("connection closed during GroupOp {op:?} {id}: {code:?} {reason}")
             }
         };
         match f.body {
-            Some(Body::GroupOpOk(ok)) if f.req_id == GROUP_OP_REQ => {
-                if (ok.members as usize) < want {
-                    bail!("group {id} has {} members, {want} asked for", ok.members);
-                }
-                return Ok(ok.members);
-            }
-            Some(Body::Error(e)) if f.req_id == GROUP_OP_REQ => {
-                bail!("creating group {id}: {}", ClientError::from_server(e))
+            Some(Body::GroupOpOk(ok)) if f.req_id == GROUP_OP_REQ => return Ok(ok.members),
+            Some(Body::Error(e)) if f.req_id == GROUP_OP_REQ || f.req_id == 0 => {
+                bail!("GroupOp {op:?} {id}: {}", ClientError::from_server(e))
             }
             _ => {}
         }

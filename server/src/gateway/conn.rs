@@ -110,16 +110,21 @@ async fn read_loop(
             Err(_) => return CloseReason::new(CloseReason::IDLE, "idle timeout"),
             Ok(None) => return CloseReason::new(1000, "client closed"),
             Ok(Some(Err(e))) => {
-                let text = e.to_string();
-                if text.contains("too long")
-                    || text.contains("Space limit")
-                    || text.contains("size")
+                // axum wraps the tungstenite error (same version as our dependency).
+                let inner = e.into_inner();
+                if let Some(tokio_tungstenite::tungstenite::Error::Capacity(c)) =
+                    inner.downcast_ref::<tokio_tungstenite::tungstenite::Error>()
                 {
                     m.bad_frame("too_large");
-                    send_error(out, 0, ErrorCode::TooLarge, "frame too large");
+                    send_error(
+                        out,
+                        0,
+                        ErrorCode::TooLarge,
+                        &format!("frame too large: {c}"),
+                    );
                     return CloseReason::new(CloseReason::TOO_BIG, "frame too large");
                 }
-                tracing::debug!(error = %text, "read error");
+                tracing::debug!(error = %inner, "read error");
                 return CloseReason::new(1000, "read error");
             }
             Ok(Some(Ok(msg))) => msg,

@@ -3,6 +3,9 @@
 //! once here, never per message (DESIGN.md sections 3 and 7). Submodules read the
 //! allocator (`alloc`), the OS (`process`), compute capacity headroom (`capacity`), keep
 //! in-process latency histograms (`latency`) and sample it all each second (`sampler`).
+//! The operator's live-diagnosis tools live here too: on-demand CPU profiles
+//! (`profile`), per-uid log filters (`logfilter`), rolling log files (`logfiles`) and their
+//! off-peak compression (`compactor`).
 
 pub mod alloc;
 pub mod capacity;
