@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # diag-overhead.sh: what the live-diagnosis tools cost in message throughput (issue 5).
 #
-# Each round starts four fresh im-servers side by side, one per mode, and loads each with
+# Each round starts five fresh im-servers side by side, one per mode, and loads each with
 # its own `im-bench chat` at the same time, so all four see the same machine conditions:
 #   plain      log.uid_filters = false: no connection span, no per-uid filtering at all
 #   nofilter   the default config, no filter set
 #   filters    the same with FILTERS (default 1000) debug filters on other uids
 #   capture    the same while a CPU profile (format=bundle, 99 Hz) is captured and its
 #              report built, inside the measured window
+#   noprobes   the default config with stage probes off (obs.probes = false): the cost of
+#              the probes (issue 3) is nofilter's ratio over this one
 # All servers share CPU 0 and all benches CPU 1 (PIN=0 turns pinning off), so the
 # servers are CPU-bound and compete on equal terms. Per server, over the middle of the
 # measured window, it records: accepted msgs/s and messages per server CPU-second (the
@@ -32,7 +34,7 @@ FILTERS=${FILTERS:-1000}
 SYNC=${SYNC:-normal}
 PIN=${PIN:-1}
 PORT_BASE=${PORT_BASE:-27070}
-MODES=(plain nofilter filters capture)
+MODES=(plain nofilter filters capture noprobes)
 SECRET=diag-bench-secret
 TOKEN=diag-bench-admin
 CAPTURE_SECS=$((DURATION - 4))
@@ -79,6 +81,7 @@ run_round() { # round
         addr[$mode]=127.0.0.1:$((port + 1))
         local extra=()
         if [ "$mode" = plain ]; then extra+=(IM_LOG_UID_FILTERS=false); fi
+        if [ "$mode" = noprobes ]; then extra+=(IM_OBS_PROBES=false); fi
         on_cpu 0 env IM_LISTEN=127.0.0.1:$port IM_ADMIN_LISTEN="${addr[$mode]}" \
             IM_DATA_DIR="$dir/data" IM_JWT_SECRET=$SECRET IM_ADMIN_TOKEN=$TOKEN IM_LOG=info \
             IM_STORE_SQLITE_SYNCHRONOUS="$SYNC" IM_LIMITS_SEND_RATE_PER_SEC=0 "${extra[@]}" \
@@ -151,7 +154,7 @@ run_round() { # round
     done
 }
 
-echo "diag-overhead: $ROUNDS rounds, 4 servers side by side, $SENDERS senders x window" \
+echo "diag-overhead: $ROUNDS rounds, ${#MODES[@]} servers side by side, $SENDERS senders x window" \
      "$WINDOW each, ${DURATION}s measured after ${WARMUP}s warmup, synchronous=$SYNC," \
      "pin=$PIN, capture ${CAPTURE_SECS}s" >&2
 for round in $(seq 0 $((ROUNDS - 1))); do

@@ -64,12 +64,23 @@ async fn serve_conn(gw: Arc<Gateway>, socket: WebSocket, conn_id: u64, remote: S
     gw.conns.remove(conn_id);
     out.finish();
     gw.metrics.connection_closed(reason.reason);
-    tracing::debug!(
-        conn_id,
-        user = user.as_deref().unwrap_or(""),
-        reason = reason.reason,
-        "connection closed"
-    );
+    let who = user.as_deref().unwrap_or("");
+    if reason.code == CloseReason::SLOW {
+        // Operators want to see these without raising the level.
+        tracing::warn!(
+            conn_id,
+            user = who,
+            reason = reason.reason,
+            "slow consumer disconnected"
+        );
+    } else {
+        tracing::debug!(
+            conn_id,
+            user = who,
+            reason = reason.reason,
+            "connection closed"
+        );
+    }
 }
 
 /// Sends an Error frame on the connection.
@@ -192,20 +203,21 @@ async fn read_loop(
         for f in frames {
             let req_id = f.req_id;
             let what = Handled::of(&f);
-            let res = gw.pipeline.handle(s, f, started).await;
-            if res.is_ok() {
-                what.log(req_id);
-            }
-            if let Err(r) = res {
-                if let Some(reason) = r.bad_reason {
-                    m.bad_frame(reason);
+            let r = match gw.pipeline.handle(s, f, started).await {
+                Ok(()) => {
+                    what.log(req_id);
+                    continue;
                 }
-                out.push(im_proto::encode(&r.to_frame(req_id)), true);
-                if r.bad_reason == Some("protocol") {
-                    bad += 1;
-                    if bad > limits.max_bad_frames {
-                        return CloseReason::new(CloseReason::POLICY, "too many bad frames");
-                    }
+                Err(r) => r,
+            };
+            if let Some(reason) = r.bad_reason {
+                m.bad_frame(reason);
+            }
+            out.push(im_proto::encode(&r.to_frame(req_id)), true);
+            if r.bad_reason == Some("protocol") {
+                bad += 1;
+                if bad > limits.max_bad_frames {
+                    return CloseReason::new(CloseReason::POLICY, "too many bad frames");
                 }
             }
         }
