@@ -116,6 +116,9 @@ pub(crate) struct Driver {
     syncs: HashMap<u64, SyncJob>,
     bg_running: bool,
     bg_wanted: bool,
+    /// Live messages that arrived above a gap, held until the sync that fills it ends,
+    /// so the app sees each conversation in seq order.
+    held: Vec<ChatMessage>,
     tracker: SeqTracker,
     ack_deadline: Option<Instant>,
     backlog: VecDeque<Command>,
@@ -143,6 +146,7 @@ impl Driver {
             syncs: HashMap::new(),
             bg_running: false,
             bg_wanted: false,
+            held: Vec::new(),
             tracker: SeqTracker::default(),
             ack_deadline: None,
             backlog: VecDeque::new(),
@@ -339,8 +343,10 @@ impl Driver {
                         if gap {
                             trace!(conversation = %conv, seq = m.seq, "gap in live delivery");
                             self.bg_wanted = true;
+                            self.held.push(m);
+                        } else {
+                            let _ = self.ev_tx.send(Event::Message(m));
                         }
-                        let _ = self.ev_tx.send(Event::Message(m));
                     }
                     if self.tracker.above_len(&conv) > ABOVE_SYNC_THRESHOLD {
                         self.bg_wanted = true;
@@ -446,6 +452,7 @@ impl Driver {
     }
 
     fn finish_sync(&mut self, job: SyncJob, result: Result<Vec<ChatMessage>, ClientError>) {
+        self.flush_held();
         match job.reply {
             Some(reply) => {
                 let _ = reply.send(result);
@@ -456,6 +463,16 @@ impl Driver {
                     debug!(error = %e, "background sync failed");
                 }
             }
+        }
+    }
+
+    /// Emits the held live messages, in (conversation, seq) order, once a sync has filled
+    /// what it could below them.
+    fn flush_held(&mut self) {
+        let mut held = std::mem::take(&mut self.held);
+        held.sort_by(|a, b| (&a.conversation_id, a.seq).cmp(&(&b.conversation_id, b.seq)));
+        for m in held {
+            let _ = self.ev_tx.send(Event::Message(m));
         }
     }
 

@@ -315,10 +315,9 @@ async fn deliveries_are_deduped_gaps_synced_and_acked() {
         .await;
     assert_eq!(seq_of(&next_event(&client).await), 1);
     assert_eq!(seq_of(&next_event(&client).await), 2);
+    // Seq 4 arrives above a gap: it is held, and the gap triggers a background sync over
+    // the stored cursors.
     peer.send(deliver(vec![msg(conv, 4)])).await;
-    assert_eq!(seq_of(&next_event(&client).await), 4);
-
-    // The gap triggers a background sync over the stored cursors.
     let f = peer.recv_request().await;
     let Some(Body::Sync(req)) = f.body else {
         panic!("expected SyncRequest, got {f:?}")
@@ -331,7 +330,9 @@ async fn deliveries_are_deduped_gaps_synced_and_acked() {
     };
     peer.send(proto::frame(f.req_id, Body::SyncResp(page)))
         .await;
+    // The sync fills the gap, then the held message follows: the app sees seq order.
     assert_eq!(seq_of(&next_event(&client).await), 3);
+    assert_eq!(seq_of(&next_event(&client).await), 4);
 
     // DeliverAcks are cumulative and end at the contiguous mark.
     let mut acked = 0;
@@ -569,10 +570,8 @@ async fn own_messages_are_not_emitted_and_server_cursors_fast_forward() {
     peer.send(proto::frame(f.req_id, Body::SendAck(ack))).await;
     sending.await.expect("join").expect("ack");
 
-    // A live reply with seq 6 leaves 1..4 unknown: emitted, then a background sync.
+    // A live reply with seq 6 leaves 1..4 unknown: held, and a background sync runs.
     peer.send(deliver(vec![msg(conv, 6), msg("g:x", 10)])).await;
-    assert_eq!(seq_of(&next_event(&client).await), 6);
-    assert_eq!(seq_of(&next_event(&client).await), 10);
     let f = peer.recv_request().await;
     assert!(matches!(f.body, Some(Body::Sync(_))), "{f:?}");
     // The server's cursor is 4 for the direct chat (page starts at 5, our own message),
@@ -583,6 +582,9 @@ async fn own_messages_are_not_emitted_and_server_cursors_fast_forward() {
     };
     peer.send(proto::frame(f.req_id, Body::SyncResp(page)))
         .await;
+    // The held messages follow the sync, in (conversation, seq) order.
+    assert_eq!(seq_of(&next_event(&client).await), 10);
+    assert_eq!(seq_of(&next_event(&client).await), 6);
 
     let mut acks = std::collections::BTreeMap::new();
     while acks.get(conv) != Some(&6) || acks.get("g:x") != Some(&10) {

@@ -3,8 +3,9 @@
 //!
 //! `--groups G` groups of `--members M` users each, every member on its own connection.
 //! Member 0 of each group is its sender: it creates the group (`GroupOp CREATE`, then
-//! `JOIN`s, with all M members, in frames under the server's frame limit), then sends `--rate R` messages per second (0: as fast as `--window`
-//! un-acked sends allow) through the shared sending loop ([`super::sender`]). The server
+//! `JOIN`s, with all M members, in frames under the server's frame limit), then sends
+//! `--rate R` messages per second (0: as fast as `--window` un-acked sends allow)
+//! through the shared sending loop ([`super::sender`]). The server
 //! fans each message out to the M - 1 other members (the sending connection gets its
 //! SendAck instead).
 //!
