@@ -7,9 +7,10 @@
 # im-server / im-bench that is not ours); if one starts during the run, the run is
 # marked noisy and repeated (up to 3 attempts; the last is kept and flagged).
 #
-# Usage: bench/scripts/benchmarks.sh [GROUP...]   groups: idle idlews chat storm group
-#        mix roundtrip chaos (default: all). Env: ROUNDS (3), OUT, SERVER, BENCH,
-#        RATES (the chat --rate sweep), QUIET_MAX_WAIT (seconds, 1800).
+# Usage: bench/scripts/benchmarks.sh [GROUP...]   groups: idle idlews chat (closed loop
+#        and sweep) sweep storm group mix roundtrip chaos extra (default: all but sweep,
+#        which chat includes). Env: ROUNDS (3), OUT, SERVER, BENCH, RATES (the chat
+#        --rate sweep), SWEEP_ROUNDS (1), QUIET_MAX_WAIT (seconds, 1800).
 # Needs target/release/im-server and im-bench (cargo build --release -p im-server
 # -p im-bench) and jq.
 set -euo pipefail
@@ -19,10 +20,10 @@ SERVER=${SERVER:-$ROOT/target/release/im-server}
 BENCH=${BENCH:-$ROOT/target/release/im-bench}
 OUT=${OUT:-$ROOT/target/bench-results}
 ROUNDS=${ROUNDS:-3}
-RATES=${RATES:-4000 6000 8000 10000 12000 14000}
+RATES=${RATES:-4000 5000 6000 7000 8000 10000 12000}
 QUIET_MAX_WAIT=${QUIET_MAX_WAIT:-1800}
 GROUPS_TO_RUN=("$@")
-[ ${#GROUPS_TO_RUN[@]} -eq 0 ] && GROUPS_TO_RUN=(idle idlews chat storm group mix roundtrip chaos)
+[ ${#GROUPS_TO_RUN[@]} -eq 0 ] && GROUPS_TO_RUN=(idle idlews chat storm group mix roundtrip chaos extra)
 
 for bin in "$SERVER" "$BENCH"; do
     [ -x "$bin" ] || { echo "missing $bin: cargo build --release -p im-server -p im-bench" >&2; exit 2; }
@@ -111,9 +112,34 @@ run_chat() {
     for r in $(rounds); do
         measure chat-max "$r" chat --senders 100 --window 8 --duration 15s
     done
-    for rate in $RATES; do
-        measure "chat-rate-$rate" 1 chat --senders 200 --window 16 --rate "$rate" --duration 15s
+    run_sweep
+}
+
+run_sweep() {
+    echo "chat: --rate sweep (200 pairs, window 16), ${SWEEP_ROUNDS:-1} round(s) per rate" >&2
+    # Round-major, so that a slow spell of the disk does not land on one rate only.
+    for r in $(seq 1 "${SWEEP_ROUNDS:-1}"); do
+        for rate in $RATES; do
+            measure "chat-rate-$rate" "$r" chat --senders 200 --window 16 --rate "$rate" --duration 15s
+        done
     done
+}
+
+run_extra() {
+    echo "extras: the ramp at full speed, DeliverAck-free fan-out, notify-and-pull at fixed rates" >&2
+    measure idle-fastramp 1 idle --connections 19000 --ramp 5s --duration 5s --send-prob 0
+    measure storm-noack 1 broadcast --groups 10 --members 1000 --rate 5 --warmup 5s --duration 30s \
+        --deliver-ack-every 0
+    measure group5k-noack 1 broadcast --groups 1 --members 5000 --rate 0 --window 16 \
+        --deliver-ack-every 0 --server-env IM_FLOW_NOTIFY_GROUP_THRESHOLD=10000 --warmup 3s --duration 20s
+    for rate in 20 50; do
+        measure "group5k-pull-$rate" 1 broadcast --groups 1 --members 5000 --rate "$rate" --pull \
+            --warmup 3s --duration 20s
+    done
+    # At 50 msg/s the members fall behind: a long drain shows that they catch up, with
+    # nothing lost, once the sender stops.
+    measure group5k-pull-50-drain 1 broadcast --groups 1 --members 5000 --rate 50 --pull \
+        --warmup 3s --duration 20s --drain 90s
 }
 
 run_storm() {
@@ -170,8 +196,18 @@ for g in "${GROUPS_TO_RUN[@]}"; do
         ;;
     chat)
         echo "chat closed loop (100 x window 8): acked/s $(all chat-max '.acked_per_sec | round'); p50/p99/p999 ms $(median chat-max ".send_to_ack_us.p50 $ms") / $(median chat-max ".send_to_ack_us.p99 $ms") / $(median chat-max ".send_to_ack_us.p999 $ms"); pass $(all chat-max .passed)"
+        ;&  # chat includes the sweep
+    sweep)
         for rate in $RATES; do
             echo "  rate $rate: acked/s $(median "chat-rate-$rate" '.acked_per_sec | round'); send->ack p50 $(median "chat-rate-$rate" ".send_to_ack_us.p50 $ms") p99 $(median "chat-rate-$rate" ".send_to_ack_us.p99 $ms") p999 $(median "chat-rate-$rate" ".send_to_ack_us.p999 $ms") ms; server cpu $(median "chat-rate-$rate" '.server.cpu_busy'); pass $(all "chat-rate-$rate" .passed)"
+        done
+        ;;
+    extra)
+        echo "fast ramp: $(all idle-fastramp '.ramp_rate | round') conns/s, connect p99 ms $(median idle-fastramp ".connect_us.p99 $ms"), login p99 ms $(median idle-fastramp ".login_us.p99 $ms"), failed $(all idle-fastramp .failed)"
+        echo "storm without DeliverAcks: delivery p50/p99/p999 ms $(median storm-noack ".delivery_us.p50 $ms") / $(median storm-noack ".delivery_us.p99 $ms") / $(median storm-noack ".delivery_us.p999 $ms"); send->ack p99 $(median storm-noack ".send_to_ack_us.p99 $ms"); pass $(all storm-noack .passed)"
+        echo "group 5000 pushed without DeliverAcks: deliveries/s $(all group5k-noack '.deliveries_per_sec | round'); msgs/s $(median group5k-noack '.acked_per_sec | round'); delivery p99 ms $(median group5k-noack ".delivery_us.p99 $ms"); pass $(all group5k-noack .passed)"
+        for rate in 20 50 50-drain; do
+            echo "group 5000 notify-and-pull at $rate msg/s: deliveries/s $(all "group5k-pull-$rate" '.deliveries_per_sec | round'); delivery p50/p99 ms $(median "group5k-pull-$rate" ".delivery_us.p50 $ms") / $(median "group5k-pull-$rate" ".delivery_us.p99 $ms"); syncs $(median "group5k-pull-$rate" .sync_requests); pass $(all "group5k-pull-$rate" .passed)"
         done
         ;;
     storm)
