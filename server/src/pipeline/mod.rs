@@ -293,14 +293,21 @@ impl Pipeline {
         };
         if self.persist.try_submit(WriteReq::Message(req)).is_err() {
             self.metrics.persist_overloaded.increment(1);
-            return Err(Refusal {
-                code: ErrorCode::Overloaded,
-                message: "persistence queue full, retry with the same client_msg_id".into(),
-                retry_after_ms: self.retry_after_ms,
-                bad_reason: None,
-            });
+            return Err(
+                self.overloaded("persistence queue full, retry with the same client_msg_id")
+            );
         }
         Ok(())
+    }
+
+    /// The OVERLOADED refusal for a full persistence queue, with the retry hint.
+    fn overloaded(&self, message: &str) -> Refusal {
+        Refusal {
+            code: ErrorCode::Overloaded,
+            message: message.into(),
+            retry_after_ms: self.retry_after_ms,
+            bad_reason: None,
+        }
     }
 
     /// Whether `user` may read `conversation_id`.
@@ -409,12 +416,7 @@ impl Pipeline {
             reply,
         };
         if self.persist.try_submit(req).is_err() {
-            return Err(Refusal {
-                code: ErrorCode::Overloaded,
-                message: "persistence queue full".into(),
-                retry_after_ms: self.retry_after_ms,
-                bad_reason: None,
-            });
+            return Err(self.overloaded("persistence queue full"));
         }
         let members = match tokio::time::timeout(Duration::from_secs(30), rx).await {
             Ok(Ok(result)) => result.map_err(Refusal::store)?,
