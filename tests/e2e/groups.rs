@@ -172,6 +172,13 @@ async fn join_leave_and_membership_rules() {
         "{body:?}"
     );
 
+    // A non-member may not add others (nor sneak in with them).
+    let body = group_op(&mut b, 40, group_op::Op::Join, "club", &["cat".into()]).await;
+    assert!(
+        matches!(body, Body::Error(ref e) if e.code == 5),
+        "{body:?}"
+    );
+
     a.send(&send_to_group(5, "club", b"before ben", "a-1"))
         .await
         .unwrap();

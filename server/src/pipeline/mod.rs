@@ -403,6 +403,21 @@ impl Pipeline {
                 members: op.members,
             },
             group_op::Op::Join => {
+                // Anyone may join a group themselves; only a member may add others.
+                let adds_others = op.members.iter().any(|m| *m != s.user_id);
+                if adds_others
+                    && !self
+                        .relations
+                        .is_member(&group_id, &s.user_id)
+                        .await
+                        .map_err(Refusal::store)?
+                {
+                    return Err(Refusal::code(
+                        ErrorCode::NotMember,
+                        "only a member of the group may add others",
+                        None,
+                    ));
+                }
                 let mut users = op.members;
                 users.push(s.user_id.clone());
                 GroupChange::Join(users)
