@@ -91,7 +91,8 @@ impl Client {
     /// Connects and logs in (`resume = false`), failing fast if that fails; then starts
     /// the background task. Must be called inside a Tokio runtime.
     pub async fn connect(cfg: ClientConfig) -> Result<Client, ClientError> {
-        let mut conn = tokio::time::timeout(cfg.request_timeout, RawConn::connect(&cfg.url))
+        let url = crate::route::target_url(&cfg, 0, None).await?;
+        let mut conn = tokio::time::timeout(cfg.request_timeout, RawConn::connect(&url))
             .await
             .map_err(|_| ClientError::Timeout)??;
         let ok = conn

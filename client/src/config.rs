@@ -5,8 +5,13 @@ use std::time::Duration;
 /// Settings of a [`crate::Client`]; build with [`ClientConfig::new`] and adjust fields.
 #[derive(Clone)]
 pub struct ClientConfig {
-    /// WebSocket endpoint, e.g. `ws://127.0.0.1:7070/ws`.
+    /// WebSocket endpoint, e.g. `ws://127.0.0.1:7070/ws` (with `route_urls`: the fallback
+    /// when no seed answers; may be empty then).
     pub url: String,
+    /// Cluster seeds, `http://HOST:PORT` of any nodes' client listeners: before connecting
+    /// and before every reconnect the SDK asks one for `GET /v1/route` (the least-loaded
+    /// healthy node, leaving out the node just lost) and connects there. Empty: use `url`.
+    pub route_urls: Vec<String>,
     /// Login token (HS256 JWT with `sub` = user id).
     pub token: String,
     /// Device id sent in `Login` (default `"default"`, stable across restarts).
@@ -28,6 +33,7 @@ impl ClientConfig {
     pub fn new(url: impl Into<String>, token: impl Into<String>) -> Self {
         ClientConfig {
             url: url.into(),
+            route_urls: Vec::new(),
             token: token.into(),
             device_id: "default".into(),
             auto_reconnect: true,
@@ -43,6 +49,7 @@ impl std::fmt::Debug for ClientConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClientConfig")
             .field("url", &self.url)
+            .field("route_urls", &self.route_urls)
             .field("token", &"<redacted>")
             .field("device_id", &self.device_id)
             .field("auto_reconnect", &self.auto_reconnect)

@@ -32,6 +32,8 @@ const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(30);
 const DEAD_AFTER_HEARTBEATS: u32 = 3;
 /// Period of the housekeeping pass (expired syncs, abandoned requests).
 const HOUSEKEEPING: Duration = Duration::from_secs(1);
+/// Syncs a live message above a hole is held across before it is released anyway.
+const HOLD_SYNCS: u8 = 4;
 /// Seqs held above a hole in one conversation before a background sync is forced.
 const ABOVE_SYNC_THRESHOLD: usize = 4096;
 /// How long shutdown waits for the close handshake.
@@ -118,7 +120,7 @@ pub(crate) struct Driver {
     bg_wanted: bool,
     /// Live messages that arrived above a gap, held until the sync that fills it ends,
     /// so the app sees each conversation in seq order.
-    held: Vec<ChatMessage>,
+    held: Vec<(ChatMessage, u8)>,
     tracker: SeqTracker,
     ack_deadline: Option<Instant>,
     backlog: VecDeque<Command>,
@@ -343,7 +345,7 @@ impl Driver {
                         if gap {
                             trace!(conversation = %conv, seq = m.seq, "gap in live delivery");
                             self.bg_wanted = true;
-                            self.held.push(m);
+                            self.held.push((m, 0));
                         } else {
                             let _ = self.ev_tx.send(Event::Message(m));
                         }
@@ -466,13 +468,26 @@ impl Driver {
         }
     }
 
-    /// Emits the held live messages, in (conversation, seq) order, once a sync has filled
-    /// what it could below them.
+    /// Emits the held live messages that a sync has made contiguous, in (conversation,
+    /// seq) order. One still above a hole (its gap was committed after the sync read, e.g.
+    /// from another cluster node) stays held for the next sync; after `HOLD_SYNCS` syncs
+    /// it is released anyway, so nothing is held forever.
     fn flush_held(&mut self) {
         let mut held = std::mem::take(&mut self.held);
-        held.sort_by(|a, b| (&a.conversation_id, a.seq).cmp(&(&b.conversation_id, b.seq)));
-        for m in held {
-            let _ = self.ev_tx.send(Event::Message(m));
+        held.sort_by(|(a, _), (b, _)| {
+            (&a.conversation_id, a.seq).cmp(&(&b.conversation_id, b.seq))
+        });
+        let mut blocked: Option<String> = None;
+        for (m, syncs) in held {
+            let ready = m.seq <= self.tracker.contiguous(&m.conversation_id);
+            let behind = blocked.as_deref() == Some(m.conversation_id.as_str());
+            if (ready && !behind) || syncs + 1 >= HOLD_SYNCS {
+                let _ = self.ev_tx.send(Event::Message(m));
+            } else {
+                blocked = Some(m.conversation_id.clone());
+                self.bg_wanted = true;
+                self.held.push((m, syncs + 1));
+            }
         }
     }
 
@@ -547,7 +562,15 @@ impl Driver {
     /// Reconnects with backoff; commands that arrive meanwhile are kept for afterwards.
     async fn reconnect(&mut self) -> Reconnect {
         let mut backoff = Backoff::new(self.cfg.reconnect_min, self.cfg.reconnect_max);
+        let mut attempts = 0usize;
+        let lost_node = self
+            .shared
+            .session
+            .lock()
+            .map(|s| s.node_id.clone())
+            .unwrap_or_default();
         loop {
+            let lost_node = lost_node.clone();
             let delay = tokio::time::sleep(backoff.next_delay());
             tokio::pin!(delay);
             loop {
@@ -559,13 +582,21 @@ impl Driver {
                 }
             }
             let req_id = self.alloc_req_id();
-            let attempt = connect_and_login(
-                self.cfg.url.clone(),
-                self.cfg.token.clone(),
-                self.cfg.device_id.clone(),
-                req_id,
-                self.cfg.request_timeout,
-            );
+            attempts += 1;
+            let cfg = self.cfg.clone();
+            let attempt = async move {
+                // Ask the cluster where to go, leaving out the node just lost.
+                let avoid = (!lost_node.is_empty()).then_some(lost_node.as_str());
+                let url = crate::route::target_url(&cfg, attempts, avoid).await?;
+                connect_and_login(
+                    url,
+                    cfg.token.clone(),
+                    cfg.device_id.clone(),
+                    req_id,
+                    cfg.request_timeout,
+                )
+                .await
+            };
             tokio::pin!(attempt);
             let result = loop {
                 tokio::select! {

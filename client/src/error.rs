@@ -39,6 +39,9 @@ pub enum ClientError {
     /// The client lost its connection while the request was in flight, or has stopped.
     #[error("disconnected")]
     Disconnected,
+    /// No `route_urls` seed answered `GET /v1/route`.
+    #[error("route: {0}")]
+    Route(String),
 }
 
 impl ClientError {

@@ -8,7 +8,7 @@
 //!
 //! Module map: `raw` (transport), `client` (handle, events, targets), `driver` (the
 //! background task), `tracker` (dedup and cursors), `backoff` (reconnect and retry
-//! timing), `config`, `error`.
+//! timing), `route` (asks `GET /v1/route` which node to connect to), `config`, `error`.
 
 #![warn(missing_docs)]
 
@@ -18,6 +18,7 @@ mod config;
 mod driver;
 mod error;
 pub mod raw;
+pub mod route;
 mod tracker;
 
 pub use client::{Client, Event, Target};

@@ -87,7 +87,6 @@ impl SeqTracker {
     }
 
     /// Highest contiguous seq seen in `conv` (0 when none).
-    #[cfg(test)]
     pub(crate) fn contiguous(&self, conv: &str) -> u64 {
         self.convs.get(conv).map_or(0, |c| c.contiguous)
     }

@@ -95,6 +95,84 @@ pub struct Config {
     pub obs: Obs,
     /// Logs: level, rolling files, per-uid filters, off-peak compression.
     pub log: LogConfig,
+    /// Cluster mode (with `nats_url`): registry TTL, load reports, routing.
+    pub cluster: ClusterConfig,
+}
+
+/// Cluster settings (`[cluster]`, DESIGN.md section 10); used when `nats_url` is set.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// A node whose load report is older than this is out of rotation.
+    pub ttl_secs: u32,
+    /// How often this node publishes its load report.
+    pub report_interval_ms: u32,
+    /// WebSocket URL clients use to reach this node; empty: `ws://<client listener>/ws`.
+    pub advertise_url: String,
+    /// Prefix of the NATS subjects and KV buckets (several clusters may share one NATS).
+    pub prefix: String,
+    /// Weight of CPU busy in the routing score `(connections + 1) * (1 + cpu_weight * cpu_busy)`.
+    pub cpu_weight: f64,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            ttl_secs: 15,
+            report_interval_ms: 2000,
+            advertise_url: String::new(),
+            prefix: "im".into(),
+            cpu_weight: 1.0,
+        }
+    }
+}
+
+impl ClusterConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        range("cluster.ttl_secs", self.ttl_secs, 1, 3600)?;
+        range(
+            "cluster.report_interval_ms",
+            self.report_interval_ms,
+            100,
+            600_000,
+        )?;
+        if u64::from(self.report_interval_ms) * 2 > u64::from(self.ttl_secs) * 1000 {
+            return Err(invalid(
+                "cluster.report_interval_ms",
+                self.report_interval_ms,
+                "must be at most half of cluster.ttl_secs (in ms), or live nodes drop out",
+            ));
+        }
+        let u = &self.advertise_url;
+        if !(u.is_empty() || u.starts_with("ws://") || u.starts_with("wss://")) {
+            return Err(invalid(
+                "cluster.advertise_url",
+                u,
+                "use ws://HOST:PORT/ws or wss://..., or leave it empty",
+            ));
+        }
+        if self.prefix.is_empty()
+            || self.prefix.len() > 64
+            || !self
+                .prefix
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'))
+        {
+            return Err(invalid(
+                "cluster.prefix",
+                &self.prefix,
+                "use 1-64 characters of A-Z a-z 0-9 _ -",
+            ));
+        }
+        if !(0.0..=100.0).contains(&self.cpu_weight) {
+            return Err(invalid(
+                "cluster.cpu_weight",
+                self.cpu_weight,
+                "must be between 0 and 100",
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Log settings (`[log]`): global level, rolling JSON files, per-uid filters and the
@@ -357,6 +435,7 @@ impl Default for Config {
             store: StoreConfig::default(),
             obs: Obs::default(),
             log: LogConfig::default(),
+            cluster: ClusterConfig::default(),
         }
     }
 }
@@ -585,7 +664,31 @@ impl Config {
             1 << 30,
         )?;
         self.log.validate()?;
+        self.cluster.validate()?;
+        let nats = self.nats_url.trim();
+        if !nats.is_empty() {
+            if !(nats.starts_with("nats://") || nats.starts_with("tls://") || !nats.contains("://"))
+            {
+                return Err(invalid(
+                    "nats_url",
+                    nats,
+                    "use nats://HOST:PORT (or HOST:PORT)",
+                ));
+            }
+            if !matches!(self.database()?, Database::Postgres(_)) {
+                return Err(invalid(
+                    "nats_url",
+                    nats,
+                    "cluster mode needs a shared Postgres database_url (nodes share messages, cursors and groups)",
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// Whether this node runs in cluster mode (`nats_url` set).
+    pub fn clustered(&self) -> bool {
+        !self.nats_url.trim().is_empty()
     }
 
     /// The database this config selects.

@@ -10,6 +10,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod cluster;
 pub mod config;
 pub mod flow;
 pub mod gateway;
@@ -59,6 +60,8 @@ pub struct Node {
     pub started: Instant,
     /// Set while shutting down.
     pub draining: Arc<AtomicBool>,
+    /// Cluster mode (`nats_url` set): registry, presence, cross-node delivery.
+    pub cluster: Option<Arc<cluster::Cluster>>,
     snapshot: Arc<RwLock<obs::sampler::Snapshot>>,
 }
 
@@ -112,6 +115,7 @@ pub struct Running {
     writer: tokio::task::JoinHandle<()>,
     servers: Vec<tokio::task::JoinHandle<()>>,
     compactor: Option<obs::compactor::CompactorHandle>,
+    report: cluster::ReportFn,
 }
 
 impl Node {
@@ -127,10 +131,24 @@ impl Node {
             config.node_id.clone()
         };
 
+        let cluster = if config.clustered() {
+            Some(Arc::new(
+                cluster::Cluster::connect(&config, &node_id)
+                    .await
+                    .context("starting cluster mode")?,
+            ))
+        } else {
+            None
+        };
         let relations = Arc::new(Relations::new(store.clone()));
+        let (group_tx, group_rx) = mpsc::unbounded_channel();
+        if cluster.is_some() {
+            relations.notify_changes(group_tx);
+        }
         let router = Arc::new(Router::new(
             metrics.clone(),
             config.flow.notify_group_threshold,
+            cluster.as_ref().map(|c| c.link.clone()),
         ));
         let (route_tx, route_rx) = mpsc::channel(1024);
         tokio::spawn(router.clone().run(route_rx));
@@ -147,7 +165,7 @@ impl Node {
         ));
         let pipeline = Arc::new(Pipeline {
             store: store.clone(),
-            relations,
+            relations: relations.clone(),
             persist,
             router,
             limits: config.limits.clone(),
@@ -181,6 +199,7 @@ impl Node {
             prometheus,
             started: Instant::now(),
             draining: draining.clone(),
+            cluster: cluster.clone(),
             snapshot,
         });
         let gateway = Gateway::new(
@@ -201,8 +220,26 @@ impl Node {
             .with_context(|| format!("binding admin_listen = {}", config.admin_listen))?;
         let client_addr = client.local_addr()?;
         let admin_addr = admin.local_addr()?;
+        let ws_url = if config.cluster.advertise_url.is_empty() {
+            if client_addr.ip().is_unspecified() && cluster.is_some() {
+                tracing::warn!(
+                    listen = %config.listen,
+                    "cluster.advertise_url is empty and the client listener is on a wildcard address: other nodes will route clients to ws://{client_addr}/ws; set cluster.advertise_url"
+                );
+            }
+            format!("ws://{client_addr}/ws")
+        } else {
+            config.cluster.advertise_url.clone()
+        };
+        let route_api = cluster::RouteApi {
+            node_id: node.node_id.clone(),
+            ws_url: ws_url.clone(),
+            registry: cluster.as_ref().map(|c| c.link.registry.clone()),
+            draining: node.draining.clone(),
+        };
         let client_app = gateway
             .router()
+            .merge(cluster::route_api(route_api))
             .into_make_service_with_connect_info::<SocketAddr>();
         let admin_app = admin::router(node.clone());
         let (sndbuf, rcvbuf) = (
@@ -210,7 +247,20 @@ impl Node {
             config.flow.socket_recv_buffer_bytes as usize,
         );
         let (log_tasks, compactor) = start_log_tasks(&config, snapshot_of(&node));
-        let servers = vec![
+        let report = load_report(&node, ws_url, format!("http://{admin_addr}"));
+        let mut cluster_tasks = Vec::new();
+        if let Some(c) = &cluster {
+            cluster_tasks = c
+                .start(
+                    node.pipeline.router.clone(),
+                    relations,
+                    group_rx,
+                    report.clone(),
+                )
+                .await
+                .context("starting cluster mode")?;
+        }
+        let mut servers = vec![
             sampler,
             log_tasks,
             tokio::spawn(async move {
@@ -234,6 +284,7 @@ impl Node {
                 }
             }),
         ];
+        servers.extend(cluster_tasks);
         Ok(Running {
             node,
             client_addr,
@@ -241,6 +292,7 @@ impl Node {
             writer,
             servers,
             compactor,
+            report,
         })
     }
 }
@@ -251,6 +303,11 @@ impl Running {
     pub async fn shutdown(self, deadline: Duration) {
         let node = self.node;
         node.draining.store(true, Ordering::Relaxed);
+        if let Some(c) = &node.cluster {
+            // Out of rotation at once; other nodes stop routing new clients here.
+            let _ =
+                tokio::time::timeout(Duration::from_secs(1), c.report_now(&(self.report)())).await;
+        }
         node.conns.close_all(CloseReason::new(
             CloseReason::GOING_AWAY,
             "server shutting down",
@@ -270,8 +327,36 @@ impl Running {
             node.pipeline.persist.flush(),
         )
         .await;
+        if let Some(c) = &node.cluster {
+            let left = end.saturating_duration_since(Instant::now()) + Duration::from_secs(1);
+            let _ = tokio::time::timeout(left, c.leave()).await;
+        }
         drop(self.writer);
     }
+}
+
+/// This node's load report for the cluster registry, built from the sampler's snapshot.
+fn load_report(node: &Arc<Node>, ws_url: String, admin_url: String) -> cluster::ReportFn {
+    let node = node.clone();
+    Arc::new(move || {
+        let s = node.snapshot();
+        cluster::registry::LoadReport {
+            node_id: node.node_id.clone(),
+            ws_url: ws_url.clone(),
+            admin_url: admin_url.clone(),
+            connections: node.conns.len() as u64,
+            users_online: node.pipeline.router.users_online() as u64,
+            msg_rate_in: s.msg_rate_in,
+            msg_rate_out: s.msg_rate_out,
+            rss_bytes: s.process.rss_bytes,
+            cpu_busy: s.cpu_busy,
+            headroom_connections: s.capacity.headroom_connections,
+            limiting_resource: s.capacity.limiting_resource.to_string(),
+            draining: node.draining.load(Ordering::Relaxed),
+            uptime_secs: node.started.elapsed().as_secs(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+        }
+    })
 }
 
 fn snapshot_of(node: &Node) -> Arc<RwLock<obs::sampler::Snapshot>> {

@@ -6,6 +6,7 @@ mod support;
 mod bad_input;
 mod chat;
 mod cli;
+mod cluster;
 mod dashboards;
 mod diag;
 mod durability;

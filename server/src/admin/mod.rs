@@ -75,6 +75,11 @@ async fn readyz(State(node): State<Arc<Node>>) -> Response {
     if node.draining.load(Ordering::Relaxed) {
         return error(StatusCode::SERVICE_UNAVAILABLE, "draining");
     }
+    if let Some(c) = &node.cluster {
+        if !c.link.connected() {
+            return error(StatusCode::SERVICE_UNAVAILABLE, "NATS not connected");
+        }
+    }
     match node.store.ping().await {
         Ok(()) => (StatusCode::OK, "ready").into_response(),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, format!("store: {e}")),
@@ -120,8 +125,43 @@ async fn overview(State(node): State<Arc<Node>>) -> Response {
         "process": snap.process,
         "cpu_busy": snap.cpu_busy,
         "capacity": snap.capacity,
+        "cluster": cluster_view(&node),
     }))
     .into_response()
+}
+
+/// The overview's `cluster` object: every node of the registry and a summary (one node,
+/// this one, in single-node mode).
+fn cluster_view(node: &Node) -> serde_json::Value {
+    let Some(c) = &node.cluster else {
+        return serde_json::json!({ "enabled": false, "nodes": [], "summary": null });
+    };
+    let nodes = c.link.registry.view();
+    let healthy: Vec<_> = nodes.iter().filter(|n| n.healthy).collect();
+    let sum_u = |f: fn(&crate::cluster::registry::LoadReport) -> u64| {
+        healthy.iter().map(|n| f(&n.report)).sum::<u64>()
+    };
+    let sum_f = |f: fn(&crate::cluster::registry::LoadReport) -> f64| {
+        healthy.iter().map(|n| f(&n.report)).sum::<f64>()
+    };
+    serde_json::json!({
+        "enabled": true,
+        "node_id": node.node_id,
+        "ttl_secs": c.link.registry.ttl().as_secs(),
+        "users_on_other_nodes": c.link.presence.len(),
+        "nats_connected": c.link.connected(),
+        "nodes": nodes,
+        "summary": {
+            "nodes": nodes.len(),
+            "healthy": healthy.len(),
+            "connections": sum_u(|r| r.connections),
+            "users_online": sum_u(|r| r.users_online),
+            "msg_rate_in": sum_f(|r| r.msg_rate_in),
+            "msg_rate_out": sum_f(|r| r.msg_rate_out),
+            "rss_bytes": sum_u(|r| r.rss_bytes),
+            "headroom_connections": sum_u(|r| r.headroom_connections),
+        },
+    })
 }
 
 /// One connection as the admin API lists it.

@@ -3,7 +3,9 @@
 //! writer after each committed group change).
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
+
+use tokio::sync::mpsc;
 
 use crate::store::{Store, StoreError};
 
@@ -14,6 +16,7 @@ pub type Members = Arc<[String]>;
 pub struct Relations {
     store: Arc<dyn Store>,
     groups: RwLock<HashMap<String, Members>>,
+    changes: OnceLock<mpsc::UnboundedSender<String>>,
 }
 
 impl Relations {
@@ -22,6 +25,20 @@ impl Relations {
         Relations {
             store,
             groups: RwLock::new(HashMap::new()),
+            changes: OnceLock::new(),
+        }
+    }
+
+    /// Also reports every committed change's group id on `tx` (cluster mode: the other
+    /// nodes evict their cached copy).
+    pub fn notify_changes(&self, tx: mpsc::UnboundedSender<String>) {
+        let _ = self.changes.set(tx);
+    }
+
+    /// Drops a cached group (changed on another node); the next use reads the store.
+    pub fn evict(&self, group_id: &str) {
+        if let Ok(mut g) = self.groups.write() {
+            g.remove(group_id);
         }
     }
 
@@ -59,6 +76,9 @@ impl Relations {
         members.sort();
         if let Ok(mut g) = self.groups.write() {
             g.insert(group_id.to_string(), members.into());
+        }
+        if let Some(tx) = self.changes.get() {
+            let _ = tx.send(group_id.to_string());
         }
     }
 

@@ -1,6 +1,8 @@
 //! Route stage: the online-session registry (user -> connections on this node) and the
 //! fan-out of committed messages. Each message is encoded once and the bytes are shared
-//! by every recipient's outbound queue.
+//! by every recipient's outbound queue. In cluster mode the same bytes go once to each
+//! other node with recipients online (`cluster::Link`), and envelopes from other nodes
+//! come back in through [`Router::deliver_remote`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -10,6 +12,7 @@ use im_proto::{frame, Body, ChatMessage, Deliver};
 use tokio::sync::mpsc;
 
 use super::relation::Members;
+use crate::cluster::{Forward, Link};
 use crate::flow::{Outbound, Pushed};
 use crate::obs::{EndToEnd, Metrics, Stage};
 
@@ -20,6 +23,19 @@ pub enum Recipients {
     Direct(String, String),
     /// Every member of a group.
     Group(Members),
+}
+
+impl Recipients {
+    /// Every recipient user id, once.
+    pub fn users(&self) -> impl Iterator<Item = &str> + Clone + '_ {
+        let (a, b, group): (Option<&str>, Option<&str>, &[String]) = match self {
+            Recipients::Direct(a, b) => (Some(a.as_str()), (a != b).then_some(b.as_str()), &[]),
+            Recipients::Group(m) => (None, None, &m[..]),
+        };
+        a.into_iter()
+            .chain(b)
+            .chain(group.iter().map(String::as_str))
+    }
 }
 
 /// A committed message on its way to recipients.
@@ -41,11 +57,13 @@ pub struct Router {
     notify_threshold: usize,
     hint: bytes::Bytes,
     hints: metrics::Counter,
+    link: Option<Arc<Link>>,
 }
 
 impl Router {
-    /// An empty registry; groups above `notify_threshold` members get sync hints.
-    pub fn new(metrics: Metrics, notify_threshold: u32) -> Self {
+    /// An empty registry; groups above `notify_threshold` members get sync hints; with a
+    /// `link`, recipients on other nodes get the message through it.
+    pub fn new(metrics: Metrics, notify_threshold: u32, link: Option<Arc<Link>>) -> Self {
         let hint = im_proto::encode(&frame(
             0,
             Body::SyncResp(im_proto::SyncResponse {
@@ -59,6 +77,7 @@ impl Router {
             notify_threshold: notify_threshold as usize,
             hint,
             hints: metrics::counter!("im_sync_hints_total"),
+            link,
         }
     }
 
@@ -77,20 +96,33 @@ impl Router {
 
     /// Registers a logged-in connection for `user`.
     pub fn register(&self, user: &str, out: Arc<Outbound>) {
-        if let Ok(mut s) = self.sessions.write() {
-            s.entry(user.to_string()).or_default().push(out);
+        let first = match self.sessions.write() {
+            Ok(mut s) => {
+                let list = s.entry(user.to_string()).or_default();
+                list.push(out);
+                list.len() == 1
+            }
+            Err(_) => false,
+        };
+        if let (true, Some(link)) = (first, &self.link) {
+            link.user_up(user);
         }
     }
 
     /// Removes a connection of `user`.
     pub fn unregister(&self, user: &str, conn_id: u64) {
+        let mut last = false;
         if let Ok(mut s) = self.sessions.write() {
             if let Some(list) = s.get_mut(user) {
                 list.retain(|o| o.conn_id != conn_id);
                 if list.is_empty() {
                     s.remove(user);
+                    last = true;
                 }
             }
+        }
+        if let (true, Some(link)) = (last, &self.link) {
+            link.user_down(user);
         }
     }
 
@@ -108,14 +140,21 @@ impl Router {
     }
 
     /// Fans out one committed message: encode once, push the shared bytes to every
-    /// recipient connection but the sender's own.
-    pub fn deliver(&self, d: Delivery) {
+    /// recipient connection here but the sender's own; returns the part for other nodes.
+    pub fn deliver(&self, d: Delivery) -> Option<Forward> {
         let t = Instant::now();
         if let Recipients::Group(members) = &d.recipients {
             if members.len() > self.notify_threshold {
                 self.hint_members(members, d.origin_conn);
+                let forward = self.link.as_ref().and_then(|l| {
+                    l.plan(
+                        members.iter().map(String::as_str),
+                        &bytes::Bytes::new(),
+                        false,
+                    )
+                });
                 self.metrics.stage_since(Stage::Route, t);
-                return;
+                return forward;
             }
         }
         let direct = matches!(d.recipients, Recipients::Direct(..));
@@ -129,25 +168,39 @@ impl Router {
         self.metrics.stage_since(Stage::Encode, t);
         let t = Instant::now();
         let e2e = EndToEnd::new(d.started);
+        self.push_users(
+            d.recipients.users(),
+            &bytes,
+            direct,
+            d.origin_conn,
+            Some(&e2e),
+        );
+        let forward = self
+            .link
+            .as_ref()
+            .and_then(|l| l.plan(d.recipients.users(), &bytes, direct));
+        self.metrics.stage_since(Stage::Route, t);
+        e2e.done(&self.metrics);
+        forward
+    }
+
+    /// Pushes `bytes` to every connection here of `users` but `origin_conn`; counts them.
+    fn push_users<'a>(
+        &self,
+        users: impl Iterator<Item = &'a str>,
+        bytes: &bytes::Bytes,
+        critical: bool,
+        origin_conn: u64,
+        e2e: Option<&Arc<EndToEnd>>,
+    ) {
         let mut queued = 0u64;
         if let Ok(sessions) = self.sessions.read() {
-            let mut push_to = |user: &str| {
-                for out in sessions.get(user).into_iter().flatten() {
-                    if out.conn_id != d.origin_conn
-                        && out.push_traced(bytes.clone(), direct, Some(&e2e)) == Pushed::Queued
-                    {
-                        queued += 1;
-                    }
+            for out in users.filter_map(|u| sessions.get(u)).flatten() {
+                if out.conn_id != origin_conn
+                    && out.push_traced(bytes.clone(), critical, e2e) == Pushed::Queued
+                {
+                    queued += 1;
                 }
-            };
-            match &d.recipients {
-                Recipients::Direct(a, b) => {
-                    push_to(a);
-                    if a != b {
-                        push_to(b);
-                    }
-                }
-                Recipients::Group(members) => members.iter().for_each(|m| push_to(m)),
             }
         }
         self.metrics.delivered.increment(queued);
@@ -155,15 +208,27 @@ impl Router {
             .totals
             .messages_out
             .fetch_add(queued, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Delivers an envelope from another node to this node's sessions of `users`: the
+    /// encoded frame, or a sync hint when `frame` is empty.
+    pub fn deliver_remote(&self, users: &[String], frame: &bytes::Bytes, direct: bool) {
+        let t = Instant::now();
+        if frame.is_empty() {
+            self.hint_members(users, 0);
+        } else {
+            self.push_users(users.iter().map(String::as_str), frame, direct, 0, None);
+        }
         self.metrics.stage_since(Stage::Route, t);
-        e2e.done(&self.metrics);
     }
 
     /// The router task: delivers committed batches in commit order.
     pub async fn run(self: Arc<Self>, mut rx: mpsc::Receiver<Vec<Delivery>>) {
         while let Some(batch) = rx.recv().await {
             for d in batch {
-                self.deliver(d);
+                if let (Some(f), Some(link)) = (self.deliver(d), &self.link) {
+                    link.forward(f).await;
+                }
             }
         }
     }

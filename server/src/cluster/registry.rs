@@ -1,0 +1,299 @@
+//! Node registry: the last load report of every node, as read from the KV bucket
+//! `<prefix>-nodes`, which node is alive (a report younger than the TTL), and the routing
+//! choice for a new connection (least loaded, weighted by connections and CPU). Pure
+//! data: the KV watch in `cluster` feeds it; `/v1/route`, the router and the admin
+//! overview read it.
+
+use std::collections::HashMap;
+use std::sync::RwLock;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+/// What a node publishes about itself every `cluster.report_interval_ms`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LoadReport {
+    /// The node's id.
+    pub node_id: String,
+    /// WebSocket URL clients use to reach it.
+    pub ws_url: String,
+    /// Its admin listener, `http://IP:PORT`.
+    pub admin_url: String,
+    /// Live connections.
+    pub connections: u64,
+    /// Distinct users online.
+    pub users_online: u64,
+    /// Sends accepted per second.
+    pub msg_rate_in: f64,
+    /// Message copies queued per second.
+    pub msg_rate_out: f64,
+    /// Resident memory.
+    pub rss_bytes: u64,
+    /// CPU busy ratio of the node's cores (0..1).
+    pub cpu_busy: f64,
+    /// More connections it can take (capacity headroom).
+    pub headroom_connections: u64,
+    /// The resource that limits the headroom.
+    pub limiting_resource: String,
+    /// Shutting down: out of rotation, still delivering to its clients.
+    pub draining: bool,
+    /// Seconds since it started.
+    pub uptime_secs: u64,
+    /// im-server version.
+    pub version: String,
+}
+
+/// One node as the admin overview shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeView {
+    /// The last report.
+    #[serde(flatten)]
+    pub report: LoadReport,
+    /// Age of that report, ms.
+    pub report_age_ms: u64,
+    /// Report younger than the TTL.
+    pub healthy: bool,
+    /// `up`, `draining` or `down`.
+    pub state: &'static str,
+    /// The routing score (lower is chosen first).
+    pub score: f64,
+}
+
+struct Seen {
+    report: LoadReport,
+    at: Instant,
+    /// Connections routed to it since its last report (they are not in it yet).
+    pending: u64,
+}
+
+/// The registry cache of one node.
+pub struct Registry {
+    ttl: Duration,
+    cpu_weight: f64,
+    nodes: RwLock<HashMap<String, Seen>>,
+}
+
+/// The routing score: `(connections + pending + 1) * (1 + cpu_weight * cpu_busy)`; lower
+/// is less loaded. Connections count first (long-lived, each one costs memory), CPU
+/// weights them (a busy node takes fewer), as in the seeds' "least connections, weighted".
+pub fn score(r: &LoadReport, pending: u64, cpu_weight: f64) -> f64 {
+    (r.connections + pending + 1) as f64 * (1.0 + cpu_weight * r.cpu_busy.clamp(0.0, 1.0))
+}
+
+impl Registry {
+    /// An empty registry; reports older than `ttl` are out of rotation.
+    pub fn new(ttl: Duration, cpu_weight: f64) -> Self {
+        Registry {
+            ttl,
+            cpu_weight,
+            nodes: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// The TTL.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Records a report received now that was written `age` ago.
+    pub fn observe(&self, report: LoadReport, age: Duration) {
+        let now = Instant::now();
+        self.observe_at(report, now.checked_sub(age).unwrap_or(now));
+    }
+
+    /// Records a report written at `at`.
+    pub fn observe_at(&self, report: LoadReport, at: Instant) {
+        if let Ok(mut n) = self.nodes.write() {
+            n.insert(
+                report.node_id.clone(),
+                Seen {
+                    report,
+                    at,
+                    pending: 0,
+                },
+            );
+            // Forget nodes silent for a long time (ids of retired nodes).
+            let forget = self.ttl * 20;
+            n.retain(|_, s| s.at.elapsed() < forget);
+        }
+    }
+
+    /// Forgets a node (its key was deleted: a clean shutdown).
+    pub fn remove(&self, node_id: &str) {
+        if let Ok(mut n) = self.nodes.write() {
+            n.remove(node_id);
+        }
+    }
+
+    /// Whether `node_id` reported within the TTL.
+    pub fn alive(&self, node_id: &str) -> bool {
+        self.nodes
+            .read()
+            .ok()
+            .and_then(|n| n.get(node_id).map(|s| s.at.elapsed() < self.ttl))
+            .unwrap_or(false)
+    }
+
+    /// Ids of the nodes that reported within the TTL.
+    pub fn live_nodes(&self) -> Vec<String> {
+        self.nodes
+            .read()
+            .map(|n| {
+                n.iter()
+                    .filter(|(_, s)| s.at.elapsed() < self.ttl)
+                    .map(|(id, _)| id.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Every known node, sorted by id.
+    pub fn view(&self) -> Vec<NodeView> {
+        self.view_at(Instant::now())
+    }
+
+    /// As [`Registry::view`] at `now`.
+    pub fn view_at(&self, now: Instant) -> Vec<NodeView> {
+        let mut v: Vec<NodeView> = self
+            .nodes
+            .read()
+            .map(|n| {
+                n.values()
+                    .map(|s| {
+                        let age = now.saturating_duration_since(s.at);
+                        let healthy = age < self.ttl;
+                        NodeView {
+                            report: s.report.clone(),
+                            report_age_ms: age.as_millis() as u64,
+                            healthy,
+                            state: match (healthy, s.report.draining) {
+                                (false, _) => "down",
+                                (true, true) => "draining",
+                                (true, false) => "up",
+                            },
+                            score: score(&s.report, s.pending, self.cpu_weight),
+                        }
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort_by(|a, b| a.report.node_id.cmp(&b.report.node_id));
+        v
+    }
+
+    /// The least-loaded healthy node that is not draining and not in `avoid`, counted as
+    /// one more pending connection so a burst of routes spreads before the next report.
+    /// Nodes with capacity headroom left go first; `None` when no node qualifies.
+    pub fn choose(&self, avoid: &[&str]) -> Option<LoadReport> {
+        self.choose_at(Instant::now(), avoid)
+    }
+
+    /// As [`Registry::choose`] at `now`.
+    pub fn choose_at(&self, now: Instant, avoid: &[&str]) -> Option<LoadReport> {
+        let mut n = self.nodes.write().ok()?;
+        let best = n
+            .iter()
+            .filter(|(id, s)| {
+                now.saturating_duration_since(s.at) < self.ttl
+                    && !s.report.draining
+                    && !s.report.ws_url.is_empty()
+                    && !avoid.contains(&id.as_str())
+            })
+            .min_by(|(_, a), (_, b)| {
+                // No headroom left (a node that has not measured yet names no resource).
+                let full = |s: &Seen| {
+                    s.report.headroom_connections == 0 && !s.report.limiting_resource.is_empty()
+                };
+                full(a).cmp(&full(b)).then(
+                    score(&a.report, a.pending, self.cpu_weight).total_cmp(&score(
+                        &b.report,
+                        b.pending,
+                        self.cpu_weight,
+                    )),
+                )
+            })
+            .map(|(id, _)| id.clone())?;
+        let s = n.get_mut(&best)?;
+        s.pending += 1;
+        Some(s.report.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(id: &str, connections: u64, cpu: f64) -> LoadReport {
+        LoadReport {
+            node_id: id.into(),
+            ws_url: format!("ws://{id}/ws"),
+            connections,
+            cpu_busy: cpu,
+            headroom_connections: 1000,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn picks_least_connections_weighted_by_cpu() {
+        let r = Registry::new(Duration::from_secs(15), 1.0);
+        let now = Instant::now();
+        r.observe_at(report("a", 100, 0.0), now);
+        r.observe_at(report("b", 60, 0.9), now);
+        r.observe_at(report("c", 80, 0.1), now);
+        // a: 101, b: 61 * 1.9 = 115.9, c: 81 * 1.1 = 89.1
+        assert_eq!(r.choose_at(now, &[]).unwrap().node_id, "c");
+        assert_eq!(r.choose_at(now, &["c"]).unwrap().node_id, "a");
+    }
+
+    #[test]
+    fn a_burst_spreads_before_the_next_report() {
+        let r = Registry::new(Duration::from_secs(15), 0.0);
+        let now = Instant::now();
+        r.observe_at(report("a", 50, 0.0), now);
+        r.observe_at(report("b", 0, 0.0), now);
+        r.observe_at(report("c", 0, 0.0), now);
+        let mut count = HashMap::new();
+        for _ in 0..100 {
+            *count
+                .entry(r.choose_at(now, &[]).unwrap().node_id)
+                .or_insert(0) += 1;
+        }
+        // b and c fill up to a's 50 first, then all three share the rest.
+        assert!((48..=52).contains(&count["b"]), "{count:?}");
+        assert!((48..=52).contains(&count["c"]), "{count:?}");
+        assert!(count.get("a").copied().unwrap_or(0) <= 2, "{count:?}");
+        // A new report from b resets its pending count.
+        r.observe_at(report("b", 50, 0.0), now);
+        assert_eq!(r.choose_at(now, &[]).unwrap().node_id, "b");
+    }
+
+    #[test]
+    fn stale_draining_and_full_nodes_are_out_of_rotation() {
+        let ttl = Duration::from_secs(15);
+        let r = Registry::new(ttl, 1.0);
+        let now = Instant::now() + Duration::from_secs(60);
+        r.observe_at(report("old", 0, 0.0), now - Duration::from_secs(16));
+        let mut d = report("drain", 0, 0.0);
+        d.draining = true;
+        r.observe_at(d, now);
+        let mut full = report("full", 0, 0.0);
+        full.headroom_connections = 0;
+        full.limiting_resource = "fds".into();
+        r.observe_at(full, now);
+        r.observe_at(report("busy", 500, 0.5), now);
+        assert_eq!(r.choose_at(now, &[]).unwrap().node_id, "busy");
+        assert_eq!(r.choose_at(now, &["busy"]).unwrap().node_id, "full");
+        assert!(r.choose_at(now, &["busy", "full"]).is_none());
+        let states: Vec<(String, &str)> = r
+            .view_at(now)
+            .into_iter()
+            .map(|v| (v.report.node_id, v.state))
+            .collect();
+        assert!(states.contains(&("old".into(), "down")), "{states:?}");
+        assert!(states.contains(&("drain".into(), "draining")), "{states:?}");
+        r.remove("busy");
+        assert_eq!(r.view_at(now).len(), 3);
+    }
+}

@@ -1,0 +1,189 @@
+//! Cluster helpers: several real `im-server` processes sharing the local Postgres (a
+//! fresh schema per cluster, `IM_TEST_DATABASE_URL`) and the local NATS (a fresh subject
+//! and bucket prefix per cluster, `IM_TEST_NATS_URL`, default `nats://127.0.0.1:4222`).
+
+use std::time::{Duration, Instant};
+
+use im_client::{Client, ClientConfig};
+
+use super::{TestServer, WAIT};
+
+/// The Postgres the cluster tests use.
+pub fn pg_url() -> String {
+    std::env::var("IM_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string())
+}
+
+/// The NATS (with JetStream) the cluster tests use.
+pub fn nats_url() -> String {
+    std::env::var("IM_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_string())
+}
+
+/// Nodes `n0`, `n1`, ... of one cluster.
+pub struct TestCluster {
+    /// The nodes, by index (a killed node stays in place, dead).
+    pub nodes: Vec<TestServer>,
+    /// The Postgres schema of this cluster.
+    pub schema: String,
+    /// The NATS prefix of this cluster.
+    pub prefix: String,
+    /// Registry TTL given to the nodes.
+    pub ttl: Duration,
+}
+
+impl TestCluster {
+    /// Starts `n` nodes (registry TTL 3 s, reports every 300 ms) and waits until every
+    /// node sees all of them healthy.
+    pub async fn start(n: usize, extra: &[(&str, &str)]) -> TestCluster {
+        let id = uuid::Uuid::now_v7().simple().to_string().to_lowercase();
+        let schema = format!("t_{id}");
+        let prefix = format!("t{id}");
+        let admin = sqlx::PgPool::connect(&pg_url())
+            .await
+            .unwrap_or_else(|e| panic!("Postgres at {} is required: {e}", pg_url()));
+        sqlx::query(&format!("CREATE SCHEMA {schema}"))
+            .execute(&admin)
+            .await
+            .expect("create schema");
+        admin.close().await;
+        sweep_stale_buckets().await;
+        let db = format!("{}?options[search_path]={schema}", pg_url());
+        let ttl = Duration::from_secs(3);
+        let ttl_s = ttl.as_secs().to_string();
+        let nats = nats_url();
+        let mut nodes = Vec::new();
+        for i in 0..n {
+            let node_id = format!("n{i}");
+            let mut env: Vec<(&str, &str)> = vec![
+                ("IM_DATABASE_URL", &db),
+                ("IM_NATS_URL", &nats),
+                ("IM_NODE_ID", &node_id),
+                ("IM_CLUSTER_PREFIX", &prefix),
+                ("IM_CLUSTER_TTL_SECS", &ttl_s),
+                ("IM_CLUSTER_REPORT_INTERVAL_MS", "300"),
+                ("IM_OBS_SAMPLE_INTERVAL_MS", "200"),
+            ];
+            env.extend_from_slice(extra);
+            nodes.push(TestServer::start_with(&env));
+        }
+        let c = TestCluster {
+            nodes,
+            schema,
+            prefix,
+            ttl,
+        };
+        for i in 0..n {
+            c.wait_for(i, &format!("node {i} to see {n} healthy nodes"), |o| {
+                o["cluster"]["summary"]["healthy"] == n
+            })
+            .await;
+        }
+        c
+    }
+
+    /// Node `i`'s admin overview.
+    pub fn overview(&self, i: usize) -> serde_json::Value {
+        let (status, body) = self.nodes[i].admin_get("/admin/v1/overview");
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str(&body).expect("overview JSON")
+    }
+
+    /// Waits until node `i`'s overview satisfies `f`.
+    pub async fn wait_for(&self, i: usize, what: &str, f: impl Fn(&serde_json::Value) -> bool) {
+        let end = Instant::now() + WAIT;
+        loop {
+            let o = self.overview(i);
+            if f(&o) {
+                return;
+            }
+            if Instant::now() > end {
+                panic!(
+                    "timed out waiting for {what}; overview cluster: {}",
+                    o["cluster"]
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until every node in `live` knows the users on the other nodes: `total_users`
+    /// less its own (online users are distinct per node in these tests).
+    pub async fn wait_presence(&self, live: &[usize], total_users: u64) {
+        for &i in live {
+            self.wait_for(i, &format!("node {i} to see the other nodes' users"), |o| {
+                let mine = o["users_online"].as_u64().unwrap_or(0);
+                mine > 0 && o["cluster"]["users_on_other_nodes"] == total_users - mine
+            })
+            .await;
+        }
+    }
+
+    /// `http://` base URLs of every node's client listener (route seeds).
+    pub fn route_urls(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .map(|n| format!("http://{}", n.client_addr))
+            .collect()
+    }
+
+    /// An SDK client for `user` that connects through `/v1/route` (seeds: every node).
+    pub async fn routed_client(&self, user: &str) -> Client {
+        let mut cfg = ClientConfig::new("", self.nodes[0].token(user));
+        cfg.route_urls = self.route_urls();
+        cfg.reconnect_max = Duration::from_millis(500);
+        Client::connect(cfg).await.expect("routed client connect")
+    }
+
+    /// Which node (index) serves `node_id`.
+    pub fn index_of(&self, node_id: &str) -> usize {
+        node_id
+            .strip_prefix('n')
+            .and_then(|i| i.parse().ok())
+            .expect("node id n<i>")
+    }
+
+    /// Stops the nodes, drops the schema and deletes the buckets.
+    pub async fn cleanup(mut self) {
+        for n in &mut self.nodes {
+            n.kill();
+        }
+        if let Ok(admin) = sqlx::PgPool::connect(&pg_url()).await {
+            let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema))
+                .execute(&admin)
+                .await;
+        }
+        if let Ok(nc) = async_nats::connect(nats_url()).await {
+            let js = async_nats::jetstream::new(nc);
+            for b in ["nodes", "presence"] {
+                let _ = js.delete_key_value(format!("{}-{b}", self.prefix)).await;
+            }
+        }
+    }
+}
+
+/// Deletes KV buckets of test clusters more than an hour old (left by a failed run; their
+/// uuid v7 names carry the creation time).
+async fn sweep_stale_buckets() {
+    use futures_util::StreamExt;
+    let Ok(nc) = async_nats::connect(nats_url()).await else {
+        panic!("NATS at {} is required", nats_url());
+    };
+    let js = async_nats::jetstream::new(nc);
+    let mut names = js.stream_names();
+    let now_ms = im_client::proto::now_ms() as u64;
+    let mut stale = Vec::new();
+    while let Some(Ok(name)) = names.next().await {
+        let Some(rest) = name.strip_prefix("KV_t") else {
+            continue;
+        };
+        let created = rest
+            .get(..12)
+            .and_then(|hex| u64::from_str_radix(hex, 16).ok());
+        if created.is_some_and(|ms| now_ms.saturating_sub(ms) > 3_600_000) {
+            stale.push(name["KV_".len()..].to_string());
+        }
+    }
+    for bucket in stale {
+        let _ = js.delete_key_value(bucket).await;
+    }
+}
