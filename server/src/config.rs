@@ -364,6 +364,15 @@ pub struct Limits {
     pub send_rate_per_sec: u32,
     /// Sends one connection may burst above the sustained rate.
     pub send_burst: u32,
+    /// Pings per second one connection may sustain (0: unlimited); over it: RATE_LIMITED.
+    pub ping_rate_per_sec: u32,
+    /// Pings one connection may burst above the sustained rate.
+    pub ping_burst: u32,
+    /// RATE_LIMITED refusals (of Sends, and apart of Pings) one connection may collect
+    /// within `rate_limited_window_secs`; the next closes it (1008; 0: never).
+    pub max_rate_limited: u32,
+    /// The window `max_rate_limited` is counted in.
+    pub rate_limited_window_secs: u32,
 }
 
 /// Persistence (group commit) settings.
@@ -452,6 +461,10 @@ impl Default for Limits {
             max_group_members: 100_000,
             send_rate_per_sec: 500,
             send_burst: 1000,
+            ping_rate_per_sec: 10,
+            ping_burst: 20,
+            max_rate_limited: 100,
+            rate_limited_window_secs: 10,
         }
     }
 }
@@ -607,6 +620,20 @@ impl Config {
             l.max_group_members,
             2,
             10_000_000,
+        )?;
+        range(
+            "limits.ping_rate_per_sec",
+            l.ping_rate_per_sec,
+            0,
+            1_000_000,
+        )?;
+        range("limits.ping_burst", l.ping_burst, 1, 1_000_000)?;
+        range("limits.max_rate_limited", l.max_rate_limited, 0, 1_000_000)?;
+        range(
+            "limits.rate_limited_window_secs",
+            l.rate_limited_window_secs,
+            1,
+            3600,
         )?;
         let p = &self.persist;
         range("persist.batch_max", p.batch_max, 1, 10_000)?;
@@ -887,6 +914,54 @@ mod tests {
             ("IM_LOG_ZSTD_LEVEL", "30", "log.zstd_level"),
             ("IM_LOG_COMPRESS_CPU_SHARE", "0", "log.compress_cpu_share"),
             ("IM_LOG_PREFIX", "a/b", "log.prefix"),
+        ] {
+            let e = Config::load_from(None, &Overrides::default(), env(&[(var, value)]))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key) && e.contains(value), "{var}={value}: {e}");
+        }
+    }
+
+    #[test]
+    fn flood_limit_keys_default_and_validate() {
+        let c = Config::load_from(None, &Overrides::default(), env(&[])).unwrap();
+        assert_eq!(c.limits.ping_rate_per_sec, 10);
+        assert_eq!(c.limits.ping_burst, 20);
+        assert_eq!(c.limits.max_rate_limited, 100);
+        assert_eq!(c.limits.rate_limited_window_secs, 10);
+        let c = Config::load_from(
+            None,
+            &Overrides::default(),
+            env(&[
+                ("IM_LIMITS_PING_RATE_PER_SEC", "0"),
+                ("IM_LIMITS_MAX_RATE_LIMITED", "0"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.limits.ping_rate_per_sec, 0);
+        assert_eq!(c.limits.max_rate_limited, 0);
+        for (var, value, key) in [
+            ("IM_LIMITS_PING_BURST", "0", "limits.ping_burst"),
+            (
+                "IM_LIMITS_RATE_LIMITED_WINDOW_SECS",
+                "0",
+                "limits.rate_limited_window_secs",
+            ),
+            (
+                "IM_LIMITS_RATE_LIMITED_WINDOW_SECS",
+                "7200",
+                "limits.rate_limited_window_secs",
+            ),
+            (
+                "IM_LIMITS_MAX_RATE_LIMITED",
+                "2000000",
+                "limits.max_rate_limited",
+            ),
+            (
+                "IM_LIMITS_PING_RATE_PER_SEC",
+                "2000000",
+                "limits.ping_rate_per_sec",
+            ),
         ] {
             let e = Config::load_from(None, &Overrides::default(), env(&[(var, value)]))
                 .unwrap_err()

@@ -161,10 +161,23 @@ async fn each_bad_input_gets_its_error_and_others_are_unaffected() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_sockets_are_closed_after_the_login_timeout() {
     let server = TestServer::start_with(&[("IM_LIMITS_LOGIN_TIMEOUT_SECS", "1")]);
+    let opened = std::time::Instant::now();
     let mut c = server.raw_anonymous().await;
     let (code, reason, frames) = until_closed(&mut c).await;
+    let waited = opened.elapsed();
     assert_eq!(code, Some(1008), "{reason}");
+    assert_eq!(reason, "login timeout");
+    assert_eq!(frames.len(), 1, "{frames:?}");
     assert_eq!(error_code(&frames[0]), ErrorCode::Unauthenticated as i32);
+    assert!(
+        waited >= std::time::Duration::from_millis(900)
+            && waited < std::time::Duration::from_secs(5),
+        "closed after {waited:?} with a 1 s login timeout"
+    );
+    assert_eq!(
+        server.metric("im_bad_frames_total", &[("reason", "login_timeout")]),
+        1.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -181,4 +194,169 @@ async fn too_many_bad_frames_close_the_connection() {
         4,
         "one BAD_FRAME per bad frame up to the limit: {frames:?}"
     );
+}
+
+/// Sends `n` Pings without reading; returns the frames up to the close and the close.
+async fn flood_pings(c: &mut RawConn, n: u64) -> (Option<u16>, String, Vec<Frame>) {
+    for i in 0..n {
+        if c.send(&frame(
+            1000 + i,
+            Body::Ping(Ping {
+                client_time: i as i64,
+            }),
+        ))
+        .await
+        .is_err()
+        {
+            break;
+        }
+    }
+    until_closed(c).await
+}
+
+fn rate_limited(frames: &[Frame]) -> Vec<&im_client::proto::Error> {
+    frames
+        .iter()
+        .filter_map(|f| match &f.body {
+            Some(Body::Error(e)) if e.code == ErrorCode::RateLimited as i32 => Some(e),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ping_flood_is_rate_limited_then_closed() {
+    let server = TestServer::start_with(&[
+        ("IM_LIMITS_PING_RATE_PER_SEC", "1"),
+        ("IM_LIMITS_PING_BURST", "3"),
+        ("IM_LIMITS_MAX_RATE_LIMITED", "5"),
+    ]);
+    let mut bystander = server.raw("calm").await;
+    let mut c = server.raw("pinger").await;
+    // 3 answered, 6 refused: 12 is past the close without piling up unread data.
+    let (code, reason, frames) = flood_pings(&mut c, 12).await;
+    assert_eq!(code, Some(1008), "{reason}: {frames:?}");
+    assert_eq!(reason, "ping flood");
+    let pongs = frames
+        .iter()
+        .filter(|f| matches!(f.body, Some(Body::Pong(_))))
+        .count();
+    assert!(
+        (3..=4).contains(&pongs),
+        "{pongs} pongs: the burst of 3 (+1 refill at most)"
+    );
+    let limited = rate_limited(&frames);
+    assert_eq!(
+        limited.len(),
+        6,
+        "5 refusals tolerated, the 6th closes: {frames:?}"
+    );
+    assert!(limited
+        .iter()
+        .all(|e| e.retry_after_ms > 0 && e.message.contains("ping")));
+    assert_eq!(pongs + limited.len(), frames.len(), "{frames:?}");
+    assert_eq!(
+        server.metric("im_flood_disconnects_total", &[("frame", "ping")]),
+        1.0
+    );
+    assert_eq!(
+        server.metric("im_flood_disconnects_total", &[("frame", "send")]),
+        0.0
+    );
+    assert_eq!(
+        server.metric("im_connections_closed_total", &[("reason", "ping flood")]),
+        1.0
+    );
+    assert!(server.metric("im_bad_frames_total", &[("reason", "rate_limited")]) >= 6.0);
+    let log = server.log();
+    let warned: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("closing a flooding connection"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{log}");
+    assert!(
+        warned[0].contains("WARN") && warned[0].contains("ping"),
+        "{}",
+        warned[0]
+    );
+    // Pings within the limit are answered, and other connections never noticed.
+    ping_ok(&mut bystander, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_flood_past_the_threshold_is_closed() {
+    let server = TestServer::start_with(&[
+        ("IM_LIMITS_SEND_RATE_PER_SEC", "1"),
+        ("IM_LIMITS_SEND_BURST", "2"),
+        ("IM_LIMITS_MAX_RATE_LIMITED", "3"),
+    ]);
+    let mut c = server.raw("flooder").await;
+    // 2 accepted, 4 refused: 10 is past the close without piling up unread data.
+    for i in 0..10u64 {
+        if c.send(&send_to_user(i + 1, "victim", b"spam", &format!("f{i}")))
+            .await
+            .is_err()
+        {
+            break;
+        }
+    }
+    let (code, reason, frames) = until_closed(&mut c).await;
+    assert_eq!(code, Some(1008), "{reason}: {frames:?}");
+    assert_eq!(reason, "send flood");
+    let limited = rate_limited(&frames);
+    assert_eq!(
+        limited.len(),
+        4,
+        "3 refusals tolerated, the 4th closes: {frames:?}"
+    );
+    assert!(limited
+        .iter()
+        .all(|e| e.retry_after_ms > 0 && e.message.contains("send")));
+    let acked = frames
+        .iter()
+        .filter(|f| matches!(f.body, Some(Body::SendAck(_))))
+        .count();
+    assert!(
+        acked <= 3,
+        "{acked} acks with a burst of 2 (+1 refill at most)"
+    );
+    assert_eq!(
+        server.metric("im_flood_disconnects_total", &[("frame", "send")]),
+        1.0
+    );
+    assert_eq!(
+        server.metric("im_connections_closed_total", &[("reason", "send flood")]),
+        1.0
+    );
+    let log = server.log();
+    assert_eq!(
+        log.matches("closing a flooding connection").count(),
+        1,
+        "{log}"
+    );
+    // What was accepted before the close is stored and reaches the recipient.
+    let mut victim = server.raw("victim").await;
+    let mut got = raw_sync_all(&mut victim, 100).await;
+    for _ in 0..20 {
+        if got.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        got = raw_sync_all(&mut victim, 100).await;
+    }
+    assert!(
+        (2..=3).contains(&got.len()),
+        "{} messages stored",
+        got.len()
+    );
+    assert!(got
+        .iter()
+        .all(|m| m.sender == "flooder" && &m.payload[..] == b"spam"));
+    // The flooder may come back (a fresh connection has a fresh budget).
+    let mut again = server.raw("flooder").await;
+    again
+        .send(&send_to_user(100, "victim", b"sorry", "f-again"))
+        .await
+        .unwrap();
+    assert_eq!(acks(&mut again, 1).await.len(), 1);
 }

@@ -19,7 +19,7 @@ use base64::Engine;
 use super::error;
 use crate::obs::compactor::{self, SystemClock};
 use crate::obs::logfiles::{self, LogControl};
-use crate::obs::logfilter::{self, FilterError};
+use crate::obs::logfilter::{self, FilterError, FilterInfo, LogFilters};
 use crate::obs::profile::{self, CaptureSlot, Format, ProfileError};
 use crate::Node;
 
@@ -41,7 +41,8 @@ pub fn routes() -> Router<Arc<Node>> {
 }
 
 /// A refused request, answered as `{"error": ...}` with its status.
-struct Refused(StatusCode, String);
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused(pub StatusCode, pub String);
 
 impl IntoResponse for Refused {
     fn into_response(self) -> Response {
@@ -142,7 +143,7 @@ async fn list_filters() -> Result<Response, Refused> {
 }
 
 /// Parses a JSON object body; the error names what is wrong.
-fn object(body: &Bytes) -> Result<serde_json::Map<String, serde_json::Value>, Refused> {
+fn object(body: &[u8]) -> Result<serde_json::Map<String, serde_json::Value>, Refused> {
     match serde_json::from_slice::<serde_json::Value>(body) {
         Ok(serde_json::Value::Object(m)) => Ok(m),
         Ok(_) => Err(bad("body: expected a JSON object")),
@@ -162,12 +163,20 @@ fn only(m: &serde_json::Map<String, serde_json::Value>, allowed: &[&str]) -> Res
 
 async fn set_filter(Path(uid): Path<String>, body: Bytes) -> Result<Response, Refused> {
     let c = control()?;
-    if !im_proto::valid_id(&uid) {
+    let info = put_filter(&c.filters, &uid, &body)?;
+    tracing::info!(uid = %uid, level = info.level, ttl_secs = info.ttl_secs, "log filter set");
+    Ok(Json(info).into_response())
+}
+
+/// `PUT /admin/v1/log-filters/{uid}` applied to `filters`: checks the uid and the JSON
+/// body (`{"level": ..., "ttl_secs": ...}`), then sets the filter (400 or 409 otherwise).
+pub fn put_filter(filters: &LogFilters, uid: &str, body: &[u8]) -> Result<FilterInfo, Refused> {
+    if !im_proto::valid_id(uid) {
         return Err(bad(format!(
             "uid {uid:?}: use 1-64 characters of A-Z a-z 0-9 _ . @ -"
         )));
     }
-    let m = object(&body)?;
+    let m = object(body)?;
     only(&m, &["level", "ttl_secs"])?;
     let levels = logfilter::UID_LEVELS.join(", ");
     let level = match m.get("level") {
@@ -187,15 +196,13 @@ async fn set_filter(Path(uid): Path<String>, body: Bytes) -> Result<Response, Re
                 ))
             })?,
     };
-    match c.filters.set(&uid, level, Duration::from_secs(ttl)) {
-        Ok(info) => {
-            tracing::info!(uid = %uid, level = info.level, ttl_secs = ttl, "log filter set");
-            Ok(Json(info).into_response())
-        }
-        Err(e @ (FilterError::TooMany(_) | FilterError::Disabled)) => {
-            Err(Refused(StatusCode::CONFLICT, e.to_string()))
-        }
-    }
+    filters
+        .set(uid, level, Duration::from_secs(ttl))
+        .map_err(|e| match e {
+            FilterError::TooMany(_) | FilterError::Disabled => {
+                Refused(StatusCode::CONFLICT, e.to_string())
+            }
+        })
 }
 
 async fn remove_filter(Path(uid): Path<String>) -> Result<Response, Refused> {
@@ -213,20 +220,24 @@ async fn remove_filter(Path(uid): Path<String>) -> Result<Response, Refused> {
 
 async fn set_level(body: Bytes) -> Result<Response, Refused> {
     let c = control()?;
-    let m = object(&body)?;
+    let shown = put_level(&c.filters, &body)?;
+    tracing::info!(level = %shown, "global log level changed");
+    Ok(Json(serde_json::json!({ "global_level": shown })).into_response())
+}
+
+/// `PUT /admin/v1/log-level` applied to `filters`: checks the JSON body (`{"level": ...}`)
+/// and sets the global level; returns the level as shown (400 otherwise).
+pub fn put_level(filters: &LogFilters, body: &[u8]) -> Result<String, Refused> {
+    let m = object(body)?;
     only(&m, &["level"])?;
     let Some(serde_json::Value::String(level)) = m.get("level") else {
         return Err(bad(
             "level: expected a string such as \"debug\" or \"info,im_server::store=debug\"",
         ));
     };
-    match c.filters.set_global_level(level) {
-        Ok(shown) => {
-            tracing::info!(level = %shown, "global log level changed");
-            Ok(Json(serde_json::json!({ "global_level": shown })).into_response())
-        }
-        Err(e) => Err(bad(format!("level: {e}"))),
-    }
+    filters
+        .set_global_level(level)
+        .map_err(|e| bad(format!("level: {e}")))
 }
 
 async fn logs() -> Result<Response, Refused> {

@@ -1,6 +1,7 @@
-//! One connection: the read loop (decode, login, hand frames to the pipeline, timers,
-//! bad-input handling) and the write loop (drain the outbound queue, coalesce frames into
-//! few socket writes, close with a reason).
+//! One connection's socket IO: the read loop (read a WebSocket message or time out, hand
+//! it to the connection's [`Protocol`] state machine, stop when it says close) and the
+//! write loop (drain the outbound queue, coalesce frames into few socket writes, close
+//! with a reason). Every protocol decision lives in `gateway::protocol`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -9,15 +10,11 @@ use std::time::{Duration, Instant};
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
-use im_proto::{error_frame, frame, Body, ErrorCode, Frame, LoginOk, Message as _};
 
+use super::protocol::{Input, Protocol, Step};
 use super::Gateway;
 use crate::flow::{CloseReason, OutFrame, Outbound, OutboundRx};
 use crate::obs::Stage;
-use crate::pipeline::Session;
-
-/// Longest accepted device id, in bytes.
-const MAX_DEVICE_ID: usize = 128;
 
 pub(super) async fn serve(gw: Arc<Gateway>, socket: WebSocket, conn_id: u64, remote: SocketAddr) {
     // One `conn` span per connection; its `uid` is recorded once at login (per-uid log
@@ -46,15 +43,14 @@ async fn serve_conn(gw: Arc<Gateway>, socket: WebSocket, conn_id: u64, remote: S
         write_timeout,
         gw.metrics.clone(),
     )));
-    let mut user = None;
-    let reason = read_loop(&gw, stream, &out, &mut user).await;
+    let mut protocol = Protocol::new(gw.clone(), out.clone());
+    let reason = read_loop(stream, &out, &mut protocol).await;
     out.close(reason);
     let reason = out
         .close_reason()
         .unwrap_or(CloseReason::new(1000, "closed"));
-    if let Some(user) = &user {
-        gw.pipeline.router.unregister(user, conn_id);
-    }
+    let user = protocol.user().map(str::to_string);
+    protocol.end();
     if tokio::time::timeout(write_timeout + Duration::from_secs(1), writer)
         .await
         .is_err()
@@ -83,188 +79,44 @@ async fn serve_conn(gw: Arc<Gateway>, socket: WebSocket, conn_id: u64, remote: S
     }
 }
 
-/// Sends an Error frame on the connection.
-fn send_error(out: &Outbound, req_id: u64, code: ErrorCode, message: &str) {
-    out.push(im_proto::encode(&error_frame(req_id, code, message)), true);
-}
-
 async fn read_loop(
-    gw: &Gateway,
     mut stream: SplitStream<WebSocket>,
     out: &Arc<Outbound>,
-    user: &mut Option<String>,
+    protocol: &mut Protocol,
 ) -> CloseReason {
-    let limits = &gw.limits;
-    let m = &gw.metrics;
-    let max = limits.max_frame_bytes as usize;
-    let login_timeout = Duration::from_secs(limits.login_timeout_secs as u64);
-    let idle_timeout = Duration::from_secs(limits.idle_timeout_secs as u64);
     let mut closed = out.close_watch();
-    let mut session: Option<Session> = None;
-    let mut bad = 0u32;
     loop {
-        let wait = if session.is_some() {
-            idle_timeout
-        } else {
-            login_timeout
-        };
         let next = tokio::select! {
-            next = tokio::time::timeout(wait, stream.next()) => next,
+            next = tokio::time::timeout(protocol.timeout(), stream.next()) => next,
             _ = closed.changed() => return out.close_reason().unwrap_or(CloseReason::new(1000, "closed")),
         };
-        let msg = match next {
-            Err(_) if session.is_none() => {
-                m.bad_frame("login_timeout");
-                send_error(out, 0, ErrorCode::Unauthenticated, "login timeout");
-                return CloseReason::new(CloseReason::POLICY, "login timeout");
-            }
-            Err(_) => return CloseReason::new(CloseReason::IDLE, "idle timeout"),
-            Ok(None) => return CloseReason::new(1000, "client closed"),
+        let input = match next {
+            Err(_) => return protocol.on_timeout(),
+            Ok(None) => Input::Closed,
             Ok(Some(Err(e))) => {
                 // axum wraps the tungstenite error (same version as our dependency).
                 let inner = e.into_inner();
-                if let Some(tokio_tungstenite::tungstenite::Error::Capacity(c)) =
-                    inner.downcast_ref::<tokio_tungstenite::tungstenite::Error>()
-                {
-                    m.bad_frame("too_large");
-                    send_error(
-                        out,
-                        0,
-                        ErrorCode::TooLarge,
-                        &format!("frame too large: {c}"),
-                    );
-                    return CloseReason::new(CloseReason::TOO_BIG, "frame too large");
-                }
-                tracing::debug!(error = %inner, "read error");
-                return CloseReason::new(1000, "read error");
-            }
-            Ok(Some(Ok(msg))) => msg,
-        };
-        let data = match msg {
-            Message::Binary(data) => data,
-            Message::Text(_) => {
-                m.bad_frame("text");
-                send_error(
-                    out,
-                    0,
-                    ErrorCode::BadFrame,
-                    "text frames are not accepted; send binary protobuf Frames",
-                );
-                return CloseReason::new(CloseReason::UNSUPPORTED, "text frames are not accepted");
-            }
-            Message::Close(_) => return CloseReason::new(1000, "client closed"),
-            Message::Ping(_) | Message::Pong(_) => continue,
-        };
-        out.frames_in
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let started = Instant::now();
-        if data.len() > max {
-            m.bad_frame("too_large");
-            send_error(
-                out,
-                0,
-                ErrorCode::TooLarge,
-                &format!("frame of {} bytes is over the {max} byte limit", data.len()),
-            );
-            return CloseReason::new(CloseReason::TOO_BIG, "frame too large");
-        }
-        let f = match Frame::decode(data) {
-            Ok(f) => f,
-            Err(e) => {
-                m.bad_frame("decode");
-                send_error(
-                    out,
-                    0,
-                    ErrorCode::BadFrame,
-                    &format!("frame does not decode: {e}"),
-                );
-                bad += 1;
-                if bad > limits.max_bad_frames {
-                    return CloseReason::new(CloseReason::POLICY, "too many bad frames");
-                }
-                continue;
-            }
-        };
-        m.stage_since(Stage::Decode, started);
-        let Some(s) = &session else {
-            match login(gw, out, f) {
-                Ok(s) => {
-                    *user = Some(s.user_id.clone());
-                    session = Some(s);
-                    continue;
-                }
-                Err(reason) => return reason,
-            }
-        };
-        let frames = match f.body {
-            Some(Body::Batch(b)) => b.frames,
-            _ => vec![f],
-        };
-        for f in frames {
-            let req_id = f.req_id;
-            let what = Handled::of(&f);
-            let r = match gw.pipeline.handle(s, f, started).await {
-                Ok(()) => {
-                    what.log(req_id);
-                    continue;
-                }
-                Err(r) => r,
-            };
-            if let Some(reason) = r.bad_reason {
-                m.bad_frame(reason);
-            }
-            out.push(im_proto::encode(&r.to_frame(req_id)), true);
-            if r.bad_reason == Some("protocol") {
-                bad += 1;
-                if bad > limits.max_bad_frames {
-                    return CloseReason::new(CloseReason::POLICY, "too many bad frames");
+                match inner.downcast_ref::<tokio_tungstenite::tungstenite::Error>() {
+                    Some(tokio_tungstenite::tungstenite::Error::Capacity(c)) => {
+                        Input::Oversized(c.to_string())
+                    }
+                    _ => {
+                        tracing::debug!(error = %inner, "read error");
+                        return CloseReason::new(1000, "read error");
+                    }
                 }
             }
+            Ok(Some(Ok(msg))) => match msg {
+                Message::Binary(data) => Input::Binary(data),
+                Message::Text(_) => Input::Text,
+                Message::Close(_) => Input::Closed,
+                Message::Ping(_) | Message::Pong(_) => Input::Control,
+            },
+        };
+        if let Step::Close(reason) = protocol.on_message(input).await {
+            return reason;
         }
     }
-}
-
-/// Checks the first frame: it must be a Login with a valid token.
-fn login(gw: &Gateway, out: &Arc<Outbound>, f: Frame) -> Result<Session, CloseReason> {
-    let m = &gw.metrics;
-    let Some(Body::Login(l)) = f.body else {
-        m.bad_frame("unauthenticated");
-        send_error(
-            out,
-            f.req_id,
-            ErrorCode::Unauthenticated,
-            "the first frame must be Login",
-        );
-        return Err(CloseReason::new(CloseReason::POLICY, "login required"));
-    };
-    if l.device_id.len() > MAX_DEVICE_ID {
-        m.bad_frame("protocol");
-        send_error(out, f.req_id, ErrorCode::BadFrame, "device_id too long");
-        return Err(CloseReason::new(CloseReason::POLICY, "bad login"));
-    }
-    let user_id = match gw.keys.verify(&l.token) {
-        Ok(u) => u,
-        Err(e) => {
-            m.bad_frame("unauthenticated");
-            send_error(out, f.req_id, ErrorCode::Unauthenticated, &e.to_string());
-            return Err(CloseReason::new(CloseReason::POLICY, "invalid token"));
-        }
-    };
-    out.set_user(&user_id);
-    crate::obs::logfilter::set_conn_uid(&user_id);
-    gw.pipeline.router.register(&user_id, out.clone());
-    let ok = frame(
-        f.req_id,
-        Body::LoginOk(LoginOk {
-            user_id: user_id.clone(),
-            session_id: uuid::Uuid::now_v7().simple().to_string(),
-            heartbeat_secs: gw.limits.heartbeat_secs,
-            node_id: gw.node_id.clone(),
-        }),
-    );
-    out.push(im_proto::encode(&ok), true);
-    tracing::debug!(conn_id = out.conn_id, user = %user_id, device = %l.device_id, resume = l.resume, "logged in");
-    Ok(Session::new(user_id, out.clone(), &gw.limits))
 }
 
 async fn write_loop(
@@ -365,47 +217,6 @@ async fn write_batch(
                 .slow_disconnects
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             Err(CloseReason::new(CloseReason::SLOW, "write timeout"))
-        }
-    }
-}
-
-/// What a handled frame was, in Copy fields only (nothing is cloned for a debug event
-/// that is almost always off).
-#[derive(Clone, Copy)]
-enum Handled {
-    Send { bytes: usize, group: bool },
-    DeliverAck { seq: u64 },
-    Sync { cursors: usize, limit: u32 },
-    Other,
-}
-
-impl Handled {
-    fn of(f: &Frame) -> Handled {
-        match &f.body {
-            Some(Body::Send(s)) => Handled::Send {
-                bytes: s.payload.len(),
-                group: matches!(s.target, Some(im_proto::send::Target::GroupId(_))),
-            },
-            Some(Body::DeliverAck(a)) => Handled::DeliverAck { seq: a.seq },
-            Some(Body::Sync(r)) => Handled::Sync {
-                cursors: r.cursors.len(),
-                limit: r.limit,
-            },
-            _ => Handled::Other,
-        }
-    }
-
-    /// A debug event per handled frame: one relaxed load when debug is off.
-    fn log(self, req_id: u64) {
-        match self {
-            Handled::Send { bytes, group } => {
-                tracing::debug!(req_id, bytes, group, "send accepted")
-            }
-            Handled::DeliverAck { seq } => tracing::debug!(req_id, seq, "deliver ack"),
-            Handled::Sync { cursors, limit } => {
-                tracing::debug!(req_id, cursors, limit, "sync served")
-            }
-            Handled::Other => {}
         }
     }
 }

@@ -1,8 +1,11 @@
 //! Gateway: the client listener. Accepts WebSocket upgrades on `GET /ws` with bounded
 //! buffers (tungstenite's defaults would cost 128 KiB per connection), owns the table of
-//! live connections, and runs each connection's read and write loops (`conn`).
+//! live connections, and runs each connection: the socket IO in `conn` (read and write
+//! loops), the per-connection state machine in [`protocol`] (decode, login, limits,
+//! errors, close decisions), which is driven without a socket by tests and the fuzzer.
 
 mod conn;
+pub mod protocol;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

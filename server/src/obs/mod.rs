@@ -186,6 +186,9 @@ impl Metrics {
         }
         counter!("im_connections_closed_total", "reason" => "client closed").absolute(0);
         counter!("im_admin_unauthorized_total").absolute(0);
+        for frame in ["ping", "send"] {
+            counter!("im_flood_disconnects_total", "frame" => frame).absolute(0);
+        }
         // Fed by the log and profiling tools; present (at zero) from the start.
         gauge!("im_log_filters_active").set(0.0);
         counter!("im_log_bytes_written_total").absolute(0);
@@ -277,6 +280,10 @@ fn describe() {
     describe_counter!(
         "im_connections_opened_total",
         "Client connections accepted."
+    );
+    describe_counter!(
+        "im_flood_disconnects_total",
+        "Connections closed for too many RATE_LIMITED refusals, by frame kind (ping, send)."
     );
     describe_counter!(
         "im_connections_closed_total",

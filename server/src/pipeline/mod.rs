@@ -177,6 +177,43 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
+    /// Builds the stages on `store` the way `Node::start` wires them (membership cache,
+    /// router task, persistence writer task) and spawns the tasks on the current tokio
+    /// runtime: for driving connections without a node (tests, `fuzz/`).
+    pub fn spawn(
+        store: Arc<dyn Store>,
+        config: &crate::config::Config,
+        metrics: Metrics,
+    ) -> Arc<Self> {
+        let relations = Arc::new(Relations::new(store.clone()));
+        let router = Arc::new(route::Router::new(
+            metrics.clone(),
+            config.flow.notify_group_threshold,
+        ));
+        let (route_tx, route_rx) = tokio::sync::mpsc::channel(1024);
+        tokio::spawn(router.clone().run(route_rx));
+        let (persist, persist_rx) =
+            persist::queue(config.persist.queue_capacity as usize, metrics.clone());
+        tokio::spawn(persist::run_writer(
+            store.clone(),
+            relations.clone(),
+            persist_rx,
+            route_tx,
+            config.persist.clone(),
+            config.limits.max_group_members,
+            metrics.clone(),
+        ));
+        Arc::new(Pipeline {
+            store,
+            relations,
+            persist,
+            router,
+            limits: config.limits.clone(),
+            retry_after_ms: config.persist.retry_after_ms,
+            metrics,
+        })
+    }
+
     /// Handles one frame from a logged-in session. `started` is when its decode began.
     pub async fn handle(&self, s: &Session, f: Frame, started: Instant) -> Result<(), Refusal> {
         let t = Instant::now();
