@@ -206,6 +206,74 @@ pub struct Overview {
     pub cpu_busy: f64,
     /// Capacity headroom.
     pub capacity: Capacity,
+    /// The cluster as this node sees it (`enabled: false` on a single node).
+    pub cluster: ClusterInfo,
+}
+
+/// `overview.cluster`: every node of the registry and a summary.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ClusterInfo {
+    /// Cluster mode on.
+    pub enabled: bool,
+    /// Registry TTL in seconds.
+    pub ttl_secs: u64,
+    /// Users this node knows on other nodes.
+    pub users_on_other_nodes: u64,
+    /// Whether this node's NATS connection is up.
+    pub nats_connected: bool,
+    /// Every known node, sorted by id.
+    pub nodes: Vec<ClusterNode>,
+    /// Totals over the healthy nodes.
+    pub summary: Option<ClusterSummary>,
+}
+
+/// One node of `overview.cluster.nodes`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ClusterNode {
+    /// Node id.
+    pub node_id: String,
+    /// Its client WebSocket URL.
+    pub ws_url: String,
+    /// Live connections.
+    pub connections: u64,
+    /// Sends accepted per second.
+    pub msg_rate_in: f64,
+    /// Copies queued per second.
+    pub msg_rate_out: f64,
+    /// Resident memory.
+    pub rss_bytes: u64,
+    /// CPU busy ratio.
+    pub cpu_busy: f64,
+    /// Connections it can still take.
+    pub headroom_connections: u64,
+    /// Age of its last report, ms.
+    pub report_age_ms: u64,
+    /// `up`, `draining` or `down`.
+    pub state: String,
+    /// Routing score (lower is chosen first).
+    pub score: f64,
+}
+
+/// `overview.cluster.summary`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ClusterSummary {
+    /// Nodes known.
+    pub nodes: u64,
+    /// Nodes healthy.
+    pub healthy: u64,
+    /// Connections on healthy nodes.
+    pub connections: u64,
+    /// Sends per second.
+    pub msg_rate_in: f64,
+    /// Copies per second.
+    pub msg_rate_out: f64,
+    /// Resident memory.
+    pub rss_bytes: u64,
+    /// Connections the healthy nodes can still take.
+    pub headroom_connections: u64,
 }
 
 /// One connection row (`connections[]`, `slow_consumers[]`).

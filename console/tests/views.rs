@@ -107,6 +107,21 @@ async fn overview() {
     insta::assert_snapshot!("overview_200x50", draw(&state, 200, 50));
 }
 
+/// In cluster mode the overview lists the nodes (n2 killed: down) under the gauges.
+#[tokio::test]
+async fn overview_in_a_cluster() {
+    let n = MockNode::start().await;
+    n.fixture("GET", "/admin/v1/overview", 200, "overview_cluster.json");
+    let client =
+        AdminClient::new(&n.url, Some("x".into()), Duration::from_secs(5)).expect("client");
+    let t0 = Instant::now();
+    let mut state = AppState::new([URL_A.to_owned()], t0);
+    poll_into(&mut state, 0, &client, t0).await;
+    let screen = draw(&state, 120, 44);
+    assert!(screen.contains("Cluster: 2/3 healthy"), "{screen}");
+    insta::assert_snapshot!("overview_cluster_120x44", screen);
+}
+
 #[tokio::test]
 async fn connections_sorted_and_filtered() {
     let (mut state, _n, _) = loaded().await;

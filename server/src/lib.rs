@@ -32,9 +32,7 @@ use config::Config;
 use flow::CloseReason;
 use gateway::{Connections, Gateway};
 use obs::Metrics;
-use pipeline::persist;
 use pipeline::relation::Relations;
-use pipeline::route::Router;
 use pipeline::Pipeline;
 use store::Store;
 
@@ -145,33 +143,13 @@ impl Node {
         if cluster.is_some() {
             relations.notify_changes(group_tx);
         }
-        let router = Arc::new(Router::new(
-            metrics.clone(),
-            config.flow.notify_group_threshold,
-            cluster.as_ref().map(|c| c.link.clone()),
-        ));
-        let (route_tx, route_rx) = mpsc::channel(1024);
-        tokio::spawn(router.clone().run(route_rx));
-        let (persist, persist_rx) =
-            persist::queue(config.persist.queue_capacity as usize, metrics.clone());
-        let writer = tokio::spawn(persist::run_writer(
+        let (pipeline, writer) = Pipeline::spawn_with(
             store.clone(),
             relations.clone(),
-            persist_rx,
-            route_tx,
-            config.persist.clone(),
-            config.limits.max_group_members,
+            cluster.as_ref().map(|c| c.link.clone()),
+            &config,
             metrics.clone(),
-        ));
-        let pipeline = Arc::new(Pipeline {
-            store: store.clone(),
-            relations: relations.clone(),
-            persist,
-            router,
-            limits: config.limits.clone(),
-            retry_after_ms: config.persist.retry_after_ms,
-            metrics: metrics.clone(),
-        });
+        );
         let conns = Arc::new(Connections::default());
         let draining = Arc::new(AtomicBool::new(false));
         let snapshot = Arc::new(RwLock::new(obs::sampler::Snapshot::default()));

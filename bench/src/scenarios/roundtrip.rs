@@ -72,6 +72,10 @@ pub struct RoundtripArgs {
     /// Skip the stored-cursor check after the run.
     #[arg(long)]
     pub no_cursor_check: bool,
+    /// Connect the `b` users to this node (`ws://.../ws`) instead of `--url`: in a cluster,
+    /// every push then crosses nodes (cross-node latency against a same-node run).
+    #[arg(long, value_name = "WS_URL")]
+    pub peer_url: Option<String>,
 }
 
 /// Run-wide state shared by every task.
@@ -205,8 +209,26 @@ async fn run_against(args: &RoundtripArgs, target: &mut Target) -> anyhow::Resul
     let tag = run_tag(run_id);
     let a_users: Vec<String> = (0..n).map(|i| format!("t{tag}-a{i}")).collect();
     let b_users: Vec<String> = (0..n).map(|i| format!("t{tag}-b{i}")).collect();
-    eprintln!("im-bench roundtrip: connecting {n} pairs to {}", target.url);
-    let b_sessions = target.connect_all(&b_users, 0).await?;
+    let peer = match &args.peer_url {
+        Some(url) => Some(
+            Target::open(&ServerArgs {
+                url: url.clone(),
+                spawn: None,
+                admin_url: None,
+                admin_token: None,
+                server_env: Vec::new(),
+                ..args.server.clone()
+            })
+            .await?,
+        ),
+        None => None,
+    };
+    let b_target = peer.as_ref().unwrap_or(target);
+    eprintln!(
+        "im-bench roundtrip: connecting {n} pairs: a to {}, b to {}",
+        target.url, b_target.url
+    );
+    let b_sessions = b_target.connect_all(&b_users, 0).await?;
     let a_sessions = target.connect_all(&a_users, n).await?;
     let clock = Clock::start(args.run.warmup, args.run.duration);
     let ctx = Arc::new(Ctx {

@@ -24,9 +24,16 @@ pub fn render(frame: &mut Frame, area: Rect, _state: &AppState, node: &NodeState
     let stage_rows = (o.stages.len() as u16 + 3)
         .min(area.height.saturating_sub(6 + 8))
         .max(3);
-    let [top, capacity, stages] = Layout::vertical([
+    // In cluster mode a table of the nodes goes under the capacity gauges.
+    let cluster_rows = if o.cluster.enabled {
+        (o.cluster.nodes.len() as u16 + 3).min(area.height.saturating_sub(6 + 8 + stage_rows))
+    } else {
+        0
+    };
+    let [top, capacity, cluster, stages] = Layout::vertical([
         Constraint::Min(0),
         Constraint::Length(6),
+        Constraint::Length(cluster_rows),
         Constraint::Length(stage_rows),
     ])
     .areas(area);
@@ -35,7 +42,59 @@ pub fn render(frame: &mut Frame, area: Rect, _state: &AppState, node: &NodeState
     render_info(frame, info, o);
     render_sparks(frame, sparks, node);
     render_capacity(frame, capacity, o);
+    if cluster_rows > 0 {
+        render_cluster(frame, cluster, o);
+    }
     render_stages(frame, stages, o);
+}
+
+/// The cluster's nodes as this node's registry sees them, and the total.
+fn render_cluster(frame: &mut Frame, area: Rect, o: &Overview) {
+    let c = &o.cluster;
+    let title = match &c.summary {
+        Some(s) => format!(
+            "Cluster: {}/{} healthy, {} connections, {:.0} msg/s in, headroom {} conns",
+            s.healthy, s.nodes, s.connections, s.msg_rate_in, s.headroom_connections
+        ),
+        None => "Cluster".to_string(),
+    };
+    let header = Row::new([
+        "node", "state", "conns", "msg/s in", "cpu", "rss", "headroom", "score", "age",
+    ])
+    .style(header_style());
+    let rows = c.nodes.iter().map(|n| {
+        let color = match n.state.as_str() {
+            "up" => ACCENT,
+            "draining" => WARN,
+            _ => BAD,
+        };
+        Row::new(vec![
+            Span::raw(n.node_id.clone()),
+            Span::styled(n.state.clone(), Style::new().fg(color)),
+            Span::raw(n.connections.to_string()),
+            Span::raw(format!("{:.0}", n.msg_rate_in)),
+            Span::raw(format!("{:.0}%", n.cpu_busy * 100.0)),
+            Span::raw(fmt::bytes(n.rss_bytes)),
+            Span::raw(n.headroom_connections.to_string()),
+            Span::raw(format!("{:.1}", n.score)),
+            Span::raw(format!("{:.1}s", n.report_age_ms as f64 / 1000.0)),
+        ])
+    });
+    let widths = [
+        Constraint::Min(10),
+        Constraint::Length(9),
+        Constraint::Length(8),
+        Constraint::Length(9),
+        Constraint::Length(6),
+        Constraint::Length(10),
+        Constraint::Length(9),
+        Constraint::Length(8),
+        Constraint::Length(6),
+    ];
+    frame.render_widget(
+        Table::new(rows, widths).header(header).block(block(&title)),
+        area,
+    );
 }
 
 fn kv(label: &str, value: String, note: String) -> Line<'static> {

@@ -177,24 +177,37 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// Builds the stages on `store` the way `Node::start` wires them (membership cache,
-    /// router task, persistence writer task) and spawns the tasks on the current tokio
-    /// runtime: for driving connections without a node (tests, `fuzz/`).
+    /// Builds the stages on `store` (membership cache, router task, persistence writer
+    /// task) and spawns the tasks on the current tokio runtime, single node: for driving
+    /// connections without a node (tests, `fuzz/`).
     pub fn spawn(
         store: Arc<dyn Store>,
         config: &crate::config::Config,
         metrics: Metrics,
     ) -> Arc<Self> {
         let relations = Arc::new(Relations::new(store.clone()));
+        Self::spawn_with(store, relations, None, config, metrics).0
+    }
+
+    /// As [`Pipeline::spawn`] with a given membership cache and, in cluster mode, the
+    /// router's link to the other nodes; also returns the writer task (`Node::start`).
+    pub fn spawn_with(
+        store: Arc<dyn Store>,
+        relations: Arc<Relations>,
+        link: Option<Arc<crate::cluster::Link>>,
+        config: &crate::config::Config,
+        metrics: Metrics,
+    ) -> (Arc<Self>, tokio::task::JoinHandle<()>) {
         let router = Arc::new(route::Router::new(
             metrics.clone(),
             config.flow.notify_group_threshold,
+            link,
         ));
         let (route_tx, route_rx) = tokio::sync::mpsc::channel(1024);
         tokio::spawn(router.clone().run(route_rx));
         let (persist, persist_rx) =
             persist::queue(config.persist.queue_capacity as usize, metrics.clone());
-        tokio::spawn(persist::run_writer(
+        let writer = tokio::spawn(persist::run_writer(
             store.clone(),
             relations.clone(),
             persist_rx,
@@ -203,7 +216,7 @@ impl Pipeline {
             config.limits.max_group_members,
             metrics.clone(),
         ));
-        Arc::new(Pipeline {
+        let pipeline = Arc::new(Pipeline {
             store,
             relations,
             persist,
@@ -211,7 +224,8 @@ impl Pipeline {
             limits: config.limits.clone(),
             retry_after_ms: config.persist.retry_after_ms,
             metrics,
-        })
+        });
+        (pipeline, writer)
     }
 
     /// Handles one frame from a logged-in session. `started` is when its decode began.
