@@ -151,19 +151,7 @@ impl ClusterConfig {
                 "use ws://HOST:PORT/ws or wss://..., or leave it empty",
             ));
         }
-        if self.prefix.is_empty()
-            || self.prefix.len() > 64
-            || !self
-                .prefix
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'))
-        {
-            return Err(invalid(
-                "cluster.prefix",
-                &self.prefix,
-                "use 1-64 characters of A-Z a-z 0-9 _ -",
-            ));
-        }
+        name_chars("cluster.prefix", &self.prefix)?;
         if !(0.0..=100.0).contains(&self.cpu_weight) {
             return Err(invalid(
                 "cluster.cpu_weight",
@@ -264,19 +252,7 @@ impl LogConfig {
                 "use \"minutely\", \"hourly\", \"daily\" or \"never\"",
             ));
         }
-        if self.prefix.is_empty()
-            || self.prefix.len() > 64
-            || !self
-                .prefix
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'))
-        {
-            return Err(invalid(
-                "log.prefix",
-                &self.prefix,
-                "use 1-64 characters of A-Z a-z 0-9 _ -",
-            ));
-        }
+        name_chars("log.prefix", &self.prefix)?;
         range("log.buffered_lines", self.buffered_lines, 1, 10_000_000)?;
         range("log.max_uid_filters", self.max_uid_filters, 1, 1_000_000)?;
         let start = crate::obs::compactor::TimeOfDay::parse(&self.window_start)
@@ -761,6 +737,24 @@ fn invalid(key: &'static str, value: impl std::fmt::Display, message: &str) -> C
         key,
         value: value.to_string(),
         message: message.to_string(),
+    }
+}
+
+/// A name of 1-64 characters of A-Z a-z 0-9 _ - (file prefixes, NATS prefixes).
+fn name_chars(key: &'static str, value: &str) -> Result<(), ConfigError> {
+    let ok = !value.is_empty()
+        && value.len() <= 64
+        && value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(
+            key,
+            value,
+            "use 1-64 characters of A-Z a-z 0-9 _ -",
+        ))
     }
 }
 
