@@ -61,8 +61,8 @@ pub enum ConfigError {
     },
 }
 
-/// The whole node configuration.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// The whole node configuration. Its `Debug` hides the secrets and URL passwords.
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// Client WebSocket listener (`GET /ws`).
@@ -79,6 +79,9 @@ pub struct Config {
     pub admin_token: String,
     /// Serve `/metrics` without the admin token (for scrapers on a trusted network).
     pub admin_metrics_open: bool,
+    /// A TLS-terminating proxy sits in front of the listeners: silences the start-up
+    /// warning about serving tokens in clear on a non-loopback address.
+    pub behind_tls: bool,
     /// NATS URL for cluster mode; empty means single node.
     pub nats_url: String,
     /// This node's id; empty means derived from the host name.
@@ -318,6 +321,53 @@ impl Default for Obs {
     }
 }
 
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let secret = |s: &str| if s.is_empty() { "" } else { "<redacted>" };
+        f.debug_struct("Config")
+            .field("listen", &self.listen)
+            .field("admin_listen", &self.admin_listen)
+            .field("data_dir", &self.data_dir)
+            .field("database_url", &redact_url(&self.database_url))
+            .field("jwt_secret", &secret(&self.jwt_secret))
+            .field("admin_token", &secret(&self.admin_token))
+            .field("admin_metrics_open", &self.admin_metrics_open)
+            .field("behind_tls", &self.behind_tls)
+            .field("nats_url", &redact_url(&self.nats_url))
+            .field("node_id", &self.node_id)
+            .field("limits", &self.limits)
+            .field("persist", &self.persist)
+            .field("flow", &self.flow)
+            .field("store", &self.store)
+            .field("obs", &self.obs)
+            .field("log", &self.log)
+            .field("cluster", &self.cluster)
+            .finish()
+    }
+}
+
+/// `url` with the password of its user-info part (`scheme://user:PASSWORD@host`)
+/// replaced by `***`, for logs and error messages.
+pub fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_string();
+    };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return url.to_string();
+    };
+    match rest[..at].find(':') {
+        Some(colon) => format!(
+            "{}{}:***{}",
+            &url[..scheme_end + 3],
+            &rest[..colon],
+            &rest[at..]
+        ),
+        None => url.to_string(),
+    }
+}
+
 /// Protocol limits and timers.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -349,6 +399,30 @@ pub struct Limits {
     pub max_rate_limited: u32,
     /// The window `max_rate_limited` is counted in.
     pub rate_limited_window_secs: u32,
+    /// Most client connections at once; more get HTTP 503 before the upgrade. 0: the
+    /// RLIMIT_NOFILE soft limit less [`FD_RESERVE`] (store, logs, admin, cluster).
+    pub max_connections: u32,
+    /// Most client connections from one source address (0: no cap; mind NAT gateways).
+    pub max_connections_per_ip: u32,
+}
+
+/// File descriptors kept free for the store, log files, the admin listener and NATS
+/// when `limits.max_connections` is automatic.
+pub const FD_RESERVE: u64 = 256;
+
+impl Limits {
+    /// `max_connections` with 0 resolved against this process's RLIMIT_NOFILE.
+    pub fn max_connections_resolved(&self) -> usize {
+        if self.max_connections > 0 {
+            return self.max_connections as usize;
+        }
+        let fds = crate::obs::process::max_fds();
+        if fds == 0 || fds >= u32::MAX as u64 {
+            0
+        } else {
+            fds.saturating_sub(FD_RESERVE).max(1) as usize
+        }
+    }
 }
 
 /// Persistence (group commit) settings.
@@ -390,6 +464,9 @@ pub struct Flow {
     pub socket_send_buffer_bytes: u32,
     /// Kernel receive buffer per client socket (SO_RCVBUF; 0: OS default).
     pub socket_recv_buffer_bytes: u32,
+    /// Graceful shutdown (SIGTERM): how long the drain may take to commit, flush and
+    /// close before the process exits.
+    pub drain_timeout_secs: u32,
 }
 
 /// Store tuning.
@@ -412,6 +489,7 @@ impl Default for Config {
             jwt_secret: String::new(),
             admin_token: String::new(),
             admin_metrics_open: false,
+            behind_tls: false,
             nats_url: String::new(),
             node_id: String::new(),
             limits: Limits::default(),
@@ -441,6 +519,8 @@ impl Default for Limits {
             ping_burst: 20,
             max_rate_limited: 100,
             rate_limited_window_secs: 10,
+            max_connections: 0,
+            max_connections_per_ip: 0,
         }
     }
 }
@@ -469,6 +549,7 @@ impl Default for Flow {
             listen_backlog: 4096,
             socket_send_buffer_bytes: 0,
             socket_recv_buffer_bytes: 0,
+            drain_timeout_secs: 10,
         }
     }
 }
@@ -611,6 +692,13 @@ impl Config {
             1,
             3600,
         )?;
+        range("limits.max_connections", l.max_connections, 0, 100_000_000)?;
+        range(
+            "limits.max_connections_per_ip",
+            l.max_connections_per_ip,
+            0,
+            100_000_000,
+        )?;
         let p = &self.persist;
         range("persist.batch_max", p.batch_max, 1, 10_000)?;
         range("persist.batch_wait_ms", p.batch_wait_ms, 0, 1000)?;
@@ -626,6 +714,7 @@ impl Config {
             ));
         }
         range("flow.write_timeout_secs", f.write_timeout_secs, 1, 3600)?;
+        range("flow.drain_timeout_secs", f.drain_timeout_secs, 1, 3600)?;
         range("flow.coalesce_max_frames", f.coalesce_max_frames, 1, 4096)?;
         range("flow.listen_backlog", f.listen_backlog, 1, 1 << 20)?;
         range(
@@ -674,14 +763,14 @@ impl Config {
             {
                 return Err(invalid(
                     "nats_url",
-                    nats,
+                    redact_url(nats),
                     "use nats://HOST:PORT (or HOST:PORT)",
                 ));
             }
             if !matches!(self.database()?, Database::Postgres(_)) {
                 return Err(invalid(
                     "nats_url",
-                    nats,
+                    redact_url(nats),
                     "cluster mode needs a shared Postgres database_url (nodes share messages, cursors and groups)",
                 ));
             }
@@ -712,7 +801,7 @@ impl Config {
         } else {
             Err(invalid(
                 "database_url",
-                url,
+                redact_url(url),
                 "use postgres://..., sqlite:PATH, or leave it empty for SQLite in data_dir",
             ))
         }
@@ -849,6 +938,33 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn urls_and_secrets_are_redacted() {
+        assert_eq!(
+            redact_url("postgres://im:s3cret@db:5432/im?sslmode=require"),
+            "postgres://im:***@db:5432/im?sslmode=require"
+        );
+        assert_eq!(redact_url("nats://u:p@h:4222"), "nats://u:***@h:4222");
+        assert_eq!(redact_url("nats://tok@h:4222"), "nats://tok@h:4222");
+        assert_eq!(redact_url("postgres://db/im"), "postgres://db/im");
+        assert_eq!(redact_url("sqlite:/a@b/c"), "sqlite:/a@b/c");
+        let c = Config::load_from(
+            None,
+            &Overrides::default(),
+            env(&[
+                ("IM_JWT_SECRET", "jwt-SECRET-value"),
+                ("IM_ADMIN_TOKEN", "admin-TOKEN-value"),
+                ("IM_DATABASE_URL", "postgres://im:pw-SECRET@db/im"),
+            ]),
+        )
+        .unwrap();
+        let shown = format!("{c:?}");
+        for secret in ["jwt-SECRET-value", "admin-TOKEN-value", "pw-SECRET"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(shown.contains("<redacted>") && shown.contains("postgres://im:***@db/im"));
     }
 
     #[test]

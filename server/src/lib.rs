@@ -110,6 +110,7 @@ pub struct Running {
     pub client_addr: SocketAddr,
     /// Bound admin listener.
     pub admin_addr: SocketAddr,
+    gateway: Arc<Gateway>,
     writer: tokio::task::JoinHandle<()>,
     servers: Vec<tokio::task::JoinHandle<()>>,
     compactor: Option<obs::compactor::CompactorHandle>,
@@ -198,6 +199,7 @@ impl Node {
             .with_context(|| format!("binding admin_listen = {}", config.admin_listen))?;
         let client_addr = client.local_addr()?;
         let admin_addr = admin.local_addr()?;
+        warn_if_exposed(&config, client_addr, admin_addr);
         let ws_url = if config.cluster.advertise_url.is_empty() {
             if client_addr.ip().is_unspecified() && cluster.is_some() {
                 tracing::warn!(
@@ -267,6 +269,7 @@ impl Node {
             node,
             client_addr,
             admin_addr,
+            gateway,
             writer,
             servers,
             compactor,
@@ -276,41 +279,82 @@ impl Node {
 }
 
 impl Running {
-    /// Graceful stop: refuse new connections, tell clients to go away, commit what the
-    /// persistence queue holds, and wait (up to `deadline`) for the writer to finish.
-    pub async fn shutdown(self, deadline: Duration) {
+    /// Graceful stop, in this order: refuse new connections (HTTP 503, `/readyz` 503, out
+    /// of the cluster's rotation); stop reading client frames; commit everything the
+    /// persistence queue holds, so each of those sends is acked; flush every outbound
+    /// queue and close each connection with 1001 "server shutting down" (clients
+    /// reconnect elsewhere and sync); wait for the connections to end. Everything is
+    /// bounded by `deadline`; what is acked is committed whatever happens to the rest.
+    pub async fn shutdown(self, deadline: Duration) -> ShutdownReport {
         let node = self.node;
+        let end = Instant::now() + deadline;
+        let started = Instant::now();
         node.draining.store(true, Ordering::Relaxed);
+        let connections = node.conns.len();
+        tracing::info!(
+            connections,
+            queued = node.pipeline.persist.depth(),
+            deadline_ms = deadline.as_millis() as u64,
+            "draining"
+        );
         if let Some(c) = &node.cluster {
             // Out of rotation at once; other nodes stop routing new clients here.
             let _ =
                 tokio::time::timeout(Duration::from_secs(1), c.report_now(&(self.report)())).await;
         }
+        // No new frames: a frame being handled finishes, then its read loop stops.
+        self.gateway.set_drain(gateway::Drain::StopReading);
+        while self.gateway.reading() > 0 && Instant::now() < end {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // The open batch and everything queued behind it: committed, acks queued.
+        let committed = tokio::time::timeout(
+            end.saturating_duration_since(Instant::now()),
+            node.pipeline.persist.flush(),
+        )
+        .await
+        .is_ok();
+        // Each connection writes what is queued (acks first among them), then 1001.
+        self.gateway.set_drain(gateway::Drain::Close);
         node.conns.close_all(CloseReason::new(
             CloseReason::GOING_AWAY,
             "server shutting down",
         ));
-        let end = Instant::now() + deadline;
         while !node.conns.is_empty() && Instant::now() < end {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        let left_open = node.conns.len();
         for s in &self.servers {
             s.abort();
         }
         if let Some(c) = self.compactor {
             tokio::task::spawn_blocking(move || c.stop());
         }
-        let _ = tokio::time::timeout(
-            end.saturating_duration_since(Instant::now()),
-            node.pipeline.persist.flush(),
-        )
-        .await;
         if let Some(c) = &node.cluster {
             let left = end.saturating_duration_since(Instant::now()) + Duration::from_secs(1);
             let _ = tokio::time::timeout(left, c.leave()).await;
         }
         drop(self.writer);
+        ShutdownReport {
+            connections,
+            committed,
+            left_open,
+            took: started.elapsed(),
+        }
     }
+}
+
+/// What a graceful shutdown did.
+#[derive(Debug, Clone)]
+pub struct ShutdownReport {
+    /// Connections open when it began.
+    pub connections: usize,
+    /// Whether everything queued for persistence was committed before the deadline.
+    pub committed: bool,
+    /// Connections still open at the deadline (closed by the exit).
+    pub left_open: usize,
+    /// How long it took.
+    pub took: Duration,
 }
 
 /// This node's load report for the cluster registry, built from the sampler's snapshot.
@@ -400,6 +444,27 @@ fn start_log_tasks(
         }
     });
     (housekeeping, compactor)
+}
+
+/// Start-up warnings for listeners reachable from other hosts with no TLS in front
+/// (`behind_tls` says there is): the admin token and client tokens would cross the
+/// network in clear.
+fn warn_if_exposed(config: &Config, client: SocketAddr, admin: SocketAddr) {
+    if config.behind_tls {
+        return;
+    }
+    if !admin.ip().is_loopback() {
+        tracing::warn!(
+            admin_listen = %admin,
+            "the admin listener is reachable from other hosts over plain HTTP: the admin token crosses the network in clear; bind it to loopback, or put TLS in front and set behind_tls = true"
+        );
+    }
+    if !client.ip().is_loopback() {
+        tracing::warn!(
+            listen = %client,
+            "the client listener is reachable from other hosts over plain ws://: client tokens cross the network in clear; put TLS (wss://) in front and set behind_tls = true"
+        );
+    }
 }
 
 /// Binds a listener with an explicit accept backlog (std's default is 128, too small for a

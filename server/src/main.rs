@@ -78,6 +78,15 @@ fn run() -> anyhow::Result<()> {
 fn serve(config: Config) -> anyhow::Result<()> {
     // Text to stderr, JSON lines to <data_dir>/logs; the guard flushes the file writer.
     let _log_guard = im_server::obs::logfiles::init(&config).context("setting up logging")?;
+    if let Some((before, after)) = im_server::obs::process::raise_fd_limit() {
+        if after > before {
+            tracing::info!(
+                before,
+                after,
+                "raised the open-files soft limit to the hard limit"
+            );
+        }
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -92,9 +101,23 @@ fn serve(config: Config) -> anyhow::Result<()> {
             running.admin_addr
         );
         shutdown_signal().await;
-        tracing::info!("shutting down");
-        running.shutdown(Duration::from_secs(10)).await;
-        tracing::info!("stopped");
+        let deadline = Duration::from_secs(running.node.config.flow.drain_timeout_secs as u64);
+        tokio::select! {
+            r = running.shutdown(deadline) => {
+                tracing::info!(
+                    connections = r.connections,
+                    committed = r.committed,
+                    left_open = r.left_open,
+                    took_ms = r.took.as_millis() as u64,
+                    "stopped"
+                );
+            }
+            _ = shutdown_signal() => {
+                // Acked messages are committed already; only the rest of the drain is cut.
+                tracing::warn!("second signal during the drain: exiting now");
+                std::process::exit(1);
+            }
+        }
         Ok(())
     })
 }

@@ -12,5 +12,6 @@ mod diag;
 mod durability;
 mod flow;
 mod groups;
+mod hardening;
 mod obs;
 mod offline;

@@ -269,7 +269,7 @@ impl Cluster {
             .connect(url.as_str())
             .await
             .map_err(|e| ClusterError::Connect {
-                url: url.clone(),
+                url: crate::config::redact_url(&url),
                 message: e.to_string(),
             })?;
         let js = jetstream::new(client.clone());

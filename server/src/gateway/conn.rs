@@ -4,6 +4,7 @@
 //! with a reason). Every protocol decision lives in `gateway::protocol`.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,8 +12,10 @@ use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 
+use tokio::sync::watch;
+
 use super::protocol::{Input, Protocol, Step};
-use super::Gateway;
+use super::{Drain, Gateway};
 use crate::flow::{CloseReason, OutFrame, Outbound, OutboundRx};
 use crate::obs::Stage;
 
@@ -44,7 +47,22 @@ async fn serve_conn(gw: Arc<Gateway>, socket: WebSocket, conn_id: u64, remote: S
         gw.metrics.clone(),
     )));
     let mut protocol = Protocol::new(gw.clone(), out.clone());
-    let reason = read_loop(stream, &out, &mut protocol).await;
+    let mut drain = gw.drain.subscribe();
+    let read = {
+        let _reading = Reading::new(&gw.reading);
+        read_loop(stream, &out, &mut protocol, &mut drain).await
+    };
+    let reason = match read {
+        Some(reason) => reason,
+        None => {
+            // Graceful shutdown: no more frames are read; what this connection sent is
+            // committed and acked before the close (the node moves to `Close` after the
+            // last commit, or the write timeout ends the wait).
+            let _ =
+                tokio::time::timeout(write_timeout, drain.wait_for(|p| *p >= Drain::Close)).await;
+            CloseReason::new(CloseReason::GOING_AWAY, "server shutting down")
+        }
+    };
     out.close(reason);
     let reason = out
         .close_reason()
@@ -79,19 +97,40 @@ async fn serve_conn(gw: Arc<Gateway>, socket: WebSocket, conn_id: u64, remote: S
     }
 }
 
+/// Counts a running read loop in [`Gateway::reading`] while alive.
+struct Reading<'a>(&'a AtomicUsize);
+
+impl<'a> Reading<'a> {
+    fn new(n: &'a AtomicUsize) -> Self {
+        n.fetch_add(1, Ordering::Relaxed);
+        Reading(n)
+    }
+}
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Reads until the connection must close (`Some(reason)`) or the node starts draining
+/// (`None`: stop reading, keep the connection for the acks still to come).
 async fn read_loop(
     mut stream: SplitStream<WebSocket>,
     out: &Arc<Outbound>,
     protocol: &mut Protocol,
-) -> CloseReason {
+    drain: &mut watch::Receiver<Drain>,
+) -> Option<CloseReason> {
     let mut closed = out.close_watch();
     loop {
         let next = tokio::select! {
+            biased;
+            _ = closed.changed() => return Some(out.close_reason().unwrap_or(CloseReason::new(1000, "closed"))),
+            _ = drain.wait_for(|p| *p >= Drain::StopReading) => return None,
             next = tokio::time::timeout(protocol.timeout(), stream.next()) => next,
-            _ = closed.changed() => return out.close_reason().unwrap_or(CloseReason::new(1000, "closed")),
         };
         let input = match next {
-            Err(_) => return protocol.on_timeout(),
+            Err(_) => return Some(protocol.on_timeout()),
             Ok(None) => Input::Closed,
             Ok(Some(Err(e))) => {
                 // axum wraps the tungstenite error (same version as our dependency).
@@ -102,7 +141,7 @@ async fn read_loop(
                     }
                     _ => {
                         tracing::debug!(error = %inner, "read error");
-                        return CloseReason::new(1000, "read error");
+                        return Some(CloseReason::new(1000, "read error"));
                     }
                 }
             }
@@ -114,7 +153,7 @@ async fn read_loop(
             },
         };
         if let Step::Close(reason) = protocol.on_message(input).await {
-            return reason;
+            return Some(reason);
         }
     }
 }

@@ -8,8 +8,8 @@ mod conn;
 pub mod protocol;
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::extract::{ConnectInfo, State, WebSocketUpgrade};
@@ -23,13 +23,101 @@ use crate::flow::{CloseReason, Outbound};
 use crate::obs::Metrics;
 use crate::pipeline::Pipeline;
 
-/// Every live connection of this node, by conn id (the one owner of that table).
+/// Every live connection of this node, by conn id (the one owner of that table), and
+/// the admission counts behind the connection caps (total and per source address).
 #[derive(Default)]
 pub struct Connections {
     map: Mutex<HashMap<u64, Arc<Outbound>>>,
+    admitted: AtomicUsize,
+    per_ip: Mutex<HashMap<IpAddr, u32>>,
+}
+
+/// Why a new connection was refused before the upgrade (label `reason` of
+/// `im_connections_refused_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// The node is shutting down.
+    Draining,
+    /// The node holds `limits.max_connections` already.
+    NodeFull,
+    /// The source address holds `limits.max_connections_per_ip` already.
+    PerIp,
+}
+
+impl Refused {
+    /// Every refusal, for metrics present from the start.
+    pub const ALL: [Refused; 3] = [Refused::Draining, Refused::NodeFull, Refused::PerIp];
+
+    /// The metric label.
+    pub const fn label(self) -> &'static str {
+        match self {
+            Refused::Draining => "draining",
+            Refused::NodeFull => "node_full",
+            Refused::PerIp => "per_ip",
+        }
+    }
+
+    /// What the client is told (HTTP 503 body).
+    pub const fn message(self) -> &'static str {
+        match self {
+            Refused::Draining => "node is draining; reconnect elsewhere",
+            Refused::NodeFull => "node is at its connection limit; retry later or elsewhere",
+            Refused::PerIp => "too many connections from this address",
+        }
+    }
+}
+
+/// A slot under the connection caps, held from admission until the connection ends
+/// (or the upgrade is abandoned); dropping it frees the slot.
+pub struct Admission {
+    conns: Arc<Connections>,
+    ip: IpAddr,
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.conns.admitted.fetch_sub(1, Ordering::Relaxed);
+        if let Ok(mut m) = self.conns.per_ip.lock() {
+            if let Some(n) = m.get_mut(&self.ip) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    m.remove(&self.ip);
+                }
+            }
+        }
+    }
 }
 
 impl Connections {
+    /// Takes a slot for a new connection from `ip`, or says which cap refuses it
+    /// (`max_total` and `max_per_ip` of 0 mean no cap).
+    pub fn admit(
+        self: &Arc<Self>,
+        ip: IpAddr,
+        max_total: usize,
+        max_per_ip: u32,
+    ) -> Result<Admission, Refused> {
+        let mut per_ip = self.per_ip.lock().map_err(|_| Refused::NodeFull)?;
+        if max_total > 0 && self.admitted.load(Ordering::Relaxed) >= max_total {
+            return Err(Refused::NodeFull);
+        }
+        let n = per_ip.entry(ip).or_insert(0);
+        if max_per_ip > 0 && *n >= max_per_ip {
+            return Err(Refused::PerIp);
+        }
+        *n += 1;
+        self.admitted.fetch_add(1, Ordering::Relaxed);
+        Ok(Admission {
+            conns: self.clone(),
+            ip,
+        })
+    }
+
+    /// Connections holding a slot (admitted, including those still upgrading).
+    pub fn admitted(&self) -> usize {
+        self.admitted.load(Ordering::Relaxed)
+    }
+
     /// Adds a connection.
     pub fn insert(&self, out: Arc<Outbound>) {
         if let Ok(mut m) = self.map.lock() {
@@ -100,7 +188,26 @@ pub struct Gateway {
     pub metrics: Metrics,
     /// Set while shutting down: new upgrades are refused.
     pub draining: Arc<AtomicBool>,
+    /// Most connections at once (`limits.max_connections`, resolved; 0: no cap).
+    pub max_connections: usize,
+    /// The graceful-shutdown phase every connection watches ([`Drain`]).
+    pub drain: tokio::sync::watch::Sender<Drain>,
+    /// Read loops still taking frames (the drain waits for 0 before the last commit).
+    reading: AtomicUsize,
     next_id: AtomicU64,
+}
+
+/// Graceful-shutdown phases, in order ([`Gateway::drain`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Drain {
+    /// Serving.
+    Running,
+    /// Read loops stop taking frames; connections stay open so that acks of what is
+    /// already in the pipeline still reach their senders.
+    StopReading,
+    /// The last batch is committed: each connection flushes its queue and closes with
+    /// 1001 "server shutting down".
+    Close,
 }
 
 impl Gateway {
@@ -119,14 +226,33 @@ impl Gateway {
         Arc::new(Gateway {
             pipeline,
             keys,
-            limits,
             flow,
             node_id,
             conns,
             metrics,
+            max_connections: limits.max_connections_resolved(),
+            limits,
             draining,
+            drain: tokio::sync::watch::channel(Drain::Running).0,
+            reading: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),
         })
+    }
+
+    /// Moves every connection to a later shutdown phase.
+    pub fn set_drain(&self, phase: Drain) {
+        self.drain.send_if_modified(|p| {
+            let later = phase > *p;
+            if later {
+                *p = phase;
+            }
+            later
+        });
+    }
+
+    /// Read loops still taking frames.
+    pub fn reading(&self) -> usize {
+        self.reading.load(Ordering::Relaxed)
     }
 
     /// The client listener's routes.
@@ -142,13 +268,28 @@ async fn upgrade(
     ConnectInfo(remote): ConnectInfo<SocketAddr>,
     ws: WebSocketUpgrade,
 ) -> Response {
-    if gw.draining.load(Ordering::Relaxed) {
-        return (
-            axum::http::StatusCode::SERVICE_UNAVAILABLE,
-            "node is draining; reconnect elsewhere",
+    let admission = if gw.draining.load(Ordering::Relaxed) {
+        Err(Refused::Draining)
+    } else {
+        gw.conns.admit(
+            remote.ip(),
+            gw.max_connections,
+            gw.limits.max_connections_per_ip,
         )
-            .into_response();
-    }
+    };
+    let admission = match admission {
+        Ok(a) => a,
+        Err(r) => {
+            gw.metrics.connection_refused(r.label());
+            // Clean and cheap: no upgrade, a reason, and when to come back.
+            return (
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                [(axum::http::header::RETRY_AFTER, "1")],
+                r.message(),
+            )
+                .into_response();
+        }
+    };
     let max = gw.limits.max_frame_bytes as usize;
     // tungstenite rejects beyond 4x the limit; between 1x and 4x we answer TOO_LARGE ourselves.
     ws.read_buffer_size(gw.flow.ws_read_buffer_bytes as usize)
@@ -158,6 +299,9 @@ async fn upgrade(
         .max_frame_size(max * 4)
         .on_upgrade(move |socket| {
             let conn_id = gw.next_id.fetch_add(1, Ordering::Relaxed);
-            conn::serve(gw, socket, conn_id, remote)
+            async move {
+                conn::serve(gw, socket, conn_id, remote).await;
+                drop(admission);
+            }
         })
 }

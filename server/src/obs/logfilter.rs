@@ -546,6 +546,9 @@ impl LogFilters {
         if is_conn_span(meta) {
             return Interest::always();
         }
+        if dumps_payloads(meta) {
+            return Interest::never();
+        }
         let global = self.global().enabled(meta.target(), meta.level());
         if !self.any.load(Ordering::Relaxed) {
             return if global {
@@ -633,10 +636,27 @@ impl DiagFilter {
     }
 }
 
+/// Crates whose TRACE events print raw frames (the WebSocket library logs every message
+/// it receives, Login tokens and private message text included). They stay off at any
+/// level, per-uid filters too: secrets and payloads never reach the logs.
+const PAYLOAD_DUMPING_TARGETS: &[&str] = &["tungstenite", "tokio_tungstenite", "async_nats"];
+
+fn dumps_payloads(meta: &Metadata<'_>) -> bool {
+    *meta.level() == Level::TRACE
+        && PAYLOAD_DUMPING_TARGETS.iter().any(|t| {
+            meta.target()
+                .strip_prefix(t)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"))
+        })
+}
+
 impl<S: tracing::Subscriber> Filter<S> for DiagFilter {
     fn enabled(&self, meta: &Metadata<'_>, _cx: &Context<'_, S>) -> bool {
         if is_conn_span(meta) {
             return true;
+        }
+        if dumps_payloads(meta) {
+            return false;
         }
         if self.filters.any.load(Ordering::Relaxed) {
             if let Some(Some(l)) = with_current(ConnCell::level) {

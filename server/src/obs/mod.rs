@@ -186,6 +186,9 @@ impl Metrics {
         }
         counter!("im_connections_closed_total", "reason" => "client closed").absolute(0);
         counter!("im_admin_unauthorized_total").absolute(0);
+        for reason in ["draining", "node_full", "per_ip"] {
+            counter!("im_connections_refused_total", "reason" => reason).absolute(0);
+        }
         for frame in ["ping", "send"] {
             counter!("im_flood_disconnects_total", "frame" => frame).absolute(0);
         }
@@ -246,6 +249,11 @@ impl Metrics {
         counter!("im_bad_frames_total", "reason" => reason).increment(1);
     }
 
+    /// Counts a connection refused before the upgrade (rare path: looks the handle up).
+    pub fn connection_refused(&self, reason: &'static str) {
+        counter!("im_connections_refused_total", "reason" => reason).increment(1);
+    }
+
     /// Counts a closed connection by reason.
     pub fn connection_closed(&self, reason: &'static str) {
         counter!("im_connections_closed_total", "reason" => reason).increment(1);
@@ -280,6 +288,10 @@ fn describe() {
     describe_counter!(
         "im_connections_opened_total",
         "Client connections accepted."
+    );
+    describe_counter!(
+        "im_connections_refused_total",
+        "Client connections refused before the WebSocket upgrade (HTTP 503), by reason (draining, node_full, per_ip)."
     );
     describe_counter!(
         "im_flood_disconnects_total",

@@ -78,6 +78,29 @@ fn clock_ticks() -> f64 {
     }
 }
 
+/// Raises the RLIMIT_NOFILE soft limit to the hard limit (every connection is a file
+/// descriptor; the usual soft default of 1024 is far too low for a server). Returns
+/// `(before, after)`, or `None` when the limits cannot be read or set.
+pub fn raise_fd_limit() -> Option<(u64, u64)> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return None;
+    }
+    let before = r.rlim_cur;
+    if r.rlim_cur < r.rlim_max {
+        r.rlim_cur = r.rlim_max;
+        // SAFETY: setrlimit reads the struct we pass; raising soft to hard needs no privilege.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) } != 0 {
+            return None;
+        }
+    }
+    Some((before, r.rlim_cur))
+}
+
 /// The RLIMIT_NOFILE soft limit.
 pub fn max_fds() -> u64 {
     let mut r = libc::rlimit {

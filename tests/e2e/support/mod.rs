@@ -128,8 +128,27 @@ impl TestServer {
 
     /// Sends SIGTERM and waits for the exit status.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
-        unsafe_sigterm(self.child.id());
+        self.sigterm();
         self.child.wait().expect("wait")
+    }
+
+    /// Sends SIGTERM and returns at once (graceful drain).
+    pub fn sigterm(&self) {
+        unsafe_sigterm(self.child.id());
+    }
+
+    /// Waits up to `limit` for the process to exit; `None` if it is still running.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let end = Instant::now() + limit;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() >= end {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Everything the server has logged so far.
@@ -220,6 +239,52 @@ pub fn metric_value(scrape: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
             .flatten()
         })
         .sum()
+}
+
+/// A WebSocket upgrade request for `GET /ws` from source address `from`; returns the
+/// response head and body as text, and the socket (kept open: it holds the connection).
+pub fn ws_upgrade_from(addr: SocketAddr, from: std::net::IpAddr) -> (String, std::net::TcpStream) {
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    socket
+        .bind(&SocketAddr::new(from, 0).into())
+        .expect("bind source address");
+    socket.connect(&addr.into()).expect("connect");
+    let mut s: std::net::TcpStream = socket.into();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    write!(
+        s,
+        "GET /ws HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    .unwrap();
+    // Read the head (and a short body, if any) without waiting for the socket to close.
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 1024];
+    let end = Instant::now() + WAIT;
+    while Instant::now() < end {
+        let n = s.read(&mut buf).unwrap_or(0);
+        raw.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&raw);
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let len = head
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse::<usize>().ok())
+                        .flatten()
+                })
+                .unwrap_or(0);
+            if body.len() >= len {
+                break;
+            }
+        }
+        if n == 0 {
+            break;
+        }
+    }
+    (String::from_utf8_lossy(&raw).to_string(), s)
 }
 
 /// A minimal HTTP/1.1 request over loopback; returns (status, body).
