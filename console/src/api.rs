@@ -158,6 +158,25 @@ pub struct Capacity {
     pub limiting_resource: String,
 }
 
+/// Connections refused before the upgrade, by reason (overview `connections_refused`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Refusals {
+    /// At `limits.max_connections`.
+    pub node_full: u64,
+    /// At `limits.max_connections_per_ip`.
+    pub per_ip: u64,
+    /// While draining.
+    pub draining: u64,
+}
+
+impl Refusals {
+    /// All refusals.
+    pub fn total(&self) -> u64 {
+        self.node_full + self.per_ip + self.draining
+    }
+}
+
 /// `GET /admin/v1/overview`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -174,6 +193,14 @@ pub struct Overview {
     pub uptime_secs: u64,
     /// Live connections.
     pub connections: u64,
+    /// The node's connection cap (0: none, or an older server).
+    pub max_connections: u64,
+    /// The per-source-address cap (0: none).
+    pub max_connections_per_ip: u64,
+    /// Connections refused with HTTP 503 since start, by reason.
+    pub connections_refused: Refusals,
+    /// A graceful shutdown has begun.
+    pub draining: bool,
     /// Distinct users online.
     pub users_online: u64,
     /// Messages received per second.

@@ -122,6 +122,26 @@ async fn overview_in_a_cluster() {
     insta::assert_snapshot!("overview_cluster_120x44", screen);
 }
 
+/// A node at its caps and draining: the cap, the refusals by reason and the drain show.
+#[tokio::test]
+async fn overview_with_connection_caps_while_draining() {
+    let n = MockNode::start().await;
+    n.fixture("GET", "/admin/v1/overview", 200, "overview_limits.json");
+    let client =
+        AdminClient::new(&n.url, Some("x".into()), Duration::from_secs(5)).expect("client");
+    let t0 = Instant::now();
+    let mut state = AppState::new([URL_A.to_owned()], t0);
+    poll_into(&mut state, 0, &client, t0).await;
+    let screen = draw(&state, 120, 40);
+    assert!(screen.contains("of 19744"), "{screen}");
+    assert!(
+        screen.contains("refused       15  full 3, per ip 12"),
+        "{screen}"
+    );
+    assert!(screen.contains("draining (shutting down)"), "{screen}");
+    insta::assert_snapshot!("overview_limits_120x40", screen);
+}
+
 #[tokio::test]
 async fn connections_sorted_and_filtered() {
     let (mut state, _n, _) = loaded().await;

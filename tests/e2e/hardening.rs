@@ -60,6 +60,13 @@ fn connection_caps_refuse_with_503_and_free_slots_on_close() {
         1.0
     );
     assert_eq!(server.metric("im_connections", &[]), 3.0);
+    let (_, body) = server.admin_get("/admin/v1/overview");
+    let o: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(o["max_connections"], 3, "{body}");
+    assert_eq!(o["max_connections_per_ip"], 2);
+    assert_eq!(o["connections_refused"]["per_ip"], 1);
+    assert_eq!(o["connections_refused"]["node_full"], 1);
+    assert_eq!(o["draining"], false);
 
     // Closing one frees its slot: the refused address gets in.
     drop(s_a1);

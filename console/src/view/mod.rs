@@ -80,6 +80,12 @@ fn render_header(frame: &mut Frame, area: Rect, state: &AppState) {
         }
         spans.push(Span::styled(format!("  {}  ", n.url), Style::new().fg(DIM)));
         spans.push(health_span(&n.health));
+        if n.live_overview().is_some_and(|o| o.draining) {
+            spans.push(Span::styled(
+                " · draining (shutting down)",
+                Style::new().fg(WARN).bold(),
+            ));
+        }
         if let Some(o) = &n.overview.data {
             spans.push(Span::styled(
                 format!(

@@ -117,7 +117,7 @@ fn render_info(frame: &mut Frame, area: Rect, o: &Overview) {
     } else {
         Style::new().bold()
     };
-    let lines = vec![
+    let mut lines = vec![
         kv(
             "node",
             o.node_id.clone(),
@@ -128,11 +128,9 @@ fn render_info(frame: &mut Frame, area: Rect, o: &Overview) {
             fmt::secs(o.uptime_secs),
             format!("  probes {}", if o.probes { "on" } else { "off" }),
         ),
-        kv(
-            "connections",
-            o.connections.to_string(),
-            format!("  users online {}", o.users_online),
-        ),
+    ];
+    lines.extend(connections_lines(o));
+    lines.extend([
         kv(
             "msgs in",
             format!("{}/s", fmt::count(o.msg_rate_in)),
@@ -179,7 +177,7 @@ fn render_info(frame: &mut Frame, area: Rect, o: &Overview) {
             format!("{}", o.process.open_fds),
             format!("  of {}", o.process.max_fds),
         ),
-    ];
+    ]);
     frame.render_widget(Paragraph::new(lines).block(block("node")), area);
 }
 
@@ -437,4 +435,37 @@ fn render_stages(frame: &mut Frame, area: Rect, o: &Overview) {
         ))),
         area,
     );
+}
+
+/// `connections  N [of MAX]  users online U`, then `refused  R  full F, per ip P, ...`
+/// when the node has refused any (warning colour); the cap shows only when reported.
+fn connections_lines(o: &Overview) -> Vec<Line<'static>> {
+    let cap = if o.max_connections > 0 {
+        format!(" of {}", o.max_connections)
+    } else {
+        String::new()
+    };
+    let mut lines = vec![kv(
+        "connections",
+        o.connections.to_string(),
+        format!("{cap}  users online {}", o.users_online),
+    )];
+    let r = &o.connections_refused;
+    if r.total() > 0 {
+        let reasons: Vec<String> = [
+            ("full", r.node_full),
+            ("per ip", r.per_ip),
+            ("draining", r.draining),
+        ]
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(what, n)| format!("{what} {n}"))
+        .collect();
+        lines.push(Line::from(vec![
+            Span::styled(format!(" {:<14}", "refused"), Style::new().fg(DIM)),
+            Span::styled(r.total().to_string(), Style::new().fg(WARN).bold()),
+            Span::styled(format!("  {}", reasons.join(", ")), Style::new().fg(DIM)),
+        ]));
+    }
+    lines
 }

@@ -102,6 +102,11 @@ async fn metrics(State(node): State<Arc<Node>>) -> Response {
 
 async fn overview(State(node): State<Arc<Node>>) -> Response {
     let snap = node.snapshot();
+    let refused: serde_json::Map<String, serde_json::Value> = crate::obs::REFUSED_REASONS
+        .iter()
+        .zip(node.metrics.totals.refused.iter())
+        .map(|(r, n)| (r.to_string(), n.load(Ordering::Relaxed).into()))
+        .collect();
     Json(serde_json::json!({
         "node_id": node.node_id,
         "version": env!("CARGO_PKG_VERSION"),
@@ -109,6 +114,10 @@ async fn overview(State(node): State<Arc<Node>>) -> Response {
         "probes": node.metrics.probes_enabled(),
         "uptime_secs": node.started.elapsed().as_secs(),
         "connections": node.conns.len(),
+        "max_connections": node.config.limits.max_connections_resolved(),
+        "max_connections_per_ip": node.config.limits.max_connections_per_ip,
+        "connections_refused": refused,
+        "draining": node.draining.load(Ordering::Relaxed),
         "users_online": snap.users_online,
         "msg_rate_in": snap.msg_rate_in,
         "msg_rate_out": snap.msg_rate_out,

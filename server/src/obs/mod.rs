@@ -137,7 +137,12 @@ pub struct Totals {
     pub slow_disconnects: AtomicU64,
     /// Connections marked slow, ever.
     pub slow_marked: AtomicU64,
+    /// Connections refused before the upgrade: node full, per address cap, draining.
+    pub refused: [AtomicU64; 3],
 }
+
+/// The `reason` labels of `im_connections_refused_total`, in [`Totals::refused`] order.
+pub const REFUSED_REASONS: [&str; 3] = ["node_full", "per_ip", "draining"];
 
 /// Cheap, cloneable metric handles for the hot path.
 #[derive(Clone)]
@@ -186,7 +191,7 @@ impl Metrics {
         }
         counter!("im_connections_closed_total", "reason" => "client closed").absolute(0);
         counter!("im_admin_unauthorized_total").absolute(0);
-        for reason in ["draining", "node_full", "per_ip"] {
+        for reason in REFUSED_REASONS {
             counter!("im_connections_refused_total", "reason" => reason).absolute(0);
         }
         for frame in ["ping", "send"] {
@@ -252,6 +257,9 @@ impl Metrics {
     /// Counts a connection refused before the upgrade (rare path: looks the handle up).
     pub fn connection_refused(&self, reason: &'static str) {
         counter!("im_connections_refused_total", "reason" => reason).increment(1);
+        if let Some(i) = REFUSED_REASONS.iter().position(|r| *r == reason) {
+            self.totals.refused[i].fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Counts a closed connection by reason.
