@@ -74,6 +74,7 @@ impl Node {
 struct LiveFigures {
     conns: Arc<Connections>,
     pipeline: Arc<Pipeline>,
+    max_connections: u64,
 }
 
 impl obs::sampler::Live for LiveFigures {
@@ -99,6 +100,9 @@ impl obs::sampler::Live for LiveFigures {
             self.pipeline.persist.depth() as u64,
             self.pipeline.persist.capacity() as u64,
         )
+    }
+    fn max_connections(&self) -> u64 {
+        self.max_connections
     }
 }
 
@@ -159,6 +163,7 @@ impl Node {
             Arc::new(LiveFigures {
                 conns: conns.clone(),
                 pipeline: pipeline.clone(),
+                max_connections: config.limits.max_connections_resolved() as u64,
             }),
             snapshot.clone(),
             prometheus.clone(),

@@ -36,6 +36,8 @@ pub struct Inputs {
     pub cpu_busy: f64,
     /// Messages per second in + out.
     pub msg_rate: f64,
+    /// The node's connection cap (`limits.max_connections` resolved; 0: none).
+    pub max_connections: u64,
 }
 
 /// The headroom figures.
@@ -83,6 +85,12 @@ pub fn compute(i: &Inputs) -> Headroom {
             limiting = ("cpu", c);
         }
     }
+    if i.max_connections > 0 {
+        let by_cap = i.max_connections.saturating_sub(i.connections);
+        if by_cap < limiting.1 {
+            limiting = ("max_connections", by_cap);
+        }
+    }
     let ratio = |used: f64, limit: f64| {
         if limit > 0.0 {
             (1.0 - used / limit).clamp(0.0, 1.0)
@@ -117,7 +125,21 @@ mod tests {
             max_fds: 1 << 20,
             cpu_busy: 0.01,
             msg_rate: 0.0,
+            max_connections: 0,
         }
+    }
+
+    #[test]
+    fn the_connection_cap_limits_when_it_is_nearest() {
+        let mut i = base();
+        i.max_connections = 1500;
+        let h = compute(&i);
+        assert_eq!(h.headroom_connections, 500);
+        assert_eq!(h.limiting_resource, "max_connections");
+        i.max_connections = 900; // already past it (lowered at runtime): no room
+        assert_eq!(compute(&i).headroom_connections, 0);
+        i.max_connections = 10_000_000; // farther than memory: memory limits
+        assert_eq!(compute(&i).limiting_resource, "memory");
     }
 
     #[test]

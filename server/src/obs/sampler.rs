@@ -30,6 +30,10 @@ pub trait Live: Send + Sync {
     fn outbound(&self) -> (u64, u64);
     /// Persistence queue depth and capacity.
     fn persist_queue(&self) -> (u64, u64);
+    /// The connection cap (0: none).
+    fn max_connections(&self) -> u64 {
+        0
+    }
 }
 
 /// Latency of one stage over the window.
@@ -210,6 +214,7 @@ impl Sampler {
             max_fds: proc.max_fds,
             cpu_busy: busy,
             msg_rate: rate_in + rate_out,
+            max_connections: self.live.max_connections(),
         });
 
         // Gauges.
