@@ -106,7 +106,8 @@ struct SyncJob {
     seen: HashSet<String>,
     /// Of those, the ones whose first page seq came from an authoritative cursor.
     settled: HashSet<String>,
-    /// Conversations of the outstanding page.
+    /// Conversations of the last page received (their cursors are kept first when
+    /// there are too many to send).
     last_page: Vec<String>,
     sent_at: Instant,
 }

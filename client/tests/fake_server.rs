@@ -53,10 +53,9 @@ impl Peer {
 
     /// Next frame within `wait`; `None` when nothing came (or the connection closed).
     async fn try_recv(&mut self, wait: Duration) -> Option<Frame> {
-        match tokio::time::timeout(wait, self.recv()).await {
-            Ok(f) => f,
-            Err(_) => None,
-        }
+        tokio::time::timeout(wait, self.recv())
+            .await
+            .unwrap_or_default()
     }
 
     async fn send(&mut self, f: Frame) {
@@ -754,7 +753,10 @@ async fn a_held_message_is_never_overtaken_and_acks_follow_the_app() {
     peer.send(deliver(vec![msg(conv, 2)])).await;
     peer.send(deliver(vec![msg(conv, 4)])).await;
     // Let the acks go out (they trail by 50 ms) while the sync is still unanswered.
-    assert!(store.pump(&mut peer, Duration::from_millis(300)).await.is_empty());
+    assert!(store
+        .pump(&mut peer, Duration::from_millis(300))
+        .await
+        .is_empty());
     got.extend(drain_seqs(&client));
     assert_in_order_and_acked_within(&got, &store, conv);
     assert_eq!(got, vec![1, 2, 3, 4]);
@@ -822,7 +824,7 @@ async fn a_hole_in_a_group_left_meanwhile_is_given_up_in_order() {
     peer.send(proto::error_frame(
         f.req_id,
         ErrorCode::NotMember,
-        &format!("not a member of {conv}"),
+        format!("not a member of {conv}"),
     ))
     .await;
     assert_eq!(seq_of(&next_event(&client).await), 3);
@@ -833,7 +835,8 @@ async fn a_hole_in_a_group_left_meanwhile_is_given_up_in_order() {
     };
     assert!(req.cursors.is_empty(), "{req:?}");
     let empty = proto::SyncResponse::default();
-    peer.send(proto::frame(f.req_id, Body::SyncResp(empty))).await;
+    peer.send(proto::frame(f.req_id, Body::SyncResp(empty)))
+        .await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(client.try_next_event().is_none());
 }

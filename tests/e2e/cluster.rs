@@ -168,7 +168,10 @@ async fn users_on_three_nodes_get_every_message_once_in_order() {
     // the two streams concurrently, all users at once.
     let mut tasks = Vec::new();
     for u in users {
-        for target in [Target::User(partner(u).to_string()), Target::Group("crew".into())] {
+        for target in [
+            Target::User(partner(u).to_string()),
+            Target::Group("crew".into()),
+        ] {
             let client = clients[u].clone();
             tasks.push(tokio::spawn(async move {
                 let conv = target.conversation_id(u);
@@ -192,7 +195,8 @@ async fn users_on_three_nodes_get_every_message_once_in_order() {
         for (conv, id, _) in acks {
             *count.entry(conv.clone()).or_default() += 1;
             for u in users {
-                let to_u = conv == im_client::proto::direct_conversation(sender, u) || conv == group;
+                let to_u =
+                    conv == im_client::proto::direct_conversation(sender, u) || conv == group;
                 if u != sender && to_u {
                     want.entry(u)
                         .or_default()
