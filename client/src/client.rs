@@ -2,8 +2,8 @@
 //!
 //! The handle is cheap to share (`&self` everywhere, `Send + Sync`); a background task
 //! (see `driver`) owns the socket. Incoming messages are consumed with
-//! [`Client::next_event`]: one exactly-once stream of [`Event`]s fed by live `Deliver`
-//! pushes and by syncs (explicit or background).
+//! [`Client::next_event`]: one exactly-once stream of [`Event`]s, each conversation in
+//! seq order, fed by live `Deliver` pushes and by syncs (explicit or background).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -206,8 +206,9 @@ impl Client {
         }
     }
 
-    /// Fetches everything after the server's stored cursors (paged, 500 per page) and
-    /// returns the messages this client had not seen; they are also emitted as events.
+    /// Fetches everything after the server's stored cursors (after the SDK's own for a
+    /// conversation held above a gap; paged, 500 per page) and returns the messages it
+    /// made available, in each conversation's seq order; they are also emitted as events.
     pub async fn sync(&self) -> Result<Vec<ChatMessage>, ClientError> {
         let (tx, rx) = oneshot::channel();
         self.cmd

@@ -2,7 +2,7 @@
 //! by `req_id`, turns `Deliver` and sync pages into exactly-once events, sends coalesced
 //! `DeliverAck`s and heartbeats, and reconnects (login with `resume = true`, then sync).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -20,7 +20,7 @@ use crate::client::Event;
 use crate::config::ClientConfig;
 use crate::error::ClientError;
 use crate::raw::{RawConn, RawEvent};
-use crate::tracker::{Seen, SeqTracker};
+use crate::tracker::SeqTracker;
 
 /// Page size of every `SyncRequest`.
 pub(crate) const SYNC_LIMIT: u32 = 500;
@@ -32,10 +32,11 @@ const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(30);
 const DEAD_AFTER_HEARTBEATS: u32 = 3;
 /// Period of the housekeeping pass (expired syncs, abandoned requests).
 const HOUSEKEEPING: Duration = Duration::from_secs(1);
-/// Syncs a live message above a hole is held across before it is released anyway.
-const HOLD_SYNCS: u8 = 4;
-/// Seqs held above a hole in one conversation before a background sync is forced.
-const ABOVE_SYNC_THRESHOLD: usize = 4096;
+/// Housekeeping passes that may find seqs held above a hole (e.g. our own message
+/// ahead of others' still in flight) before a background sync is started for them.
+const HELD_PASSES: u8 = 2;
+/// Most cursors one `SyncRequest` carries (the server refuses more than 10 000).
+const MAX_SYNC_CURSORS: usize = 10_000;
 /// How long shutdown waits for the close handshake.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -81,14 +82,33 @@ impl Shared {
 }
 
 /// One sync in progress (one page outstanding).
+///
+/// A conversation with seqs held above a hole is read from the SDK's own cursor (the
+/// last seq the app has), which overrides the server's stored cursor; a conversation
+/// the SDK has no baseline for yet is read from the stored one. Either answer is
+/// authoritative: the first seq a page returns for such a conversation follows
+/// directly on the cursor used, and once the sync is complete every hole below the
+/// seqs held when it started is settled. Any other conversation's page messages are
+/// treated like live ones (held above a hole, filled by the next sync).
 struct SyncJob {
     /// `None` for background syncs (gap fill, after reconnect).
     reply: Option<SyncReply>,
+    /// Messages this sync made available to the app (for `reply`).
     collected: Vec<ChatMessage>,
-    /// The outstanding request is the first page (empty cursors).
-    first_page: bool,
-    /// Highest seq seen per conversation when the sync started.
-    snapshot: HashMap<String, u64>,
+    /// Cursors of every page: the SDK's own for `own`, then the last seq seen per
+    /// conversation in this sync's pages.
+    cursors: BTreeMap<String, u64>,
+    /// Conversations read from the SDK's own cursor.
+    own: HashSet<String>,
+    /// Highest seq held per conversation when the sync started.
+    held_at_start: BTreeMap<String, u64>,
+    /// Conversations seen in this sync's pages.
+    seen: HashSet<String>,
+    /// Of those, the ones whose first page seq came from an authoritative cursor.
+    settled: HashSet<String>,
+    /// Conversations of the last page received (their cursors are kept first when
+    /// there are too many to send).
+    last_page: Vec<String>,
     sent_at: Instant,
 }
 
@@ -118,9 +138,10 @@ pub(crate) struct Driver {
     syncs: HashMap<u64, SyncJob>,
     bg_running: bool,
     bg_wanted: bool,
-    /// Live messages that arrived above a gap, held until the sync that fills it ends,
-    /// so the app sees each conversation in seq order.
-    held: Vec<(ChatMessage, u8)>,
+    /// Consecutive housekeeping passes that found seqs held above a hole.
+    held_passes: u8,
+    /// Delivery cursors and the messages held above a hole (each conversation reaches
+    /// the app in seq order).
     tracker: SeqTracker,
     ack_deadline: Option<Instant>,
     backlog: VecDeque<Command>,
@@ -148,7 +169,7 @@ impl Driver {
             syncs: HashMap::new(),
             bg_running: false,
             bg_wanted: false,
-            held: Vec::new(),
+            held_passes: 0,
             tracker: SeqTracker::default(),
             ack_deadline: None,
             backlog: VecDeque::new(),
@@ -300,28 +321,52 @@ impl Driver {
         }
     }
 
-    /// Sends the first page request (empty cursors: the server's stored ones).
+    /// Sends the first page request: the SDK's own cursor for every conversation held
+    /// above a hole that it has a baseline for; the server's stored cursors for the rest.
     async fn start_sync(
         &mut self,
         conn: &mut RawConn,
         reply: Option<SyncReply>,
     ) -> Result<(), Stop> {
-        let job = SyncJob {
+        let mut job = SyncJob {
             reply,
             collected: Vec::new(),
-            first_page: true,
-            snapshot: self.tracker.max_seen(),
+            cursors: BTreeMap::new(),
+            own: HashSet::new(),
+            held_at_start: BTreeMap::new(),
+            seen: HashSet::new(),
+            settled: HashSet::new(),
+            last_page: Vec::new(),
             sent_at: Instant::now(),
         };
-        self.send_sync_page(conn, job, Vec::new()).await
+        for (conv, delivered, top) in self.tracker.holes() {
+            if delivered > 0 && job.own.len() < MAX_SYNC_CURSORS {
+                job.cursors.insert(conv.clone(), delivered);
+                job.own.insert(conv.clone());
+            }
+            job.held_at_start.insert(conv, top);
+        }
+        self.send_sync_page(conn, job).await
     }
 
-    async fn send_sync_page(
-        &mut self,
-        conn: &mut RawConn,
-        mut job: SyncJob,
-        cursors: Vec<Cursor>,
-    ) -> Result<(), Stop> {
+    /// Sends the next page request of `job` with its cursors.
+    async fn send_sync_page(&mut self, conn: &mut RawConn, mut job: SyncJob) -> Result<(), Stop> {
+        let pick = |(c, s): (&String, &u64)| Cursor {
+            conversation_id: c.clone(),
+            after_seq: *s,
+        };
+        let cursors: Vec<Cursor> = if job.cursors.len() <= MAX_SYNC_CURSORS {
+            job.cursors.iter().map(pick).collect()
+        } else {
+            // Very many conversations: the own cursors and the last page's (the server
+            // goes on in conversation order from there).
+            job.cursors
+                .iter()
+                .filter(|(c, _)| job.own.contains(*c) || job.last_page.contains(c))
+                .take(MAX_SYNC_CURSORS)
+                .map(pick)
+                .collect()
+        };
         let id = self.alloc_req_id();
         job.sent_at = Instant::now();
         self.syncs.insert(id, job);
@@ -340,19 +385,13 @@ impl Driver {
             None => trace!(req_id = id, "empty frame"),
             Some(Body::Deliver(d)) => {
                 for m in d.messages {
-                    let conv = m.conversation_id.clone();
-                    if let Seen::New { gap } = self.tracker.observe(&conv, m.seq) {
-                        if gap {
-                            trace!(conversation = %conv, seq = m.seq, "gap in live delivery");
-                            self.bg_wanted = true;
-                            self.held.push((m, 0));
-                        } else {
-                            let _ = self.ev_tx.send(Event::Message(m));
-                        }
-                    }
-                    if self.tracker.above_len(&conv) > ABOVE_SYNC_THRESHOLD {
+                    let (conv, seq) = (m.conversation_id.clone(), m.seq);
+                    let arrival = self.tracker.arrive(m);
+                    if arrival.gap {
+                        trace!(conversation = %conv, seq, "live message above a hole: held");
                         self.bg_wanted = true;
                     }
+                    self.emit(arrival.ready, None);
                 }
             }
             // An unsolicited SyncResponse{more} is the server's notify-and-pull hint
@@ -375,7 +414,8 @@ impl Driver {
             }
             Some(Body::Error(e)) => {
                 if let Some(job) = self.syncs.remove(&id) {
-                    self.finish_sync(job, Err(ClientError::from_server(e)));
+                    self.on_sync_error(conn, job, ClientError::from_server(e))
+                        .await?;
                 } else if id != 0 && self.pending.contains_key(&id) {
                     self.complete(id, Err(ClientError::from_server(e)));
                 } else {
@@ -387,13 +427,21 @@ impl Driver {
         Ok(())
     }
 
-    /// Our own message is known to us from its ack: never emit it, and count it as seen.
+    /// Our own message is known to us from its ack: never emit it, but it takes its place
+    /// in the conversation's order (a hole below it is filled by the live pushes in
+    /// flight, or by a housekeeping sync).
     fn note_own(&mut self, ack: &SendAck) {
-        if ack.seq > 0 {
-            self.tracker.observe(&ack.conversation_id, ack.seq);
-            if self.tracker.above_len(&ack.conversation_id) > ABOVE_SYNC_THRESHOLD {
-                self.bg_wanted = true;
+        let arrival = self.tracker.own(&ack.conversation_id, ack.seq);
+        self.emit(arrival.ready, None);
+    }
+
+    /// Hands `msgs` (in order) to the app, and to `collect` when a sync reply waits.
+    fn emit(&mut self, msgs: Vec<ChatMessage>, mut collect: Option<&mut Vec<ChatMessage>>) {
+        for m in msgs {
+            if let Some(c) = collect.as_deref_mut() {
+                c.push(m.clone());
             }
+            let _ = self.ev_tx.send(Event::Message(m));
         }
     }
 
@@ -412,39 +460,51 @@ impl Driver {
         mut job: SyncJob,
         resp: SyncResponse,
     ) -> Result<(), Stop> {
-        let mut last: BTreeMap<String, u64> = BTreeMap::new();
         let page_len = resp.messages.len();
+        let mut page_convs: Vec<String> = Vec::new();
         for m in resp.messages {
-            if !last.contains_key(&m.conversation_id) && m.seq > 1 {
-                // A page starts each conversation right after the cursor used: the server
-                // holds everything below as delivered to this user.
-                self.tracker.fast_forward(&m.conversation_id, m.seq - 1);
+            let conv = m.conversation_id.clone();
+            if page_convs.last() != Some(&conv) {
+                page_convs.push(conv.clone());
             }
-            last.insert(m.conversation_id.clone(), m.seq);
-            if let Seen::New { .. } = self.tracker.observe(&m.conversation_id, m.seq) {
-                if job.reply.is_some() {
-                    job.collected.push(m.clone());
+            if job.seen.insert(conv.clone()) {
+                // First seq of this conversation in the sync. Read from our own cursor, or
+                // from the stored one while we have no baseline, it follows directly on
+                // that cursor: the seqs between are not there for this user.
+                if job.own.contains(&conv) || self.tracker.delivered(&conv) == 0 {
+                    job.settled.insert(conv.clone());
+                    let ready = self.tracker.settle(&conv, m.seq.saturating_sub(1));
+                    self.emit(ready, job.reply.is_some().then_some(&mut job.collected));
                 }
-                let _ = self.ev_tx.send(Event::Message(m));
             }
+            let seq = job.cursors.entry(conv).or_insert(0);
+            *seq = (*seq).max(m.seq);
+            let arrival = self.tracker.arrive(m);
+            if arrival.gap {
+                // Read from a stored cursor that is ahead of what the app has (another
+                // device acked it): fill from our own cursor next time.
+                self.bg_wanted = true;
+            }
+            self.emit(
+                arrival.ready,
+                job.reply.is_some().then_some(&mut job.collected),
+            );
         }
         if resp.more && page_len > 0 {
-            let cursors = last
-                .into_iter()
-                .map(|(conversation_id, after_seq)| Cursor {
-                    conversation_id,
-                    after_seq,
-                })
-                .collect();
-            job.first_page = false;
-            return self.send_sync_page(conn, job, cursors).await;
+            job.last_page = page_convs;
+            return self.send_sync_page(conn, job).await;
         }
-        if job.first_page && !resp.more {
-            // One complete page over the stored cursors: a conversation absent from it has
-            // nothing after the server's cursor, so everything we saw before is delivered.
-            for (conv, max) in std::mem::take(&mut job.snapshot) {
-                if !last.contains_key(&conv) {
-                    self.tracker.fast_forward(&conv, max);
+        if !resp.more {
+            // Complete: every seq held when the sync started was committed before it
+            // read, so a conversation read from an authoritative cursor has no hole left
+            // below those (what was missing is not there for this user).
+            for (conv, top) in std::mem::take(&mut job.held_at_start) {
+                let authoritative = job.own.contains(&conv)
+                    || job.settled.contains(&conv)
+                    || (!job.seen.contains(&conv) && self.tracker.delivered(&conv) == 0);
+                if authoritative {
+                    let ready = self.tracker.settle(&conv, top);
+                    self.emit(ready, job.reply.is_some().then_some(&mut job.collected));
                 }
             }
         }
@@ -453,8 +513,47 @@ impl Driver {
         Ok(())
     }
 
+    /// A sync page was refused. `NOT_MEMBER` for a conversation we named (a group left
+    /// while seqs were held there): its hole can no longer be filled, so what is held is
+    /// released in order, and the page is asked again without it. Otherwise the sync fails.
+    async fn on_sync_error(
+        &mut self,
+        conn: &mut RawConn,
+        mut job: SyncJob,
+        err: ClientError,
+    ) -> Result<(), Stop> {
+        let named = match &err {
+            ClientError::Server {
+                code: ErrorCode::NotMember,
+                message,
+                ..
+            } => job
+                .cursors
+                .keys()
+                .find(|c| message.ends_with(&format!(" {c}")))
+                .cloned(),
+            _ => None,
+        };
+        let Some(conv) = named else {
+            self.finish_sync(job, Err(err));
+            return Ok(());
+        };
+        debug!(conversation = %conv, "not a member any more: giving up its hole");
+        job.cursors.remove(&conv);
+        job.own.remove(&conv);
+        job.held_at_start.remove(&conv);
+        let top = self
+            .tracker
+            .holes()
+            .into_iter()
+            .find(|(c, _, _)| *c == conv)
+            .map_or(0, |(_, _, top)| top);
+        let ready = self.tracker.settle(&conv, top);
+        self.emit(ready, job.reply.is_some().then_some(&mut job.collected));
+        self.send_sync_page(conn, job).await
+    }
+
     fn finish_sync(&mut self, job: SyncJob, result: Result<Vec<ChatMessage>, ClientError>) {
-        self.flush_held();
         match job.reply {
             Some(reply) => {
                 let _ = reply.send(result);
@@ -462,31 +561,9 @@ impl Driver {
             None => {
                 self.bg_running = false;
                 if let Err(e) = result {
+                    // Holes left are retried by housekeeping.
                     debug!(error = %e, "background sync failed");
                 }
-            }
-        }
-    }
-
-    /// Emits the held live messages that a sync has made contiguous, in (conversation,
-    /// seq) order. One still above a hole (its gap was committed after the sync read, e.g.
-    /// from another cluster node) stays held for the next sync; after `HOLD_SYNCS` syncs
-    /// it is released anyway, so nothing is held forever.
-    fn flush_held(&mut self) {
-        let mut held = std::mem::take(&mut self.held);
-        held.sort_by(|(a, _), (b, _)| {
-            (&a.conversation_id, a.seq).cmp(&(&b.conversation_id, b.seq))
-        });
-        let mut blocked: Option<String> = None;
-        for (m, syncs) in held {
-            let ready = m.seq <= self.tracker.contiguous(&m.conversation_id);
-            let behind = blocked.as_deref() == Some(m.conversation_id.as_str());
-            if (ready && !behind) || syncs + 1 >= HOLD_SYNCS {
-                let _ = self.ev_tx.send(Event::Message(m));
-            } else {
-                blocked = Some(m.conversation_id.clone());
-                self.bg_wanted = true;
-                self.held.push((m, syncs + 1));
             }
         }
     }
@@ -527,9 +604,19 @@ impl Driver {
             .map_err(lost)
     }
 
-    /// Drops requests whose caller gave up and fails sync pages past the request timeout.
+    /// Drops requests whose caller gave up, fails sync pages past the request timeout,
+    /// and starts a background sync for seqs held above a hole for a while.
     fn housekeeping(&mut self) {
         self.pending.retain(|_, tx| !tx.is_closed());
+        if self.tracker.has_held() {
+            self.held_passes += 1;
+            if self.held_passes >= HELD_PASSES {
+                self.held_passes = 0;
+                self.bg_wanted = true;
+            }
+        } else {
+            self.held_passes = 0;
+        }
         let timeout = self.cfg.request_timeout;
         let expired: Vec<u64> = self
             .syncs

@@ -3,7 +3,7 @@
 //! - [`Client`]: connect + login, `send` (waits for the durable `SendAck`, retries
 //!   `OVERLOADED` and dropped connections with the same `client_msg_id`), group ops,
 //!   paged `sync`, heartbeats, auto-reconnect with resume, and an exactly-once stream of
-//!   [`Event`]s taken with [`Client::next_event`].
+//!   [`Event`]s (each conversation in seq order) taken with [`Client::next_event`].
 //! - [`RawConn`]: a bare frame-level WebSocket connection for tests and tools.
 //!
 //! Module map: `raw` (transport), `client` (handle, events, targets), `driver` (the

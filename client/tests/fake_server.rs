@@ -1,7 +1,9 @@
 //! SDK behaviour against a scripted in-process fake server (no im-server needed): batch
 //! unwrapping, req_id correlation, OVERLOADED retries, dedup + gap sync + DeliverAck,
-//! paged sync, reconnect with resume and resend, heartbeats.
+//! paged sync, reconnect with resume and resend, heartbeats, and per-conversation order
+//! when pushes of one conversation arrive out of seq order (as from two cluster nodes).
 
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,6 +49,13 @@ impl Peer {
                 _ => return f,
             }
         }
+    }
+
+    /// Next frame within `wait`; `None` when nothing came (or the connection closed).
+    async fn try_recv(&mut self, wait: Duration) -> Option<Frame> {
+        tokio::time::timeout(wait, self.recv())
+            .await
+            .unwrap_or_default()
     }
 
     async fn send(&mut self, f: Frame) {
@@ -139,6 +148,13 @@ async fn next_event(c: &Client) -> Event {
         .await
         .expect("no event in time")
         .expect("event stream ended")
+}
+
+fn cursors_of(req: &proto::SyncRequest) -> Vec<(String, u64)> {
+    req.cursors
+        .iter()
+        .map(|c| (c.conversation_id.clone(), c.after_seq))
+        .collect()
 }
 
 fn seq_of(e: &Event) -> u64 {
@@ -315,17 +331,17 @@ async fn deliveries_are_deduped_gaps_synced_and_acked() {
         .await;
     assert_eq!(seq_of(&next_event(&client).await), 1);
     assert_eq!(seq_of(&next_event(&client).await), 2);
-    // Seq 4 arrives above a gap: it is held, and the gap triggers a background sync over
-    // the stored cursors.
+    // Seq 4 arrives above a gap: it is held, and the gap triggers a background sync from
+    // the last seq the app has.
     peer.send(deliver(vec![msg(conv, 4)])).await;
     let f = peer.recv_request().await;
     let Some(Body::Sync(req)) = f.body else {
         panic!("expected SyncRequest, got {f:?}")
     };
-    assert!(req.cursors.is_empty());
+    assert_eq!(cursors_of(&req), vec![(conv.to_string(), 2)]);
     assert_eq!(req.limit, 500);
     let page = proto::SyncResponse {
-        messages: vec![msg(conv, 2), msg(conv, 3), msg(conv, 4)],
+        messages: vec![msg(conv, 3), msg(conv, 4)],
         more: false,
     };
     peer.send(proto::frame(f.req_id, Body::SyncResp(page)))
@@ -375,13 +391,8 @@ async fn sync_pages_with_explicit_cursors_and_returns_only_new() {
     };
     req.cursors
         .sort_by(|a, b| a.conversation_id.cmp(&b.conversation_id));
-    let cursors: Vec<(String, u64)> = req
-        .cursors
-        .into_iter()
-        .map(|c| (c.conversation_id, c.after_seq))
-        .collect();
     assert_eq!(
-        cursors,
+        cursors_of(&req),
         vec![("g:a".to_string(), 2), ("u:alice:bob".to_string(), 1)]
     );
     let page = proto::SyncResponse {
@@ -582,9 +593,9 @@ async fn own_messages_are_not_emitted_and_server_cursors_fast_forward() {
     };
     peer.send(proto::frame(f.req_id, Body::SyncResp(page)))
         .await;
-    // The held messages follow the sync, in (conversation, seq) order.
-    assert_eq!(seq_of(&next_event(&client).await), 10);
+    // The held messages follow the sync, each conversation in seq order.
     assert_eq!(seq_of(&next_event(&client).await), 6);
+    assert_eq!(seq_of(&next_event(&client).await), 10);
 
     let mut acks = std::collections::BTreeMap::new();
     while acks.get(conv) != Some(&6) || acks.get("g:x") != Some(&10) {
@@ -594,4 +605,272 @@ async fn own_messages_are_not_emitted_and_server_cursors_fast_forward() {
         }
     }
     assert!(client.try_next_event().is_none());
+}
+
+/// The server's view of one user, answering the way im-server does: committed messages
+/// per conversation, the user's stored cursors (moved forward by its `DeliverAck`s), and
+/// `SyncRequest`s read after the request's cursor where it names one, else after the
+/// stored cursor, in conversation order, `more` when the limit cuts a page.
+#[derive(Default)]
+struct FakeStore {
+    messages: BTreeMap<String, Vec<ChatMessage>>,
+    stored: HashMap<String, u64>,
+}
+
+impl FakeStore {
+    /// Commits `conv` up to seq `upto`.
+    fn commit(&mut self, conv: &str, upto: u64) {
+        let list = self.messages.entry(conv.to_string()).or_default();
+        for seq in list.len() as u64 + 1..=upto {
+            list.push(msg(conv, seq));
+        }
+    }
+
+    fn stored(&self, conv: &str) -> u64 {
+        self.stored.get(conv).copied().unwrap_or(0)
+    }
+
+    fn ack(&mut self, a: &proto::DeliverAck) {
+        let s = self.stored.entry(a.conversation_id.clone()).or_insert(0);
+        *s = (*s).max(a.seq);
+    }
+
+    fn answer(&self, req: &proto::SyncRequest) -> proto::SyncResponse {
+        let given: HashMap<&str, u64> = req
+            .cursors
+            .iter()
+            .map(|c| (c.conversation_id.as_str(), c.after_seq))
+            .collect();
+        let limit = req.limit as usize;
+        let mut messages = Vec::new();
+        for (conv, list) in &self.messages {
+            let after = given
+                .get(conv.as_str())
+                .copied()
+                .unwrap_or_else(|| self.stored(conv));
+            for m in list.iter().filter(|m| m.seq > after) {
+                if messages.len() == limit {
+                    return proto::SyncResponse {
+                        messages,
+                        more: true,
+                    };
+                }
+                messages.push(m.clone());
+            }
+        }
+        proto::SyncResponse {
+            messages,
+            more: false,
+        }
+    }
+
+    /// Reads the client's frames for `wait`: DeliverAcks move the stored cursors, pings
+    /// are ignored, SyncRequests are returned (req_id, request) for the test to answer.
+    async fn pump(&mut self, peer: &mut Peer, wait: Duration) -> Vec<(u64, proto::SyncRequest)> {
+        let end = tokio::time::Instant::now() + wait;
+        let mut syncs = Vec::new();
+        loop {
+            let left = end.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return syncs;
+            }
+            let Some(f) = peer.try_recv(left).await else {
+                return syncs;
+            };
+            match f.body {
+                Some(Body::DeliverAck(a)) => self.ack(&a),
+                Some(Body::Sync(req)) => syncs.push((f.req_id, req)),
+                Some(Body::Ping(_)) => {}
+                other => panic!("unexpected frame {other:?}"),
+            }
+        }
+    }
+
+    /// Pumps until the client sends a SyncRequest.
+    async fn next_sync(&mut self, peer: &mut Peer) -> (u64, proto::SyncRequest) {
+        let end = tokio::time::Instant::now() + WAIT;
+        loop {
+            let mut syncs = self.pump(peer, Duration::from_millis(20)).await;
+            if !syncs.is_empty() {
+                assert_eq!(syncs.len(), 1, "one sync at a time: {syncs:?}");
+                return syncs.remove(0);
+            }
+            assert!(tokio::time::Instant::now() < end, "no SyncRequest in time");
+        }
+    }
+
+    /// Answers a SyncRequest (and the pages after it) from the store.
+    async fn serve_sync(&mut self, peer: &mut Peer, (mut id, mut req): (u64, proto::SyncRequest)) {
+        loop {
+            let page = self.answer(&req);
+            let more = page.more;
+            peer.send(proto::frame(id, Body::SyncResp(page))).await;
+            if !more {
+                return;
+            }
+            (id, req) = self.next_sync(peer).await;
+        }
+    }
+}
+
+/// The seqs of every message event ready now.
+fn drain_seqs(c: &Client) -> Vec<u64> {
+    let mut out = Vec::new();
+    while let Some(e) = c.try_next_event() {
+        out.push(seq_of(&e));
+    }
+    out
+}
+
+/// Asserts `got` is exactly 1..=n, and that the user's stored cursor (moved only by the
+/// client's DeliverAcks, sent after the messages were handed to the app) is not past it.
+fn assert_in_order_and_acked_within(got: &[u64], store: &FakeStore, conv: &str) {
+    let want: Vec<u64> = (1..=got.len() as u64).collect();
+    assert_eq!(got, want, "the app must see {conv} in seq order");
+    assert!(
+        store.stored(conv) <= got.len() as u64,
+        "DeliverAck {} is past what the app has: {got:?}",
+        store.stored(conv)
+    );
+}
+
+/// Cross-node reorder: seq 3 is pushed (from node B) before seq 2 (from node A, slower
+/// path). Seq 3 is held until 2 arrives; then 2 and 3 go out together, and seq 4, pushed
+/// next, never overtakes 3. DeliverAcks never run ahead of what the app has, even while
+/// the gap-fill sync is still unanswered.
+#[tokio::test]
+async fn a_held_message_is_never_overtaken_and_acks_follow_the_app() {
+    let (url, mut peers) = fake_server().await;
+    let (client, mut peer) = connect(&url, config(&url), &mut peers).await;
+    let conv = "g:crew";
+    let mut store = FakeStore::default();
+    store.commit(conv, 5);
+    let mut got = Vec::new();
+
+    peer.send(deliver(vec![msg(conv, 1)])).await;
+    peer.send(deliver(vec![msg(conv, 3)])).await;
+    let sync = store.next_sync(&mut peer).await;
+    peer.send(deliver(vec![msg(conv, 2)])).await;
+    peer.send(deliver(vec![msg(conv, 4)])).await;
+    // Let the acks go out (they trail by 50 ms) while the sync is still unanswered.
+    assert!(store
+        .pump(&mut peer, Duration::from_millis(300))
+        .await
+        .is_empty());
+    got.extend(drain_seqs(&client));
+    assert_in_order_and_acked_within(&got, &store, conv);
+    assert_eq!(got, vec![1, 2, 3, 4]);
+    assert_eq!(store.stored(conv), 4);
+
+    // The sync is answered late (from the SDK's cursor: all duplicates but 5), and the
+    // live push of 5 follows: a duplicate.
+    store.serve_sync(&mut peer, sync).await;
+    peer.send(deliver(vec![msg(conv, 5)])).await;
+    for (id, req) in store.pump(&mut peer, Duration::from_millis(300)).await {
+        store.serve_sync(&mut peer, (id, req)).await;
+    }
+    got.extend(drain_seqs(&client));
+    assert_in_order_and_acked_within(&got, &store, conv);
+    assert_eq!(got.len(), 5);
+    assert_eq!(store.stored(conv), 5);
+}
+
+/// Seq 3 is pushed before seq 2, and the server's stored cursor for the user is already
+/// past 2 (another device acked up to 3): a sync from the stored cursor returns nothing
+/// at or below 3. The SDK fills its gap from its own cursor (1) instead of skipping ahead,
+/// so the app gets 2, 3, 4 in order, and the late live push of 2 is a duplicate.
+#[tokio::test]
+async fn a_gap_is_filled_from_the_sdks_own_cursor_not_the_stored_one() {
+    let (url, mut peers) = fake_server().await;
+    let (client, mut peer) = connect(&url, config(&url), &mut peers).await;
+    let conv = "u:alice:bob";
+    let mut store = FakeStore::default();
+    store.commit(conv, 4);
+
+    peer.send(deliver(vec![msg(conv, 1)])).await;
+    assert_eq!(seq_of(&next_event(&client).await), 1);
+    store.stored.insert(conv.into(), 3);
+    peer.send(deliver(vec![msg(conv, 3)])).await;
+    let sync = store.next_sync(&mut peer).await;
+    store.serve_sync(&mut peer, sync).await;
+    peer.send(deliver(vec![msg(conv, 2)])).await;
+    let mut got = vec![1];
+    for _ in 0..3 {
+        for (id, req) in store.pump(&mut peer, Duration::from_millis(200)).await {
+            store.serve_sync(&mut peer, (id, req)).await;
+        }
+        got.extend(drain_seqs(&client));
+    }
+    assert_eq!(got, vec![1, 2, 3, 4], "in order, each once");
+    assert_eq!(store.stored(conv), 4);
+}
+
+/// A gap-fill sync names a group the user has left meanwhile: the server refuses it
+/// with NOT_MEMBER. That hole cannot be filled any more, so the held messages are
+/// released in order and the sync goes on without the group's cursor.
+#[tokio::test]
+async fn a_hole_in_a_group_left_meanwhile_is_given_up_in_order() {
+    let (url, mut peers) = fake_server().await;
+    let (client, mut peer) = connect(&url, config(&url), &mut peers).await;
+    let conv = "g:gone";
+    peer.send(deliver(vec![msg(conv, 1), msg(conv, 4), msg(conv, 3)]))
+        .await;
+    assert_eq!(seq_of(&next_event(&client).await), 1);
+    let f = peer.recv_request().await;
+    let Some(Body::Sync(req)) = f.body else {
+        panic!("expected SyncRequest, got {f:?}")
+    };
+    assert_eq!(cursors_of(&req), vec![(conv.to_string(), 1)]);
+    peer.send(proto::error_frame(
+        f.req_id,
+        ErrorCode::NotMember,
+        format!("not a member of {conv}"),
+    ))
+    .await;
+    assert_eq!(seq_of(&next_event(&client).await), 3);
+    assert_eq!(seq_of(&next_event(&client).await), 4);
+    let f = peer.recv_request().await;
+    let Some(Body::Sync(req)) = f.body else {
+        panic!("expected the sync again, got {f:?}")
+    };
+    assert!(req.cursors.is_empty(), "{req:?}");
+    let empty = proto::SyncResponse::default();
+    peer.send(proto::frame(f.req_id, Body::SyncResp(empty)))
+        .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(client.try_next_event().is_none());
+}
+
+/// Our own message lands above a hole (others' earlier messages are still in flight and
+/// never come): housekeeping starts a sync from the SDK's cursor, which fills the hole.
+#[tokio::test]
+async fn a_hole_below_our_own_message_is_filled_by_a_housekeeping_sync() {
+    let (url, mut peers) = fake_server().await;
+    let (client, mut peer) = connect(&url, config(&url), &mut peers).await;
+    let client = Arc::new(client);
+    let conv = "u:alice:bob";
+    let mut store = FakeStore::default();
+    store.commit(conv, 3);
+    peer.send(deliver(vec![msg(conv, 1)])).await;
+    assert_eq!(seq_of(&next_event(&client).await), 1);
+
+    let c2 = client.clone();
+    let sending = tokio::spawn(async move { c2.send_text("alice", "mine").await });
+    let f = peer.recv_request().await;
+    let ack = proto::SendAck {
+        conversation_id: conv.into(),
+        seq: 3,
+        ..Default::default()
+    };
+    peer.send(proto::frame(f.req_id, Body::SendAck(ack))).await;
+    sending.await.expect("join").expect("ack");
+    let started = std::time::Instant::now();
+    let sync = store.next_sync(&mut peer).await;
+    assert!(started.elapsed() >= Duration::from_millis(500));
+    assert_eq!(cursors_of(&sync.1), vec![(conv.to_string(), 1)]);
+    store.serve_sync(&mut peer, sync).await;
+    assert_eq!(seq_of(&next_event(&client).await), 2);
+    store.pump(&mut peer, Duration::from_millis(200)).await;
+    assert_eq!(store.stored(conv), 3, "acked past our own message");
+    assert!(client.try_next_event().is_none(), "ours is not emitted");
 }

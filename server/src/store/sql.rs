@@ -91,6 +91,10 @@ macro_rules! sql_store_impl {
 
                 // 3. Allocate seqs: one multi-row upsert reserves a gapless range per
                 //    conversation (atomic on the row, so several nodes may share a database).
+                //    Rows are locked in conversation order, the same in every transaction,
+                //    so batches of several nodes sharing conversations cannot deadlock.
+                counts.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                conv_index = counts.iter().enumerate().map(|(k, c)| (c.0, k)).collect();
                 let mut next: HashMap<&str, u64> = HashMap::new();
                 let mut created: Vec<(&str, &str)> = Vec::new();
                 for chunk in counts.chunks(CHUNK) {
@@ -182,7 +186,12 @@ macro_rules! sql_store_impl {
                 }
 
                 // 5. Cursors move forward only.
-                //    (The writer sends each (user, conversation) once per batch.)
+                //    (The writer sends each (user, conversation) once per batch; rows are
+                //    locked in (user, conversation) order, against deadlocks across nodes.)
+                let mut cursors: Vec<&$crate::store::CursorUpdate> = cursors.iter().collect();
+                cursors.sort_unstable_by(|a, b| {
+                    (&a.user_id, &a.conversation_id).cmp(&(&b.user_id, &b.conversation_id))
+                });
                 for chunk in cursors.chunks(CHUNK) {
                     let mut qb = sqlx::QueryBuilder::<$db>::new(
                         "INSERT INTO cursors (user_id, conversation_id, seq) ",
