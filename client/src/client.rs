@@ -143,8 +143,10 @@ impl Client {
     }
 
     /// Sends a message and waits for its `SendAck` (the message is committed). Resends with
-    /// the same `client_msg_id` (generated if `None`) after `OVERLOADED` or `RATE_LIMITED` and, with
-    /// auto-reconnect, after a dropped connection, up to `max_send_retries` times.
+    /// the same `client_msg_id` (generated if `None`) after `OVERLOADED`, `RATE_LIMITED`, an
+    /// `INTERNAL` that carries a retry hint (the store failed the batch: nothing was
+    /// committed) and, with auto-reconnect, after a dropped connection, up to
+    /// `max_send_retries` times.
     pub async fn send(
         &self,
         target: Target,
@@ -169,6 +171,13 @@ impl Client {
                     retry_after_ms,
                     ..
                 }) if can_retry => tokio::time::sleep(overload_delay(retry_after_ms)).await,
+                Err(ClientError::Server {
+                    code: ErrorCode::Internal,
+                    retry_after_ms,
+                    ..
+                }) if can_retry && retry_after_ms > 0 => {
+                    tokio::time::sleep(overload_delay(retry_after_ms)).await
+                }
                 Err(ClientError::Disconnected)
                     if can_retry && self.cfg.auto_reconnect && !self.cmd.is_closed() => {}
                 Err(e) => return Err(e),

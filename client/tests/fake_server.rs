@@ -304,6 +304,41 @@ async fn send_retries_overload_with_the_same_client_msg_id() {
         .await;
     assert_eq!(sending.await.expect("join").expect("ack"), ack);
 
+    // A failed commit (INTERNAL with a retry hint: nothing was stored) is retried too.
+    let c4 = client.clone();
+    let sending = tokio::spawn(async move { c4.send_text("alice", "again").await });
+    let f1 = peer.recv_request().await;
+    let mut failed = proto::error_frame(f1.req_id, ErrorCode::Internal, "store unavailable");
+    if let Some(Body::Error(e)) = failed.body.as_mut() {
+        e.retry_after_ms = 5;
+    }
+    peer.send(failed).await;
+    let f2 = peer.recv_request().await;
+    let (Some(Body::Send(a)), Some(Body::Send(b))) = (f1.body, f2.body) else {
+        panic!("expected two Sends")
+    };
+    assert_eq!(a.client_msg_id, b.client_msg_id);
+    let ack2 = proto::SendAck {
+        client_msg_id: b.client_msg_id.clone(),
+        msg_id: "m-2".into(),
+        conversation_id: "u:alice:bob".into(),
+        seq: 2,
+        server_time: 3,
+        duplicate: false,
+    };
+    peer.send(proto::frame(f2.req_id, Body::SendAck(ack2.clone())))
+        .await;
+    assert_eq!(sending.await.expect("join").expect("ack"), ack2);
+
+    // An INTERNAL without a hint is returned as it is.
+    let c5 = client.clone();
+    let sending = tokio::spawn(async move { c5.send_text("alice", "no hint").await });
+    let f = peer.recv_request().await;
+    peer.send(proto::error_frame(f.req_id, ErrorCode::Internal, "bug"))
+        .await;
+    let err = sending.await.expect("join").expect_err("internal");
+    assert_eq!(err.server_code(), Some(ErrorCode::Internal));
+
     // Other errors are returned as they are.
     let c3 = client.clone();
     let sending = tokio::spawn(async move {
