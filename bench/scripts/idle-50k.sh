@@ -76,7 +76,7 @@ PY
 cleanup() {
   for p in "${gen_pids[@]}" "${node_pids[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${gen_pids[@]}" "${node_pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  psql "$PG" -qc "DROP SCHEMA IF EXISTS $ID CASCADE" || true
+  PGOPTIONS=--client-min-messages=warning psql "$PG" -qc "DROP SCHEMA IF EXISTS $ID CASCADE" || true
   delete_buckets
   [[ "$OUT" == "$WORK" ]] || cp "$WORK"/n*.log "$OUT"/ 2>/dev/null || true
   rm -rf "$WORK"

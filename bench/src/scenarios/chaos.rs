@@ -723,7 +723,8 @@ async fn storm(ctx: Arc<Ctx>, at: Instant, fraction: f64) -> (u64, u64, u64) {
     ctx.kills_requested
         .fetch_add(size as u64, Ordering::Relaxed);
     let n = ctx.senders;
-    let count = |r: std::ops::Range<usize>| victims.iter().filter(|v| r.contains(v)).count() as u64;
+    let count =
+        |r: std::ops::Range<usize>| victims.iter().filter(|&&v| r.contains(&v)).count() as u64;
     (count(0..n), count(n..2 * n), count(2 * n..total))
 }
 
