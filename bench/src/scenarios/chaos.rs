@@ -21,23 +21,31 @@
 //!   working. At most `--max-bad-per-conn` go to one connection (the server closes a
 //!   connection after `limits.max_bad_frames`, default 10).
 //!
+//! - **Reconnect storm** (`--storm-fraction F`, once, at `--storm-at`, by default the
+//!   middle of the measured window): `F` of all connections (pairs and the
+//!   `--idle-connections`, picked at random) are reset at the same instant and all
+//!   reconnect at once, with no delay or stagger, then recover as above; an idle
+//!   connection recovers when its sync after the reconnect is answered. Reported apart:
+//!   storm size, storm-instant to LoginOk and to recovered (median, p99, max; the max
+//!   is the time until all had reconnected, or recovered).
+//!
 //! It fails on any loss, duplicate or reordering (pushes and syncs merged, as a client
-//! sees them), on a BAD_FRAME missing, on a connection the server closed, or on a victim
-//! that could not reconnect.
+//! sees them), on a BAD_FRAME missing, on a connection the server closed, on a victim
+//! that could not reconnect, or on a storm victim that had not recovered by the end.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
 use futures_util::FutureExt;
 use im_client::ClientError;
-use im_proto::{Body, ErrorCode, Frame, MessageType, SendAck};
+use im_proto::{Body, ErrorCode, Frame, MessageType, SendAck, SyncRequest};
 use rand::seq::index::sample;
 use serde::Serialize;
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -52,7 +60,7 @@ use crate::report::{self, p99_text, Rate};
 use crate::spawn::ServerLog;
 use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
 use crate::target::{Dialer, Session, Target};
-use crate::util::parse_duration;
+use crate::util::{fmt_us, max_open_files, parse_duration};
 use crate::wire::{self, BadFrame};
 use crate::Outcome;
 
@@ -66,6 +74,22 @@ const RETRY_CONNECT: Duration = Duration::from_millis(200);
 const BAD_REPLY_WAIT: Duration = Duration::from_secs(2);
 /// How often a receiver wakes for heartbeats and the end check.
 const RECEIVER_TICK: Duration = Duration::from_millis(100);
+/// req_id of an idle connection's sync after a reconnect.
+const IDLE_SYNC_REQ: u64 = 7;
+/// File descriptors the bench keeps for itself beyond its connections.
+const SPARE_FDS: u64 = 64;
+
+/// Parses a fraction in 0..=1.
+fn parse_fraction(text: &str) -> Result<f64, String> {
+    let f: f64 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number"))?;
+    if (0.0..=1.0).contains(&f) {
+        Ok(f)
+    } else {
+        Err(format!("{text} is not between 0 and 1"))
+    }
+}
 
 /// Flags of `im-bench chaos`.
 #[derive(Debug, Clone, Args)]
@@ -107,6 +131,18 @@ pub struct ChaosArgs {
     /// A send with neither SendAck nor Error after this long is given up on.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub ack_timeout: Duration,
+    /// Extra logged-in idle connections (one user each): they heartbeat, can be killed
+    /// like the others, and sync after a reconnect.
+    #[arg(long, default_value_t = 0)]
+    pub idle_connections: u32,
+    /// Reconnect storm: this fraction (0..1) of all connections is reset at one
+    /// instant and reconnects at once, with no delay (0: no storm).
+    #[arg(long, default_value_t = 0.0, value_parser = parse_fraction)]
+    pub storm_fraction: f64,
+    /// When the storm hits, from the start of the warmup (default: the middle of the
+    /// measured window).
+    #[arg(long, value_parser = parse_duration)]
+    pub storm_at: Option<Duration>,
 }
 
 /// Run-wide state shared by every task.
@@ -124,8 +160,18 @@ struct Ctx {
     max_bad_per_conn: u32,
     ack_timeout: Duration,
     drain: Duration,
-    /// One per connection: senders 0..n, receivers n..2n.
+    /// One per connection: senders 0..n, receivers n..2n, idle connections after them.
     kills: Vec<Notify>,
+    /// Set (before the kill notification) on the victims of the storm.
+    storm_victim: Vec<AtomicBool>,
+    /// The storm's instant, once it has hit.
+    storm_at: OnceLock<Instant>,
+    storm_reconnect: LatencyRecorder,
+    storm_recover: LatencyRecorder,
+    storm_reconnected: AtomicU64,
+    storm_recovered: AtomicU64,
+    storm_skipped: AtomicU64,
+    storm_resent: AtomicU64,
     ack_latency: LatencyRecorder,
     deliver_latency: LatencyRecorder,
     reconnect_latency: LatencyRecorder,
@@ -159,21 +205,58 @@ impl Ctx {
     fn receiver_name(&self, i: usize) -> String {
         format!("c{}-r{i}", self.tag)
     }
+    fn idle_name(&self, j: usize) -> String {
+        format!("c{}-i{j}", self.tag)
+    }
 
-    /// Reconnects connection `idx` as `user` after a kill at `killed`: waits the
-    /// reconnect delay, retries until the drain is over. `None`: it never came back.
-    async fn reconnect(&self, idx: usize, user: &str, killed: Instant) -> Option<Conn> {
-        tokio::time::sleep(self.reconnect_delay).await;
+    /// After connection `idx` was told to die: when it was killed (the storm's instant
+    /// for a storm victim, else now) and whether by the storm.
+    fn killed(&self, idx: usize) -> Kill {
+        if self.storm_victim[idx].swap(false, Ordering::AcqRel) {
+            if let Some(&at) = self.storm_at.get() {
+                return Kill { at, storm: true };
+            }
+        }
+        Kill {
+            at: Instant::now(),
+            storm: false,
+        }
+    }
+
+    /// Records that connection `idx` recovered from `kill` now.
+    fn recovered(&self, idx: usize, kill: Kill) {
+        let us = kill.at.elapsed().as_micros() as u64;
+        self.recover_latency.record(idx, us);
+        if kill.storm {
+            self.storm_recover.record(idx, us);
+            self.storm_recovered.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Reconnects connection `idx` as `user` after `kill`: waits the reconnect delay
+    /// (none after the storm), retries until the drain is over. `None`: it never came
+    /// back.
+    async fn reconnect(&self, idx: usize, user: &str, kill: Kill) -> Option<Conn> {
+        if !kill.storm {
+            tokio::time::sleep(self.reconnect_delay).await;
+        }
         let token = self.dialer_token(user)?;
         let give_up = self.clock.end + self.drain;
         loop {
             match self.dialer.open(idx, &token).await {
                 Ok((session, _)) => {
-                    self.reconnect_latency
-                        .record(idx, killed.elapsed().as_micros() as u64);
+                    let us = kill.at.elapsed().as_micros() as u64;
+                    self.reconnect_latency.record(idx, us);
+                    if kill.storm {
+                        self.storm_reconnect.record(idx, us);
+                        self.storm_reconnected.fetch_add(1, Ordering::Relaxed);
+                    }
                     // Kills that landed while reconnecting are dropped, not stored.
                     if self.kills[idx].notified().now_or_never().is_some() {
                         self.kills_ignored.fetch_add(1, Ordering::Relaxed);
+                        if self.storm_victim[idx].swap(false, Ordering::AcqRel) {
+                            self.storm_skipped.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                     return Some(session.conn);
                 }
@@ -202,6 +285,13 @@ impl Ctx {
     }
 }
 
+/// When a connection was killed and whether by the storm.
+#[derive(Debug, Clone, Copy)]
+struct Kill {
+    at: Instant,
+    storm: bool,
+}
+
 /// What a sender tells its receiver about the end of the run.
 #[derive(Default)]
 struct Pair {
@@ -224,6 +314,8 @@ pub struct ChaosReport {
     pub url: String,
     /// Pairs.
     pub senders: u32,
+    /// Extra idle connections.
+    pub idle_connections: u32,
     /// Window per sender.
     pub window: u32,
     /// Target total rate (0: closed loop).
@@ -238,7 +330,9 @@ pub struct ChaosReport {
     pub kill_every_secs: f64,
     /// Percent of sends followed by a malformed frame.
     pub bad_percent: f64,
-    /// Kills asked for.
+    /// The reconnect storm (`None` without `--storm-fraction`).
+    pub storm: Option<StormReport>,
+    /// Kills asked for (the storm's included).
     pub kills_requested: u64,
     /// Connections killed.
     pub kills: u64,
@@ -298,6 +392,40 @@ pub struct ChaosReport {
     pub server_exited: bool,
 }
 
+/// The reconnect storm's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct StormReport {
+    /// Fraction of all connections reset.
+    pub fraction: f64,
+    /// When it hit, seconds from the start of the warmup.
+    pub at_secs: f64,
+    /// All connections of the run (pairs and idle).
+    pub connections: u64,
+    /// Connections reset at once (the storm's size).
+    pub victims: u64,
+    /// Of them: senders.
+    pub victim_senders: u64,
+    /// Of them: receivers.
+    pub victim_receivers: u64,
+    /// Of them: idle connections.
+    pub victim_idle: u64,
+    /// Victims that were already down (reconnecting after an earlier kill).
+    pub skipped: u64,
+    /// Victims that logged in again.
+    pub reconnected: u64,
+    /// Victims that recovered (synced up, or every un-acked send acked).
+    pub recovered: u64,
+    /// Sends the victim senders wrote again on their new connection.
+    pub resent: u64,
+    /// Storm instant to LoginOk on the new connection (µs); `max` is the time until all
+    /// had reconnected.
+    pub reconnect_us: Summary,
+    /// Storm instant to recovered (µs); `max` is the time until all had recovered.
+    pub recover_us: Summary,
+    /// Whether every victim reconnected and recovered.
+    pub passed: bool,
+}
+
 impl Report for ChaosReport {
     fn passed(&self) -> bool {
         self.passed
@@ -324,12 +452,44 @@ async fn run_against(args: &ChaosArgs, target: &mut Target) -> anyhow::Result<Ch
     let tag = run_tag(run_id);
     let receivers: Vec<String> = (0..n).map(|i| format!("c{tag}-r{i}")).collect();
     let senders: Vec<String> = (0..n).map(|i| format!("c{tag}-s{i}")).collect();
+    let m = args.idle_connections as usize;
+    let idlers: Vec<String> = (0..m).map(|j| format!("c{tag}-i{j}")).collect();
+    let total = 2 * n + m;
+    let storm_offset = args
+        .storm_at
+        .unwrap_or(args.run.warmup + args.run.duration / 2);
+    if args.storm_fraction > 0.0 && storm_offset >= args.run.warmup + args.run.duration {
+        anyhow::bail!(
+            "--storm-at {storm_offset:?} is not before the end of the run ({:?})",
+            args.run.warmup + args.run.duration
+        );
+    }
+    if let Some(limit) = max_open_files() {
+        if total as u64 + SPARE_FDS > limit {
+            eprintln!(
+                "im-bench chaos: warning: {total} connections need about {} file descriptors; this process may open {limit} (RLIMIT_NOFILE)",
+                total as u64 + SPARE_FDS
+            );
+        }
+    }
     eprintln!(
-        "im-bench chaos: {n} pairs, killing {}% of connections every {:?}, {}% malformed frames, on {}",
-        args.kill_percent, args.kill_every, args.bad_percent, target.url
+        "im-bench chaos: {n} pairs and {m} idle connections, killing {}% of connections every {:?}, {}% malformed frames{}, on {}",
+        args.kill_percent,
+        args.kill_every,
+        args.bad_percent,
+        if args.storm_fraction > 0.0 {
+            format!(
+                ", a storm of {:.0}% at {storm_offset:?}",
+                args.storm_fraction * 100.0
+            )
+        } else {
+            String::new()
+        },
+        target.url
     );
     let receiver_sessions = target.connect_all(&receivers, n).await?;
     let sender_sessions = target.connect_all(&senders, 0).await?;
+    let idle_sessions = target.connect_all(&idlers, 2 * n).await?;
     let clock = Clock::start(args.run.warmup, args.run.duration);
     let ctx = Arc::new(Ctx {
         clock,
@@ -345,7 +505,15 @@ async fn run_against(args: &ChaosArgs, target: &mut Target) -> anyhow::Result<Ch
         max_bad_per_conn: args.max_bad_per_conn,
         ack_timeout: args.ack_timeout,
         drain: args.run.drain,
-        kills: (0..2 * n).map(|_| Notify::new()).collect(),
+        kills: (0..total).map(|_| Notify::new()).collect(),
+        storm_victim: (0..total).map(|_| AtomicBool::new(false)).collect(),
+        storm_at: OnceLock::new(),
+        storm_reconnect: LatencyRecorder::new(SHARDS),
+        storm_recover: LatencyRecorder::new(SHARDS),
+        storm_reconnected: AtomicU64::new(0),
+        storm_recovered: AtomicU64::new(0),
+        storm_skipped: AtomicU64::new(0),
+        storm_resent: AtomicU64::new(0),
         ack_latency: LatencyRecorder::new(SHARDS),
         deliver_latency: LatencyRecorder::new(SHARDS),
         reconnect_latency: LatencyRecorder::new(SHARDS),
@@ -381,15 +549,29 @@ async fn run_against(args: &ChaosArgs, target: &mut Target) -> anyhow::Result<Ch
     for (i, s) in sender_sessions.into_iter().enumerate() {
         sender_tasks.spawn(chaos_sender(ctx.clone(), pairs[i].clone(), i, s));
     }
+    let (idle_stop, idle_stop_rx) = watch::channel(false);
+    let mut idle_tasks = JoinSet::new();
+    for (j, s) in idle_sessions.into_iter().enumerate() {
+        idle_tasks.spawn(idle_conn(ctx.clone(), j, s, idle_stop_rx.clone()));
+    }
     let killer = tokio::spawn(killer(ctx.clone(), args.kill_percent, args.kill_every));
+    let storm = (args.storm_fraction > 0.0).then(|| {
+        tokio::spawn(storm(
+            ctx.clone(),
+            clock.base + storm_offset,
+            args.storm_fraction,
+        ))
+    });
     let progress = {
         let ctx = ctx.clone();
         let mut rate = Rate::default();
         report::spawn_progress(clock, move |dt| {
             format!(
-                "acked {:>8.0} msg/s  kills {:>5}  bad frames {:>5}  errors {:>6}  p99 recover {}  p99 send->ack {}",
+                "acked {:>8.0} msg/s  kills {:>5}  storm back {:>5}/{:<5}  bad frames {:>5}  errors {:>6}  p99 recover {}  p99 send->ack {}",
                 rate.per_sec(ctx.acked_all.load(Ordering::Relaxed), dt),
                 ctx.kills_done.load(Ordering::Relaxed),
+                ctx.storm_recovered.load(Ordering::Relaxed),
+                ctx.storm_reconnected.load(Ordering::Relaxed),
                 ctx.bad_sent.load(Ordering::Relaxed),
                 ctx.errors.total(),
                 p99_text(&ctx.recover_latency.snapshot()),
@@ -410,7 +592,18 @@ async fn run_against(args: &ChaosArgs, target: &mut Target) -> anyhow::Result<Ch
         let (i, follower) = joined.context("receiver task panicked")?;
         verdict += follower.verdict(&acked_by_pair[i]);
     }
+    let _ = idle_stop.send(true);
+    while let Some(joined) = idle_tasks.join_next().await {
+        joined.context("idle connection task panicked")?;
+    }
     killer.abort();
+    let storm_victims = match storm {
+        Some(h) => {
+            h.abort();
+            h.await.ok()
+        }
+        None => None,
+    };
     progress.abort();
     let server = figures.await.ok().flatten();
 
@@ -420,10 +613,36 @@ async fn run_against(args: &ChaosArgs, target: &mut Target) -> anyhow::Result<Ch
     let unanswered = load(&ctx.bad_unanswered);
     let secs = clock.measured_secs();
     let acked = load(&ctx.acked_measured);
+    let storm = (args.storm_fraction > 0.0).then(|| {
+        let (senders_hit, receivers_hit, idle_hit) = storm_victims.unwrap_or_default();
+        let victims = senders_hit + receivers_hit + idle_hit;
+        let skipped = load(&ctx.storm_skipped);
+        let reconnected = load(&ctx.storm_reconnected);
+        let recovered = load(&ctx.storm_recovered);
+        StormReport {
+            fraction: args.storm_fraction,
+            at_secs: storm_offset.as_secs_f64(),
+            connections: total as u64,
+            victims,
+            victim_senders: senders_hit,
+            victim_receivers: receivers_hit,
+            victim_idle: idle_hit,
+            skipped,
+            reconnected,
+            recovered,
+            resent: load(&ctx.storm_resent),
+            reconnect_us: Summary::of(&ctx.storm_reconnect.snapshot()),
+            recover_us: Summary::of(&ctx.storm_recover.snapshot()),
+            passed: victims > 0 && reconnected + skipped == victims && recovered == reconnected,
+        }
+    });
+    let storm_ok = storm.as_ref().is_none_or(|s| s.passed);
     Ok(ChaosReport {
         scenario: "chaos",
         url: target.url.clone(),
         senders: args.senders,
+        idle_connections: args.idle_connections,
+        storm,
         window: args.window,
         rate: args.rate,
         duration_secs: secs,
@@ -455,7 +674,7 @@ async fn run_against(args: &ChaosArgs, target: &mut Target) -> anyhow::Result<Ch
         send_to_deliver_us: Summary::of(&ctx.deliver_latency.snapshot()),
         errors: ctx.errors.by_name(),
         disconnects: ctx.disconnects.snapshot(),
-        passed: verdict.passed() && never == 0 && unexpected == 0 && unanswered == 0,
+        passed: verdict.passed() && never == 0 && unexpected == 0 && unanswered == 0 && storm_ok,
         correctness: verdict,
         server,
         server_log: None,
@@ -486,6 +705,29 @@ async fn killer(ctx: Arc<Ctx>, percent: f64, every: Duration) {
     }
 }
 
+/// The reconnect storm: at `at`, marks `fraction` of all connections, picked at random,
+/// as storm victims and tells them all to die at once. Returns how many victims were
+/// senders, receivers and idle connections.
+async fn storm(ctx: Arc<Ctx>, at: Instant, fraction: f64) -> (u64, u64, u64) {
+    let total = ctx.kills.len();
+    let size = ((total as f64 * fraction).round() as usize).min(total);
+    tokio::time::sleep_until(at).await;
+    let victims = sample(&mut rand::thread_rng(), total, size).into_vec();
+    let _ = ctx.storm_at.set(Instant::now());
+    for &v in &victims {
+        ctx.storm_victim[v].store(true, Ordering::Release);
+    }
+    for &v in &victims {
+        ctx.kills[v].notify_one();
+    }
+    ctx.kills_requested
+        .fetch_add(size as u64, Ordering::Relaxed);
+    let n = ctx.senders;
+    let count =
+        |r: std::ops::Range<usize>| victims.iter().filter(|&&v| r.contains(&v)).count() as u64;
+    (count(0..n), count(n..2 * n), count(2 * n..total))
+}
+
 /// The chaos sender's view of the sending loop.
 struct ChaosHooks<'a> {
     ctx: &'a Ctx,
@@ -497,26 +739,25 @@ struct ChaosHooks<'a> {
     bad_on_conn: u32,
     bad_outstanding: u64,
     next_bad: u64,
-    /// After a kill: when, and the sends that were un-acked then.
-    recovering: Option<(Instant, Vec<u64>)>,
+    /// After a kill: the kill, and the sends that were un-acked then.
+    recovering: Option<(Kill, Vec<u64>)>,
 }
 
 impl ChaosHooks<'_> {
-    fn check_recovered(&mut self, now: Instant) {
-        if let Some((killed, waiting)) = &self.recovering {
+    fn check_recovered(&mut self) {
+        if let Some((kill, waiting)) = &self.recovering {
             if waiting.is_empty() {
-                let us = now.saturating_duration_since(*killed).as_micros() as u64;
-                self.ctx.recover_latency.record(self.i, us);
+                self.ctx.recovered(self.i, *kill);
                 self.recovering = None;
             }
         }
     }
 
-    fn settle(&mut self, n: u64, now: Instant) {
+    fn settle(&mut self, n: u64) {
         if let Some((_, waiting)) = &mut self.recovering {
             waiting.retain(|&w| w != n);
         }
-        self.check_recovered(now);
+        self.check_recovered();
     }
 }
 
@@ -564,19 +805,19 @@ impl Hooks for ChaosHooks<'_> {
             let us = now.saturating_duration_since(p.first_sent).as_micros() as u64;
             ctx.ack_latency.record(self.i, us);
         }
-        self.settle(p.n, now);
+        self.settle(p.n);
     }
 
     fn refused(&mut self, e: &im_proto::Error, outcome: Refused) {
         self.ctx.errors.server(e.code);
         if let Refused::Failed(p) = outcome {
-            self.settle(p.n, Instant::now());
+            self.settle(p.n);
         }
     }
 
     fn timed_out(&mut self, p: Pending) {
         self.ctx.errors.local(LocalError::AckTimeout);
-        self.settle(p.n, Instant::now());
+        self.settle(p.n);
     }
 
     fn other(&mut self, f: Frame, _now: Instant) -> Vec<Vec<u8>> {
@@ -647,7 +888,7 @@ async fn chaos_sender(
             kill: Some(&ctx.kills[i]),
         };
         let ended = sender::run(&mut c, &mut outbox, cfg, &mut hooks).await;
-        let killed_at = Instant::now();
+        let kill = ctx.killed(i);
         match ended {
             Ended::Finished => {
                 wait_bad_replies(&mut c, &mut hooks).await;
@@ -669,10 +910,10 @@ async fn chaos_sender(
         hooks.bad_outstanding = 0;
         hooks.bad_on_conn = 0;
         let waiting: Vec<u64> = outbox.pending().iter().map(|p| p.n).collect();
-        let Some(mut fresh) = ctx.reconnect(i, &me, killed_at).await else {
+        let Some(mut fresh) = ctx.reconnect(i, &me, kill).await else {
             break;
         };
-        hooks.recovering = Some((killed_at, waiting));
+        hooks.recovering = Some((kill, waiting));
         let now = Instant::now();
         let mut ok = true;
         for frame in outbox.resend_all(now) {
@@ -681,9 +922,12 @@ async fn chaos_sender(
                 break;
             }
             ctx.resent.fetch_add(1, Ordering::Relaxed);
+            if kill.storm {
+                ctx.storm_resent.fetch_add(1, Ordering::Relaxed);
+            }
             ctx.sent.fetch_add(1, Ordering::Relaxed);
         }
-        hooks.check_recovered(now);
+        hooks.check_recovered();
         if !ok {
             ctx.unexpected_disconnects.fetch_add(1, Ordering::Relaxed);
         }
@@ -723,7 +967,7 @@ async fn receiver(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) ->
     let mut follower = Follower::new(conv, 0, 1000);
     let hard_deadline = clock.end + ctx.drain * 2;
     let mut last_tx = Instant::now();
-    let mut recovering: Option<Instant> = None;
+    let mut recovering: Option<Kill> = None;
     let mut tick = tokio::time::interval(RECEIVER_TICK);
 
     while let Some(c) = conn.as_mut() {
@@ -733,10 +977,9 @@ async fn receiver(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) ->
             }
             last_tx = Instant::now();
         }
-        if let Some(killed) = recovering {
+        if let Some(kill) = recovering {
             if follower.settled() {
-                let us = killed.elapsed().as_micros() as u64;
-                ctx.recover_latency.record(idx, us);
+                ctx.recovered(idx, kill);
                 recovering = None;
             }
         }
@@ -793,13 +1036,13 @@ async fn receiver(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) ->
             }
         };
         if lost {
-            let killed_at = Instant::now();
+            let kill = ctx.killed(idx);
             if let Some(old) = conn.take() {
                 old.abort();
             }
-            conn = ctx.reconnect(idx, &me, killed_at).await;
+            conn = ctx.reconnect(idx, &me, kill).await;
             follower.reconnected();
-            recovering = Some(killed_at);
+            recovering = Some(kill);
         }
     }
     if let Some(mut c) = conn {
@@ -808,14 +1051,117 @@ async fn receiver(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) ->
     (i, follower)
 }
 
+/// Idle connection `j` (connection `2 * senders + j`): heartbeats until `stop`; on a
+/// kill, reconnects and syncs, and has recovered when the sync is answered.
+async fn idle_conn(ctx: Arc<Ctx>, j: usize, session: Session, mut stop: watch::Receiver<bool>) {
+    let heartbeat = session.heartbeat;
+    let mut conn = Some(session.conn);
+    let idx = 2 * ctx.senders + j;
+    let me = ctx.idle_name(j);
+    let hard_deadline = ctx.clock.end + ctx.drain * 2;
+    // Heartbeats at a random offset, so that they do not come in waves.
+    let mut next_ping = Instant::now() + (heartbeat / 2).mul_f64(rand::random::<f64>());
+    let mut recovering: Option<Kill> = None;
+    while let Some(c) = conn.as_mut() {
+        if *stop.borrow() && recovering.is_none() {
+            break;
+        }
+        let lost = tokio::select! {
+            biased;
+            () = ctx.kills[idx].notified() => {
+                ctx.kills_done.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            ev = c.recv() => match ev {
+                Ok(Event::Frame(f)) => {
+                    match f.body {
+                        Some(Body::SyncResp(r)) if f.req_id == IDLE_SYNC_REQ => {
+                            // An idle user has no conversations: nothing to page through.
+                            if !r.messages.is_empty() {
+                                ctx.errors.local(LocalError::Unexpected);
+                            }
+                            if let Some(kill) = recovering.take() {
+                                ctx.recovered(idx, kill);
+                            }
+                        }
+                        Some(Body::Error(e)) => {
+                            ctx.errors.server(e.code);
+                            if f.req_id == IDLE_SYNC_REQ && recovering.is_some() {
+                                // The sync was refused (e.g. OVERLOADED): ask again.
+                                if c.send(&idle_sync()).await.is_err() {
+                                    ctx.errors.local(LocalError::Transport);
+                                }
+                            }
+                        }
+                        Some(Body::Pong(_)) => {}
+                        _ => ctx.errors.local(LocalError::Unexpected),
+                    }
+                    false
+                }
+                Ok(Event::WsPong(_)) => false,
+                other => {
+                    ctx.disconnects.record(&ctx.errors, other);
+                    ctx.unexpected_disconnects.fetch_add(1, Ordering::Relaxed);
+                    true
+                }
+            },
+            _ = stop.changed(), if !*stop.borrow() => false,
+            () = tokio::time::sleep_until(next_ping) => {
+                let now = Instant::now();
+                if now >= hard_deadline {
+                    break;
+                }
+                next_ping = now + heartbeat / 2;
+                if super::chat::ping(c).await.is_err() {
+                    ctx.errors.local(LocalError::Transport);
+                }
+                false
+            }
+        };
+        if lost {
+            let kill = ctx.killed(idx);
+            if let Some(old) = conn.take() {
+                old.abort();
+            }
+            conn = ctx.reconnect(idx, &me, kill).await;
+            if let Some(c) = conn.as_mut() {
+                if c.send(&idle_sync()).await.is_err() {
+                    ctx.errors.local(LocalError::Transport);
+                }
+            }
+            recovering = Some(kill);
+        }
+    }
+    if let Some(mut c) = conn {
+        let _ = c.close().await;
+    }
+}
+
+/// An idle connection's sync after a reconnect: all of its conversations after the
+/// stored cursors.
+fn idle_sync() -> Frame {
+    im_proto::frame(
+        IDLE_SYNC_REQ,
+        Body::Sync(SyncRequest {
+            cursors: Vec::new(),
+            limit: 0,
+        }),
+    )
+}
+
 /// The text form of a report.
 pub fn render(r: &ChaosReport) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "im-bench chaos: {} pairs, {}, killing {}% of connections every {:.1}s, {}% malformed frames, {:.1}s measured after {:.1}s warmup, {}",
+        "im-bench chaos: {} pairs{}, {}, killing {}% of connections every {:.1}s, {}% malformed frames, {:.1}s measured after {:.1}s warmup, {}",
         r.senders,
+        if r.idle_connections > 0 {
+            format!(" and {} idle connections", r.idle_connections)
+        } else {
+            String::new()
+        },
         if r.rate > 0.0 {
             format!("rate {:.0} msg/s (window {})", r.rate, r.window)
         } else {
@@ -848,6 +1194,9 @@ pub fn render(r: &ChaosReport) -> String {
     );
     report::summary_line(&mut s, "reconnect", &r.reconnect_us);
     report::summary_line(&mut s, "recover", &r.recover_us);
+    if let Some(st) = &r.storm {
+        storm_lines(&mut s, st);
+    }
     report::line(
         &mut s,
         "bad frames",
@@ -870,7 +1219,80 @@ pub fn render(r: &ChaosReport) -> String {
             "FAIL: a connection broke without a kill, a victim never came back, or a malformed frame got no BAD_FRAME",
         );
     }
+    if r.storm.as_ref().is_some_and(|st| !st.passed) {
+        report::line(
+            &mut s,
+            "",
+            "FAIL: the storm did not hit, or not every victim reconnected and recovered",
+        );
+    }
     report::server_lines(&mut s, r.server.as_ref());
     report::server_log_lines(&mut s, r.server_log.as_ref(), r.server_exited);
     s
+}
+
+/// The storm's lines of the text report.
+fn storm_lines(s: &mut String, st: &StormReport) {
+    report::line(
+        s,
+        "storm",
+        format!(
+            "{} of {} connections ({:.0}%) reset at once at {:.1}s ({} senders, {} receivers, {} idle; {} already down); {} reconnected, {} recovered, {} sends resent",
+            st.victims,
+            st.connections,
+            st.fraction * 100.0,
+            st.at_secs,
+            st.victim_senders,
+            st.victim_receivers,
+            st.victim_idle,
+            st.skipped,
+            st.reconnected,
+            st.recovered,
+            st.resent
+        ),
+    );
+    report::summary_line(s, "storm reconnect", &st.reconnect_us);
+    report::summary_line(s, "storm recover", &st.recover_us);
+    report::line(
+        s,
+        "",
+        format!(
+            "all reconnected {} after the storm, all recovered {}",
+            fmt_us(st.reconnect_us.max),
+            fmt_us(st.recover_us.max)
+        ),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn storm_flags_parse() {
+        let cli = crate::Cli::try_parse_from([
+            "im-bench",
+            "chaos",
+            "--senders",
+            "1000",
+            "--idle-connections",
+            "8000",
+            "--storm-fraction",
+            "0.2",
+            "--storm-at",
+            "5s",
+        ])
+        .unwrap();
+        let crate::scenarios::Scenario::Chaos(a) = cli.scenario else {
+            panic!("not chaos")
+        };
+        assert_eq!((a.senders, a.idle_connections), (1000, 8000));
+        assert_eq!(a.storm_fraction, 0.2);
+        assert_eq!(a.storm_at, Some(Duration::from_secs(5)));
+        assert!(parse_fraction("1.5").is_err());
+        assert!(parse_fraction("-0.1").is_err());
+        assert!(parse_fraction("x").is_err());
+        assert_eq!(parse_fraction("0"), Ok(0.0));
+    }
 }

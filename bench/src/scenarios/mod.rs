@@ -9,8 +9,9 @@
 //! - [`broadcast`]: G groups of M members, R messages/s per group, push or notify-and-pull.
 //! - [`mix`]: one-to-one traffic with a message size mix over zipf-hot conversations.
 //! - [`roundtrip`]: send, SendAck, deliver, DeliverAck and the reply, timed end to end.
-//! - [`chaos`]: chat under disconnect injection (kill, reconnect, sync) and malformed
-//!   frames (each must get BAD_FRAME and leave the connection working).
+//! - [`chaos`]: chat under disconnect injection (kill, reconnect, sync), a one-off
+//!   reconnect storm, and malformed frames (each must get BAD_FRAME and leave the
+//!   connection working).
 //!
 //! Every scenario checks delivery while it loads ([`crate::check`]) and fails (exit 1)
 //! on any loss, duplicate, reordering, or a server that exited during the run.
@@ -71,7 +72,8 @@ pub enum Scenario {
     #[command(args_override_self = true)]
     Roundtrip(roundtrip::RoundtripArgs),
     /// Chat under fire: x% of connections killed at random (reconnect + sync timed as
-    /// time to recover), y% malformed frames (each must get BAD_FRAME).
+    /// time to recover), an optional reconnect storm (a fraction of all connections
+    /// reset at once), y% malformed frames (each must get BAD_FRAME).
     #[command(args_override_self = true)]
     Chaos(chaos::ChaosArgs),
 }
