@@ -13,7 +13,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use tokio::sync::{mpsc, watch};
 
-use crate::obs::{EndToEnd, Metrics};
+use crate::obs::{EndToEnd, Metrics, Stage};
 
 /// One queued frame: encoded bytes (shared across recipients), when it was queued, and
 /// the end-to-end probe of the message it carries, if any.
@@ -113,6 +113,36 @@ pub struct OutboundRx {
     pub frames: mpsc::UnboundedReceiver<OutFrame>,
     /// Becomes `Some` when the connection must close.
     pub close: watch::Receiver<Option<CloseReason>>,
+}
+
+impl OutboundRx {
+    /// Moves frames already queued into `batch`, without waiting, until it holds `max`.
+    pub fn fill(&mut self, batch: &mut Vec<OutFrame>, max: usize) {
+        while batch.len() < max {
+            match self.frames.try_recv() {
+                Ok(f) => batch.push(f),
+                Err(_) => break,
+            }
+        }
+    }
+}
+
+/// What one socket write sends for `batch`: its one frame, or all of them coalesced into
+/// one `Batch` frame ([`im_proto::encode_batch`]); records each frame's queue wait and
+/// also returns the queued bytes the write will release.
+pub fn coalesce(batch: &[OutFrame], metrics: &Metrics) -> (Bytes, usize) {
+    let now = Instant::now();
+    let mut len = 0;
+    for f in batch {
+        metrics.stage(Stage::QueueWait, now - f.enqueued);
+        len += f.bytes.len();
+    }
+    let bytes = if batch.len() == 1 {
+        batch[0].bytes.clone()
+    } else {
+        im_proto::encode_batch(batch.iter().map(|f| f.bytes.as_ref()))
+    };
+    (bytes, len)
 }
 
 impl Outbound {
@@ -226,6 +256,18 @@ impl Outbound {
         self.metrics.outbound_queued_bytes.decrement(len as f64);
         if before - len < self.soft / 2 && self.slow.swap(false, Relaxed) {
             self.metrics.slow_consumers.decrement(1.0);
+        }
+    }
+
+    /// Called by the write loop after writing `batch` (whose frames held `len` queued
+    /// bytes): releases the bytes, counts the frames out, completes their probes.
+    pub fn batch_written(&self, batch: &mut Vec<OutFrame>, len: usize) {
+        self.written(len);
+        self.frames_out.fetch_add(batch.len() as u64, Relaxed);
+        for f in batch.drain(..) {
+            if let Some(e) = f.e2e {
+                e.done(&self.metrics);
+            }
         }
     }
 

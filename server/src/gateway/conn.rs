@@ -176,12 +176,7 @@ async fn write_loop(
             },
             _ = rx.close.changed() => break,
         }
-        while batch.len() < max_frames {
-            match rx.frames.try_recv() {
-                Ok(f) => batch.push(f),
-                Err(_) => break,
-            }
-        }
+        rx.fill(&mut batch, max_frames);
         if let Err(reason) = write_batch(&mut sink, &out, &mut batch, write_timeout, &metrics).await
         {
             out.close(reason);
@@ -190,12 +185,7 @@ async fn write_loop(
     }
     // Closing: flush what was queued before the close (errors explain it), then close.
     loop {
-        while batch.len() < max_frames {
-            match rx.frames.try_recv() {
-                Ok(f) => batch.push(f),
-                Err(_) => break,
-            }
-        }
+        rx.fill(&mut batch, max_frames);
         if batch.is_empty() {
             break;
         }
@@ -224,28 +214,11 @@ async fn write_batch(
     write_timeout: Duration,
     metrics: &crate::obs::Metrics,
 ) -> Result<(), CloseReason> {
-    let now = Instant::now();
-    let mut len = 0;
-    for f in batch.iter() {
-        metrics.stage(Stage::QueueWait, now - f.enqueued);
-        len += f.bytes.len();
-    }
-    let bytes = if batch.len() == 1 {
-        batch[0].bytes.clone()
-    } else {
-        im_proto::encode_batch(batch.iter().map(|f| f.bytes.as_ref()))
-    };
+    let (bytes, len) = crate::flow::coalesce(batch, metrics);
     let t = Instant::now();
     let sent = tokio::time::timeout(write_timeout, sink.send(Message::Binary(bytes))).await;
     metrics.stage_since(Stage::Write, t);
-    out.written(len);
-    out.frames_out
-        .fetch_add(batch.len() as u64, std::sync::atomic::Ordering::Relaxed);
-    for f in batch.drain(..) {
-        if let Some(e) = f.e2e {
-            e.done(metrics);
-        }
-    }
+    out.batch_written(batch, len);
     match sent {
         Ok(Ok(())) => Ok(()),
         Ok(Err(_)) => Err(CloseReason::new(1000, "write error")),
