@@ -107,17 +107,22 @@ async fn overview() {
     insta::assert_snapshot!("overview_200x50", draw(&state, 200, 50));
 }
 
-/// In cluster mode the overview lists the nodes (n2 killed: down) under the gauges.
-#[tokio::test]
-async fn overview_in_a_cluster() {
+/// The Overview of one node answering one recorded overview, `w` x `h`.
+async fn overview_of(fixture_name: &str, w: u16, h: u16) -> String {
     let n = MockNode::start().await;
-    n.fixture("GET", "/admin/v1/overview", 200, "overview_cluster.json");
+    n.fixture("GET", "/admin/v1/overview", 200, fixture_name);
     let client =
         AdminClient::new(&n.url, Some("x".into()), Duration::from_secs(5)).expect("client");
     let t0 = Instant::now();
     let mut state = AppState::new([URL_A.to_owned()], t0);
     poll_into(&mut state, 0, &client, t0).await;
-    let screen = draw(&state, 120, 44);
+    draw(&state, w, h)
+}
+
+/// In cluster mode the overview lists the nodes (n2 killed: down) under the gauges.
+#[tokio::test]
+async fn overview_in_a_cluster() {
+    let screen = overview_of("overview_cluster.json", 120, 44).await;
     assert!(screen.contains("Cluster: 2/3 healthy"), "{screen}");
     insta::assert_snapshot!("overview_cluster_120x44", screen);
 }
@@ -125,14 +130,7 @@ async fn overview_in_a_cluster() {
 /// A node at its caps and draining: the cap, the refusals by reason and the drain show.
 #[tokio::test]
 async fn overview_with_connection_caps_while_draining() {
-    let n = MockNode::start().await;
-    n.fixture("GET", "/admin/v1/overview", 200, "overview_limits.json");
-    let client =
-        AdminClient::new(&n.url, Some("x".into()), Duration::from_secs(5)).expect("client");
-    let t0 = Instant::now();
-    let mut state = AppState::new([URL_A.to_owned()], t0);
-    poll_into(&mut state, 0, &client, t0).await;
-    let screen = draw(&state, 120, 40);
+    let screen = overview_of("overview_limits.json", 120, 40).await;
     assert!(screen.contains("of 19744"), "{screen}");
     assert!(
         screen.contains("refused       15  full 3, per ip 12"),
