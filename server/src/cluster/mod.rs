@@ -502,8 +502,11 @@ async fn watch_presence(kv: kv::Store, map: Arc<PresenceMap>, me: String) {
     }
 }
 
+/// Presence writes of one batch in flight at once.
+const PRESENCE_WRITES_IN_FLIGHT: usize = 256;
+
 /// Writes this node's presence changes, coalesced: of several changes of one user queued
-/// together, only the last is written.
+/// together, only the last is written; a batch's writes are in flight together.
 async fn write_presence(
     kv: kv::Store,
     me: String,
@@ -520,21 +523,29 @@ async fn write_presence(
                 break;
             }
         }
-        for (user, up) in pending.drain() {
-            let key = presence::key(&me, &user);
-            let r = if up {
-                kv.put(&key, Bytes::new())
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            } else {
-                kv.delete(&key).await.map_err(|e| e.to_string())
-            };
-            if let Err(e) = r {
-                errors.increment(1);
-                tracing::warn!(user, error = %e, "presence update failed");
-            }
-        }
+        // Each user is in the batch once, so its writes can be in flight together (one
+        // JetStream round trip per batch, not per user: a login burst would otherwise
+        // leave the other nodes' presence maps seconds behind); the next batch waits.
+        futures_util::stream::iter(pending.drain())
+            .for_each_concurrent(PRESENCE_WRITES_IN_FLIGHT, |(user, up)| {
+                let (kv, errors) = (&kv, &errors);
+                let key = presence::key(&me, &user);
+                async move {
+                    let r = if up {
+                        kv.put(&key, Bytes::new())
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| e.to_string())
+                    } else {
+                        kv.delete(&key).await.map_err(|e| e.to_string())
+                    };
+                    if let Err(e) = r {
+                        errors.increment(1);
+                        tracing::warn!(user, error = %e, "presence update failed");
+                    }
+                }
+            })
+            .await;
     }
 }
 
