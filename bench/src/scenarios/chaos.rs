@@ -233,6 +233,24 @@ impl Ctx {
         }
     }
 
+    /// A connection ended unexpectedly (`ev`: the close or the error):
+    /// counted by reason and as an unexpected disconnect.
+    fn lost(&self, ev: Result<Event, ClientError>) {
+        self.disconnects.record(&self.errors, ev);
+        self.unexpected_disconnects.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Connection `idx` is gone (killed or lost): drops its socket and reconnects it as
+    /// `user` (`conn` is `None` if it never came back); returns the kill it recovers from.
+    async fn replace(&self, idx: usize, user: &str, conn: &mut Option<Conn>) -> Kill {
+        let kill = self.killed(idx);
+        if let Some(old) = conn.take() {
+            old.abort();
+        }
+        *conn = self.reconnect(idx, user, kill).await;
+        kill
+    }
+
     /// Reconnects connection `idx` as `user` after `kill`: waits the reconnect delay
     /// (none after the storm), retries until the drain is over. `None`: it never came
     /// back.
@@ -1015,8 +1033,7 @@ async fn receiver(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) ->
                     }
                     Ok(Event::WsPong(_)) => false,
                     other => {
-                        ctx.disconnects.record(&ctx.errors, other);
-                        ctx.unexpected_disconnects.fetch_add(1, Ordering::Relaxed);
+                        ctx.lost(other);
                         true
                     }
                 }
@@ -1036,11 +1053,7 @@ async fn receiver(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) ->
             }
         };
         if lost {
-            let kill = ctx.killed(idx);
-            if let Some(old) = conn.take() {
-                old.abort();
-            }
-            conn = ctx.reconnect(idx, &me, kill).await;
+            let kill = ctx.replace(idx, &me, &mut conn).await;
             follower.reconnected();
             recovering = Some(kill);
         }
@@ -1100,8 +1113,7 @@ async fn idle_conn(ctx: Arc<Ctx>, j: usize, session: Session, mut stop: watch::R
                 }
                 Ok(Event::WsPong(_)) => false,
                 other => {
-                    ctx.disconnects.record(&ctx.errors, other);
-                    ctx.unexpected_disconnects.fetch_add(1, Ordering::Relaxed);
+                    ctx.lost(other);
                     true
                 }
             },
@@ -1119,11 +1131,7 @@ async fn idle_conn(ctx: Arc<Ctx>, j: usize, session: Session, mut stop: watch::R
             }
         };
         if lost {
-            let kill = ctx.killed(idx);
-            if let Some(old) = conn.take() {
-                old.abort();
-            }
-            conn = ctx.reconnect(idx, &me, kill).await;
+            let kill = ctx.replace(idx, &me, &mut conn).await;
             if let Some(c) = conn.as_mut() {
                 if c.send(&idle_sync()).await.is_err() {
                     ctx.errors.local(LocalError::Transport);
