@@ -29,7 +29,6 @@ use tokio::sync::mpsc;
 
 use auth::Secrets;
 use config::Config;
-use flow::CloseReason;
 use gateway::{Connections, Gateway};
 use obs::Metrics;
 use pipeline::relation::Relations;
@@ -60,6 +59,8 @@ pub struct Node {
     pub draining: Arc<AtomicBool>,
     /// Cluster mode (`nats_url` set): registry, presence, cross-node delivery.
     pub cluster: Option<Arc<cluster::Cluster>>,
+    /// `limits.max_connections` resolved at start (0: no cap).
+    pub max_connections: usize,
     snapshot: Arc<RwLock<obs::sampler::Snapshot>>,
 }
 
@@ -156,6 +157,7 @@ impl Node {
             metrics.clone(),
         );
         let conns = Arc::new(Connections::default());
+        let max_connections = config.limits.max_connections_resolved();
         let draining = Arc::new(AtomicBool::new(false));
         let snapshot = Arc::new(RwLock::new(obs::sampler::Snapshot::default()));
         let sampler = obs::sampler::Sampler::new(
@@ -163,7 +165,7 @@ impl Node {
             Arc::new(LiveFigures {
                 conns: conns.clone(),
                 pipeline: pipeline.clone(),
-                max_connections: config.limits.max_connections_resolved() as u64,
+                max_connections: max_connections as u64,
             }),
             snapshot.clone(),
             prometheus.clone(),
@@ -184,6 +186,7 @@ impl Node {
             started: Instant::now(),
             draining: draining.clone(),
             cluster: cluster.clone(),
+            max_connections,
             snapshot,
         });
         let gateway = Gateway::new(
@@ -319,12 +322,9 @@ impl Running {
         )
         .await
         .is_ok();
-        // Each connection writes what is queued (acks first among them), then 1001.
+        // Every connection waits in its drain for this phase: it writes what is queued
+        // (acks among it), then closes 1001.
         self.gateway.set_drain(gateway::Drain::Close);
-        node.conns.close_all(CloseReason::new(
-            CloseReason::GOING_AWAY,
-            "server shutting down",
-        ));
         while !node.conns.is_empty() && Instant::now() < end {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }

@@ -114,7 +114,7 @@ async fn overview(State(node): State<Arc<Node>>) -> Response {
         "probes": node.metrics.probes_enabled(),
         "uptime_secs": node.started.elapsed().as_secs(),
         "connections": node.conns.len(),
-        "max_connections": node.config.limits.max_connections_resolved(),
+        "max_connections": node.max_connections,
         "max_connections_per_ip": node.config.limits.max_connections_per_ip,
         "connections_refused": refused,
         "draining": node.draining.load(Ordering::Relaxed),

@@ -161,13 +161,6 @@ impl Connections {
             None => false,
         }
     }
-
-    /// Closes every connection (shutdown).
-    pub fn close_all(&self, reason: CloseReason) {
-        for o in self.snapshot() {
-            o.close(reason.clone());
-        }
-    }
 }
 
 /// Shared state of the client listener.
