@@ -208,6 +208,7 @@ impl Client {
             op: op as i32,
             group_id: group_id.into(),
             members,
+            ..Default::default()
         });
         match self.request(body, false).await? {
             Body::GroupOpOk(ok) => Ok(ok),

@@ -116,6 +116,13 @@ pub struct ClusterConfig {
     pub prefix: String,
     /// Weight of CPU busy in the routing score `(connections + 1) * (1 + cpu_weight * cpu_busy)`.
     pub cpu_weight: f64,
+    /// A cached group member list older than this is read again from the store, so a
+    /// change on another node whose notice was lost applies within this time.
+    pub membership_ttl_ms: u32,
+    /// Most groups in the membership cache (least recently used go first).
+    pub membership_cache_groups: u32,
+    /// Fault injection for tests: do not publish group-change notices to other nodes.
+    pub drop_group_notices: bool,
 }
 
 impl Default for ClusterConfig {
@@ -126,6 +133,9 @@ impl Default for ClusterConfig {
             advertise_url: String::new(),
             prefix: "im".into(),
             cpu_weight: 1.0,
+            membership_ttl_ms: 2000,
+            membership_cache_groups: 10_000,
+            drop_group_notices: false,
         }
     }
 }
@@ -155,6 +165,18 @@ impl ClusterConfig {
             ));
         }
         name_chars("cluster.prefix", &self.prefix)?;
+        range(
+            "cluster.membership_ttl_ms",
+            self.membership_ttl_ms,
+            10,
+            3_600_000,
+        )?;
+        range(
+            "cluster.membership_cache_groups",
+            self.membership_cache_groups,
+            1,
+            10_000_000,
+        )?;
         if !(0.0..=100.0).contains(&self.cpu_weight) {
             return Err(invalid(
                 "cluster.cpu_weight",
@@ -404,6 +426,16 @@ pub struct Limits {
     pub max_connections: u32,
     /// Most client connections from one source address (0: no cap; mind NAT gateways).
     pub max_connections_per_ip: u32,
+    /// GroupOps per second one connection, and one user on this node, may sustain (0:
+    /// unlimited); over it: RATE_LIMITED with retry_after_ms.
+    pub group_op_rate_per_sec: u32,
+    /// GroupOps one connection (and one user) may burst above the sustained rate.
+    pub group_op_burst: u32,
+    /// Most live groups one user may have created (0: no limit).
+    pub max_groups_per_user: u32,
+    /// A session ends this many seconds after its token's `exp` (close 4003 "token
+    /// expired"); also the clock skew allowed when a token is verified.
+    pub token_leeway_secs: u32,
 }
 
 /// File descriptors kept free for the store, log files, the admin listener and NATS
@@ -521,6 +553,10 @@ impl Default for Limits {
             rate_limited_window_secs: 10,
             max_connections: 0,
             max_connections_per_ip: 0,
+            group_op_rate_per_sec: 5,
+            group_op_burst: 20,
+            max_groups_per_user: 100,
+            token_leeway_secs: 5,
         }
     }
 }
@@ -693,6 +729,20 @@ impl Config {
             3600,
         )?;
         range("limits.max_connections", l.max_connections, 0, 100_000_000)?;
+        range(
+            "limits.group_op_rate_per_sec",
+            l.group_op_rate_per_sec,
+            0,
+            1_000_000,
+        )?;
+        range("limits.group_op_burst", l.group_op_burst, 1, 1_000_000)?;
+        range(
+            "limits.max_groups_per_user",
+            l.max_groups_per_user,
+            0,
+            100_000_000,
+        )?;
+        range("limits.token_leeway_secs", l.token_leeway_secs, 0, 3600)?;
         range(
             "limits.max_connections_per_ip",
             l.max_connections_per_ip,

@@ -144,7 +144,20 @@ impl Node {
         } else {
             None
         };
-        let relations = Arc::new(Relations::new(store.clone()));
+        for (user, at) in store
+            .revocations()
+            .await
+            .context("reading token revocations")?
+        {
+            secrets.keys.revocations.revoke(&user, at);
+        }
+        let relations = Arc::new(Relations::with_limits(
+            store.clone(),
+            config.cluster.membership_cache_groups as usize,
+            cluster
+                .is_some()
+                .then(|| Duration::from_millis(config.cluster.membership_ttl_ms as u64)),
+        ));
         let (group_tx, group_rx) = mpsc::unbounded_channel();
         if cluster.is_some() {
             relations.notify_changes(group_tx);
@@ -243,6 +256,7 @@ impl Node {
                     node.pipeline.router.clone(),
                     relations,
                     group_rx,
+                    revoked_fn(&node),
                     report.clone(),
                 )
                 .await
@@ -284,6 +298,21 @@ impl Node {
             report,
         })
     }
+}
+
+/// What a revocation notice from another node does here: record it, close the user's
+/// sessions on this node.
+fn revoked_fn(node: &Arc<Node>) -> cluster::RevokedFn {
+    let keys = node.secrets.keys.clone();
+    let conns = node.conns.clone();
+    Arc::new(move |user: &str, at: i64| {
+        keys.revocations.revoke(user, at);
+        let closed = conns.close_user(
+            user,
+            flow::CloseReason::new(flow::CloseReason::TOKEN_EXPIRED, "token revoked"),
+        );
+        tracing::info!(user, closed, "token revocation from another node");
+    })
 }
 
 impl Running {

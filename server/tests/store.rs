@@ -6,8 +6,10 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use im_proto::group_op::{Kind, Op, Role};
+use im_proto::Message as _;
 use im_server::store::{
-    CursorUpdate, GroupChange, NewMessage, PgStore, SqliteStore, Store, StoreError,
+    CursorUpdate, GroupRequest, NewMessage, PgStore, SqliteStore, Store, StoreError,
 };
 
 fn pg_url() -> String {
@@ -140,6 +142,77 @@ async fn duplicates_are_stored_once_within_and_across_batches() {
 }
 
 #[tokio::test]
+async fn a_client_msg_id_is_a_key_per_conversation() {
+    for (s, _dir) in stores().await {
+        let r = s
+            .commit_batch(
+                &[
+                    msg("u:a:b", "a", "same", "to b"),
+                    msg("u:a:c", "a", "same", "to c"),
+                ],
+                &[],
+            )
+            .await
+            .unwrap();
+        assert!(r.iter().all(|c| !c.duplicate), "{}: {r:?}", s.backend());
+        let later = s
+            .commit_batch(&[msg("u:a:d", "a", "same", "to d")], &[])
+            .await
+            .unwrap();
+        assert!(!later[0].duplicate);
+        assert_eq!(later[0].conversation_id, "u:a:d");
+        let (d_sees, _) = s.sync("d", &[], 100).await.unwrap();
+        assert_eq!(&d_sees[0].payload[..], b"to d");
+    }
+}
+
+#[tokio::test]
+async fn concurrent_duplicates_on_two_nodes_fail_no_batch() {
+    // Two Postgres stores on one schema: two nodes committing the same key at once.
+    let schema = format!(
+        "t_{}",
+        uuid::Uuid::now_v7().simple().to_string().to_lowercase()
+    );
+    let admin = sqlx::PgPool::connect(&pg_url()).await.unwrap();
+    sqlx::query(&format!("CREATE SCHEMA {schema}"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    let opts = sqlx::postgres::PgConnectOptions::from_str(&pg_url())
+        .unwrap()
+        .options([("search_path", schema.as_str())]);
+    let a = Arc::new(PgStore::connect_with(opts.clone(), 4).await.unwrap());
+    let b = Arc::new(PgStore::connect_with(opts, 4).await.unwrap());
+    for round in 0..20 {
+        let key = format!("k{round}");
+        let batch = |sender_extra: &str| {
+            vec![
+                msg("u:x:y", "x", &key, "dup"),
+                msg(
+                    "u:p:q",
+                    sender_extra,
+                    &format!("{key}-{sender_extra}"),
+                    "other",
+                ),
+            ]
+        };
+        let (ba, bb) = (batch("p"), batch("q"));
+        let (ra, rb) = tokio::join!(a.commit_batch(&ba, &[]), b.commit_batch(&bb, &[]));
+        let (ra, rb) = (ra.expect("node a's batch"), rb.expect("node b's batch"));
+        assert_eq!(
+            [ra[0].duplicate, rb[0].duplicate]
+                .iter()
+                .filter(|d| **d)
+                .count(),
+            1,
+            "exactly one loses: {ra:?} {rb:?}"
+        );
+        assert_eq!(ra[0].msg_id, rb[0].msg_id);
+        assert!(!ra[1].duplicate && !rb[1].duplicate);
+    }
+}
+
+#[tokio::test]
 async fn sync_follows_stored_cursors_overrides_and_limits() {
     for (s, _dir) in stores().await {
         let mut batch = Vec::new();
@@ -190,37 +263,55 @@ async fn sync_follows_stored_cursors_overrides_and_limits() {
     }
 }
 
+fn group_req(op: Op, actor: &str, users: &[&str], max_members: u32) -> GroupRequest {
+    GroupRequest {
+        actor: actor.into(),
+        op,
+        users: users.iter().map(|u| u.to_string()).collect(),
+        kind: Kind::Private,
+        role: Role::Member,
+        members_can_invite: false,
+        max_members,
+        max_groups_per_user: 0,
+    }
+}
+
 #[tokio::test]
-async fn groups_create_join_leave_and_new_members_start_at_now() {
+async fn groups_roles_events_and_membership_intervals() {
     for (s, _dir) in stores().await {
-        let members = s
-            .group_change(
-                "g1",
-                &GroupChange::Create {
-                    creator: "a".into(),
-                    members: vec!["b".into(), "b".into()],
-                },
-                10,
-            )
-            .await
-            .unwrap();
-        assert_eq!(members, ["a", "b"]);
+        let change = |op, actor: &'static str, users: &'static [&'static str], max| {
+            let s = s.clone();
+            async move {
+                s.group_change("g1", &group_req(op, actor, users, max))
+                    .await
+            }
+        };
+        let created = change(Op::Create, "a", &["b", "b"], 10).await.unwrap();
+        assert_eq!(created.state.members, 2);
+        assert_eq!(created.state.role, Role::Owner);
+        assert_eq!(created.state.version, 1, "the CREATE event is seq 1");
+        let event = created.event.expect("a SYSTEM event");
+        assert_eq!(event.r#type, im_proto::MessageType::System as i32);
+        let ev = im_proto::GroupEvent::decode(&event.payload[..]).unwrap();
+        assert_eq!((ev.op, ev.actor.as_str()), (Op::Create as i32, "a"));
+        assert_eq!(ev.users, ["a", "b"]);
         assert!(matches!(
-            s.group_change(
-                "g1",
-                &GroupChange::Create {
-                    creator: "x".into(),
-                    members: vec![]
-                },
-                10
-            )
-            .await,
+            change(Op::Create, "x", &[], 10).await,
             Err(StoreError::GroupExists(_))
         ));
         assert!(matches!(
-            s.group_change("nope", &GroupChange::Join(vec!["x".into()]), 10)
+            s.group_change("nope", &group_req(Op::Add, "a", &["x"], 10))
                 .await,
             Err(StoreError::GroupNotFound(_))
+        ));
+        // Private: no self-join, and plain members may not add.
+        assert!(matches!(
+            change(Op::Join, "x", &[], 10).await,
+            Err(StoreError::Forbidden(_))
+        ));
+        assert!(matches!(
+            change(Op::Add, "b", &["x"], 10).await,
+            Err(StoreError::Forbidden(_))
         ));
         s.commit_batch(
             &[
@@ -231,42 +322,88 @@ async fn groups_create_join_leave_and_new_members_start_at_now() {
         )
         .await
         .unwrap();
-        let members = s
-            .group_change("g1", &GroupChange::Join(vec!["c".into()]), 10)
-            .await
-            .unwrap();
-        assert_eq!(members, ["a", "b", "c"]);
+        let added = change(Op::Add, "a", &["c"], 10).await.unwrap();
+        assert_eq!((added.state.members, added.state.version), (3, 4));
+        assert_eq!(added.added, ["c"]);
+        let noop = change(Op::Add, "a", &["c", "b"], 10).await.unwrap();
+        assert!(noop.event.is_none() && noop.added.is_empty());
         s.commit_batch(&[msg("g:g1", "a", "g-3", "late")], &[])
             .await
             .unwrap();
-        let (c_sees, _) = s.sync("c", &[], 100).await.unwrap();
-        assert_eq!(
-            c_sees.iter().map(|m| m.seq).collect::<Vec<_>>(),
-            [3],
-            "{}",
-            s.backend()
-        );
-        let (b_sees, _) = s.sync("b", &[], 100).await.unwrap();
-        assert_eq!(b_sees.len(), 3);
+        // c reads from its join event (seq 4), even when asking from 0.
+        for cursors in [vec![], vec![("g:g1".to_string(), 0)]] {
+            let (c_sees, _) = s.sync("c", &cursors, 100).await.unwrap();
+            assert_eq!(
+                c_sees.iter().map(|m| m.seq).collect::<Vec<_>>(),
+                [4, 5],
+                "{}",
+                s.backend()
+            );
+        }
+        let (b_sees, _) = s.sync("b", &[("g:g1".to_string(), 0)], 100).await.unwrap();
+        assert_eq!(b_sees.len(), 5);
 
         assert!(matches!(
-            s.group_change("g1", &GroupChange::Join(vec!["d".into(), "e".into()]), 4)
+            s.group_change("g1", &group_req(Op::Add, "a", &["d", "e"], 4))
                 .await,
             Err(StoreError::GroupFull(..))
         ));
-        let members = s
-            .group_change("g1", &GroupChange::Leave("b".into()), 10)
-            .await
-            .unwrap();
-        assert_eq!(members, ["a", "c"]);
+        // c leaves (seq 6), a message it must not read (7), c is added again (8).
+        let left = change(Op::Leave, "c", &[], 10).await.unwrap();
+        assert_eq!(left.removed, ["c"]);
         assert!(matches!(
-            s.group_change("g1", &GroupChange::Leave("b".into()), 10)
-                .await,
+            change(Op::Leave, "c", &[], 10).await,
             Err(StoreError::NotMember(_))
         ));
-        assert_eq!(s.group_members("g1").await.unwrap().unwrap(), ["a", "c"]);
+        s.commit_batch(&[msg("g:g1", "a", "g-4", "gap")], &[])
+            .await
+            .unwrap();
+        change(Op::Add, "a", &["c"], 10).await.unwrap();
+        let (c_sees, _) = s.sync("c", &[("g:g1".to_string(), 0)], 100).await.unwrap();
+        assert_eq!(
+            c_sees.iter().map(|m| m.seq).collect::<Vec<_>>(),
+            [4, 5, 6, 8],
+            "the gap stays hidden ({})",
+            s.backend()
+        );
+        // Roles: an admin cannot remove the owner; a ban holds.
+        let mut promote = group_req(Op::SetRole, "a", &["b"], 10);
+        promote.role = Role::Admin;
+        s.group_change("g1", &promote).await.unwrap();
+        assert!(matches!(
+            change(Op::Remove, "b", &["a"], 10).await,
+            Err(StoreError::Forbidden(_))
+        ));
+        let banned = change(Op::Ban, "b", &["c"], 10).await.unwrap();
+        assert_eq!(banned.removed, ["c"]);
+        assert!(matches!(
+            change(Op::Add, "a", &["c"], 10).await,
+            Err(StoreError::Forbidden(_))
+        ));
+        let (members, version) = s.group_members("g1").await.unwrap().unwrap();
+        assert_eq!(members, ["a", "b"]);
+        assert_eq!(version, banned.state.version);
+        let info = s.group_info("g1", 10).await.unwrap().unwrap();
+        assert_eq!(info.members, [("a".into(), "owner"), ("b".into(), "admin")]);
+        assert_eq!(info.banned, ["c"]);
+        // Dissolve: the group is gone.
+        let gone = change(Op::Dissolve, "a", &[], 10).await.unwrap();
+        assert!(gone.dissolved);
+        assert!(s.group_members("g1").await.unwrap().is_none());
         assert!(s.group_members("nope").await.unwrap().is_none());
         s.ping().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn revocations_persist() {
+    for (s, _dir) in stores().await {
+        s.revoke("u1", 100).await.unwrap();
+        s.revoke("u1", 50).await.unwrap();
+        s.revoke("u2", 7).await.unwrap();
+        let mut r = s.revocations().await.unwrap();
+        r.sort();
+        assert_eq!(r, [("u1".to_string(), 100), ("u2".to_string(), 7)]);
     }
 }
 

@@ -97,6 +97,7 @@ async fn each_bad_input_gets_its_error_and_others_are_unaffected() {
                 op: 0,
                 group_id: "private".into(),
                 members: vec![],
+                ..Default::default()
             }),
         ))
         .await

@@ -20,6 +20,7 @@ async fn group_op(
             op: op as i32,
             group_id: group.into(),
             members: members.to_vec(),
+            ..Default::default()
         }),
     ))
     .await

@@ -101,6 +101,8 @@ pub struct BroadcastArgs {
 struct Group {
     id: String,
     conversation: String,
+    /// Seq of the group's last membership event: members follow from there.
+    version: u64,
     /// Highest seq acked to the sender; final once `done` is true.
     max_acked: AtomicU64,
     done: watch::Sender<bool>,
@@ -251,9 +253,10 @@ fn user(tag: &str, g: usize, k: usize) -> String {
 /// `limits.max_frame_bytes` (64 KiB by default).
 const GROUP_OP_BYTES: usize = 32 * 1024;
 
-/// Creates group `id` with `members` from the sender's connection: `CREATE` with the
-/// first members, then `JOIN`s with the rest, each frame well under the frame limit.
-async fn create_group(conn: &mut Conn, id: &str, members: Vec<String>) -> anyhow::Result<u32> {
+/// Creates group `id` with `members` from the sender's connection (its owner): `CREATE`
+/// with the first members, then `ADD`s with the rest, each frame well under the frame
+/// limit. Returns the group's version (the seq of its last membership event).
+async fn create_group(conn: &mut Conn, id: &str, members: Vec<String>) -> anyhow::Result<u64> {
     let want = members.len();
     let mut chunks: Vec<Vec<String>> = vec![Vec::new()];
     let mut bytes = 0;
@@ -267,57 +270,70 @@ async fn create_group(conn: &mut Conn, id: &str, members: Vec<String>) -> anyhow
             last.push(m);
         }
     }
-    let mut have = 0;
+    let (mut have, mut version) = (0, 0);
     for (k, chunk) in chunks.into_iter().enumerate() {
         let op = if k == 0 {
             group_op::Op::Create
         } else {
-            group_op::Op::Join
+            group_op::Op::Add
         };
-        have = group_op(conn, id, op, chunk).await?;
+        (have, version) = group_op(conn, id, op, chunk).await?;
     }
     if (have as usize) < want {
         bail!("group {id} has {have} members, {want} asked for");
     }
-    Ok(have)
+    Ok(version)
 }
 
-/// Sends one GroupOp and waits for its GroupOpOk; returns the member count.
+/// Sends one GroupOp and waits for its GroupOpOk (again after RATE_LIMITED, once the
+/// server's retry_after_ms has passed); returns the member count and the version.
 async fn group_op(
     conn: &mut Conn,
     id: &str,
     op: group_op::Op,
     members: Vec<String>,
-) -> anyhow::Result<u32> {
-    conn.send(&im_proto::frame(
-        GROUP_OP_REQ,
-        Body::GroupOp(GroupOp {
-            op: op as i32,
-            group_id: id.to_string(),
-            members,
-        }),
-    ))
-    .await
-    .with_context(|| format!("sending GroupOp {op:?} {id}"))?;
+) -> anyhow::Result<(u32, u64)> {
     let deadline = Instant::now() + GROUP_OP_TIMEOUT;
-    loop {
-        let ev = tokio::time::timeout_at(deadline, conn.recv())
-            .await
-            .with_context(|| format!("no GroupOpOk for {id} within {GROUP_OP_TIMEOUT:?}"))?
-            .with_context(|| format!("GroupOp {op:?} {id}"))?;
-        let f = match ev {
-            Event::Frame(f) => f,
-            Event::WsPong(_) => continue,
-            Event::Closed { code, reason } => {
-                bail!("connection closed during GroupOp {op:?} {id}: {code:?} {reason}")
+    'again: loop {
+        conn.send(&im_proto::frame(
+            GROUP_OP_REQ,
+            Body::GroupOp(GroupOp {
+                op: op as i32,
+                group_id: id.to_string(),
+                members: members.clone(),
+                ..Default::default()
+            }),
+        ))
+        .await
+        .with_context(|| format!("sending GroupOp {op:?} {id}"))?;
+        loop {
+            let ev = tokio::time::timeout_at(deadline, conn.recv())
+                .await
+                .with_context(|| format!("no GroupOpOk for {id} within {GROUP_OP_TIMEOUT:?}"))?
+                .with_context(|| format!("GroupOp {op:?} {id}"))?;
+            let f = match ev {
+                Event::Frame(f) => f,
+                Event::WsPong(_) => continue,
+                Event::Closed { code, reason } => {
+                    bail!("connection closed during GroupOp {op:?} {id}: {code:?} {reason}")
+                }
+            };
+            match f.body {
+                Some(Body::GroupOpOk(ok)) if f.req_id == GROUP_OP_REQ => {
+                    return Ok((ok.members, ok.version))
+                }
+                Some(Body::Error(e))
+                    if f.req_id == GROUP_OP_REQ
+                        && e.code == im_proto::ErrorCode::RateLimited as i32 =>
+                {
+                    tokio::time::sleep(Duration::from_millis(e.retry_after_ms.max(1) as u64)).await;
+                    continue 'again;
+                }
+                Some(Body::Error(e)) if f.req_id == GROUP_OP_REQ || f.req_id == 0 => {
+                    bail!("GroupOp {op:?} {id}: {}", ClientError::from_server(e))
+                }
+                _ => {}
             }
-        };
-        match f.body {
-            Some(Body::GroupOpOk(ok)) if f.req_id == GROUP_OP_REQ => return Ok(ok.members),
-            Some(Body::Error(e)) if f.req_id == GROUP_OP_REQ || f.req_id == 0 => {
-                bail!("GroupOp {op:?} {id}: {}", ClientError::from_server(e))
-            }
-            _ => {}
         }
     }
 }
@@ -337,8 +353,9 @@ async fn run_against(args: &BroadcastArgs, target: &mut Target) -> anyhow::Resul
     for (g, s) in sender_sessions.iter_mut().enumerate() {
         let id = format!("b{tag}-{g}");
         let members = (0..m).map(|k| user(&tag, g, k)).collect();
-        create_group(&mut s.conn, &id, members).await?;
+        let version = create_group(&mut s.conn, &id, members).await?;
         groups.push(Arc::new(Group {
+            version,
             conversation: im_proto::group_conversation(&id),
             id,
             max_acked: AtomicU64::new(0),
@@ -535,6 +552,11 @@ impl Hooks for GroupHooks<'_> {
         match f.body {
             Some(Body::Error(e)) => self.ctx.errors.server(e.code),
             Some(Body::Pong(_)) => {}
+            // The group's own membership events (SYSTEM), pushed to its creator.
+            Some(Body::Deliver(d))
+                if d.messages
+                    .iter()
+                    .all(|m| m.r#type == MessageType::System as i32) => {}
             _ => self.ctx.errors.local(LocalError::Unexpected),
         }
         Vec::new()
@@ -614,7 +636,7 @@ async fn member(
         heartbeat,
     } = session;
     let clock = ctx.clock;
-    let mut follower = Follower::new(group.conversation.clone(), 0, ctx.sync_limit);
+    let mut follower = Follower::new(group.conversation.clone(), group.version, ctx.sync_limit);
     let mut done_rx = group.done.subscribe();
     let hard_deadline = clock.end + ctx.drain * 2;
     let mut last_tx = Instant::now();

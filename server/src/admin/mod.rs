@@ -12,7 +12,7 @@ use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get};
+use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
@@ -28,6 +28,8 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/admin/v1/connections/{conn_id}", delete(kick))
         .route("/admin/v1/slow-consumers", get(slow_consumers))
         .route("/admin/v1/memory", get(memory))
+        .route("/admin/v1/groups/{group_id}", get(group))
+        .route("/admin/v1/users/{uid}/revoke", post(revoke))
         .merge(diag::routes())
         .route_layer(middleware::from_fn_with_state(node.clone(), require_token));
     Router::new()
@@ -304,6 +306,69 @@ async fn kick(State(node): State<Arc<Node>>, Path(conn_id): Path<String>) -> Res
     } else {
         error(StatusCode::NOT_FOUND, format!("no connection {id}"))
     }
+}
+
+/// Most members and bans one group answer lists.
+const GROUP_LIST_MAX: u32 = 1000;
+
+async fn group(State(node): State<Arc<Node>>, Path(group_id): Path<String>) -> Response {
+    if !im_proto::valid_id(&group_id) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("group id {group_id:?} is not valid"),
+        );
+    }
+    match node.store.group_info(&group_id, GROUP_LIST_MAX).await {
+        Ok(Some(g)) => {
+            let members: Vec<serde_json::Value> = g
+                .members
+                .iter()
+                .map(|(u, r)| serde_json::json!({ "user": u, "role": r }))
+                .collect();
+            Json(serde_json::json!({
+                "group_id": g.group_id,
+                "kind": g.kind,
+                "members_can_invite": g.members_can_invite,
+                "created_by": g.created_by,
+                "created_at_ms": g.created_at,
+                "version": g.version,
+                "dissolved": g.dissolved,
+                "size": g.size,
+                "members": members,
+                "banned": g.banned,
+                "listed_max": GROUP_LIST_MAX,
+            }))
+            .into_response()
+        }
+        Ok(None) => error(StatusCode::NOT_FOUND, format!("no group {group_id}")),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, format!("store: {e}")),
+    }
+}
+
+/// Revokes every token of a user issued up to now: recorded in the store (kept across
+/// restarts), refused at login on every node, and every session of the user closed
+/// (4003 "token revoked") here and, in cluster mode, on the other nodes.
+async fn revoke(State(node): State<Arc<Node>>, Path(uid): Path<String>) -> Response {
+    if !im_proto::valid_id(&uid) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("user id {uid:?} is not valid"),
+        );
+    }
+    let at = (im_proto::now_ms() / 1000).max(0);
+    if let Err(e) = node.store.revoke(&uid, at).await {
+        return error(StatusCode::SERVICE_UNAVAILABLE, format!("store: {e}"));
+    }
+    node.secrets.keys.revocations.revoke(&uid, at);
+    let closed = node.conns.close_user(
+        &uid,
+        CloseReason::new(CloseReason::TOKEN_EXPIRED, "token revoked"),
+    );
+    if let Some(c) = &node.cluster {
+        c.link.revoked(&uid, at).await;
+    }
+    tracing::info!(user = %uid, revoked_at = at, closed, "tokens revoked by operator");
+    Json(serde_json::json!({ "user": uid, "revoked_at": at, "closed": closed })).into_response()
 }
 
 async fn slow_consumers(State(node): State<Arc<Node>>, Query(q): Query<ListQuery>) -> Response {

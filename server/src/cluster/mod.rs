@@ -81,6 +81,8 @@ pub struct Link {
     presence_tx: mpsc::UnboundedSender<(String, bool)>,
     forwarded: metrics::Counter,
     publish_errors: metrics::Counter,
+    /// `cluster.drop_group_notices` (fault injection for tests).
+    drop_group_notices: bool,
 }
 
 /// One message's cross-node part: the users to push to, per other node.
@@ -142,7 +144,7 @@ impl Link {
                 users,
                 frame: f.frame.clone(),
                 direct: f.direct,
-                group_changed: String::new(),
+                ..Default::default()
             };
             self.publish(&node, env).await;
         }
@@ -159,16 +161,32 @@ impl Link {
         }
     }
 
-    /// Tells every other live node that a group's membership changed.
-    pub async fn group_changed(&self, group_id: &str) {
+    /// Tells every other live node that a group's membership changed (at `version`).
+    pub async fn group_changed(&self, group_id: &str, version: u64) {
+        self.broadcast(Envelope {
+            from: self.node_id.clone(),
+            group_changed: group_id.to_string(),
+            group_version: version,
+            ..Default::default()
+        })
+        .await;
+    }
+
+    /// Tells every other live node that a user's tokens up to `at` are revoked.
+    pub async fn revoked(&self, user: &str, at: i64) {
+        self.broadcast(Envelope {
+            from: self.node_id.clone(),
+            revoked_user: user.to_string(),
+            revoked_at: at,
+            ..Default::default()
+        })
+        .await;
+    }
+
+    async fn broadcast(&self, env: Envelope) {
         for node in self.registry.live_nodes() {
             if node != self.node_id {
-                let env = Envelope {
-                    from: self.node_id.clone(),
-                    group_changed: group_id.to_string(),
-                    ..Default::default()
-                };
-                self.publish(&node, env).await;
+                self.publish(&node, env.clone()).await;
             }
         }
     }
@@ -258,6 +276,9 @@ pub struct Cluster {
 /// Builds this node's load report on each tick.
 pub type ReportFn = Arc<dyn Fn() -> LoadReport + Send + Sync>;
 
+/// Applies a revocation notice from another node: (user, revoked_at).
+pub type RevokedFn = Arc<dyn Fn(&str, i64) + Send + Sync>;
+
 impl Cluster {
     /// Connects to NATS and opens (or creates) the registry and presence buckets.
     pub async fn connect(config: &Config, node_id: &str) -> Result<Cluster, ClusterError> {
@@ -287,6 +308,7 @@ impl Cluster {
             presence_tx,
             forwarded: metrics::counter!("im_cluster_forwarded_total"),
             publish_errors: metrics::counter!("im_cluster_publish_errors_total"),
+            drop_group_notices: c.drop_group_notices,
         });
         link.forwarded.absolute(0);
         link.publish_errors.absolute(0);
@@ -305,7 +327,8 @@ impl Cluster {
         &self,
         router: Arc<Router>,
         relations: Arc<Relations>,
-        group_changes: mpsc::UnboundedReceiver<String>,
+        group_changes: mpsc::UnboundedReceiver<(String, u64)>,
+        revoked: RevokedFn,
         report: ReportFn,
     ) -> Result<Vec<JoinHandle<()>>, ClusterError> {
         let link = self.link.clone();
@@ -328,7 +351,7 @@ impl Cluster {
         // First report before anything else, so the node is routable at once.
         put_report(&self.nodes_kv, &link.node_id, &report()).await;
         let mut tasks = vec![
-            tokio::spawn(inbound(sub, router, relations.clone())),
+            tokio::spawn(inbound(sub, router, relations.clone(), revoked)),
             tokio::spawn(watch_registry(self.nodes_kv.clone(), link.registry.clone())),
             tokio::spawn(watch_presence(
                 self.presence_kv.clone(),
@@ -549,16 +572,30 @@ async fn write_presence(
     }
 }
 
-/// Publishes group-change notices made on this node to the others.
-async fn group_notices(link: Arc<Link>, mut rx: mpsc::UnboundedReceiver<String>) {
-    while let Some(group) = rx.recv().await {
-        link.group_changed(&group).await;
+/// Publishes group-change notices made on this node to the others (unless
+/// `cluster.drop_group_notices`, a fault injection for tests, drops them).
+async fn group_notices(link: Arc<Link>, mut rx: mpsc::UnboundedReceiver<(String, u64)>) {
+    while let Some((group, version)) = rx.recv().await {
+        if link.drop_group_notices {
+            tracing::debug!(
+                group,
+                version,
+                "group notice dropped (cluster.drop_group_notices)"
+            );
+            continue;
+        }
+        link.group_changed(&group, version).await;
     }
 }
 
 /// This node's subject: envelopes from the others, pushed to local sessions in arrival
 /// order.
-async fn inbound(mut sub: async_nats::Subscriber, router: Arc<Router>, relations: Arc<Relations>) {
+async fn inbound(
+    mut sub: async_nats::Subscriber,
+    router: Arc<Router>,
+    relations: Arc<Relations>,
+    revoked: RevokedFn,
+) {
     let received = metrics::counter!("im_cluster_received_total");
     let bad = metrics::counter!("im_cluster_bad_envelopes_total");
     received.absolute(0);
@@ -574,7 +611,11 @@ async fn inbound(mut sub: async_nats::Subscriber, router: Arc<Router>, relations
         };
         received.increment(1);
         if !env.group_changed.is_empty() {
-            relations.evict(&env.group_changed);
+            relations.evict(&env.group_changed, env.group_version);
+            continue;
+        }
+        if !env.revoked_user.is_empty() {
+            revoked(&env.revoked_user, env.revoked_at);
             continue;
         }
         router.deliver_remote(&env.users, &env.frame, env.direct);

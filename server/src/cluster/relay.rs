@@ -1,6 +1,7 @@
 //! Relay: the envelope one node publishes to another's subject (`<prefix>.node.<id>`)
 //! for cross-node delivery, one per receiving node per message (never one per member),
-//! and the group-change notice that evicts a stale membership cache entry.
+//! the group-change notice that evicts a stale membership cache entry, and the
+//! revocation notice that closes a user's sessions.
 
 use bytes::Bytes;
 
@@ -23,6 +24,16 @@ pub struct Envelope {
     /// Set on a group-change notice: evict this group from the membership cache.
     #[prost(string, tag = "5")]
     pub group_changed: String,
+    /// With `group_changed`: the change's version (seq); older cached copies are evicted.
+    #[prost(uint64, tag = "6")]
+    pub group_version: u64,
+    /// Set on a revocation notice: close this user's sessions, refuse their tokens
+    /// issued at or before `revoked_at`.
+    #[prost(string, tag = "7")]
+    pub revoked_user: String,
+    /// With `revoked_user`: unix seconds.
+    #[prost(int64, tag = "8")]
+    pub revoked_at: i64,
 }
 
 #[cfg(test)]
@@ -37,7 +48,7 @@ mod tests {
             users: vec!["u1".into(), "u2".into()],
             frame: Bytes::from_static(b"\x08\x01"),
             direct: true,
-            group_changed: String::new(),
+            ..Default::default()
         };
         let bytes = e.encode_to_vec();
         assert_eq!(Envelope::decode(&bytes[..]).unwrap(), e);

@@ -50,6 +50,8 @@ impl CloseReason {
     pub const IDLE: u16 = 4001;
     /// Kicked by an operator (private range).
     pub const KICKED: u16 = 4002;
+    /// The session's token expired (or was revoked).
+    pub const TOKEN_EXPIRED: u16 = 4003;
     /// Slow consumer: hard mark or write timeout (private range).
     pub const SLOW: u16 = 4008;
 

@@ -127,9 +127,12 @@ async fn read_loop(
             biased;
             _ = closed.changed() => return Some(out.close_reason().unwrap_or(CloseReason::new(1000, "closed"))),
             _ = drain.wait_for(|p| *p >= Drain::StopReading) => return None,
-            next = tokio::time::timeout(protocol.timeout(), stream.next()) => next,
+            next = tokio::time::timeout(protocol.read_timeout(), stream.next()) => next,
         };
         let input = match next {
+            Err(_) if protocol.expires_in() == Some(Duration::ZERO) => {
+                return Some(protocol.on_expired())
+            }
             Err(_) => return Some(protocol.on_timeout()),
             Ok(None) => Input::Closed,
             Ok(Some(Err(e))) => {

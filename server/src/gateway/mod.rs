@@ -150,6 +150,19 @@ impl Connections {
         self.len() == 0
     }
 
+    /// Closes every connection of `user`; returns how many.
+    pub fn close_user(&self, user: &str, reason: CloseReason) -> usize {
+        let mine: Vec<Arc<Outbound>> = self
+            .snapshot()
+            .into_iter()
+            .filter(|o| o.user().as_deref() == Some(user))
+            .collect();
+        for o in &mine {
+            o.close(reason.clone());
+        }
+        mine.len()
+    }
+
     /// Closes one connection; false when it is not here.
     pub fn close(&self, conn_id: u64, reason: CloseReason) -> bool {
         let out = self.map.lock().ok().and_then(|m| m.get(&conn_id).cloned());

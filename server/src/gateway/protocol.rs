@@ -2,7 +2,9 @@
 //! read" and "frames were queued": the size check, decode, the Login-first rule and the
 //! login itself, `Batch` unwrapping, the hand-off to [`Pipeline::handle`](crate::pipeline::Pipeline::handle),
 //! bad-frame counting, the Ping rate limit and the RATE_LIMITED flood limit, `Error`
-//! frames, every close decision, and which timeout (login or idle) applies. It owns no
+//! frames, every close decision, which timeout (login or idle) applies, and when the
+//! session ends with its token (`exp` plus `limits.token_leeway_secs`; a fresh Login of
+//! the same user on the open connection moves that deadline). It owns no
 //! socket: `gateway::conn` feeds it [`Input`]s and acts on the [`Step`]s it returns, so
 //! tests and the fuzzer (`fuzz/`) drive it directly against a real pipeline.
 
@@ -103,6 +105,8 @@ pub struct Protocol {
     gw: Arc<Gateway>,
     out: Arc<Outbound>,
     session: Option<Session>,
+    /// The session's token `exp` (unix seconds).
+    token_exp: u64,
     bad: u32,
     pings: TokenBucket,
     ping_refusals: FloodWindow,
@@ -118,6 +122,7 @@ impl Protocol {
             gw,
             out,
             session: None,
+            token_exp: 0,
             bad: 0,
             pings,
             ping_refusals: FloodWindow::new(now),
@@ -138,6 +143,39 @@ impl Protocol {
         } else {
             l.login_timeout_secs
         } as u64)
+    }
+
+    /// How long the next read may take: [`Protocol::timeout`], cut short by the token's
+    /// expiry. On a timeout, `expires_in() == Some(ZERO)` tells the expiry apart.
+    pub fn read_timeout(&self) -> Duration {
+        match self.expires_in() {
+            Some(left) => left.min(self.timeout()),
+            None => self.timeout(),
+        }
+    }
+
+    /// How long until the session's token expires (plus the leeway): then the
+    /// connection closes with [`Protocol::on_expired`]. `None` before login.
+    pub fn expires_in(&self) -> Option<Duration> {
+        self.session.as_ref()?;
+        let end = self
+            .token_exp
+            .saturating_add(self.gw.limits.token_leeway_secs as u64);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        Some(Duration::from_secs(end).saturating_sub(now))
+    }
+
+    /// The session's token expired: close 4003 "token expired" (with an
+    /// `UNAUTHENTICATED` error saying so).
+    pub fn on_expired(&mut self) -> CloseReason {
+        self.error(
+            0,
+            ErrorCode::Unauthenticated,
+            "token expired: log in again with a fresh token",
+        );
+        CloseReason::new(CloseReason::TOKEN_EXPIRED, "token expired")
     }
 
     /// Nothing arrived within [`Protocol::timeout`]: the close for the state we are in
@@ -219,12 +257,16 @@ impl Protocol {
         m.stage_since(Stage::Decode, started);
         if self.session.is_none() {
             return match self.login(f) {
-                Ok(s) => {
+                Ok((s, exp)) => {
                     self.session = Some(s);
+                    self.token_exp = exp;
                     Step::Continue
                 }
                 Err(reason) => Step::Close(reason),
             };
+        }
+        if let Some(Body::Login(l)) = &f.body {
+            return self.relogin(f.req_id, &l.token);
         }
         let frames = match f.body {
             Some(Body::Batch(b)) => b.frames,
@@ -323,8 +365,45 @@ impl Protocol {
             .push(im_proto::encode(&error_frame(req_id, code, message)), true);
     }
 
-    /// Checks the first frame: it must be a Login with a valid token.
-    fn login(&self, f: Frame) -> Result<Session, CloseReason> {
+    /// A Login on a logged-in connection: a fresh token of the same user extends the
+    /// session to its `exp`; any other token is refused and closes the connection.
+    fn relogin(&mut self, req_id: u64, token: &str) -> Step {
+        let user = self.user().unwrap_or_default().to_string();
+        match self.gw.keys.verify_claims(token) {
+            Ok(c) if c.sub == user => {
+                self.token_exp = self.token_exp.max(c.exp);
+                let ok = frame(
+                    req_id,
+                    Body::LoginOk(LoginOk {
+                        user_id: user,
+                        session_id: String::new(),
+                        heartbeat_secs: self.gw.limits.heartbeat_secs,
+                        node_id: self.gw.node_id.clone(),
+                    }),
+                );
+                self.out.push(im_proto::encode(&ok), true);
+                Step::Continue
+            }
+            Ok(_) => {
+                self.gw.metrics.bad_frame("unauthenticated");
+                self.error(
+                    req_id,
+                    ErrorCode::Unauthenticated,
+                    "a Login on an open connection must be for the same user",
+                );
+                Step::Close(CloseReason::new(CloseReason::POLICY, "user changed"))
+            }
+            Err(e) => {
+                self.gw.metrics.bad_frame("unauthenticated");
+                self.error(req_id, ErrorCode::Unauthenticated, &e.to_string());
+                Step::Close(CloseReason::new(CloseReason::POLICY, "invalid token"))
+            }
+        }
+    }
+
+    /// Checks the first frame: it must be a Login with a valid token. Returns the
+    /// session and its token's `exp`.
+    fn login(&self, f: Frame) -> Result<(Session, u64), CloseReason> {
         let gw = &self.gw;
         let m = &gw.metrics;
         let Some(Body::Login(l)) = f.body else {
@@ -341,8 +420,8 @@ impl Protocol {
             self.error(f.req_id, ErrorCode::BadFrame, "device_id too long");
             return Err(CloseReason::new(CloseReason::POLICY, "bad login"));
         }
-        let user_id = match gw.keys.verify(&l.token) {
-            Ok(u) => u,
+        let (user_id, exp) = match gw.keys.verify_claims(&l.token) {
+            Ok(c) => (c.sub, c.exp),
             Err(e) => {
                 m.bad_frame("unauthenticated");
                 self.error(f.req_id, ErrorCode::Unauthenticated, &e.to_string());
@@ -363,7 +442,7 @@ impl Protocol {
         );
         self.out.push(im_proto::encode(&ok), true);
         tracing::debug!(conn_id = self.out.conn_id, user = %user_id, device = %l.device_id, resume = l.resume, "logged in");
-        Ok(Session::new(user_id, self.out.clone(), &gw.limits))
+        Ok((Session::new(user_id, self.out.clone(), &gw.limits), exp))
     }
 }
 

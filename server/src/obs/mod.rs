@@ -288,6 +288,7 @@ pub const BAD_FRAME_REASONS: &[&str] = &[
     "protocol",
     "not_member",
     "rate_limited",
+    "forbidden",
 ];
 
 /// HELP text and units for every metric (promtool lints a metric without HELP).

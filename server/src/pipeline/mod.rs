@@ -1,5 +1,7 @@
 //! Pipeline: the stages a logged-in client's frame goes through after decode
-//! (DESIGN.md section 3): auth (the session), validate, relation, persist, route.
+//! auth (the session), validate, relation, persist, route. Group operations are checked
+//! for shape and rate here; who may do what is decided by the store in the change's
+//! transaction (`store::access`).
 //! [`Pipeline::handle`] is called by the gateway's read loop, one frame at a time per
 //! connection; replies and pushes leave through the connection's [`Outbound`].
 
@@ -18,7 +20,7 @@ use im_proto::{
 use crate::config::Limits;
 use crate::flow::Outbound;
 use crate::obs::{Metrics, Stage};
-use crate::store::{CursorUpdate, GroupChange, NewMessage, Store, StoreError};
+use crate::store::{CursorUpdate, GroupRequest, NewMessage, Store, StoreError};
 use persist::{PersistHandle, PersistReq, WriteReq};
 use relation::Relations;
 use route::Recipients;
@@ -38,6 +40,8 @@ pub struct Session {
     pub out: Arc<Outbound>,
     /// Its Send rate limit.
     pub sends: std::sync::Mutex<TokenBucket>,
+    /// Its GroupOp rate limit.
+    pub group_ops: std::sync::Mutex<TokenBucket>,
 }
 
 /// A token bucket: `rate` tokens per second, holding at most `burst`.
@@ -86,6 +90,10 @@ impl Session {
             sends: std::sync::Mutex::new(TokenBucket::new(
                 limits.send_rate_per_sec,
                 limits.send_burst,
+            )),
+            group_ops: std::sync::Mutex::new(TokenBucket::new(
+                limits.group_op_rate_per_sec,
+                limits.group_op_burst,
             )),
         }
     }
@@ -141,6 +149,8 @@ impl Refusal {
             StoreError::GroupFull(g, n) => {
                 Refusal::bad(format!("group {g} would exceed {n} members"))
             }
+            StoreError::Forbidden(m) => Refusal::code(ErrorCode::Forbidden, m, Some("forbidden")),
+            StoreError::BadRequest(m) => Refusal::bad(m),
             other => {
                 tracing::error!(error = %other, "store error");
                 Refusal::code(ErrorCode::Internal, "internal error", None)
@@ -174,7 +184,12 @@ pub struct Pipeline {
     pub retry_after_ms: u32,
     /// Metric handles.
     pub metrics: Metrics,
+    /// Per-user GroupOp rate limits on this node.
+    group_op_users: std::sync::Mutex<std::collections::HashMap<String, TokenBucket>>,
 }
+
+/// Users whose GroupOp buckets are kept before idle ones are dropped.
+const GROUP_OP_USERS_MAX: usize = 100_000;
 
 impl Pipeline {
     /// Builds the stages on `store` (membership cache, router task, persistence writer
@@ -213,7 +228,6 @@ impl Pipeline {
             persist_rx,
             route_tx,
             config.persist.clone(),
-            config.limits.max_group_members,
             metrics.clone(),
         ));
         let pipeline = Arc::new(Pipeline {
@@ -224,6 +238,7 @@ impl Pipeline {
             limits: config.limits.clone(),
             retry_after_ms: config.persist.retry_after_ms,
             metrics,
+            group_op_users: Default::default(),
         });
         (pipeline, writer)
     }
@@ -274,11 +289,21 @@ impl Pipeline {
                 bad_reason: Some("rate_limited"),
             });
         }
-        if MessageType::try_from(send.r#type).is_err() {
-            return Err(Refusal::bad(format!(
-                "unknown message type {}",
-                send.r#type
-            )));
+        match MessageType::try_from(send.r#type) {
+            Err(_) => {
+                return Err(Refusal::bad(format!(
+                    "unknown message type {}",
+                    send.r#type
+                )))
+            }
+            Ok(MessageType::System) => {
+                return Err(Refusal::code(
+                    ErrorCode::Forbidden,
+                    "SYSTEM messages are written by the server only",
+                    Some("forbidden"),
+                ))
+            }
+            Ok(_) => {}
         }
         if send.client_msg_id.len() > MAX_CLIENT_MSG_ID {
             return Err(Refusal::bad(format!(
@@ -429,9 +454,46 @@ impl Pipeline {
         Ok(())
     }
 
+    /// Takes a GroupOp token from the connection's and the user's buckets.
+    fn group_op_allowed(&self, s: &Session) -> Result<(), Refusal> {
+        let now = Instant::now();
+        let limited = |retry_after_ms| Refusal {
+            code: ErrorCode::RateLimited,
+            message: "group operations too fast".into(),
+            retry_after_ms,
+            bad_reason: Some("rate_limited"),
+        };
+        if let Ok(mut b) = s.group_ops.lock() {
+            b.take(now).map_err(limited)?;
+        }
+        let l = &self.limits;
+        if let Ok(mut users) = self.group_op_users.lock() {
+            if users.len() >= GROUP_OP_USERS_MAX && !users.contains_key(&s.user_id) {
+                // Buckets idle long enough to be full again carry no state: drop them.
+                let full = Duration::from_secs_f64(
+                    l.group_op_burst as f64 / l.group_op_rate_per_sec.max(1) as f64,
+                );
+                users.retain(|_, b| now.saturating_duration_since(b.at) < full);
+                if users.len() >= GROUP_OP_USERS_MAX {
+                    return Err(limited(1000));
+                }
+            }
+            users
+                .entry(s.user_id.clone())
+                .or_insert_with(|| TokenBucket::new(l.group_op_rate_per_sec, l.group_op_burst))
+                .take(now)
+                .map_err(limited)?;
+        }
+        Ok(())
+    }
+
     async fn on_group_op(&self, s: &Session, req_id: u64, op: GroupOp) -> Result<(), Refusal> {
         let kind = group_op::Op::try_from(op.op)
             .map_err(|_| Refusal::bad(format!("unknown group op {}", op.op)))?;
+        let group_kind = group_op::Kind::try_from(op.kind)
+            .map_err(|_| Refusal::bad(format!("unknown group kind {}", op.kind)))?;
+        let role = group_op::Role::try_from(op.role)
+            .map_err(|_| Refusal::bad(format!("unknown role {}", op.role)))?;
         let group_id = if op.group_id.is_empty() && kind == group_op::Op::Create {
             format!("grp-{}", uuid::Uuid::now_v7().simple())
         } else if im_proto::valid_id(&op.group_id) {
@@ -448,43 +510,32 @@ impl Pipeline {
                 self.limits.max_group_members
             )));
         }
-        let change = match kind {
-            group_op::Op::Create => GroupChange::Create {
-                creator: s.user_id.clone(),
-                members: op.members,
-            },
-            group_op::Op::Join => {
-                // Anyone may join a group themselves; only a member may add others.
-                let adds_others = op.members.iter().any(|m| *m != s.user_id);
-                if adds_others
-                    && !self
-                        .relations
-                        .is_member(&group_id, &s.user_id)
-                        .await
-                        .map_err(Refusal::store)?
-                {
-                    return Err(Refusal::code(
-                        ErrorCode::NotMember,
-                        "only a member of the group may add others",
-                        None,
-                    ));
-                }
-                let mut users = op.members;
-                users.push(s.user_id.clone());
-                GroupChange::Join(users)
-            }
-            group_op::Op::Leave => GroupChange::Leave(s.user_id.clone()),
+        self.group_op_allowed(s)?;
+        // JOIN naming others is how older clients added members: it means ADD.
+        let kind = match kind {
+            group_op::Op::Join if op.members.iter().any(|m| *m != s.user_id) => group_op::Op::Add,
+            k => k,
+        };
+        let req = GroupRequest {
+            actor: s.user_id.clone(),
+            op: kind,
+            users: op.members,
+            kind: group_kind,
+            role,
+            members_can_invite: op.members_can_invite,
+            max_members: self.limits.max_group_members,
+            max_groups_per_user: self.limits.max_groups_per_user,
         };
         let (reply, rx) = tokio::sync::oneshot::channel();
-        let req = WriteReq::Group {
+        let write = WriteReq::Group {
             group_id: group_id.clone(),
-            change,
+            req,
             reply,
         };
-        if self.persist.try_submit(req).is_err() {
+        if self.persist.try_submit(write).is_err() {
             return Err(self.overloaded("persistence queue full"));
         }
-        let members = match tokio::time::timeout(Duration::from_secs(30), rx).await {
+        let state = match tokio::time::timeout(Duration::from_secs(30), rx).await {
             Ok(Ok(result)) => result.map_err(Refusal::store)?,
             _ => {
                 return Err(Refusal::code(
@@ -498,7 +549,11 @@ impl Pipeline {
             req_id,
             Body::GroupOpOk(GroupOpOk {
                 group_id,
-                members: members.len() as u32,
+                members: state.members,
+                kind: state.kind as i32,
+                role: state.role as i32,
+                members_can_invite: state.members_can_invite,
+                version: state.version,
             }),
         ));
         Ok(())

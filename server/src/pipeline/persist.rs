@@ -2,6 +2,11 @@
 //! updates and group changes arrive on one bounded queue; sends are committed in groups
 //! (a batch closes at `persist.batch_max` messages or after `persist.batch_wait_ms`), and
 //! only then are SendAcks queued and the messages handed to the router, in commit order.
+//! Just before a batch commits, each group message's sender and recipients are checked
+//! again against the membership cache, which this writer patches after every group
+//! change it commits: a member removed after their Send was validated gets NOT_MEMBER,
+//! and nobody removed before the commit receives the message. A group change's SYSTEM
+//! event goes to the members after the change and to those it removed.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,7 +20,7 @@ use super::route::{Delivery, Recipients};
 use crate::config::Persist;
 use crate::flow::Outbound;
 use crate::obs::{Metrics, Stage};
-use crate::store::{CursorUpdate, GroupChange, NewMessage, Store, StoreError};
+use crate::store::{CursorUpdate, GroupRequest, GroupState, NewMessage, Store, StoreError};
 
 /// One request to the writer.
 pub enum WriteReq {
@@ -23,14 +28,14 @@ pub enum WriteReq {
     Message(PersistReq),
     /// A DeliverAck cursor.
     Cursor(CursorUpdate),
-    /// A group change; the reply carries the new member list.
+    /// A group operation; the reply carries the group's state after it.
     Group {
         /// The group.
         group_id: String,
-        /// The change.
-        change: GroupChange,
+        /// The operation.
+        req: GroupRequest,
         /// Where the outcome goes.
-        reply: oneshot::Sender<Result<Vec<String>, StoreError>>,
+        reply: oneshot::Sender<Result<GroupState, StoreError>>,
     },
     /// Answered once everything queued before it is committed.
     Flush(oneshot::Sender<()>),
@@ -112,7 +117,6 @@ pub async fn run_writer(
     mut rx: mpsc::Receiver<WriteReq>,
     router: mpsc::Sender<Vec<Delivery>>,
     cfg: Persist,
-    max_group_members: u32,
     metrics: Metrics,
 ) {
     let batch_max = cfg.batch_max as usize;
@@ -130,9 +134,9 @@ pub async fn run_writer(
             }
             WriteReq::Group {
                 group_id,
-                change,
+                req,
                 reply,
-            } => groups.push((group_id, change, reply)),
+            } => groups.push((group_id, req, reply)),
             WriteReq::Flush(reply) => flushes.push(reply),
         };
         take(first, &mut sends);
@@ -157,13 +161,18 @@ pub async fn run_writer(
             })
             .collect();
         if !sends.is_empty() || !cursor_updates.is_empty() {
+            recheck_groups(&relations, &mut sends);
             commit(&*store, &mut sends, &cursor_updates, &router, &metrics).await;
         }
-        for (group_id, change, reply) in groups.drain(..) {
-            let result = store
-                .group_change(&group_id, &change, max_group_members)
-                .await
-                .inspect(|members| relations.update(&group_id, members.clone()));
+        for (group_id, req, reply) in groups.drain(..) {
+            let result = store.group_change(&group_id, &req).await;
+            let result = match result {
+                Ok(outcome) => {
+                    group_committed(&relations, &router, &group_id, &outcome).await;
+                    Ok(outcome.state)
+                }
+                Err(e) => Err(e),
+            };
             let _ = reply.send(result);
         }
         for reply in flushes.drain(..) {
@@ -171,6 +180,69 @@ pub async fn run_writer(
         }
     }
     tracing::info!("persistence writer stopped");
+}
+
+/// Patches the membership cache after a committed group change and hands its SYSTEM
+/// event to the router.
+async fn group_committed(
+    relations: &Relations,
+    router: &mpsc::Sender<Vec<Delivery>>,
+    group_id: &str,
+    outcome: &crate::store::GroupOutcome,
+) {
+    let Some(event) = &outcome.event else {
+        return;
+    };
+    let version = outcome.state.version;
+    let mut recipients: Vec<String> = if outcome.dissolved {
+        relations.dissolved(group_id, version);
+        Vec::new()
+    } else {
+        relations.apply(group_id, &outcome.added, &outcome.removed, version);
+        match relations.members(group_id).await {
+            Ok(Some(m)) => m.to_vec(),
+            _ => Vec::new(),
+        }
+    };
+    recipients.extend(outcome.removed.iter().cloned());
+    recipients.sort_unstable();
+    recipients.dedup();
+    let delivery = Delivery {
+        message: event.clone(),
+        recipients: Recipients::Group(recipients.into()),
+        origin_conn: 0,
+        started: Instant::now(),
+    };
+    if router.send(vec![delivery]).await.is_err() {
+        tracing::warn!("router is gone; the group event will reach members by sync");
+    }
+}
+
+/// Checks each group message against the cached member list as it is now (this writer
+/// applied every change of this node before this point): a sender who is no longer a
+/// member is refused, and the recipients become the current members.
+fn recheck_groups(relations: &Relations, sends: &mut Vec<PersistReq>) {
+    sends.retain_mut(|req| {
+        let Some(im_proto::ConversationRef::Group(g)) =
+            im_proto::parse_conversation(&req.message.conversation_id)
+        else {
+            return true;
+        };
+        let Some(members) = relations.cached(g) else {
+            return true;
+        };
+        if super::relation::is_in(&members, &req.message.sender) {
+            req.recipients = Recipients::Group(members);
+            return true;
+        }
+        let f = im_proto::error_frame(
+            req.req_id,
+            ErrorCode::NotMember,
+            format!("not a member of group {g}"),
+        );
+        req.origin.push(im_proto::encode(&f), true);
+        false
+    });
 }
 
 async fn commit(

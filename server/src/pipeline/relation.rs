@@ -1,9 +1,14 @@
 //! Relation stage: who may post to a conversation and who receives it. Owns the group
-//! membership cache (loaded from the store on first use, replaced by the persistence
-//! writer after each committed group change).
+//! membership cache: loaded from the store on first use, patched by the persistence
+//! writer after each committed group change, bounded (least recently used entries go
+//! first) and versioned by the group's change seq, so a stale load or a late patch never
+//! replaces a newer list. In cluster mode an entry older than its time to live is read
+//! again, so a lost invalidation from another node is repaired within that time.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
@@ -12,55 +17,85 @@ use crate::store::{Store, StoreError};
 /// Sorted member list of one group, shared by every delivery that uses it.
 pub type Members = Arc<[String]>;
 
+/// One cached group.
+struct Entry {
+    members: Members,
+    /// Seq of the group's last membership change the list includes.
+    version: u64,
+    /// When it was read from the store or last patched.
+    fresh_at: Instant,
+    /// Use tick, for least-recently-used eviction.
+    used: AtomicU64,
+}
+
 /// Group membership cache in front of the store.
 pub struct Relations {
     store: Arc<dyn Store>,
-    groups: RwLock<HashMap<String, Members>>,
-    changes: OnceLock<mpsc::UnboundedSender<String>>,
+    groups: RwLock<HashMap<String, Entry>>,
+    changes: OnceLock<mpsc::UnboundedSender<(String, u64)>>,
+    capacity: usize,
+    ttl: Option<Duration>,
+    tick: AtomicU64,
 }
 
 impl Relations {
-    /// An empty cache over `store`.
+    /// An empty cache over `store` holding at most 10,000 groups, with no time to live.
     pub fn new(store: Arc<dyn Store>) -> Self {
+        Self::with_limits(store, 10_000, None)
+    }
+
+    /// An empty cache of at most `capacity` groups; with `ttl`, an entry older than it
+    /// is read again from the store on its next use (cluster mode).
+    pub fn with_limits(store: Arc<dyn Store>, capacity: usize, ttl: Option<Duration>) -> Self {
         Relations {
             store,
             groups: RwLock::new(HashMap::new()),
             changes: OnceLock::new(),
+            capacity: capacity.max(1),
+            ttl,
+            tick: AtomicU64::new(0),
         }
     }
 
-    /// Also reports every committed change's group id on `tx` (cluster mode: the other
-    /// nodes evict their cached copy).
-    pub fn notify_changes(&self, tx: mpsc::UnboundedSender<String>) {
+    /// Also reports every committed change's group id and version on `tx` (cluster mode:
+    /// the other nodes evict their older copy).
+    pub fn notify_changes(&self, tx: mpsc::UnboundedSender<(String, u64)>) {
         let _ = self.changes.set(tx);
     }
 
-    /// Drops a cached group (changed on another node); the next use reads the store.
-    pub fn evict(&self, group_id: &str) {
+    /// Drops a cached group older than `version` (changed on another node); the next use
+    /// reads the store. `version` 0 drops it whatever its version.
+    pub fn evict(&self, group_id: &str, version: u64) {
         if let Ok(mut g) = self.groups.write() {
-            g.remove(group_id);
+            if g.get(group_id)
+                .is_some_and(|e| version == 0 || e.version < version)
+            {
+                g.remove(group_id);
+            }
         }
     }
 
-    /// Members of a group (`None` when it does not exist).
+    /// Cached groups (the admin API and tests).
+    pub fn len(&self) -> usize {
+        self.groups.read().map(|g| g.len()).unwrap_or(0)
+    }
+
+    /// Whether nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Members of a live group (`None` when it does not exist or was dissolved).
     pub async fn members(&self, group_id: &str) -> Result<Option<Members>, StoreError> {
         if let Some(m) = self.cached(group_id) {
             return Ok(Some(m));
         }
-        let Some(mut list) = self.store.group_members(group_id).await? else {
+        let Some((mut list, version)) = self.store.group_members(group_id).await? else {
             return Ok(None);
         };
         list.sort();
         let members: Members = list.into();
-        if let Ok(mut g) = self.groups.write() {
-            // A writer update may have landed meanwhile; it is newer than our read.
-            return Ok(Some(
-                g.entry(group_id.to_string())
-                    .or_insert_with(|| members.clone())
-                    .clone(),
-            ));
-        }
-        Ok(Some(members))
+        Ok(Some(self.insert(group_id, members, version)))
     }
 
     /// Whether `user` is a member of the group (false when it does not exist).
@@ -71,19 +106,93 @@ impl Relations {
             .is_some_and(|m| is_in(&m, user)))
     }
 
-    /// Replaces the cached members after a committed change.
-    pub fn update(&self, group_id: &str, mut members: Vec<String>) {
-        members.sort();
+    /// Applies a committed change of this node to the cached list (if cached and older)
+    /// and reports it to the other nodes.
+    pub fn apply(&self, group_id: &str, added: &[String], removed: &[String], version: u64) {
         if let Ok(mut g) = self.groups.write() {
-            g.insert(group_id.to_string(), members.into());
+            if let Some(e) = g.get_mut(group_id) {
+                if e.version < version {
+                    let gone: std::collections::HashSet<&str> =
+                        removed.iter().map(String::as_str).collect();
+                    let mut list: Vec<String> = e
+                        .members
+                        .iter()
+                        .filter(|m| !gone.contains(m.as_str()))
+                        .chain(added)
+                        .cloned()
+                        .collect();
+                    list.sort_unstable();
+                    list.dedup();
+                    e.members = list.into();
+                    e.version = version;
+                    e.fresh_at = Instant::now();
+                }
+            }
         }
         if let Some(tx) = self.changes.get() {
-            let _ = tx.send(group_id.to_string());
+            let _ = tx.send((group_id.to_string(), version));
         }
     }
 
-    fn cached(&self, group_id: &str) -> Option<Members> {
-        self.groups.read().ok()?.get(group_id).cloned()
+    /// Drops a dissolved group and reports it.
+    pub fn dissolved(&self, group_id: &str, version: u64) {
+        self.evict(group_id, 0);
+        if let Some(tx) = self.changes.get() {
+            let _ = tx.send((group_id.to_string(), version));
+        }
+    }
+
+    /// The cached list if present and fresh, without touching the store (the writer's
+    /// re-check of senders and recipients).
+    pub fn cached(&self, group_id: &str) -> Option<Members> {
+        let g = self.groups.read().ok()?;
+        let e = g.get(group_id)?;
+        if self.ttl.is_some_and(|ttl| e.fresh_at.elapsed() > ttl) {
+            return None;
+        }
+        e.used
+            .store(self.tick.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+        Some(e.members.clone())
+    }
+
+    /// Caches a list read from the store unless a newer one is cached; returns the one kept.
+    fn insert(&self, group_id: &str, members: Members, version: u64) -> Members {
+        let Ok(mut g) = self.groups.write() else {
+            return members;
+        };
+        let now = Instant::now();
+        let used = AtomicU64::new(self.tick.fetch_add(1, Ordering::Relaxed));
+        if let Some(e) = g.get_mut(group_id) {
+            if e.version > version {
+                return e.members.clone();
+            }
+            e.members = members.clone();
+            e.version = version;
+            e.fresh_at = now;
+            e.used = used;
+            return members;
+        }
+        if g.len() >= self.capacity {
+            // Evict the least recently used eighth at once, so the scan is amortised.
+            let mut ticks: Vec<(u64, String)> = g
+                .iter()
+                .map(|(k, e)| (e.used.load(Ordering::Relaxed), k.clone()))
+                .collect();
+            ticks.sort_unstable();
+            for (_, k) in ticks.into_iter().take((self.capacity / 8).max(1)) {
+                g.remove(&k);
+            }
+        }
+        g.insert(
+            group_id.to_string(),
+            Entry {
+                members: members.clone(),
+                version,
+                fresh_at: now,
+                used,
+            },
+        );
+        members
     }
 }
 

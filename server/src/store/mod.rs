@@ -1,8 +1,11 @@
 //! Store: durable state behind one trait, with SQLite (embedded default) and Postgres
 //! implementations. It owns the schema (`migrations/<db>`), seq allocation, dedup by
-//! (sender, client_msg_id), cursors, groups and sync queries. Only the persistence
+//! (sender, conversation, client_msg_id), cursors, groups (roles, bans, membership
+//! intervals, the decision of who may change what), revocations and sync queries, which
+//! clamp every group read to the reader's membership intervals. Only the persistence
 //! writer (`pipeline::persist`) calls the write methods; readers call the rest.
 
+pub mod access;
 mod postgres;
 mod sql;
 mod sqlite;
@@ -44,6 +47,12 @@ pub enum StoreError {
     /// The group would exceed its member limit.
     #[error("group {0} would exceed {1} members")]
     GroupFull(String, u32),
+    /// The caller's role (or a ban, or the group's kind) does not allow the operation.
+    #[error("{0}")]
+    Forbidden(String),
+    /// The operation is malformed for the group's state (e.g. TRANSFER with no target).
+    #[error("{0}")]
+    BadRequest(String),
 }
 
 /// A message to commit, as validated by the pipeline.
@@ -94,20 +103,91 @@ pub struct CursorUpdate {
 /// A stored message as it goes on the wire.
 pub type StoredMessage = im_proto::ChatMessage;
 
-/// A group membership change.
+/// A group operation as the store applies it: the store decides, inside the
+/// transaction, whether the actor's role allows it.
 #[derive(Debug, Clone)]
-pub enum GroupChange {
-    /// Create the group with the creator and these members.
-    Create {
-        /// Creator, always a member.
-        creator: String,
-        /// Other initial members.
-        members: Vec<String>,
-    },
-    /// Add these users.
-    Join(Vec<String>),
-    /// Remove this user.
-    Leave(String),
+pub struct GroupRequest {
+    /// Who asks.
+    pub actor: String,
+    /// What (`JOIN` naming others is already mapped to `ADD` by the pipeline).
+    pub op: im_proto::group_op::Op,
+    /// The users it names (CREATE: initial members besides the actor).
+    pub users: Vec<String>,
+    /// CREATE: the kind.
+    pub kind: im_proto::group_op::Kind,
+    /// SET_ROLE: the new role.
+    pub role: im_proto::group_op::Role,
+    /// CREATE: whether plain members may add others.
+    pub members_can_invite: bool,
+    /// Most members the group may have.
+    pub max_members: u32,
+    /// Most live groups one user may have created (CREATE; 0: no limit).
+    pub max_groups_per_user: u32,
+}
+
+/// A group's state as one user sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupState {
+    /// Private or public.
+    pub kind: im_proto::group_op::Kind,
+    /// Whether plain members may add others.
+    pub members_can_invite: bool,
+    /// Member count.
+    pub members: u32,
+    /// The user's role (`None` for a non-member).
+    pub role: im_proto::group_op::Role,
+    /// Seq of the last membership change.
+    pub version: u64,
+}
+
+/// What a committed group operation changed.
+#[derive(Debug, Clone)]
+pub struct GroupOutcome {
+    /// The state after it, as the actor sees it.
+    pub state: GroupState,
+    /// The SYSTEM message recording it (none when nothing changed).
+    pub event: Option<StoredMessage>,
+    /// Users who became members.
+    pub added: Vec<String>,
+    /// Users who stopped being members.
+    pub removed: Vec<String>,
+    /// The group was dissolved.
+    pub dissolved: bool,
+}
+
+/// A group as operators see it (`GET /admin/v1/groups/{id}`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct GroupInfo {
+    /// The group id.
+    pub group_id: String,
+    /// `private` or `public`.
+    pub kind: &'static str,
+    /// Whether plain members may add others.
+    pub members_can_invite: bool,
+    /// Who created it.
+    pub created_by: String,
+    /// When, ms since the epoch.
+    pub created_at: i64,
+    /// Seq of the last membership change.
+    pub version: u64,
+    /// Dissolved by its owner.
+    pub dissolved: bool,
+    /// Member count.
+    pub size: u32,
+    /// Members with their role (`owner`, `admin`, `member`), sorted by user, at most `limit`.
+    pub members: Vec<(String, &'static str)>,
+    /// Banned users, at most `limit`.
+    pub banned: Vec<String>,
+}
+
+/// A role's name in the admin API.
+pub fn role_name(role: i32) -> &'static str {
+    match im_proto::group_op::Role::try_from(role) {
+        Ok(im_proto::group_op::Role::Owner) => "owner",
+        Ok(im_proto::group_op::Role::Admin) => "admin",
+        Ok(im_proto::group_op::Role::Member) => "member",
+        _ => "none",
+    }
 }
 
 /// The durable store. One writer calls the mutating methods; reads may run in parallel.
@@ -121,20 +201,33 @@ pub trait Store: Send + Sync + 'static {
         cursors: &[CursorUpdate],
     ) -> Result<Vec<Committed>, StoreError>;
 
-    /// Applies a group change and returns the member list after it.
+    /// Applies a group operation in one transaction (role checks, bans, intervals, the
+    /// SYSTEM event at its seq) and returns what changed.
     async fn group_change(
         &self,
         group_id: &str,
-        change: &GroupChange,
-        max_members: u32,
-    ) -> Result<Vec<String>, StoreError>;
+        req: &GroupRequest,
+    ) -> Result<GroupOutcome, StoreError>;
 
-    /// Members of a group, or `None` when it does not exist.
-    async fn group_members(&self, group_id: &str) -> Result<Option<Vec<String>>, StoreError>;
+    /// Members of a live group and its version (seq of its last membership change), or
+    /// `None` when it does not exist or was dissolved.
+    async fn group_members(&self, group_id: &str)
+        -> Result<Option<(Vec<String>, u64)>, StoreError>;
+
+    /// A group for operators, listing at most `limit` members and bans.
+    async fn group_info(&self, group_id: &str, limit: u32)
+        -> Result<Option<GroupInfo>, StoreError>;
+
+    /// Records that the user's tokens issued at or before `at` (unix seconds) are refused.
+    async fn revoke(&self, user_id: &str, at: i64) -> Result<(), StoreError>;
+
+    /// Every recorded revocation: (user, revoked_at).
+    async fn revocations(&self) -> Result<Vec<(String, i64)>, StoreError>;
 
     /// Messages of all the user's conversations after their stored cursors, where
     /// `cursors` overrides the stored cursor of the conversations it names; ordered by
-    /// (conversation_id, seq), at most `limit`; the bool is true when more remain.
+    /// (conversation_id, seq), at most `limit`; the bool is true when more remain. Group
+    /// messages are only those inside the user's membership intervals.
     async fn sync(
         &self,
         user_id: &str,

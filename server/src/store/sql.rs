@@ -25,28 +25,34 @@ macro_rules! sql_store_impl {
                 let mut tx = self.write.begin().await?;
                 let now = im_proto::now_ms();
 
-                // 1. Dedup: look up every (sender, client_msg_id) already stored.
+                // 1. Dedup: look up every (sender, conversation, client_msg_id) already stored.
                 let keyed: Vec<&$crate::store::NewMessage> = messages
                     .iter()
                     .filter(|m| !m.client_msg_id.is_empty())
                     .collect();
-                let mut found: HashMap<(String, String), Committed> = HashMap::new();
+                let mut found: HashMap<(String, String, String), Committed> = HashMap::new();
                 for chunk in keyed.chunks(CHUNK) {
                     // A join against the keys, so both engines probe the unique index
                     // (SQLite scans the whole index for a row-value `IN (VALUES ...)`).
-                    let mut qb = sqlx::QueryBuilder::<$db>::new("WITH k (s, c) AS (");
+                    let mut qb = sqlx::QueryBuilder::<$db>::new("WITH k (s, v, c) AS (");
                     qb.push_values(chunk, |mut b, m| {
-                        b.push_bind(m.sender.as_str()).push_bind(m.client_msg_id.as_str());
+                        b.push_bind(m.sender.as_str())
+                            .push_bind(m.conversation_id.as_str())
+                            .push_bind(m.client_msg_id.as_str());
                     });
                     qb.push(
                         ") SELECT m.sender, m.client_msg_id, m.msg_id, m.conversation_id, m.seq, \
                          m.send_time FROM k JOIN messages m \
-                         ON m.sender = k.s AND m.client_msg_id = k.c",
+                         ON m.sender = k.s AND m.conversation_id = k.v AND m.client_msg_id = k.c",
                     );
                     for row in qb.build().fetch_all(&mut *tx).await? {
                         let seq: i64 = row.try_get("seq")?;
                         found.insert(
-                            (row.try_get("sender")?, row.try_get("client_msg_id")?),
+                            (
+                                row.try_get("sender")?,
+                                row.try_get("conversation_id")?,
+                                row.try_get("client_msg_id")?,
+                            ),
                             Committed {
                                 msg_id: row.try_get("msg_id")?,
                                 conversation_id: row.try_get("conversation_id")?,
@@ -61,15 +67,24 @@ macro_rules! sql_store_impl {
                 // 2. Decide new versus duplicate (also within the batch), count per conversation.
                 let mut fresh: Vec<usize> = Vec::with_capacity(messages.len());
                 let mut results: Vec<Option<Committed>> = vec![None; messages.len()];
-                let mut first_of: HashMap<(&str, &str), usize> = HashMap::new();
+                let mut first_of: HashMap<(&str, &str, &str), usize> = HashMap::new();
                 let mut dup_of: Vec<(usize, usize)> = Vec::new();
                 // Per conversation, in order of first appearance: (id, new messages, parties).
                 let mut counts: Vec<(&str, u64, Option<&(String, String)>)> = Vec::new();
                 let mut conv_index: HashMap<&str, usize> = HashMap::new();
                 for (i, m) in messages.iter().enumerate() {
                     if !m.client_msg_id.is_empty() {
-                        let key = (m.sender.as_str(), m.client_msg_id.as_str());
-                        if let Some(c) = found.get(&(m.sender.clone(), m.client_msg_id.clone())) {
+                        let key = (
+                            m.sender.as_str(),
+                            m.conversation_id.as_str(),
+                            m.client_msg_id.as_str(),
+                        );
+                        let owned = (
+                            m.sender.clone(),
+                            m.conversation_id.clone(),
+                            m.client_msg_id.clone(),
+                        );
+                        if let Some(c) = found.get(&owned) {
                             results[i] = Some(c.clone());
                             continue;
                         }
@@ -157,12 +172,6 @@ macro_rules! sql_store_impl {
                     });
                     *seq += 1;
                 }
-                for (i, j) in dup_of {
-                    results[i] = results[j].clone().map(|c| Committed {
-                        duplicate: true,
-                        ..c
-                    });
-                }
 
                 // 4. Insert the new messages.
                 for chunk in fresh.chunks(CHUNK) {
@@ -182,7 +191,45 @@ macro_rules! sql_store_impl {
                             .push_bind(m.payload.as_ref())
                             .push_bind(now);
                     });
-                    qb.build().execute(&mut *tx).await?;
+                    // A duplicate committed meanwhile by another node loses here instead of
+                    // failing the batch; it is re-read below and acked as a duplicate.
+                    qb.push(" ON CONFLICT DO NOTHING RETURNING seq, conversation_id");
+                    let mut stored: std::collections::HashSet<(String, i64)> =
+                        std::collections::HashSet::new();
+                    for row in qb.build().fetch_all(&mut *tx).await? {
+                        stored.insert((row.try_get(1)?, row.try_get(0)?));
+                    }
+                    for &i in chunk {
+                        let m = &messages[i];
+                        let seq = results[i].as_ref().map_or(0, |c| c.seq as i64);
+                        if stored.contains(&(m.conversation_id.clone(), seq)) {
+                            continue;
+                        }
+                        let row = sqlx::query(
+                            "SELECT msg_id, seq, send_time FROM messages WHERE sender = $1 \
+                             AND conversation_id = $2 AND client_msg_id = $3",
+                        )
+                        .bind(m.sender.as_str())
+                        .bind(m.conversation_id.as_str())
+                        .bind(m.client_msg_id.as_str())
+                        .fetch_one(&mut *tx)
+                        .await?;
+                        let seq: i64 = row.try_get("seq")?;
+                        results[i] = Some(Committed {
+                            msg_id: row.try_get("msg_id")?,
+                            conversation_id: m.conversation_id.clone(),
+                            seq: seq as u64,
+                            server_time: row.try_get("send_time")?,
+                            duplicate: true,
+                        });
+                    }
+                }
+
+                for (i, j) in dup_of {
+                    results[i] = results[j].clone().map(|c| Committed {
+                        duplicate: true,
+                        ..c
+                    });
                 }
 
                 // 5. Cursors move forward only.
@@ -224,127 +271,412 @@ macro_rules! sql_store_impl {
             async fn group_change(
                 &self,
                 group_id: &str,
-                change: &$crate::store::GroupChange,
-                max_members: u32,
-            ) -> Result<Vec<String>, $crate::store::StoreError> {
-                use $crate::store::{GroupChange, StoreError};
+                req: &$crate::store::GroupRequest,
+            ) -> Result<$crate::store::GroupOutcome, $crate::store::StoreError> {
+                use im_proto::group_op::{Kind, Op, Role};
+                use sqlx::Row;
+                use $crate::store::access::{self, Group, Plan, Target};
+                use $crate::store::sql::CHUNK;
+                use $crate::store::{GroupOutcome, GroupState, StoreError};
+
                 let mut tx = self.write.begin().await?;
                 let conv = im_proto::group_conversation(group_id);
                 let now = im_proto::now_ms();
-                let current: Vec<String> = match change {
-                    GroupChange::Create { creator, .. } => {
-                        let done = sqlx::query(
-                            "INSERT INTO chat_groups (group_id, created_by, created_at) \
-                             VALUES ($1, $2, $3) ON CONFLICT (group_id) DO NOTHING",
-                        )
-                        .bind(group_id)
-                        .bind(creator.as_str())
-                        .bind(now)
-                        .execute(&mut *tx)
-                        .await?;
-                        if done.rows_affected() == 0 {
-                            return Err(StoreError::GroupExists(group_id.to_string()));
-                        }
-                        Vec::new()
+                let row: Option<(i32, i32, i64, i32, i32)> = sqlx::query_as(
+                    "SELECT kind, members_can_invite, version, dissolved, size \
+                     FROM chat_groups WHERE group_id = $1",
+                )
+                .bind(group_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+                let role_of = |r: Option<i32>| {
+                    r.and_then(|r| Role::try_from(r).ok()).unwrap_or(Role::None)
+                };
+                let (group, version, plan) = if req.op == Op::Create {
+                    if row.is_some() {
+                        return Err(StoreError::GroupExists(group_id.to_string()));
                     }
-                    _ => {
-                        let exists: Option<i32> =
-                            sqlx::query_scalar("SELECT 1 FROM chat_groups WHERE group_id = $1")
-                                .bind(group_id)
-                                .fetch_optional(&mut *tx)
-                                .await?;
-                        if exists.is_none() {
-                            return Err(StoreError::GroupNotFound(group_id.to_string()));
+                    let owned: i64 = sqlx::query_scalar(
+                        "SELECT COUNT(*) FROM chat_groups WHERE created_by = $1 AND dissolved = 0",
+                    )
+                    .bind(req.actor.as_str())
+                    .fetch_one(&mut *tx)
+                    .await?;
+                    let plan = access::decide_create(req, owned as u64)?;
+                    sqlx::query(
+                        "INSERT INTO chat_groups (group_id, created_by, created_at, kind, \
+                         members_can_invite) VALUES ($1, $2, $3, $4, $5)",
+                    )
+                    .bind(group_id)
+                    .bind(req.actor.as_str())
+                    .bind(now)
+                    .bind(req.kind as i32)
+                    .bind(req.members_can_invite as i32)
+                    .execute(&mut *tx)
+                    .await?;
+                    let group = Group {
+                        kind: req.kind,
+                        members_can_invite: req.members_can_invite,
+                        size: 0,
+                    };
+                    (group, 0u64, plan)
+                } else {
+                    let Some((kind, invite, version, dissolved, size)) = row else {
+                        return Err(StoreError::GroupNotFound(group_id.to_string()));
+                    };
+                    if dissolved != 0 {
+                        return Err(StoreError::GroupNotFound(group_id.to_string()));
+                    }
+                    let group = Group {
+                        kind: Kind::try_from(kind).unwrap_or(Kind::Private),
+                        members_can_invite: invite != 0,
+                        size: size.max(0) as u32,
+                    };
+                    let actor: Option<i32> = sqlx::query_scalar(
+                        "SELECT role FROM group_members WHERE group_id = $1 AND user_id = $2",
+                    )
+                    .bind(group_id)
+                    .bind(req.actor.as_str())
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                    // Every named user's role and ban, set-based (a join on the keys).
+                    let named = access::named_users(req);
+                    let mut found: std::collections::HashMap<String, (Option<i32>, bool)> =
+                        std::collections::HashMap::new();
+                    for chunk in named.chunks(CHUNK) {
+                        let mut qb = sqlx::QueryBuilder::<$db>::new("WITH k (u) AS (");
+                        qb.push_values(chunk, |mut b, u| {
+                            b.push_bind(u.as_str());
+                        });
+                        qb.push(
+                            ") SELECT k.u, m.role, b.user_id FROM k \
+                             LEFT JOIN group_members m ON m.group_id = ",
+                        );
+                        qb.push_bind(group_id);
+                        qb.push(" AND m.user_id = k.u LEFT JOIN group_bans b ON b.group_id = ");
+                        qb.push_bind(group_id);
+                        qb.push(" AND b.user_id = k.u");
+                        for r in qb.build().fetch_all(&mut *tx).await? {
+                            let banned: Option<String> = r.try_get(2)?;
+                            found.insert(r.try_get(0)?, (r.try_get(1)?, banned.is_some()));
                         }
-                        sqlx::query_scalar(
-                            "SELECT user_id FROM group_members WHERE group_id = $1",
-                        )
+                    }
+                    let targets: Vec<Target> = named
+                        .into_iter()
+                        .map(|u| {
+                            let (role, banned) = found.get(&u).copied().unwrap_or((None, false));
+                            Target {
+                                user: u,
+                                role: role_of(role),
+                                banned,
+                            }
+                        })
+                        .collect();
+                    let plan = access::decide(group_id, req, group, role_of(actor), &targets)?;
+                    (group, version.max(0) as u64, plan)
+                };
+
+                // Dissolving lists everyone for the event and for the caller's cache.
+                let everyone: Vec<String> = if plan == Plan::Dissolve {
+                    sqlx::query_scalar("SELECT user_id FROM group_members WHERE group_id = $1")
                         .bind(group_id)
                         .fetch_all(&mut *tx)
                         .await?
-                    }
+                } else {
+                    Vec::new()
                 };
-                let candidates: Vec<&str> = match change {
-                    GroupChange::Create { creator, members } => std::iter::once(creator)
-                        .chain(members)
-                        .map(String::as_str)
-                        .collect(),
-                    GroupChange::Join(members) => members.iter().map(String::as_str).collect(),
-                    GroupChange::Leave(_) => Vec::new(),
+                let added: Vec<(String, Role)> = match &plan {
+                    Plan::Create(m) => m.clone(),
+                    Plan::Add(users) => users.iter().map(|u| (u.clone(), Role::Member)).collect(),
+                    _ => Vec::new(),
                 };
-                let mut added: Vec<&str> = Vec::new();
-                for u in candidates {
-                    if !current.iter().any(|c| c == u) && !added.contains(&u) {
-                        added.push(u);
-                    }
+                let removed: Vec<String> = match &plan {
+                    Plan::Remove { members, .. } => members.clone(),
+                    Plan::Dissolve => everyone.clone(),
+                    _ => Vec::new(),
+                };
+                let size = (group.size as i64 + added.len() as i64 - removed.len() as i64).max(0);
+                if size > req.max_members as i64 {
+                    return Err(StoreError::GroupFull(group_id.to_string(), req.max_members));
                 }
-                if current.len() + added.len() > max_members as usize {
-                    return Err(StoreError::GroupFull(group_id.to_string(), max_members));
-                }
-                for user in &added {
-                    sqlx::query(
-                        "INSERT INTO group_members (group_id, user_id, joined_at) \
-                         VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+
+                // The SYSTEM event takes the next seq of the group's conversation; members
+                // who join read from it, members who leave read up to it.
+                let mut event = None;
+                let mut version = version;
+                if let Some(payload) = access::event(req, &plan, &everyone) {
+                    let seq: i64 = sqlx::query_scalar(
+                        "INSERT INTO conversations (conversation_id, last_seq) VALUES ($1, 1) \
+                         ON CONFLICT (conversation_id) DO UPDATE \
+                         SET last_seq = conversations.last_seq + 1 RETURNING last_seq",
                     )
-                    .bind(group_id)
-                    .bind(*user)
+                    .bind(conv.as_str())
+                    .fetch_one(&mut *tx)
+                    .await?;
+                    let msg_id = uuid::Uuid::now_v7().simple().to_string();
+                    let payload = im_proto::Message::encode_to_vec(&payload);
+                    sqlx::query(
+                        "INSERT INTO messages (conversation_id, seq, msg_id, sender, \
+                         client_msg_id, msg_type, payload, send_time) \
+                         VALUES ($1, $2, $3, '', NULL, $4, $5, $6)",
+                    )
+                    .bind(conv.as_str())
+                    .bind(seq)
+                    .bind(msg_id.as_str())
+                    .bind(im_proto::MessageType::System as i32)
+                    .bind(payload.as_slice())
                     .bind(now)
                     .execute(&mut *tx)
                     .await?;
-                    // A new member starts reading from now, not from the group's history.
-                    sqlx::query(
-                        "INSERT INTO cursors (user_id, conversation_id, seq) \
-                         SELECT $1, $2, COALESCE((SELECT last_seq FROM conversations \
-                         WHERE conversation_id = $2), 0) WHERE true \
-                         ON CONFLICT (user_id, conversation_id) DO UPDATE \
-                         SET seq = excluded.seq WHERE excluded.seq > cursors.seq",
-                    )
-                    .bind(*user)
-                    .bind(conv.as_str())
-                    .execute(&mut *tx)
-                    .await?;
+                    version = seq as u64;
+                    event = Some(im_proto::ChatMessage {
+                        conversation_id: conv.clone(),
+                        sender: String::new(),
+                        payload: payload.into(),
+                        send_time: now,
+                        r#type: im_proto::MessageType::System as i32,
+                        seq: seq as u64,
+                        msg_id,
+                        client_msg_id: String::new(),
+                    });
                 }
-                if let GroupChange::Leave(user) = change {
-                    let done = sqlx::query(
-                        "DELETE FROM group_members WHERE group_id = $1 AND user_id = $2",
+                let v = version as i64;
+
+                for chunk in added.chunks(CHUNK) {
+                    let mut qb = sqlx::QueryBuilder::<$db>::new(
+                        "INSERT INTO group_members (group_id, user_id, joined_at, role) ",
+                    );
+                    qb.push_values(chunk, |mut b, (u, r)| {
+                        b.push_bind(group_id)
+                            .push_bind(u.as_str())
+                            .push_bind(now)
+                            .push_bind(*r as i32);
+                    });
+                    qb.build().execute(&mut *tx).await?;
+                    let mut qb = sqlx::QueryBuilder::<$db>::new(
+                        "INSERT INTO group_intervals (group_id, user_id, joined_seq) ",
+                    );
+                    qb.push_values(chunk, |mut b, (u, _)| {
+                        b.push_bind(group_id).push_bind(u.as_str()).push_bind(v);
+                    });
+                    qb.build().execute(&mut *tx).await?;
+                    // A new member's cursor sits just before its join event.
+                    let mut qb = sqlx::QueryBuilder::<$db>::new(
+                        "INSERT INTO cursors (user_id, conversation_id, seq) ",
+                    );
+                    qb.push_values(chunk, |mut b, (u, _)| {
+                        b.push_bind(u.as_str())
+                            .push_bind(conv.as_str())
+                            .push_bind(v - 1);
+                    });
+                    qb.push(
+                        " ON CONFLICT (user_id, conversation_id) DO UPDATE SET seq = excluded.seq",
+                    );
+                    qb.build().execute(&mut *tx).await?;
+                }
+                if plan == Plan::Dissolve {
+                    sqlx::query("DELETE FROM group_members WHERE group_id = $1")
+                        .bind(group_id)
+                        .execute(&mut *tx)
+                        .await?;
+                    sqlx::query(
+                        "UPDATE group_intervals SET left_seq = $2 \
+                         WHERE group_id = $1 AND left_seq IS NULL",
                     )
                     .bind(group_id)
-                    .bind(user.as_str())
+                    .bind(v)
                     .execute(&mut *tx)
                     .await?;
-                    if done.rows_affected() == 0 {
-                        return Err(StoreError::NotMember(group_id.to_string()));
+                } else {
+                    for chunk in removed.chunks(CHUNK) {
+                        for (table, head) in [
+                            ("group_members", "DELETE FROM group_members WHERE group_id = "),
+                            (
+                                "group_intervals",
+                                "UPDATE group_intervals SET left_seq = ",
+                            ),
+                        ] {
+                            let mut qb = sqlx::QueryBuilder::<$db>::new(head);
+                            if table == "group_intervals" {
+                                qb.push_bind(v);
+                                qb.push(" WHERE left_seq IS NULL AND group_id = ");
+                            }
+                            qb.push_bind(group_id);
+                            qb.push(" AND user_id IN (");
+                            let mut list = qb.separated(", ");
+                            for u in chunk {
+                                list.push_bind(u.as_str());
+                            }
+                            qb.push(")");
+                            qb.build().execute(&mut *tx).await?;
+                        }
                     }
                 }
-                let members: Vec<String> = sqlx::query_scalar(
-                    "SELECT user_id FROM group_members WHERE group_id = $1 ORDER BY user_id",
+                match &plan {
+                    Plan::Remove { ban, .. } => {
+                        for chunk in ban.chunks(CHUNK) {
+                            let mut qb = sqlx::QueryBuilder::<$db>::new(
+                                "INSERT INTO group_bans (group_id, user_id, banned_by, banned_at) ",
+                            );
+                            qb.push_values(chunk, |mut b, u| {
+                                b.push_bind(group_id)
+                                    .push_bind(u.as_str())
+                                    .push_bind(req.actor.as_str())
+                                    .push_bind(now);
+                            });
+                            qb.push(" ON CONFLICT DO NOTHING");
+                            qb.build().execute(&mut *tx).await?;
+                        }
+                    }
+                    Plan::Unban(users) => {
+                        for u in users {
+                            sqlx::query("DELETE FROM group_bans WHERE group_id = $1 AND user_id = $2")
+                                .bind(group_id)
+                                .bind(u.as_str())
+                                .execute(&mut *tx)
+                                .await?;
+                        }
+                    }
+                    Plan::SetRoles(roles) => {
+                        for (u, r) in roles {
+                            sqlx::query(
+                                "UPDATE group_members SET role = $3 WHERE group_id = $1 AND user_id = $2",
+                            )
+                            .bind(group_id)
+                            .bind(u.as_str())
+                            .bind(*r as i32)
+                            .execute(&mut *tx)
+                            .await?;
+                        }
+                    }
+                    _ => {}
+                }
+                if plan.has_event() {
+                    sqlx::query(
+                        "UPDATE chat_groups SET size = $2, version = $3, dissolved = $4 \
+                         WHERE group_id = $1",
+                    )
+                    .bind(group_id)
+                    .bind(size as i32)
+                    .bind(v)
+                    .bind((plan == Plan::Dissolve) as i32)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                let role: Option<i32> = sqlx::query_scalar(
+                    "SELECT role FROM group_members WHERE group_id = $1 AND user_id = $2",
                 )
                 .bind(group_id)
-                .fetch_all(&mut *tx)
+                .bind(req.actor.as_str())
+                .fetch_optional(&mut *tx)
                 .await?;
                 tx.commit().await?;
-                Ok(members)
+                Ok(GroupOutcome {
+                    state: GroupState {
+                        kind: group.kind,
+                        members_can_invite: group.members_can_invite,
+                        members: size as u32,
+                        role: role_of(role),
+                        version,
+                    },
+                    event,
+                    added: added.into_iter().map(|(u, _)| u).collect(),
+                    dissolved: plan == Plan::Dissolve,
+                    removed,
+                })
             }
 
             async fn group_members(
                 &self,
                 group_id: &str,
-            ) -> Result<Option<Vec<String>>, $crate::store::StoreError> {
-                let exists: Option<i32> =
-                    sqlx::query_scalar("SELECT 1 FROM chat_groups WHERE group_id = $1")
-                        .bind(group_id)
-                        .fetch_optional(&self.read)
-                        .await?;
-                if exists.is_none() {
+            ) -> Result<Option<(Vec<String>, u64)>, $crate::store::StoreError> {
+                let row: Option<(i64, i32)> = sqlx::query_as(
+                    "SELECT version, dissolved FROM chat_groups WHERE group_id = $1",
+                )
+                .bind(group_id)
+                .fetch_optional(&self.read)
+                .await?;
+                let Some((version, 0)) = row else {
                     return Ok(None);
-                }
+                };
                 let members = sqlx::query_scalar(
                     "SELECT user_id FROM group_members WHERE group_id = $1 ORDER BY user_id",
                 )
                 .bind(group_id)
                 .fetch_all(&self.read)
                 .await?;
-                Ok(Some(members))
+                Ok(Some((members, version.max(0) as u64)))
+            }
+
+            async fn group_info(
+                &self,
+                group_id: &str,
+                limit: u32,
+            ) -> Result<Option<$crate::store::GroupInfo>, $crate::store::StoreError> {
+                let row: Option<(String, i64, i32, i32, i64, i32, i32)> = sqlx::query_as(
+                    "SELECT created_by, created_at, kind, members_can_invite, version, \
+                     dissolved, size FROM chat_groups WHERE group_id = $1",
+                )
+                .bind(group_id)
+                .fetch_optional(&self.read)
+                .await?;
+                let Some((created_by, created_at, kind, invite, version, dissolved, size)) = row
+                else {
+                    return Ok(None);
+                };
+                let members: Vec<(String, i32)> = sqlx::query_as(
+                    "SELECT user_id, role FROM group_members WHERE group_id = $1 \
+                     ORDER BY user_id LIMIT $2",
+                )
+                .bind(group_id)
+                .bind(limit as i64)
+                .fetch_all(&self.read)
+                .await?;
+                let banned: Vec<String> = sqlx::query_scalar(
+                    "SELECT user_id FROM group_bans WHERE group_id = $1 ORDER BY user_id LIMIT $2",
+                )
+                .bind(group_id)
+                .bind(limit as i64)
+                .fetch_all(&self.read)
+                .await?;
+                Ok(Some($crate::store::GroupInfo {
+                    group_id: group_id.to_string(),
+                    kind: if kind == im_proto::group_op::Kind::Public as i32 {
+                        "public"
+                    } else {
+                        "private"
+                    },
+                    members_can_invite: invite != 0,
+                    created_by,
+                    created_at,
+                    version: version.max(0) as u64,
+                    dissolved: dissolved != 0,
+                    size: size.max(0) as u32,
+                    members: members
+                        .into_iter()
+                        .map(|(u, r)| (u, $crate::store::role_name(r)))
+                        .collect(),
+                    banned,
+                }))
+            }
+
+            async fn revoke(&self, user_id: &str, at: i64) -> Result<(), $crate::store::StoreError> {
+                sqlx::query(
+                    "INSERT INTO revocations (user_id, revoked_at) VALUES ($1, $2) \
+                     ON CONFLICT (user_id) DO UPDATE SET revoked_at = excluded.revoked_at \
+                     WHERE excluded.revoked_at > revocations.revoked_at",
+                )
+                .bind(user_id)
+                .bind(at)
+                .execute(&self.write)
+                .await?;
+                Ok(())
+            }
+
+            async fn revocations(&self) -> Result<Vec<(String, i64)>, $crate::store::StoreError> {
+                Ok(sqlx::query_as("SELECT user_id, revoked_at FROM revocations")
+                    .fetch_all(&self.read)
+                    .await?)
             }
 
             async fn sync(
@@ -373,48 +705,72 @@ macro_rules! sql_store_impl {
                         plan.push((conv, after));
                     }
                 }
-                // Named conversations the user has no record of (e.g. left groups) are read as given.
+                // Named conversations the user has no record of are read as given (within
+                // the intervals below, so a group they never joined reads nothing).
                 plan.extend(given.into_iter().map(|(c, s)| (c.to_string(), s)));
                 plan.sort();
                 plan.dedup_by(|a, b| a.0 == b.0);
                 let mut out = Vec::new();
                 let mut more = false;
-                for (conv, after) in plan {
-                    let room = limit as usize - out.len();
-                    if room == 0 {
-                        more = true;
-                        break;
-                    }
-                    let rows = sqlx::query(
-                        "SELECT conversation_id, sender, payload, send_time, msg_type, seq, \
-                         msg_id, client_msg_id FROM messages \
-                         WHERE conversation_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
-                    )
-                    .bind(conv.as_str())
-                    .bind(after as i64)
-                    .bind(room as i64 + 1)
-                    .fetch_all(&self.read)
-                    .await?;
-                    if rows.len() > room {
-                        more = true;
-                    }
-                    for r in rows.into_iter().take(room) {
-                        let payload: Vec<u8> = r.try_get("payload")?;
-                        let seq: i64 = r.try_get("seq")?;
-                        let cmid: Option<String> = r.try_get("client_msg_id")?;
-                        out.push(im_proto::ChatMessage {
-                            conversation_id: r.try_get("conversation_id")?,
-                            sender: r.try_get("sender")?,
-                            payload: payload.into(),
-                            send_time: r.try_get("send_time")?,
-                            r#type: r.try_get("msg_type")?,
-                            seq: seq as u64,
-                            msg_id: r.try_get("msg_id")?,
-                            client_msg_id: cmid.unwrap_or_default(),
-                        });
-                    }
-                    if more {
-                        break;
+                'convs: for (conv, after) in plan {
+                    // The seq ranges the user may read: a group's membership intervals,
+                    // all of a one-to-one conversation.
+                    let ranges: Vec<(i64, Option<i64>)> =
+                        match im_proto::parse_conversation(&conv) {
+                            Some(im_proto::ConversationRef::Group(g)) => sqlx::query_as(
+                                "SELECT joined_seq, left_seq FROM group_intervals \
+                                 WHERE group_id = $1 AND user_id = $2 ORDER BY joined_seq",
+                            )
+                            .bind(g)
+                            .bind(user_id)
+                            .fetch_all(&self.read)
+                            .await?,
+                            _ => vec![(0, None)],
+                        };
+                    for (joined, left) in ranges {
+                        let from = (after as i64).max(joined - 1);
+                        let to = left.unwrap_or(i64::MAX);
+                        if from >= to {
+                            continue;
+                        }
+                        let room = limit as usize - out.len();
+                        if room == 0 {
+                            more = true;
+                            break 'convs;
+                        }
+                        let rows = sqlx::query(
+                            "SELECT conversation_id, sender, payload, send_time, msg_type, seq, \
+                             msg_id, client_msg_id FROM messages \
+                             WHERE conversation_id = $1 AND seq > $2 AND seq <= $3 \
+                             ORDER BY seq LIMIT $4",
+                        )
+                        .bind(conv.as_str())
+                        .bind(from)
+                        .bind(to)
+                        .bind(room as i64 + 1)
+                        .fetch_all(&self.read)
+                        .await?;
+                        if rows.len() > room {
+                            more = true;
+                        }
+                        for r in rows.into_iter().take(room) {
+                            let payload: Vec<u8> = r.try_get("payload")?;
+                            let seq: i64 = r.try_get("seq")?;
+                            let cmid: Option<String> = r.try_get("client_msg_id")?;
+                            out.push(im_proto::ChatMessage {
+                                conversation_id: r.try_get("conversation_id")?,
+                                sender: r.try_get("sender")?,
+                                payload: payload.into(),
+                                send_time: r.try_get("send_time")?,
+                                r#type: r.try_get("msg_type")?,
+                                seq: seq as u64,
+                                msg_id: r.try_get("msg_id")?,
+                                client_msg_id: cmid.unwrap_or_default(),
+                            });
+                        }
+                        if more {
+                            break 'convs;
+                        }
                     }
                 }
                 Ok((out, more))

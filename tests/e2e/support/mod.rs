@@ -546,6 +546,7 @@ pub async fn create_group(owner: &mut RawConn, group: &str, members: Vec<String>
                 op: proto::group_op::Op::Create as i32,
                 group_id: group.into(),
                 members,
+                ..Default::default()
             }),
         ))
         .await
