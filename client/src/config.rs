@@ -1,6 +1,14 @@
 //! `ClientConfig`: what [`crate::Client::connect`] needs, with defaults that work as is.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
+
+/// Where the SDK gets a fresh token: called before the current token expires (and
+/// before each reconnect); `Err` keeps the current token and is retried later.
+pub type TokenProvider =
+    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<String, String>> + Send>> + Send + Sync>;
 
 /// Settings of a [`crate::Client`]; build with [`ClientConfig::new`] and adjust fields.
 #[derive(Clone)]
@@ -26,6 +34,10 @@ pub struct ClientConfig {
     pub reconnect_max: Duration,
     /// How many times one `send` is resent after `OVERLOADED` or a dropped connection (default 50).
     pub max_send_retries: u32,
+    /// Fresh tokens (none: the session ends when `token` expires). With a provider, the
+    /// SDK logs in again on the open connection when two thirds of the token's lifetime
+    /// (its `exp` claim, read without verifying) have passed, so the stream goes on.
+    pub token_provider: Option<TokenProvider>,
 }
 
 impl ClientConfig {
@@ -41,8 +53,51 @@ impl ClientConfig {
             reconnect_min: Duration::from_millis(100),
             reconnect_max: Duration::from_secs(5),
             max_send_retries: 50,
+            token_provider: None,
         }
     }
+
+    /// Sets the token provider: an async closure returning a fresh token.
+    pub fn with_token_provider<F, Fut>(mut self, provider: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<String, String>> + Send + 'static,
+    {
+        self.token_provider = Some(Arc::new(move || Box::pin(provider())));
+        self
+    }
+}
+
+/// The `exp` claim of a JWT (unix seconds), read without verifying the signature.
+pub fn token_exp(token: &str) -> Option<u64> {
+    let payload = token.split('.').nth(1)?;
+    let bytes = base64url_decode(payload)?;
+    let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    v.get("exp")?.as_u64()
+}
+
+fn base64url_decode(s: &str) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(s.len() * 3 / 4);
+    let (mut acc, mut bits) = (0u32, 0u32);
+    for c in s.bytes() {
+        let v = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'-' | b'+' => 62,
+            b'_' | b'/' => 63,
+            b'=' => break,
+            _ => return None,
+        };
+        acc = (acc << 6) | v as u32;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+            acc &= (1 << bits) - 1;
+        }
+    }
+    Some(out)
 }
 
 impl std::fmt::Debug for ClientConfig {
@@ -57,6 +112,7 @@ impl std::fmt::Debug for ClientConfig {
             .field("reconnect_min", &self.reconnect_min)
             .field("reconnect_max", &self.reconnect_max)
             .field("max_send_retries", &self.max_send_retries)
+            .field("token_provider", &self.token_provider.is_some())
             .finish()
     }
 }
@@ -74,5 +130,14 @@ mod tests {
         assert_eq!(c.reconnect_max, Duration::from_secs(5));
         assert_eq!(c.max_send_retries, 50);
         assert!(!format!("{c:?}").contains("secret-token"));
+    }
+
+    #[test]
+    fn reads_exp_from_a_jwt() {
+        // {"sub":"a","exp":1700000000}
+        let t = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhIiwiZXhwIjoxNzAwMDAwMDAwfQ.sig";
+        assert_eq!(token_exp(t), Some(1_700_000_000));
+        assert_eq!(token_exp("garbage"), None);
+        assert_eq!(token_exp("a.!!.c"), None);
     }
 }

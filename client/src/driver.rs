@@ -1,6 +1,7 @@
 //! The background task behind [`crate::Client`]: it owns the socket, correlates replies
 //! by `req_id`, turns `Deliver` and sync pages into exactly-once events, sends coalesced
-//! `DeliverAck`s and heartbeats, and reconnects (login with `resume = true`, then sync).
+//! `DeliverAck`s and heartbeats, reconnects (login with `resume = true`, then sync), and
+//! with a token provider logs in again on the open connection before the token expires.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,6 +40,8 @@ const HELD_PASSES: u8 = 2;
 const MAX_SYNC_CURSORS: usize = 10_000;
 /// How long shutdown waits for the close handshake.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(2);
+/// Wait before asking the token provider again after it (or the server) refused.
+const REFRESH_RETRY: Duration = Duration::from_secs(1);
 
 /// Reply channel of a plain request.
 pub(crate) type Reply = oneshot::Sender<Result<Body, ClientError>>;
@@ -147,6 +150,13 @@ pub(crate) struct Driver {
     backlog: VecDeque<Command>,
     last_rx: Instant,
     heartbeat: Duration,
+    /// When to fetch a fresh token (with a provider and a token that has `exp`).
+    refresh_at: Option<Instant>,
+    /// Fresh tokens from the provider task.
+    token_tx: mpsc::UnboundedSender<Result<String, String>>,
+    token_rx: mpsc::UnboundedReceiver<Result<String, String>>,
+    /// The re-Login in flight: its req_id and token.
+    refresh_req: Option<(u64, String)>,
 }
 
 impl Driver {
@@ -159,6 +169,7 @@ impl Driver {
         next_req_id: u64,
         ok: &LoginOk,
     ) -> Self {
+        let (token_tx, token_rx) = mpsc::unbounded_channel();
         Driver {
             cfg,
             cmd_rx,
@@ -175,7 +186,78 @@ impl Driver {
             backlog: VecDeque::new(),
             last_rx: Instant::now(),
             heartbeat: heartbeat_of(ok),
+            refresh_at: None,
+            token_tx,
+            token_rx,
+            refresh_req: None,
         }
+        .with_refresh_planned()
+    }
+
+    /// Plans the next token refresh: at two thirds of the current token's remaining life.
+    fn with_refresh_planned(mut self) -> Self {
+        self.plan_refresh();
+        self
+    }
+
+    fn plan_refresh(&mut self) {
+        self.refresh_at = None;
+        if self.cfg.token_provider.is_none() {
+            return;
+        }
+        let Some(exp) = crate::config::token_exp(&self.cfg.token) else {
+            return;
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let left = Duration::from_secs(exp).saturating_sub(now);
+        self.refresh_at = Some(Instant::now() + left * 2 / 3);
+    }
+
+    /// Asks the provider for a token on a task of its own (the loop never waits on it).
+    fn start_refresh(&mut self) {
+        self.refresh_at = None;
+        let Some(provider) = self.cfg.token_provider.clone() else {
+            return;
+        };
+        let tx = self.token_tx.clone();
+        let timeout = self.cfg.request_timeout;
+        tokio::spawn(async move {
+            let r = match tokio::time::timeout(timeout, provider()).await {
+                Ok(r) => r,
+                Err(_) => Err("token provider timed out".to_string()),
+            };
+            let _ = tx.send(r);
+        });
+    }
+
+    /// A token from the provider: log in with it on the open connection.
+    async fn on_token(
+        &mut self,
+        conn: &mut RawConn,
+        token: Result<String, String>,
+    ) -> Result<(), Stop> {
+        match token {
+            Ok(token) => {
+                let id = self.alloc_req_id();
+                let login = im_proto::frame(
+                    id,
+                    Body::Login(im_proto::Login {
+                        token: token.clone(),
+                        device_id: self.cfg.device_id.clone(),
+                        resume: true,
+                    }),
+                );
+                conn.send(&login).await.map_err(lost)?;
+                self.refresh_req = Some((id, token));
+            }
+            Err(e) => {
+                warn!(error = %e, "token provider failed; retrying");
+                self.refresh_at = Some(Instant::now() + REFRESH_RETRY);
+            }
+        }
+        Ok(())
     }
 
     /// Runs until the handle closes (or drops), or the connection is lost for good.
@@ -199,6 +281,8 @@ impl Driver {
                     match self.reconnect().await {
                         Reconnect::Up(c, ok) => {
                             conn = *c;
+                            self.refresh_req = None;
+                            self.plan_refresh();
                             self.heartbeat = heartbeat_of(&ok);
                             self.shared.set_session(&ok);
                             let _ = self.ev_tx.send(Event::Reconnected {
@@ -259,7 +343,19 @@ impl Driver {
                     None => std::future::pending().await,
                 }
             };
+            let refresh_at = self.refresh_at;
+            let refresh_due = async move {
+                match refresh_at {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            };
             let step = tokio::select! {
+                _ = refresh_due => {
+                    self.start_refresh();
+                    Ok(())
+                }
+                Some(token) = self.token_rx.recv() => self.on_token(conn, token).await,
                 cmd = self.cmd_rx.recv() => match cmd {
                     None => Err(Stop::Exit(None)),
                     Some(cmd) => self.handle_command(conn, cmd).await,
@@ -412,8 +508,19 @@ impl Driver {
                 self.note_own(&ack);
                 self.complete(id, Ok(Body::SendAck(ack)));
             }
+            Some(Body::LoginOk(_)) if self.refresh_req.as_ref().is_some_and(|r| r.0 == id) => {
+                if let Some((_, token)) = self.refresh_req.take() {
+                    self.cfg.token = token;
+                }
+                debug!("session extended with a fresh token");
+                self.plan_refresh();
+            }
             Some(Body::Error(e)) => {
-                if let Some(job) = self.syncs.remove(&id) {
+                if self.refresh_req.as_ref().is_some_and(|r| r.0 == id) {
+                    self.refresh_req = None;
+                    warn!(code = e.code, message = %e.message, "fresh token refused");
+                    self.refresh_at = Some(Instant::now() + REFRESH_RETRY);
+                } else if let Some(job) = self.syncs.remove(&id) {
                     self.on_sync_error(conn, job, ClientError::from_server(e))
                         .await?;
                 } else if id != 0 && self.pending.contains_key(&id) {
@@ -670,6 +777,14 @@ impl Driver {
             }
             let req_id = self.alloc_req_id();
             attempts += 1;
+            // A fresh token for the new connection (the old one may have expired).
+            if let Some(provider) = self.cfg.token_provider.clone() {
+                match tokio::time::timeout(self.cfg.request_timeout, provider()).await {
+                    Ok(Ok(token)) => self.cfg.token = token,
+                    Ok(Err(e)) => warn!(error = %e, "token provider failed; using the last token"),
+                    Err(_) => warn!("token provider timed out; using the last token"),
+                }
+            }
             let cfg = self.cfg.clone();
             let attempt = async move {
                 // Ask the cluster where to go, leaving out the node just lost.

@@ -458,10 +458,10 @@ async fn every_metric_in_dashboards_and_alerts_is_exported() {
     }
     assert_eq!(acks(&mut a, 20).await.len(), 20);
     for _ in 0..20 {
-        next_frame(&mut b).await;
+        next_chat_frame(&mut b).await;
     }
     for _ in 0..10 {
-        next_frame(&mut c).await;
+        next_chat_frame(&mut c).await;
     }
 
     // A bad frame: BAD_FRAME back, counted.

@@ -27,7 +27,7 @@ async fn a_stalled_reader_is_marked_slow_then_closed_and_others_get_everything()
     let mut flooder = server.raw("flooder").await;
     let mut healthy = server.raw("healthy").await;
     let mut stalled = server.raw("stalled").await;
-    create_group(
+    let v = create_group(
         &mut flooder,
         "storm",
         vec!["healthy".into(), "stalled".into()],
@@ -41,7 +41,7 @@ async fn a_stalled_reader_is_marked_slow_then_closed_and_others_get_everything()
         while seqs.len() < N {
             let f = next_frame(&mut healthy).await;
             if let Some(Body::Deliver(d)) = f.body {
-                seqs.extend(d.messages.iter().map(|m| m.seq));
+                seqs.extend(chat_only(d.messages).iter().map(|m| m.seq));
             }
         }
         seqs
@@ -67,7 +67,7 @@ async fn a_stalled_reader_is_marked_slow_then_closed_and_others_get_everything()
     let seqs = reader.await.unwrap();
     assert_eq!(
         seqs,
-        (1..=N as u64).collect::<Vec<_>>(),
+        (v + 1..=v + N as u64).collect::<Vec<_>>(),
         "the healthy member got everything in order"
     );
 
@@ -113,8 +113,8 @@ async fn a_stalled_reader_is_marked_slow_then_closed_and_others_get_everything()
         .collect();
     assert_eq!(
         seqs,
-        (1..=N as u64).collect::<Vec<_>>(),
-        "sync fills everything in"
+        (1..=v + N as u64).collect::<Vec<_>>(),
+        "sync fills everything in (from the CREATE event on)"
     );
 }
 
@@ -194,7 +194,7 @@ async fn a_1000_member_group_message_is_encoded_once() {
     for u in &users {
         conns.push(server.raw(u).await);
     }
-    create_group(&mut conns[0], "big", users[1..].to_vec()).await;
+    let v = create_group(&mut conns[0], "big", users[1..].to_vec()).await;
     let before_enc = server.metric("im_messages_encoded_total", &[]);
     let before_del = server.metric("im_messages_delivered_total", &[]);
     conns[0]
@@ -203,9 +203,9 @@ async fn a_1000_member_group_message_is_encoded_once() {
         .unwrap();
     assert_eq!(acks(&mut conns[0], 1).await.len(), 1);
     for c in conns.iter_mut().skip(1) {
-        let f = next_frame(c).await;
+        let f = next_chat_frame(c).await;
         assert!(
-            matches!(f.body, Some(Body::Deliver(ref d)) if d.messages[0].seq == 1),
+            matches!(f.body, Some(Body::Deliver(ref d)) if d.messages[0].seq == v + 1),
             "{f:?}"
         );
     }
@@ -253,7 +253,7 @@ async fn large_groups_switch_to_notify_and_pull() {
     let mut owner = server.raw("boss").await;
     let mut raw_member = server.raw("r1").await;
     let sdk_member = server.client("r2").await;
-    create_group(
+    let v = create_group(
         &mut owner,
         "town",
         vec!["r1".into(), "r2".into(), "r3".into()],
@@ -289,7 +289,8 @@ async fn large_groups_switch_to_notify_and_pull() {
     let got = raw_sync_all(&mut raw_member, 100).await;
     assert_eq!(
         got.iter().map(|m| m.seq).collect::<Vec<_>>(),
-        (1..=10).collect::<Vec<_>>()
+        (1..=v + 10).collect::<Vec<_>>(),
+        "the CREATE event, then the messages"
     );
     // After a sync, the next message hints again.
     owner
@@ -304,10 +305,10 @@ async fn large_groups_switch_to_notify_and_pull() {
 
     // The SDK follows hints by syncing: every message arrives once, in order.
     let mut seqs = Vec::new();
-    while seqs.len() < 11 {
+    while seqs.len() < (v + 11) as usize {
         seqs.push(sdk_member.next_message(WAIT).await.expect("sdk pulls").seq);
     }
-    assert_eq!(seqs, (1..=11).collect::<Vec<_>>());
+    assert_eq!(seqs, (1..=v + 11).collect::<Vec<_>>());
     assert!(server.metric("im_sync_hints_total", &[]) >= 2.0);
     assert_eq!(
         server.metric("im_messages_encoded_total", &[]),

@@ -1,4 +1,5 @@
-//! Groups: create, join, leave, and fan-out to every member once, in seq order.
+//! Groups: create, join, leave, and fan-out to every member once, in seq order (the
+//! access rules themselves are in `access.rs`).
 
 use std::collections::HashMap;
 
@@ -46,6 +47,7 @@ async fn group_of_50_gets_every_message_once_in_seq_order() {
         panic!("{body:?}")
     };
     assert_eq!(ok.members, 50);
+    let v = ok.version;
 
     // Five senders, 20 messages each, sent concurrently.
     const SENDERS: usize = 5;
@@ -75,7 +77,7 @@ async fn group_of_50_gets_every_message_once_in_seq_order() {
                     let f = next_frame(&mut c).await;
                     match f.body {
                         Some(Body::SendAck(_)) => acks += 1,
-                        Some(Body::Deliver(d)) => got.extend(d.messages),
+                        Some(Body::Deliver(d)) => got.extend(chat_only(d.messages)),
                         other => panic!("unexpected {other:?}"),
                     }
                 }
@@ -91,7 +93,7 @@ async fn group_of_50_gets_every_message_once_in_seq_order() {
                 while got.len() < SENDERS * EACH {
                     let f = next_frame(&mut c).await;
                     match f.body {
-                        Some(Body::Deliver(d)) => got.extend(d.messages),
+                        Some(Body::Deliver(d)) => got.extend(chat_only(d.messages)),
                         other => panic!("unexpected {other:?}"),
                     }
                 }
@@ -109,7 +111,7 @@ async fn group_of_50_gets_every_message_once_in_seq_order() {
     for t in recv_tasks {
         let got = t.await.expect("receiver");
         let seqs: Vec<u64> = got.iter().map(|m| m.seq).collect();
-        let expected: Vec<u64> = (1..=(SENDERS * EACH) as u64).collect();
+        let expected: Vec<u64> = (v + 1..=v + (SENDERS * EACH) as u64).collect();
         assert_eq!(seqs, expected, "every message once, in seq order");
         for m in got {
             assert_eq!(m.conversation_id, "g:team");
@@ -155,11 +157,22 @@ async fn join_leave_and_membership_rules() {
     let mut a = server.raw("ann").await;
     let mut b = server.raw("ben").await;
 
-    let body = group_op(&mut a, 2, group_op::Op::Create, "club", &[]).await;
-    assert!(
-        matches!(body, Body::GroupOpOk(ref ok) if ok.members == 1),
-        "{body:?}"
-    );
+    let body = group_request(
+        &mut a,
+        2,
+        GroupOp {
+            op: group_op::Op::Create as i32,
+            group_id: "club".into(),
+            kind: group_op::Kind::Public as i32,
+            ..Default::default()
+        },
+    )
+    .await;
+    let Body::GroupOpOk(ok) = body else {
+        panic!("{body:?}")
+    };
+    assert_eq!((ok.members, ok.role), (1, group_op::Role::Owner as i32));
+    assert_eq!(ok.kind, group_op::Kind::Public as i32);
     // Creating it again fails.
     let body = group_op(&mut b, 3, group_op::Op::Create, "club", &[]).await;
     assert!(
@@ -172,7 +185,6 @@ async fn join_leave_and_membership_rules() {
         matches!(body, Body::Error(ref e) if e.code == 7),
         "{body:?}"
     );
-
     // A non-member may not add others (nor sneak in with them).
     let body = group_op(&mut b, 40, group_op::Op::Join, "club", &["cat".into()]).await;
     assert!(
@@ -183,39 +195,43 @@ async fn join_leave_and_membership_rules() {
     a.send(&send_to_group(5, "club", b"before ben", "a-1"))
         .await
         .unwrap();
-    let f = next_frame(&mut a).await;
+    let f = next_chat_frame(&mut a).await;
     assert!(
-        matches!(f.body, Some(Body::SendAck(ref k)) if k.seq == 1),
+        matches!(f.body, Some(Body::SendAck(ref k)) if k.seq == ok.version + 1),
         "{f:?}"
     );
 
+    // Anyone may join a public group.
     let body = group_op(&mut b, 6, group_op::Op::Join, "club", &[]).await;
-    assert!(
-        matches!(body, Body::GroupOpOk(ref ok) if ok.members == 2),
-        "{body:?}"
+    let Body::GroupOpOk(joined) = body else {
+        panic!("{body:?}")
+    };
+    assert_eq!(
+        (joined.members, joined.role),
+        (2, group_op::Role::Member as i32)
     );
     a.send(&send_to_group(7, "club", b"after ben", "a-2"))
         .await
         .unwrap();
-    let f = next_frame(&mut b).await;
+    let f = next_chat_frame(&mut b).await;
     let Some(Body::Deliver(d)) = f.body else {
         panic!("{f:?}")
     };
     assert_eq!(&d.messages[0].payload[..], b"after ben");
-    assert_eq!(d.messages[0].seq, 2);
-    // A new member's sync starts at the join, not at the group's history.
+    assert_eq!(d.messages[0].seq, joined.version + 1);
+    // A new member's sync starts at its join event, not at the group's history.
     let synced = raw_sync_all(&mut b, 100).await;
-    assert!(synced.iter().all(|m| m.seq >= 2), "{synced:?}");
+    assert!(synced.iter().all(|m| m.seq >= joined.version), "{synced:?}");
 
     let body = group_op(&mut b, 8, group_op::Op::Leave, "club", &[]).await;
     assert!(
-        matches!(body, Body::GroupOpOk(ref ok) if ok.members == 1),
+        matches!(body, Body::GroupOpOk(ref ok) if ok.members == 1 && ok.role == 0),
         "{body:?}"
     );
     b.send(&send_to_group(9, "club", b"not a member", "b-1"))
         .await
         .unwrap();
-    let f = next_frame(&mut b).await;
+    let f = next_chat_frame(&mut b).await;
     assert!(
         matches!(f.body, Some(Body::Error(ref e)) if e.code == 5),
         "{f:?}"

@@ -3,6 +3,7 @@
 
 mod support;
 
+mod access;
 mod bad_input;
 mod chat;
 mod cli;

@@ -22,10 +22,10 @@ async fn probes_metrics_kick_and_admin_auth() {
     }
     assert_eq!(acks(&mut a, 40).await.len(), 40);
     for _ in 0..40 {
-        next_frame(&mut b).await;
+        next_chat_frame(&mut b).await;
     }
     for _ in 0..20 {
-        next_frame(&mut c).await;
+        next_chat_frame(&mut c).await;
     }
 
     // Every stage histogram moved.

@@ -37,6 +37,13 @@ pub struct TestServer {
     env: Vec<(String, String)>,
 }
 
+/// A token for `user` valid for `ttl`, signed with the test secret.
+pub fn token_with_ttl(user: &str, ttl: Duration) -> String {
+    im_server::auth::TokenKeys::new(SECRET.as_bytes())
+        .issue(user, ttl)
+        .expect("token")
+}
+
 /// Path of the binary under test.
 pub fn server_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_im-server"))
@@ -164,9 +171,12 @@ impl TestServer {
 
     /// A token for `user`, signed with the test secret.
     pub fn token(&self, user: &str) -> String {
-        im_server::auth::TokenKeys::new(SECRET.as_bytes())
-            .issue(user, Duration::from_secs(3600))
-            .expect("token")
+        token_with_ttl(user, Duration::from_secs(3600))
+    }
+
+    /// A token for `user` valid for `ttl`.
+    pub fn token_ttl(&self, user: &str, ttl: Duration) -> String {
+        token_with_ttl(user, ttl)
     }
 
     /// A raw connection, logged in as `user`.
@@ -537,26 +547,70 @@ pub async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
-/// Creates `group` with `owner`'s connection as creator and `members`; panics on refusal.
-pub async fn create_group(owner: &mut RawConn, group: &str, members: Vec<String>) {
-    owner
-        .send(&frame(
-            2,
-            Body::GroupOp(proto::GroupOp {
-                op: proto::group_op::Op::Create as i32,
-                group_id: group.into(),
-                members,
-                ..Default::default()
-            }),
-        ))
-        .await
-        .unwrap();
+/// Creates `group` with `owner`'s connection as creator (its owner) and `members`;
+/// panics on refusal. Returns the group's version: the seq of its CREATE event, after
+/// which the first chat message comes.
+pub async fn create_group(owner: &mut RawConn, group: &str, members: Vec<String>) -> u64 {
+    let ok = group_op_ok(owner, 2, proto::group_op::Op::Create, group, members).await;
+    ok.version
+}
+
+/// Sends a GroupOp and returns its answer (frames in between, e.g. the group's own
+/// SYSTEM events, are skipped).
+pub async fn group_request(c: &mut RawConn, req_id: u64, op: proto::GroupOp) -> Body {
+    c.send(&frame(req_id, Body::GroupOp(op))).await.unwrap();
     loop {
-        let f = next_frame(owner).await;
-        match f.body {
-            Some(Body::GroupOpOk(_)) => return,
-            Some(Body::Error(e)) => panic!("group create failed: {e:?}"),
-            _ => {}
+        let f = next_frame(c).await;
+        if f.req_id == req_id {
+            return f.body.expect("a body");
         }
     }
+}
+
+/// A GroupOp with `op`, `group` and `members`; panics unless it is answered GroupOpOk.
+pub async fn group_op_ok(
+    c: &mut RawConn,
+    req_id: u64,
+    op: proto::group_op::Op,
+    group: &str,
+    members: Vec<String>,
+) -> proto::GroupOpOk {
+    let body = group_request(
+        c,
+        req_id,
+        proto::GroupOp {
+            op: op as i32,
+            group_id: group.into(),
+            members,
+            ..Default::default()
+        },
+    )
+    .await;
+    match body {
+        Body::GroupOpOk(ok) => ok,
+        other => panic!("GroupOp {op:?} {group}: {other:?}"),
+    }
+}
+
+/// Whether a frame is a push of membership events only (SYSTEM messages).
+pub fn is_event_push(f: &Frame) -> bool {
+    matches!(&f.body, Some(Body::Deliver(d))
+        if d.messages.iter().all(|m| m.r#type == proto::MessageType::System as i32))
+}
+
+/// The next frame that is not a push of membership events.
+pub async fn next_chat_frame(c: &mut RawConn) -> Frame {
+    loop {
+        let f = next_frame(c).await;
+        if !is_event_push(&f) {
+            return f;
+        }
+    }
+}
+
+/// The messages that are not membership events.
+pub fn chat_only(msgs: Vec<proto::ChatMessage>) -> Vec<proto::ChatMessage> {
+    msgs.into_iter()
+        .filter(|m| m.r#type != proto::MessageType::System as i32)
+        .collect()
 }
