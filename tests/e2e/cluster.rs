@@ -45,7 +45,8 @@ fn check_inbox(user: &str, inbox: &[ChatMessage], want: &HashMap<String, HashSet
             m.conversation_id,
             m.seq
         );
-        if m.sender != user {
+        // Membership events (SYSTEM, from the server) are not chat messages.
+        if m.sender != user && m.r#type != MessageType::System as i32 {
             got.entry(m.conversation_id.clone())
                 .or_default()
                 .insert(m.msg_id.clone());
@@ -158,7 +159,7 @@ async fn users_on_three_nodes_get_every_message_once_in_order() {
 
     let mut members: Vec<String> = users.iter().map(|u| u.to_string()).collect();
     members.push("z0".into());
-    clients["a0"]
+    let created = clients["a0"]
         .group_op(group_op::Op::Create, "crew", members)
         .await
         .expect("create group");
@@ -208,6 +209,8 @@ async fn users_on_three_nodes_get_every_message_once_in_order() {
         }
     }
     assert_eq!(count[&group], (users.len() * PER_STREAM) as u64);
+    // The group's seqs start after its CREATE event.
+    *count.entry(group.clone()).or_default() += created.version;
     for u in users {
         let w = &want[u];
         eventually(&format!("{u} to receive everything"), || {
@@ -541,4 +544,101 @@ fn cluster_mode_without_postgres_fails_naming_the_key() {
         err.contains("nats_url") && err.contains("Postgres"),
         "{err}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removal_on_one_node_holds_on_another_with_the_notice_dropped() {
+    // Group-change notices are dropped, and cached member lists never expire on their
+    // own: only the write path's version check can see the removal.
+    let c = TestCluster::start(
+        2,
+        &[
+            ("IM_CLUSTER_DROP_GROUP_NOTICES", "true"),
+            ("IM_CLUSTER_MEMBERSHIP_TTL_MS", "3600000"),
+        ],
+    )
+    .await;
+    let mut owner = c.nodes[0].raw("own").await;
+    let mut gone = c.nodes[1].raw("gone").await;
+    let mut stays = c.nodes[1].raw("stays").await;
+    create_group(&mut owner, "split", vec!["gone".into(), "stays".into()]).await;
+    // n1 caches the group: both members post there.
+    for (i, conn) in [&mut gone, &mut stays].into_iter().enumerate() {
+        conn.send(&send_to_group(
+            10 + i as u64,
+            "split",
+            b"hi",
+            &format!("hi{i}"),
+        ))
+        .await
+        .unwrap();
+        assert_eq!(acks(conn, 1).await.len(), 1);
+    }
+    let removed = group_op_ok(
+        &mut owner,
+        20,
+        group_op::Op::Remove,
+        "split",
+        vec!["gone".into()],
+    )
+    .await;
+    // On n1 the removed member can no longer send ...
+    gone.send(&send_to_group(21, "split", b"still here", "late"))
+        .await
+        .unwrap();
+    let f = loop {
+        let f = next_chat_frame(&mut gone).await;
+        if f.req_id == 21 {
+            break f;
+        }
+    };
+    assert!(
+        matches!(f.body, Some(Body::Error(ref e)) if e.code == im_client::proto::ErrorCode::NotMember as i32),
+        "{f:?}"
+    );
+    // ... gets no push of a message sent on n1 after the removal ...
+    stays
+        .send(&send_to_group(22, "split", b"after", "after"))
+        .await
+        .unwrap();
+    let after = acks(&mut stays, 1).await[0].1.seq;
+    let mut pushed = Vec::new();
+    while let Ok(RawEvent::Frame(f)) = gone.recv_timeout(Duration::from_millis(500)).await {
+        if let Some(Body::Deliver(d)) = f.body {
+            pushed.extend(d.messages.into_iter().map(|m| m.seq));
+        }
+    }
+    assert!(pushed.iter().all(|s| *s <= removed.version), "{pushed:?}");
+    // ... and reads nothing after its removal, even naming the group with cursor 0.
+    gone.send(&im_client::proto::frame(
+        23,
+        Body::Sync(im_client::proto::SyncRequest {
+            cursors: vec![im_client::proto::Cursor {
+                conversation_id: "g:split".into(),
+                after_seq: 0,
+            }],
+            limit: 100,
+        }),
+    ))
+    .await
+    .unwrap();
+    let f = loop {
+        let f = next_frame(&mut gone).await;
+        if f.req_id == 23 {
+            break f;
+        }
+    };
+    match f.body {
+        Some(Body::SyncResp(r)) => assert!(
+            r.messages.iter().all(|m| m.seq <= removed.version),
+            "read past its removal: {:?} (after = {after})",
+            r.messages
+        ),
+        Some(Body::Error(e)) => {
+            assert_eq!(e.code, im_client::proto::ErrorCode::NotMember as i32)
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(after > removed.version);
+    c.cleanup().await;
 }

@@ -161,6 +161,9 @@ pub async fn run_writer(
             })
             .collect();
         if !sends.is_empty() || !cursor_updates.is_empty() {
+            if relations.verifies_versions() {
+                refresh_stale(&*store, &relations, &sends).await;
+            }
             recheck_groups(&relations, &mut sends);
             commit(&*store, &mut sends, &cursor_updates, &router, &metrics).await;
         }
@@ -215,6 +218,48 @@ async fn group_committed(
     };
     if router.send(vec![delivery]).await.is_err() {
         tracing::warn!("router is gone; the group event will reach members by sync");
+    }
+}
+
+/// Cluster mode: compares the cached version of every group in the batch with the
+/// store's and reads the stale ones again, so a change committed on another node
+/// applies here even if its notice was lost (one indexed query per batch that has
+/// group messages; a change committed between this read and the commit can still slip
+/// through, within one batch).
+async fn refresh_stale(store: &dyn Store, relations: &Relations, sends: &[PersistReq]) {
+    let mut groups: Vec<&str> = sends
+        .iter()
+        .filter_map(
+            |r| match im_proto::parse_conversation(&r.message.conversation_id) {
+                Some(im_proto::ConversationRef::Group(g)) => Some(g),
+                _ => None,
+            },
+        )
+        .collect();
+    if groups.is_empty() {
+        return;
+    }
+    groups.sort_unstable();
+    groups.dedup();
+    let versions = match store.group_versions(&groups).await {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::warn!(error = %e, "group version check failed; using the cache");
+            return;
+        }
+    };
+    let found: HashMap<&str, u64> = versions.iter().map(|(g, v)| (g.as_str(), *v)).collect();
+    for g in groups {
+        let stale = match (found.get(g), relations.version_of(g)) {
+            (Some(stored), Some(cached)) => *stored > cached,
+            (None, Some(_)) => true,
+            (_, None) => false,
+        };
+        if stale {
+            if let Err(e) = relations.reload(g).await {
+                tracing::warn!(group = g, error = %e, "reloading a stale group failed");
+            }
+        }
     }
 }
 

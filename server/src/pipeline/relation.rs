@@ -26,6 +26,8 @@ struct Entry {
     fresh_at: Instant,
     /// Use tick, for least-recently-used eviction.
     used: AtomicU64,
+    /// The group was dissolved (or is gone): no members, not found for new requests.
+    gone: bool,
 }
 
 /// Group membership cache in front of the store.
@@ -75,6 +77,31 @@ impl Relations {
         }
     }
 
+    /// Whether the writer must compare cached versions with the store before a commit
+    /// (cluster mode: other nodes change groups too).
+    pub fn verifies_versions(&self) -> bool {
+        self.ttl.is_some()
+    }
+
+    /// The cached version of a group.
+    pub fn version_of(&self, group_id: &str) -> Option<u64> {
+        self.groups.read().ok()?.get(group_id).map(|e| e.version)
+    }
+
+    /// Reads a group from the store again (its cached copy is older than the store's).
+    pub async fn reload(&self, group_id: &str) -> Result<(), StoreError> {
+        match self.store.group_members(group_id).await? {
+            Some((mut list, version)) => {
+                list.sort();
+                self.insert(group_id, list.into(), version, false);
+            }
+            None => {
+                self.insert(group_id, Vec::new().into(), u64::MAX, true);
+            }
+        }
+        Ok(())
+    }
+
     /// Cached groups (the admin API and tests).
     pub fn len(&self) -> usize {
         self.groups.read().map(|g| g.len()).unwrap_or(0)
@@ -87,15 +114,15 @@ impl Relations {
 
     /// Members of a live group (`None` when it does not exist or was dissolved).
     pub async fn members(&self, group_id: &str) -> Result<Option<Members>, StoreError> {
-        if let Some(m) = self.cached(group_id) {
-            return Ok(Some(m));
+        if let Some((m, gone)) = self.cached_entry(group_id) {
+            return Ok((!gone).then_some(m));
         }
         let Some((mut list, version)) = self.store.group_members(group_id).await? else {
             return Ok(None);
         };
         list.sort();
         let members: Members = list.into();
-        Ok(Some(self.insert(group_id, members, version)))
+        Ok(Some(self.insert(group_id, members, version, false)))
     }
 
     /// Whether `user` is a member of the group (false when it does not exist).
@@ -134,9 +161,9 @@ impl Relations {
         }
     }
 
-    /// Drops a dissolved group and reports it.
+    /// Marks a group dissolved (no members, not found) and reports it.
     pub fn dissolved(&self, group_id: &str, version: u64) {
-        self.evict(group_id, 0);
+        self.insert(group_id, Vec::new().into(), version, true);
         if let Some(tx) = self.changes.get() {
             let _ = tx.send((group_id.to_string(), version));
         }
@@ -144,7 +171,12 @@ impl Relations {
 
     /// The cached list if present and fresh, without touching the store (the writer's
     /// re-check of senders and recipients).
+    /// A dissolved group is cached as an empty list.
     pub fn cached(&self, group_id: &str) -> Option<Members> {
+        self.cached_entry(group_id).map(|(m, _)| m)
+    }
+
+    fn cached_entry(&self, group_id: &str) -> Option<(Members, bool)> {
         let g = self.groups.read().ok()?;
         let e = g.get(group_id)?;
         if self.ttl.is_some_and(|ttl| e.fresh_at.elapsed() > ttl) {
@@ -152,24 +184,25 @@ impl Relations {
         }
         e.used
             .store(self.tick.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
-        Some(e.members.clone())
+        Some((e.members.clone(), e.gone))
     }
 
     /// Caches a list read from the store unless a newer one is cached; returns the one kept.
-    fn insert(&self, group_id: &str, members: Members, version: u64) -> Members {
+    fn insert(&self, group_id: &str, members: Members, version: u64, gone: bool) -> Members {
         let Ok(mut g) = self.groups.write() else {
             return members;
         };
         let now = Instant::now();
         let used = AtomicU64::new(self.tick.fetch_add(1, Ordering::Relaxed));
         if let Some(e) = g.get_mut(group_id) {
-            if e.version > version {
+            if e.version > version || (e.gone && !gone) {
                 return e.members.clone();
             }
             e.members = members.clone();
             e.version = version;
             e.fresh_at = now;
             e.used = used;
+            e.gone = gone;
             return members;
         }
         if g.len() >= self.capacity {
@@ -190,6 +223,7 @@ impl Relations {
                 version,
                 fresh_at: now,
                 used,
+                gone,
             },
         );
         members

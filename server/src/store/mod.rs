@@ -214,6 +214,9 @@ pub trait Store: Send + Sync + 'static {
     async fn group_members(&self, group_id: &str)
         -> Result<Option<(Vec<String>, u64)>, StoreError>;
 
+    /// The version (seq of the last membership change) of each named group that exists.
+    async fn group_versions(&self, group_ids: &[&str]) -> Result<Vec<(String, u64)>, StoreError>;
+
     /// A group for operators, listing at most `limit` members and bans.
     async fn group_info(&self, group_id: &str, limit: u32)
         -> Result<Option<GroupInfo>, StoreError>;

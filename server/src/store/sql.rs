@@ -608,6 +608,26 @@ macro_rules! sql_store_impl {
                 Ok(Some((members, version.max(0) as u64)))
             }
 
+            async fn group_versions(
+                &self,
+                group_ids: &[&str],
+            ) -> Result<Vec<(String, u64)>, $crate::store::StoreError> {
+                let mut out = Vec::with_capacity(group_ids.len());
+                for chunk in group_ids.chunks($crate::store::sql::CHUNK) {
+                    let mut qb = sqlx::QueryBuilder::<$db>::new(
+                        "SELECT group_id, version FROM chat_groups WHERE group_id IN (",
+                    );
+                    let mut list = qb.separated(", ");
+                    for g in chunk {
+                        list.push_bind(*g);
+                    }
+                    qb.push(")");
+                    let rows: Vec<(String, i64)> = qb.build_query_as().fetch_all(&self.read).await?;
+                    out.extend(rows.into_iter().map(|(g, v)| (g, v.max(0) as u64)));
+                }
+                Ok(out)
+            }
+
             async fn group_info(
                 &self,
                 group_id: &str,
