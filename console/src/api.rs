@@ -343,6 +343,18 @@ pub struct Kicked {
     pub kicked: u64,
 }
 
+/// `POST /admin/v1/users/{uid}/revoke` reply.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Revoked {
+    /// The user.
+    pub user: String,
+    /// Tokens issued at or before this unix second are refused.
+    pub revoked_at: i64,
+    /// Sessions closed on the node asked (other nodes close theirs too).
+    pub closed: u64,
+}
+
 /// `GET /admin/v1/slow-consumers`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -619,6 +631,19 @@ impl AdminClient {
         self.call(
             Method::DELETE,
             &["admin", "v1", "connections", &id],
+            &[],
+            None,
+            self.timeout,
+        )
+        .await
+    }
+
+    /// `POST /admin/v1/users/{uid}/revoke`: closes every session of the user (close code
+    /// 4003) and refuses the tokens issued so far.
+    pub async fn revoke(&self, uid: &str) -> Result<Revoked, ApiError> {
+        self.call(
+            Method::POST,
+            &["admin", "v1", "users", uid, "revoke"],
             &[],
             None,
             self.timeout,

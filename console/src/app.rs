@@ -188,6 +188,7 @@ fn run_command(
 ) {
     let node = match &cmd {
         Command::Kick { node, .. }
+        | Command::Revoke { node, .. }
         | Command::SetLogFilter { node, .. }
         | Command::DeleteLogFilter { node, .. }
         | Command::SetGlobalLevel { node, .. }
@@ -208,6 +209,10 @@ fn run_command(
             Command::Kick { conn_id, .. } => Update::Kicked {
                 conn_id,
                 result: client.kick(conn_id).await,
+            },
+            Command::Revoke { user, .. } => Update::Revoked {
+                result: client.revoke(&user).await,
+                user,
             },
             Command::SetLogFilter {
                 uid,

@@ -53,6 +53,8 @@ pub enum Action {
     Delete,
     /// Add a log filter / start a capture.
     Add,
+    /// Revoke the selected connection's user (Connections views).
+    Revoke,
     /// Set the node's global log level (Logs view).
     GlobalLevel,
     /// Yes (confirmation).
@@ -112,6 +114,10 @@ pub const HELP: &[(&str, &[HelpLine])] = &[
             ("s", "next sort column (connections)"),
             ("S", "reverse the sort (connections)"),
             ("x, del", "kick the selected connection (asks first: y / n)"),
+            (
+                "R",
+                "revoke the selected user: close all sessions, refuse their tokens (asks first)",
+            ),
         ],
     ),
     ("Latency", &[("t", "toggle log / linear scale")]),
@@ -160,7 +166,7 @@ pub fn map_key(key: KeyEvent, mode: &Mode) -> Option<Action> {
             }
             _ => None,
         },
-        Mode::ConfirmKick { .. } => match key.code {
+        Mode::ConfirmKick { .. } | Mode::ConfirmRevoke { .. } => match key.code {
             KeyCode::Char('y') | KeyCode::Char('Y') | KeyCode::Enter => Some(Action::Confirm),
             KeyCode::Char('n') | KeyCode::Char('N') | KeyCode::Esc | KeyCode::Char('q') => {
                 Some(Action::Cancel)
@@ -215,6 +221,7 @@ fn normal(key: KeyEvent, ctrl: bool) -> Option<Action> {
         KeyCode::Char('x') | KeyCode::Delete => Action::Delete,
         KeyCode::Char('a') | KeyCode::Char('c') => Action::Add,
         KeyCode::Char('L') => Action::GlobalLevel,
+        KeyCode::Char('R') => Action::Revoke,
         KeyCode::Enter => Action::Submit,
         KeyCode::Esc => Action::Cancel,
         _ => return None,

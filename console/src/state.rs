@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::api::{
-    ApiError, Connection, ConnectionList, Kicked, LogFilters, Logs, Memory, Overview,
+    ApiError, Connection, ConnectionList, Kicked, LogFilters, Logs, Memory, Overview, Revoked,
     SlowConsumers, TopFunction,
 };
 use crate::input::Action;
@@ -645,6 +645,13 @@ pub enum Mode {
         /// The connection.
         conn: Connection,
     },
+    /// Asking before revoking a user's tokens.
+    ConfirmRevoke {
+        /// Node index.
+        node: usize,
+        /// The user.
+        user: String,
+    },
     /// Choosing a node.
     NodePicker {
         /// Highlighted node.
@@ -683,6 +690,13 @@ pub enum Command {
         node: usize,
         /// Connection id.
         conn_id: u64,
+    },
+    /// `POST /admin/v1/users/{uid}/revoke`.
+    Revoke {
+        /// Node index.
+        node: usize,
+        /// User id.
+        user: String,
     },
     /// `PUT /admin/v1/log-filters/{uid}`.
     SetLogFilter {
@@ -747,6 +761,13 @@ pub enum Update {
         conn_id: u64,
         /// The result.
         result: Result<Kicked, ApiError>,
+    },
+    /// A revocation finished.
+    Revoked {
+        /// The user asked for.
+        user: String,
+        /// The result.
+        result: Result<Revoked, ApiError>,
     },
     /// A filter was set (or not).
     FilterSet {
@@ -1043,6 +1064,20 @@ impl AppState {
                     Vec::new()
                 }
             },
+            Mode::ConfirmRevoke { node, user } => match action {
+                Action::Confirm | Action::Submit => {
+                    self.info(format!("revoking {user}…"));
+                    vec![Command::Revoke { node, user }]
+                }
+                Action::Cancel | Action::Quit => {
+                    self.info("revoke cancelled");
+                    Vec::new()
+                }
+                _ => {
+                    self.mode = Mode::ConfirmRevoke { node, user };
+                    Vec::new()
+                }
+            },
             Mode::NodePicker { cursor } => {
                 let n = self.nodes.len();
                 match action {
@@ -1140,6 +1175,9 @@ impl AppState {
                 return vec![Command::Refresh];
             }
             Action::Delete => return self.delete_selected(),
+            Action::Revoke if matches!(self.view, View::Connections | View::Slow) => {
+                self.revoke_selected()
+            }
             Action::Add if self.view == View::Logs => {
                 self.mode = Mode::Form(Form::log_filter());
             }
@@ -1163,6 +1201,26 @@ impl AppState {
             return;
         }
         self.mode = Mode::Form(Form::profile(&self.profile_settings));
+    }
+
+    /// Asks before revoking the selected connection's user.
+    fn revoke_selected(&mut self) {
+        let rows = if self.view == View::Connections {
+            self.visible_connections()
+        } else {
+            self.visible_slow()
+        };
+        let user = rows.get(self.cursor()).map(|c| c.user_id.clone());
+        match user {
+            Some(user) if !user.is_empty() => {
+                self.mode = Mode::ConfirmRevoke {
+                    node: self.selected,
+                    user,
+                };
+            }
+            Some(_) => self.error("the selected connection has not logged in"),
+            None => self.error("no connection selected"),
+        }
     }
 
     fn delete_selected(&mut self) -> Vec<Command> {
@@ -1378,6 +1436,23 @@ impl AppState {
                     Err(e) => (Level::Error, format!("kick conn {conn_id} failed: {e}")),
                 });
             }
+            Update::Revoked { user, result } => {
+                message = Some(match result {
+                    Ok(r) => {
+                        if let Some(list) = &mut n.connections.data {
+                            list.connections.retain(|c| c.user_id != user);
+                        }
+                        (
+                            Level::Info,
+                            format!(
+                                "revoked {user} on {name}: {} sessions closed (4003), older tokens refused",
+                                r.closed
+                            ),
+                        )
+                    }
+                    Err(e) => (Level::Error, format!("revoke {user} failed: {e}")),
+                });
+            }
             Update::FilterSet {
                 uid,
                 level,
@@ -1569,6 +1644,26 @@ mod tests {
         );
         assert_eq!(s.mode, Mode::Normal);
         s.apply(Action::Delete);
+        assert!(s.apply(Action::Cancel).is_empty());
+        assert_eq!(s.mode, Mode::Normal);
+    }
+
+    #[test]
+    fn revoke_needs_confirmation() {
+        let mut s = with_conns(vec![conn(1, "alice", 0), conn(2, "bob", 0)]);
+        s.apply(Action::Down);
+        assert!(s.apply(Action::Revoke).is_empty());
+        assert!(matches!(&s.mode, Mode::ConfirmRevoke { user, .. } if user == "bob"));
+        assert!(s.apply(Action::Char('x')).is_empty());
+        assert_eq!(
+            s.apply(Action::Confirm),
+            vec![Command::Revoke {
+                node: 0,
+                user: "bob".into()
+            }]
+        );
+        assert_eq!(s.mode, Mode::Normal);
+        s.apply(Action::Revoke);
         assert!(s.apply(Action::Cancel).is_empty());
         assert_eq!(s.mode, Mode::Normal);
     }

@@ -185,6 +185,27 @@ async fn kick_confirmation_and_result() {
 }
 
 #[tokio::test]
+async fn revoke_confirmation_and_result() {
+    let (mut state, _n, t0) = loaded().await;
+    go(&mut state, View::Connections);
+    state.apply(Action::Down);
+    state.apply(Action::Revoke);
+    insta::assert_snapshot!("revoke_confirm", draw(&state, 120, 30));
+    let cmds = state.apply(Action::Confirm);
+    let user = match &cmds[..] {
+        [im_console::state::Command::Revoke { user, .. }] => user.clone(),
+        other => panic!("{other:?}"),
+    };
+    let result = Ok(im_console::api::Revoked {
+        user: user.clone(),
+        revoked_at: 1_700_000_000,
+        closed: 2,
+    });
+    state.on_update(0, Update::Revoked { user, result }, at(t0, 10));
+    insta::assert_snapshot!("revoke_done_status", draw(&state, 120, 30));
+}
+
+#[tokio::test]
 async fn slow_consumers() {
     let (mut state, _n, _) = loaded().await;
     go(&mut state, View::Slow);

@@ -47,6 +47,9 @@ pub fn fuzz_config(dir: &Path) -> Config {
     c.limits.rate_limited_window_secs = 3600;
     c.limits.sync_limit_max = 20;
     c.limits.max_group_members = 8;
+    c.limits.group_op_rate_per_sec = 1;
+    c.limits.group_op_burst = 4;
+    c.limits.max_groups_per_user = 3;
     c.flow.notify_group_threshold = 2;
     c
 }
@@ -174,12 +177,18 @@ pub enum FBody {
     Ping(i64),
     /// GroupOp.
     GroupOp {
-        /// Op (valid 0..=2).
+        /// Op (valid 0..=10: CREATE .. INFO).
         op: i8,
         /// Group id.
         group: Name,
         /// Members.
         members: Vec<Name>,
+        /// Kind (valid 0..=1).
+        kind: i8,
+        /// Role for SET_ROLE (valid 0..=3).
+        role: i8,
+        /// Whether members may invite.
+        members_can_invite: bool,
     },
     /// A server-only kind (LoginOk, Pong, Error, ...).
     Server(u8),
@@ -245,10 +254,20 @@ impl FFrame {
                 limit: *limit,
             })),
             FBody::Ping(t) => Some(Body::Ping(Ping { client_time: *t })),
-            FBody::GroupOp { op, group, members } => Some(Body::GroupOp(GroupOp {
+            FBody::GroupOp {
+                op,
+                group,
+                members,
+                kind,
+                role,
+                members_can_invite,
+            } => Some(Body::GroupOp(GroupOp {
                 op: *op as i32,
                 group_id: group.get(),
                 members: members.iter().map(Name::get).collect(),
+                kind: *kind as i32,
+                role: *role as i32,
+                members_can_invite: *members_can_invite,
             })),
             FBody::Server(k) => Some(match k % 6 {
                 0 => Body::LoginOk(LoginOk::default()),
@@ -508,6 +527,7 @@ struct Model {
     bad_frames: u32,
     ping_limited: u32,
     send_limited: u32,
+    group_op_limited: u32,
     pings: usize,
     pongs: usize,
 }
@@ -525,6 +545,7 @@ impl Model {
             bad_frames: 0,
             ping_limited: 0,
             send_limited: 0,
+            group_op_limited: 0,
             pings: 0,
             pongs: 0,
         }
@@ -546,11 +567,20 @@ impl Model {
                         match e.message.as_str() {
                             "pinging too fast" => self.ping_limited += 1,
                             "sending too fast" => self.send_limited += 1,
+                            "group operations too fast" => self.group_op_limited += 1,
                             other => panic!("RATE_LIMITED with message {other:?}"),
                         }
                     }
                 }
                 Some(Body::Pong(_)) => self.pongs += 1,
+                Some(Body::Deliver(im_proto::Deliver { messages }))
+                | Some(Body::SyncResp(im_proto::SyncResponse { messages, .. }))
+                    if messages.iter().any(|m| {
+                        m.r#type == im_proto::MessageType::System as i32 && !m.sender.is_empty()
+                    }) =>
+                {
+                    panic!("a SYSTEM message not written by the server: {frame:?}")
+                }
                 Some(
                     Body::LoginOk(_)
                     | Body::SendAck(_)
@@ -692,7 +722,13 @@ impl Model {
             "send refusals {}, close {close:?}",
             self.send_limited
         );
-        if matches!(reason, Some("ping flood" | "send flood")) {
+        assert_eq!(
+            reason == Some("group op flood"),
+            self.group_op_limited > self.max_rate_limited,
+            "group op refusals {}, close {close:?}",
+            self.group_op_limited
+        );
+        if matches!(reason, Some("ping flood" | "send flood" | "group op flood")) {
             assert_eq!(code, Some(CloseReason::POLICY));
         }
         // Pongs answer pings, within the bucket.

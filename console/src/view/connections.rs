@@ -71,7 +71,7 @@ pub fn render_connections(frame: &mut Frame, area: Rect, state: &AppState, node:
             ));
         }
         spans.push(Span::styled(
-            "   s: sort · S: reverse · /: filter · x: kick",
+            "   s: sort · S: reverse · /: filter · x: kick · R: revoke",
             Style::new().fg(DIM),
         ));
         frame.render_widget(Line::from(spans), summary);

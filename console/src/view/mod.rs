@@ -58,6 +58,10 @@ pub fn render(frame: &mut Frame, state: &AppState) {
             let name = state.nodes.get(*node).map_or("?", |n| n.name());
             render_confirm(frame, area, name, conn)
         }
+        Mode::ConfirmRevoke { user, node } => {
+            let name = state.nodes.get(*node).map_or("?", |n| n.name());
+            render_confirm_revoke(frame, area, name, user)
+        }
         Mode::NodePicker { cursor } => render_picker(frame, area, state, *cursor),
         Mode::Form(form) => render_form(frame, area, form),
         Mode::Normal | Mode::Filter => {}
@@ -174,6 +178,7 @@ fn render_status(frame: &mut Frame, area: Rect, state: &AppState) {
         Mode::Filter => " enter: keep · esc: clear ",
         Mode::Form(_) => " tab: next field · enter: submit · esc: cancel ",
         Mode::ConfirmKick { .. } => " y: kick · n: cancel ",
+        Mode::ConfirmRevoke { .. } => " y: revoke · n: cancel ",
         Mode::NodePicker { .. } => " j/k · enter: pick · esc: close ",
         Mode::Help => " esc/?: close help ",
         Mode::Normal => " ?: help · q: quit ",
@@ -423,6 +428,33 @@ fn render_confirm(frame: &mut Frame, area: Rect, node: &str, c: &crate::api::Con
     ];
     frame.render_widget(
         Paragraph::new(text).block(block("confirm kick").border_style(Style::new().fg(BAD))),
+        r,
+    );
+}
+
+fn render_confirm_revoke(frame: &mut Frame, area: Rect, node: &str, user: &str) {
+    let r = centered(area, 80, 8);
+    frame.render_widget(Clear, r);
+    let text = vec![
+        Line::from(Span::styled(
+            format!("Revoke every token of {user} (asked of {node})?"),
+            Style::new().bold(),
+        )),
+        Line::from("All of the user's sessions close with code 4003 on every node."),
+        Line::from(Span::styled(
+            "Tokens issued until now are refused, also after a restart; new ones work.",
+            Style::new().fg(DIM),
+        )),
+        Line::from(""),
+        Line::from(vec![
+            Span::styled(" y ", Style::new().fg(Color::Black).bg(BAD).bold()),
+            Span::raw(" revoke  "),
+            Span::styled(" n ", Style::new().fg(Color::Black).bg(Color::Gray)),
+            Span::raw(" / esc  cancel"),
+        ]),
+    ];
+    frame.render_widget(
+        Paragraph::new(text).block(block("confirm revoke").border_style(Style::new().fg(BAD))),
         r,
     );
 }

@@ -52,6 +52,7 @@ pub enum Step {
 enum Flood {
     Ping,
     Send,
+    GroupOp,
 }
 
 impl Flood {
@@ -59,6 +60,7 @@ impl Flood {
         match self {
             Flood::Ping => "ping",
             Flood::Send => "send",
+            Flood::GroupOp => "group_op",
         }
     }
 
@@ -66,6 +68,7 @@ impl Flood {
         match self {
             Flood::Ping => CloseReason::new(CloseReason::POLICY, "ping flood"),
             Flood::Send => CloseReason::new(CloseReason::POLICY, "send flood"),
+            Flood::GroupOp => CloseReason::new(CloseReason::POLICY, "group op flood"),
         }
     }
 }
@@ -111,6 +114,7 @@ pub struct Protocol {
     pings: TokenBucket,
     ping_refusals: FloodWindow,
     send_refusals: FloodWindow,
+    group_op_refusals: FloodWindow,
 }
 
 impl Protocol {
@@ -127,6 +131,7 @@ impl Protocol {
             pings,
             ping_refusals: FloodWindow::new(now),
             send_refusals: FloodWindow::new(now),
+            group_op_refusals: FloodWindow::new(now),
         }
     }
 
@@ -315,10 +320,10 @@ impl Protocol {
             return self.bad_frame();
         }
         if r.code == ErrorCode::RateLimited {
-            let kind = if matches!(what, Handled::Ping) {
-                Flood::Ping
-            } else {
-                Flood::Send
+            let kind = match what {
+                Handled::Ping => Flood::Ping,
+                Handled::GroupOp => Flood::GroupOp,
+                _ => Flood::Send,
             };
             return self.rate_limited(kind);
         }
@@ -342,6 +347,7 @@ impl Protocol {
         let counter = match kind {
             Flood::Ping => &mut self.ping_refusals,
             Flood::Send => &mut self.send_refusals,
+            Flood::GroupOp => &mut self.group_op_refusals,
         };
         if !counter.over(Instant::now(), window, l.max_rate_limited) {
             return Step::Continue;
@@ -454,6 +460,7 @@ enum Handled {
     DeliverAck { seq: u64 },
     Sync { cursors: usize, limit: u32 },
     Ping,
+    GroupOp,
     Other,
 }
 
@@ -470,6 +477,7 @@ impl Handled {
                 limit: r.limit,
             },
             Some(Body::Ping(_)) => Handled::Ping,
+            Some(Body::GroupOp(_)) => Handled::GroupOp,
             _ => Handled::Other,
         }
     }
@@ -484,7 +492,7 @@ impl Handled {
             Handled::Sync { cursors, limit } => {
                 tracing::debug!(req_id, cursors, limit, "sync served")
             }
-            Handled::Ping | Handled::Other => {}
+            Handled::Ping | Handled::GroupOp | Handled::Other => {}
         }
     }
 }
