@@ -197,20 +197,27 @@ impl Client {
             .await
     }
 
-    /// Creates, joins or leaves a group (`members` as the server expects for `op`).
+    /// One group operation (`members` as the server expects for `op`); see
+    /// [`Client::group_request`] for the other fields (kind, role, ...).
     pub async fn group_op(
         &self,
         op: group_op::Op,
         group_id: impl Into<String>,
         members: Vec<String>,
     ) -> Result<GroupOpOk, ClientError> {
-        let body = Body::GroupOp(GroupOp {
+        self.group_request(GroupOp {
             op: op as i32,
             group_id: group_id.into(),
             members,
             ..Default::default()
-        });
-        match self.request(body, false).await? {
+        })
+        .await
+    }
+
+    /// Sends a full `GroupOp` (e.g. CREATE of a PUBLIC group, SET_ROLE with its role) and
+    /// returns the group's state after it.
+    pub async fn group_request(&self, op: GroupOp) -> Result<GroupOpOk, ClientError> {
+        match self.request(Body::GroupOp(op), false).await? {
             Body::GroupOpOk(ok) => Ok(ok),
             other => Err(unexpected("GroupOpOk", &other)),
         }
