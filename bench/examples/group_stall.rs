@@ -51,8 +51,7 @@ async fn group_op(c: &mut RawConn, req: u64, op: GroupOp) -> anyhow::Result<u32>
             match f.body {
                 Some(Body::GroupOpOk(ok)) => return Ok(ok.members),
                 Some(Body::Error(e)) if e.code == ErrorCode::RateLimited as i32 => {
-                    tokio::time::sleep(Duration::from_millis(e.retry_after_ms.max(1) as u64))
-                        .await;
+                    tokio::time::sleep(Duration::from_millis(e.retry_after_ms.max(1) as u64)).await;
                     break;
                 }
                 other => bail!("group op refused: {other:?}"),

@@ -618,3 +618,31 @@ async fn the_sdk_refreshes_its_token_across_an_expiry_with_no_loss() {
     );
     assert!(reader.is_connected());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_ops_are_rate_limited_per_connection_and_user_and_creations_are_capped() {
+    let server = TestServer::start_with(&[
+        ("IM_LIMITS_GROUP_OP_RATE_PER_SEC", "1"),
+        ("IM_LIMITS_GROUP_OP_BURST", "2"),
+        ("IM_LIMITS_MAX_GROUPS_PER_USER", "2"),
+    ]);
+    let mut a = server.raw("maker").await;
+    for (i, g) in ["cap1", "cap2"].into_iter().enumerate() {
+        let body = op(&mut a, 2 + i as u64, Op::Create, g, &[]).await;
+        assert!(matches!(body, Body::GroupOpOk(_)), "{body:?}");
+    }
+    let body = op(&mut a, 4, Op::Create, "cap3", &[]).await;
+    let Body::Error(e) = body else {
+        panic!("{body:?}")
+    };
+    assert_eq!(e.code, ErrorCode::RateLimited as i32);
+    assert!(e.retry_after_ms > 0, "{e:?}");
+    // The user's bucket is shared by their connections on the node.
+    let mut again = server.raw("maker").await;
+    let body = op(&mut again, 5, Op::Info, "cap1", &[]).await;
+    assert!(refused_with(&body, ErrorCode::RateLimited), "{body:?}");
+    // Once the bucket refills, the third creation meets the per-user cap.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let body = op(&mut a, 6, Op::Create, "cap3", &[]).await;
+    assert!(refused_with(&body, ErrorCode::Forbidden), "{body:?}");
+}
