@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use im_client::proto::{
     frame, group_op::Kind, group_op::Op, group_op::Role, Body, ChatMessage, Cursor, ErrorCode,
-    GroupEvent, GroupOp, Message as _, MessageType, Ping, Send as SendFrame, SyncRequest,
+    GroupEvent, GroupOp, Message as _, MessageType, Send as SendFrame, SyncRequest,
 };
 use im_client::{Client, ClientConfig, RawConn};
 
@@ -33,24 +33,14 @@ fn refused_with(body: &Body, code: ErrorCode) -> bool {
 
 /// A sync naming one conversation with an explicit cursor.
 async fn sync_from(c: &mut RawConn, req_id: u64, conv: &str, after: u64) -> Body {
-    c.send(&frame(
-        req_id,
-        Body::Sync(SyncRequest {
-            cursors: vec![Cursor {
-                conversation_id: conv.into(),
-                after_seq: after,
-            }],
-            limit: 1000,
-        }),
-    ))
-    .await
-    .unwrap();
-    loop {
-        let f = next_frame(c).await;
-        if f.req_id == req_id {
-            return f.body.expect("body");
-        }
-    }
+    let sync = SyncRequest {
+        cursors: vec![Cursor {
+            conversation_id: conv.into(),
+            after_seq: after,
+        }],
+        limit: 1000,
+    };
+    request(c, req_id, Body::Sync(sync)).await
 }
 
 fn synced_in(body: Body, conv: &str) -> Vec<ChatMessage> {
@@ -65,17 +55,10 @@ fn synced_in(body: Body, conv: &str) -> Vec<ChatMessage> {
 }
 
 async fn send_text(c: &mut RawConn, req_id: u64, group: &str, text: &str) -> u64 {
-    c.send(&send_to_group(req_id, group, text.as_bytes(), text))
-        .await
-        .unwrap();
-    loop {
-        let f = next_frame(c).await;
-        if f.req_id == req_id {
-            match f.body {
-                Some(Body::SendAck(a)) => return a.seq,
-                other => panic!("send {text}: {other:?}"),
-            }
-        }
+    let send = send_to_group(req_id, group, text.as_bytes(), text);
+    match request(c, req_id, send.body.expect("a Send")).await {
+        Body::SendAck(a) => a.seq,
+        other => panic!("send {text}: {other:?}"),
     }
 }
 
@@ -505,14 +488,7 @@ async fn a_session_ends_at_its_token_expiry_unless_refreshed() {
     );
     // The refreshed session is still up past the first token's expiry.
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    refreshed
-        .send(&frame(9, Body::Ping(Ping { client_time: 1 })))
-        .await
-        .unwrap();
-    assert!(matches!(
-        next_frame(&mut refreshed).await.body,
-        Some(Body::Pong(_))
-    ));
+    ping_ok(&mut refreshed, 9).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -529,14 +505,7 @@ async fn revocation_closes_sessions_and_refuses_old_tokens_across_a_restart() {
         let (code, reason, _) = until_closed(c).await;
         assert_eq!((code, reason.as_str()), (Some(4003), "token revoked"));
     }
-    bystander
-        .send(&frame(3, Body::Ping(Ping { client_time: 1 })))
-        .await
-        .unwrap();
-    assert!(matches!(
-        next_frame(&mut bystander).await.body,
-        Some(Body::Pong(_))
-    ));
+    ping_ok(&mut bystander, 3).await;
     let refused = |server: &TestServer, token: String| {
         let url = server.ws_url();
         async move {
@@ -556,14 +525,7 @@ async fn revocation_closes_sessions_and_refuses_old_tokens_across_a_restart() {
     // A token issued after the revocation works.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let mut fresh = server.raw("victim").await;
-    fresh
-        .send(&frame(4, Body::Ping(Ping { client_time: 1 })))
-        .await
-        .unwrap();
-    assert!(matches!(
-        next_frame(&mut fresh).await.body,
-        Some(Body::Pong(_))
-    ));
+    ping_ok(&mut fresh, 4).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

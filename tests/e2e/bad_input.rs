@@ -13,18 +13,6 @@ fn error_code(f: &Frame) -> i32 {
     }
 }
 
-async fn ping_ok(c: &mut RawConn, req_id: u64) {
-    c.send(&frame(req_id, Body::Ping(Ping { client_time: 7 })))
-        .await
-        .unwrap();
-    let f = next_frame(c).await;
-    assert_eq!(f.req_id, req_id);
-    assert!(
-        matches!(f.body, Some(Body::Pong(ref p)) if p.client_time == 7),
-        "{f:?}"
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_bad_input_gets_its_error_and_others_are_unaffected() {
     let server = TestServer::start();

@@ -583,18 +583,11 @@ async fn a_removal_on_one_node_holds_on_another_with_the_notice_dropped() {
     )
     .await;
     // On n1 the removed member can no longer send ...
-    gone.send(&send_to_group(21, "split", b"still here", "late"))
-        .await
-        .unwrap();
-    let f = loop {
-        let f = next_chat_frame(&mut gone).await;
-        if f.req_id == 21 {
-            break f;
-        }
-    };
+    let late = send_to_group(21, "split", b"still here", "late");
+    let body = request(&mut gone, 21, late.body.expect("a Send")).await;
     assert!(
-        matches!(f.body, Some(Body::Error(ref e)) if e.code == im_client::proto::ErrorCode::NotMember as i32),
-        "{f:?}"
+        matches!(body, Body::Error(ref e) if e.code == im_client::proto::ErrorCode::NotMember as i32),
+        "{body:?}"
     );
     // ... gets no push of a message sent on n1 after the removal ...
     stays
@@ -610,31 +603,20 @@ async fn a_removal_on_one_node_holds_on_another_with_the_notice_dropped() {
     }
     assert!(pushed.iter().all(|s| *s <= removed.version), "{pushed:?}");
     // ... and reads nothing after its removal, even naming the group with cursor 0.
-    gone.send(&im_client::proto::frame(
-        23,
-        Body::Sync(im_client::proto::SyncRequest {
-            cursors: vec![im_client::proto::Cursor {
-                conversation_id: "g:split".into(),
-                after_seq: 0,
-            }],
-            limit: 100,
-        }),
-    ))
-    .await
-    .unwrap();
-    let f = loop {
-        let f = next_frame(&mut gone).await;
-        if f.req_id == 23 {
-            break f;
-        }
+    let sync = im_client::proto::SyncRequest {
+        cursors: vec![im_client::proto::Cursor {
+            conversation_id: "g:split".into(),
+            after_seq: 0,
+        }],
+        limit: 100,
     };
-    match f.body {
-        Some(Body::SyncResp(r)) => assert!(
+    match request(&mut gone, 23, Body::Sync(sync)).await {
+        Body::SyncResp(r) => assert!(
             r.messages.iter().all(|m| m.seq <= removed.version),
             "read past its removal: {:?} (after = {after})",
             r.messages
         ),
-        Some(Body::Error(e)) => {
+        Body::Error(e) => {
             assert_eq!(e.code, im_client::proto::ErrorCode::NotMember as i32)
         }
         other => panic!("{other:?}"),

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use im_client::proto::{frame, group_op, Body, GroupOp};
+use im_client::proto::{group_op, Body, GroupOp};
 use im_client::RawConn;
 
 use crate::support::*;
@@ -15,23 +15,17 @@ async fn group_op(
     group: &str,
     members: &[String],
 ) -> Body {
-    c.send(&frame(
+    group_request(
+        c,
         req_id,
-        Body::GroupOp(GroupOp {
+        GroupOp {
             op: op as i32,
             group_id: group.into(),
             members: members.to_vec(),
             ..Default::default()
-        }),
-    ))
+        },
+    )
     .await
-    .unwrap();
-    loop {
-        let f = next_frame(c).await;
-        if f.req_id == req_id {
-            return f.body.expect("body");
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -555,16 +555,35 @@ pub async fn create_group(owner: &mut RawConn, group: &str, members: Vec<String>
     ok.version
 }
 
-/// Sends a GroupOp and returns its answer (frames in between, e.g. the group's own
-/// SYSTEM events, are skipped).
-pub async fn group_request(c: &mut RawConn, req_id: u64, op: proto::GroupOp) -> Body {
-    c.send(&frame(req_id, Body::GroupOp(op))).await.unwrap();
+/// Sends `body` as request `req_id` and returns the answer's body (frames in between,
+/// e.g. pushes, are skipped).
+pub async fn request(c: &mut RawConn, req_id: u64, body: Body) -> Body {
+    c.send(&frame(req_id, body)).await.unwrap();
     loop {
         let f = next_frame(c).await;
         if f.req_id == req_id {
             return f.body.expect("a body");
         }
     }
+}
+
+/// Sends a GroupOp and returns its answer (frames in between, e.g. the group's own
+/// SYSTEM events, are skipped).
+pub async fn group_request(c: &mut RawConn, req_id: u64, op: proto::GroupOp) -> Body {
+    request(c, req_id, Body::GroupOp(op)).await
+}
+
+/// Pings as request `req_id` and panics unless the very next frame is its Pong.
+pub async fn ping_ok(c: &mut RawConn, req_id: u64) {
+    c.send(&frame(req_id, Body::Ping(proto::Ping { client_time: 7 })))
+        .await
+        .unwrap();
+    let f = next_frame(c).await;
+    assert_eq!(f.req_id, req_id);
+    assert!(
+        matches!(f.body, Some(Body::Pong(ref p)) if p.client_time == 7),
+        "{f:?}"
+    );
 }
 
 /// A GroupOp with `op`, `group` and `members`; panics unless it is answered GroupOpOk.
