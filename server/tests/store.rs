@@ -23,6 +23,14 @@ async fn stores() -> Vec<(Arc<dyn Store>, Option<tempfile::TempDir>)> {
     let sqlite = SqliteStore::open(&dir.path().join("im.db"), true, 2)
         .await
         .expect("sqlite store");
+    let pg = PgStore::connect_with(fresh_schema().await, 4)
+        .await
+        .expect("pg store");
+    vec![(Arc::new(sqlite), Some(dir)), (Arc::new(pg), None)]
+}
+
+/// Connect options for a fresh Postgres schema (stale ones are dropped first).
+async fn fresh_schema() -> sqlx::postgres::PgConnectOptions {
     let schema = format!(
         "t_{}",
         uuid::Uuid::now_v7().simple().to_string().to_lowercase()
@@ -35,11 +43,9 @@ async fn stores() -> Vec<(Arc<dyn Store>, Option<tempfile::TempDir>)> {
         .execute(&admin)
         .await
         .unwrap();
-    let opts = sqlx::postgres::PgConnectOptions::from_str(&pg_url())
+    sqlx::postgres::PgConnectOptions::from_str(&pg_url())
         .unwrap()
-        .options([("search_path", schema.as_str())]);
-    let pg = PgStore::connect_with(opts, 4).await.expect("pg store");
-    vec![(Arc::new(sqlite), Some(dir)), (Arc::new(pg), None)]
+        .options([("search_path", schema.as_str())])
 }
 
 /// Drops test schemas more than an hour old (their uuid v7 names carry the creation time).
@@ -169,18 +175,7 @@ async fn a_client_msg_id_is_a_key_per_conversation() {
 #[tokio::test]
 async fn concurrent_duplicates_on_two_nodes_fail_no_batch() {
     // Two Postgres stores on one schema: two nodes committing the same key at once.
-    let schema = format!(
-        "t_{}",
-        uuid::Uuid::now_v7().simple().to_string().to_lowercase()
-    );
-    let admin = sqlx::PgPool::connect(&pg_url()).await.unwrap();
-    sqlx::query(&format!("CREATE SCHEMA {schema}"))
-        .execute(&admin)
-        .await
-        .unwrap();
-    let opts = sqlx::postgres::PgConnectOptions::from_str(&pg_url())
-        .unwrap()
-        .options([("search_path", schema.as_str())]);
+    let opts = fresh_schema().await;
     let a = Arc::new(PgStore::connect_with(opts.clone(), 4).await.unwrap());
     let b = Arc::new(PgStore::connect_with(opts, 4).await.unwrap());
     for round in 0..20 {
