@@ -287,6 +287,12 @@ impl Node {
             }),
         ];
         servers.extend(cluster_tasks);
+        if cluster.is_some() {
+            servers.push(tokio::spawn(reload_revocations(
+                node.store.clone(),
+                node.secrets.keys.clone(),
+            )));
+        }
         Ok(Running {
             node,
             client_addr,
@@ -297,6 +303,24 @@ impl Node {
             compactor,
             report,
         })
+    }
+}
+
+/// Cluster mode: re-reads the stored revocations every few seconds, so a revocation made
+/// on another node whose notice was lost is still refused at login here.
+async fn reload_revocations(store: Arc<dyn Store>, keys: auth::TokenKeys) {
+    let mut every = tokio::time::interval(Duration::from_secs(3));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        match store.revocations().await {
+            Ok(list) => {
+                for (user, at) in list {
+                    keys.revocations.revoke(&user, at);
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "reading revocations failed"),
+        }
     }
 }
 
