@@ -467,6 +467,9 @@ impl Pipeline {
             b.take(now).map_err(limited)?;
         }
         let l = &self.limits;
+        if l.group_op_rate_per_sec == 0 {
+            return Ok(());
+        }
         if let Ok(mut users) = self.group_op_users.lock() {
             if users.len() >= GROUP_OP_USERS_MAX && !users.contains_key(&s.user_id) {
                 // Buckets idle long enough to be full again carry no state: drop them.
