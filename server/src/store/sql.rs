@@ -552,12 +552,15 @@ macro_rules! sql_store_impl {
                     _ => {}
                 }
                 if plan.has_event() {
+                    // Relative and forward-only, so two nodes changing one group at once
+                    // (serialised on the conversation row above) both count.
                     sqlx::query(
-                        "UPDATE chat_groups SET size = $2, version = $3, dissolved = $4 \
-                         WHERE group_id = $1",
+                        "UPDATE chat_groups SET size = size + $2, \
+                         version = CASE WHEN version < $3 THEN $3 ELSE version END, \
+                         dissolved = $4 WHERE group_id = $1",
                     )
                     .bind(group_id)
-                    .bind(size as i32)
+                    .bind((added.len() as i64 - removed.len() as i64) as i32)
                     .bind(v)
                     .bind((plan == Plan::Dissolve) as i32)
                     .execute(&mut *tx)
