@@ -624,3 +624,22 @@ async fn a_removal_on_one_node_holds_on_another_with_the_notice_dropped() {
     assert!(after > removed.version);
     c.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revocation_on_one_node_closes_sessions_on_the_others() {
+    let c = TestCluster::start(2, &[]).await;
+    let old = c.nodes[1].token("rex");
+    let mut there = c.nodes[1].raw("rex").await;
+    let (status, body) = c.nodes[0].admin_json("POST", "/admin/v1/users/rex/revoke", "");
+    assert_eq!(status, 200, "{body}");
+    let (code, reason, _) = until_closed(&mut there).await;
+    assert_eq!((code, reason.as_str()), (Some(4003), "token revoked"));
+    let mut again = im_client::RawConn::connect(&c.nodes[1].ws_url())
+        .await
+        .unwrap();
+    assert!(
+        again.login(&old, "d", false).await.is_err(),
+        "the old token is refused on the other node too"
+    );
+    c.cleanup().await;
+}
