@@ -27,6 +27,14 @@ async fn op(c: &mut RawConn, req_id: u64, op: Op, group: &str, members: &[&str])
     .await
 }
 
+/// Each `(op, target)` on group `board`, as requests `first..`, is refused with `code`.
+async fn all_refused(c: &mut RawConn, first: u64, ops: &[(Op, &str)], code: ErrorCode) {
+    for (i, (o, target)) in ops.iter().enumerate() {
+        let body = op(c, first + i as u64, *o, "board", &[target]).await;
+        assert!(refused_with(&body, code), "{o:?} {target}: {body:?}");
+    }
+}
+
 fn refused_with(body: &Body, code: ErrorCode) -> bool {
     matches!(body, Body::Error(e) if e.code == code as i32)
 }
@@ -90,38 +98,21 @@ async fn private_groups_refuse_uninvited_joins_and_roles_are_enforced_for_every_
     assert!(refused_with(&body, ErrorCode::NotMember), "{body:?}");
     let body = sync_from(&mut stranger, 13, "g:board", 0).await;
     assert!(refused_with(&body, ErrorCode::NotMember), "{body:?}");
-    for (i, o) in [
+    let managing = [
         Op::Remove,
         Op::Ban,
         Op::Unban,
         Op::SetRole,
         Op::Transfer,
         Op::Dissolve,
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let body = op(&mut stranger, 20 + i as u64, o, "board", &["mem"]).await;
-        assert!(refused_with(&body, ErrorCode::NotMember), "{o:?}: {body:?}");
-    }
+    ];
+    let on_mem = managing.map(|o| (o, "mem"));
+    all_refused(&mut stranger, 20, &on_mem, ErrorCode::NotMember).await;
 
     // A plain member: everything but LEAVE and INFO is FORBIDDEN.
-    for (i, o) in [
-        Op::Add,
-        Op::Remove,
-        Op::Ban,
-        Op::Unban,
-        Op::SetRole,
-        Op::Transfer,
-        Op::Dissolve,
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let target = if o == Op::Add { "eve" } else { "adm" };
-        let body = op(&mut member, 30 + i as u64, o, "board", &[target]).await;
-        assert!(refused_with(&body, ErrorCode::Forbidden), "{o:?}: {body:?}");
-    }
+    let on_adm = managing.map(|o| (o, "adm"));
+    all_refused(&mut member, 30, &on_adm, ErrorCode::Forbidden).await;
+    all_refused(&mut member, 39, &[(Op::Add, "eve")], ErrorCode::Forbidden).await;
     let body = op(&mut member, 40, Op::Info, "board", &[]).await;
     assert!(
         matches!(body, Body::GroupOpOk(ref ok) if ok.role == Role::Member as i32 && ok.members == 3),
@@ -129,18 +120,13 @@ async fn private_groups_refuse_uninvited_joins_and_roles_are_enforced_for_every_
     );
 
     // An admin: no TRANSFER, no DISSOLVE, nothing against the owner, no OWNER role.
-    for (i, (o, target)) in [
+    let over_admin = [
         (Op::Transfer, "mem"),
         (Op::Dissolve, "mem"),
         (Op::Remove, "own"),
         (Op::Ban, "own"),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let body = op(&mut admin, 50 + i as u64, o, "board", &[target]).await;
-        assert!(refused_with(&body, ErrorCode::Forbidden), "{o:?}: {body:?}");
-    }
+    ];
+    all_refused(&mut admin, 50, &over_admin, ErrorCode::Forbidden).await;
     promote.members = vec!["mem".into()];
     promote.role = Role::Owner as i32;
     let body = group_request(&mut admin, 60, promote.clone()).await;
