@@ -2,8 +2,10 @@
 //!
 //! - [`Client`]: connect + login, `send` (waits for the durable `SendAck`, retries
 //!   `OVERLOADED` and dropped connections with the same `client_msg_id`), group ops,
-//!   paged `sync`, heartbeats, auto-reconnect with resume, and an exactly-once stream of
-//!   [`Event`]s (each conversation in seq order) taken with [`Client::next_event`].
+//!   paged `sync`, heartbeats, auto-reconnect with resume, token refresh on the open
+//!   connection before expiry (with [`ClientConfig::with_token_provider`]), and an
+//!   exactly-once stream of [`Event`]s (each conversation in seq order) taken with
+//!   [`Client::next_event`].
 //! - [`RawConn`]: a bare frame-level WebSocket connection for tests and tools.
 //!
 //! Module map: `raw` (transport), `client` (handle, events, targets), `driver` (the
@@ -22,7 +24,7 @@ pub mod route;
 mod tracker;
 
 pub use client::{Client, Event, Target};
-pub use config::ClientConfig;
+pub use config::{ClientConfig, TokenProvider};
 pub use error::ClientError;
 pub use im_proto as proto;
 pub use raw::{RawConn, RawEvent};
