@@ -477,6 +477,21 @@ pub struct StoreConfig {
     pub sqlite_synchronous: String,
     /// Reader connections (SQLite) or pool size (Postgres).
     pub pool_size: u32,
+    /// Longest wait for a pooled connection before the store counts as down.
+    pub acquire_timeout_ms: u32,
+    /// Postgres `statement_timeout` on every pooled connection (0: none).
+    pub statement_timeout_ms: u32,
+    /// A commit (or group change) that has not finished after this long is abandoned:
+    /// its Sends get OVERLOADED with a retry hint (the retry, with the same
+    /// client_msg_id, is answered from the dedup if the commit did land), and the node
+    /// refuses Sends until a write succeeds again.
+    pub unavailable_after_ms: u32,
+    /// While the store is failing, how often the writer tries a small probe write.
+    pub probe_interval_ms: u32,
+    /// Sends are refused (OVERLOADED, `/readyz` 503 `disk_low`) while the data dir's file
+    /// system has less than this free, before SQLite runs into a full disk (0: off;
+    /// SQLite only).
+    pub min_free_disk_mb: u32,
 }
 
 impl Default for Config {
@@ -559,6 +574,11 @@ impl Default for StoreConfig {
         StoreConfig {
             sqlite_synchronous: "full".into(),
             pool_size: 4,
+            acquire_timeout_ms: 2_000,
+            statement_timeout_ms: 10_000,
+            unavailable_after_ms: 2_000,
+            probe_interval_ms: 1_000,
+            min_free_disk_mb: 256,
         }
     }
 }
@@ -743,6 +763,27 @@ impl Config {
             ));
         }
         range("store.pool_size", self.store.pool_size, 1, 1024)?;
+        let st = &self.store;
+        range(
+            "store.acquire_timeout_ms",
+            st.acquire_timeout_ms,
+            50,
+            600_000,
+        )?;
+        range(
+            "store.statement_timeout_ms",
+            st.statement_timeout_ms,
+            0,
+            3_600_000,
+        )?;
+        range(
+            "store.unavailable_after_ms",
+            st.unavailable_after_ms,
+            100,
+            600_000,
+        )?;
+        range("store.probe_interval_ms", st.probe_interval_ms, 50, 600_000)?;
+        range("store.min_free_disk_mb", st.min_free_disk_mb, 0, 1 << 30)?;
         range(
             "obs.sample_interval_ms",
             self.obs.sample_interval_ms,

@@ -76,6 +76,8 @@ struct LiveFigures {
     conns: Arc<Connections>,
     pipeline: Arc<Pipeline>,
     max_connections: u64,
+    /// The SQLite database's directory and the free-space floor, in bytes.
+    disk: Option<(std::path::PathBuf, u64)>,
 }
 
 impl obs::sampler::Live for LiveFigures {
@@ -104,6 +106,32 @@ impl obs::sampler::Live for LiveFigures {
     }
     fn max_connections(&self) -> u64 {
         self.max_connections
+    }
+    fn disk(&self) -> Option<obs::capacity::Disk> {
+        let (dir, floor_bytes) = self.disk.as_ref()?;
+        let (free_bytes, total_bytes) = obs::process::disk_space(dir)?;
+        let disk = obs::capacity::Disk {
+            free_bytes,
+            total_bytes,
+            floor_bytes: *floor_bytes,
+        };
+        let low = disk.low();
+        if self.pipeline.health.set_disk(free_bytes, low) != low {
+            if low {
+                tracing::error!(
+                    free_bytes,
+                    floor_bytes,
+                    dir = %dir.display(),
+                    "free space under store.min_free_disk_mb: sends refused until space is freed"
+                );
+            } else {
+                tracing::warn!(
+                    free_bytes,
+                    "free space above the floor again; sends accepted"
+                );
+            }
+        }
+        Some(disk)
     }
 }
 
@@ -166,6 +194,16 @@ impl Node {
                 conns: conns.clone(),
                 pipeline: pipeline.clone(),
                 max_connections: max_connections as u64,
+                disk: match config.database() {
+                    Ok(config::Database::Sqlite(path)) => Some((
+                        path.parent()
+                            .filter(|d| !d.as_os_str().is_empty())
+                            .unwrap_or(std::path::Path::new("."))
+                            .to_path_buf(),
+                        u64::from(config.store.min_free_disk_mb) << 20,
+                    )),
+                    _ => None,
+                },
             }),
             snapshot.clone(),
             prometheus.clone(),

@@ -9,5 +9,6 @@
 //! live in their own test binary: cargo runs test binaries one at a time, and inside this
 //! one each case takes [`support::faults::exclusive`] first.
 
+mod store;
 #[path = "../e2e/support/mod.rs"]
 mod support;

@@ -71,18 +71,42 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// How long `/readyz` waits for the store's answer before it says "not ready".
+const READY_STORE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `/readyz` is unauthenticated, so it says only "ready", or "not ready: <reason>" with
+/// one word (`draining`, `cluster`, a store fault such as `disk_full` or `store_down`,
+/// `disk_low`, or `store` when the store does not answer its ping in time); details go to
+/// the log. It answers within [`READY_STORE_TIMEOUT`] whatever the store does.
 async fn readyz(State(node): State<Arc<Node>>) -> Response {
+    let not_ready = |reason: &str| {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {reason}"),
+        )
+            .into_response()
+    };
     if node.draining.load(Ordering::Relaxed) {
-        return error(StatusCode::SERVICE_UNAVAILABLE, "draining");
+        return not_ready("draining");
     }
     if let Some(c) = &node.cluster {
         if !c.link.connected() {
-            return error(StatusCode::SERVICE_UNAVAILABLE, "NATS not connected");
+            return not_ready("cluster");
         }
     }
-    match node.store.ping().await {
-        Ok(()) => (StatusCode::OK, "ready").into_response(),
-        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, format!("store: {e}")),
+    if let Some(reason) = node.pipeline.health.refusal() {
+        return not_ready(reason);
+    }
+    match tokio::time::timeout(READY_STORE_TIMEOUT, node.store.ping()).await {
+        Ok(Ok(())) => (StatusCode::OK, "ready").into_response(),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "readyz: the store's ping failed");
+            not_ready("store")
+        }
+        Err(_) => {
+            tracing::warn!("readyz: the store did not answer its ping within 1 s");
+            not_ready("store")
+        }
     }
 }
 

@@ -18,7 +18,7 @@ use im_proto::{
 use crate::config::Limits;
 use crate::flow::Outbound;
 use crate::obs::{Metrics, Stage};
-use crate::store::{CursorUpdate, GroupChange, NewMessage, Store, StoreError};
+use crate::store::{CursorUpdate, GroupChange, NewMessage, Store, StoreError, StoreHealth};
 use persist::{PersistHandle, PersistReq, WriteReq};
 use relation::Relations;
 use route::Recipients;
@@ -141,6 +141,18 @@ impl Refusal {
             StoreError::GroupFull(g, n) => {
                 Refusal::bad(format!("group {g} would exceed {n} members"))
             }
+            StoreError::Unavailable(reason) => Refusal {
+                code: ErrorCode::Overloaded,
+                message: format!("store unavailable ({reason}), retry"),
+                retry_after_ms: 1000,
+                bad_reason: None,
+            },
+            e @ StoreError::Timeout(_) => Refusal {
+                code: ErrorCode::Overloaded,
+                message: format!("{e}, retry"),
+                retry_after_ms: 1000,
+                bad_reason: None,
+            },
             other => {
                 tracing::error!(error = %other, "store error");
                 Refusal::code(ErrorCode::Internal, "internal error", None)
@@ -172,6 +184,11 @@ pub struct Pipeline {
     pub limits: Limits,
     /// retry_after_ms for OVERLOADED.
     pub retry_after_ms: u32,
+    /// Whether the store takes writes now (its commit fault is the writer's, its disk
+    /// floor the sampler's); Sends are refused while it does not.
+    pub health: Arc<StoreHealth>,
+    /// retry_after_ms for a Send refused by the store's health (the probe interval).
+    pub unhealthy_retry_ms: u32,
     /// Metric handles.
     pub metrics: Metrics,
 }
@@ -207,6 +224,8 @@ impl Pipeline {
         tokio::spawn(router.clone().run(route_rx));
         let (persist, persist_rx) =
             persist::queue(config.persist.queue_capacity as usize, metrics.clone());
+        let guard = persist::Guard::new(&config.store);
+        let health = guard.health.clone();
         let writer = tokio::spawn(persist::run_writer(
             store.clone(),
             relations.clone(),
@@ -214,6 +233,7 @@ impl Pipeline {
             route_tx,
             config.persist.clone(),
             config.limits.max_group_members,
+            guard,
             metrics.clone(),
         ));
         let pipeline = Arc::new(Pipeline {
@@ -223,6 +243,8 @@ impl Pipeline {
             router,
             limits: config.limits.clone(),
             retry_after_ms: config.persist.retry_after_ms,
+            health,
+            unhealthy_retry_ms: config.store.probe_interval_ms,
             metrics,
         });
         (pipeline, writer)
@@ -272,6 +294,15 @@ impl Pipeline {
                 message: "sending too fast".into(),
                 retry_after_ms,
                 bad_reason: Some("rate_limited"),
+            });
+        }
+        if let Some(reason) = self.health.refusal() {
+            self.metrics.persist_overloaded.increment(1);
+            return Err(Refusal {
+                code: ErrorCode::Overloaded,
+                message: format!("store unavailable ({reason}), retry with the same client_msg_id"),
+                retry_after_ms: self.unhealthy_retry_ms,
+                bad_reason: None,
             });
         }
         if MessageType::try_from(send.r#type).is_err() {

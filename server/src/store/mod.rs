@@ -3,6 +3,7 @@
 //! (sender, client_msg_id), cursors, groups and sync queries. Only the persistence
 //! writer (`pipeline::persist`) calls the write methods; readers call the rest.
 
+pub mod health;
 mod postgres;
 mod sql;
 mod sqlite;
@@ -12,6 +13,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 
+pub use health::{Fault, StoreHealth};
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
 
@@ -44,6 +46,12 @@ pub enum StoreError {
     /// The group would exceed its member limit.
     #[error("group {0} would exceed {1} members")]
     GroupFull(String, u32),
+    /// The write did not finish within `store.unavailable_after_ms` and was abandoned.
+    #[error("the store did not answer within {0:?}")]
+    Timeout(std::time::Duration),
+    /// The store is failing (the reason word); the write was not tried.
+    #[error("store unavailable: {0}")]
+    Unavailable(&'static str),
 }
 
 /// A message to commit, as validated by the pipeline.
@@ -148,21 +156,54 @@ pub trait Store: Send + Sync + 'static {
     /// Cheap readiness probe.
     async fn ping(&self) -> Result<(), StoreError>;
 
+    /// A small durable write (one row rewritten and committed), which fails as a message
+    /// commit would: the writer's way to learn that a failing store works again.
+    async fn probe_write(&self) -> Result<(), StoreError>;
+
     /// Backend name for logs and the admin API.
     fn backend(&self) -> &'static str;
+}
+
+/// How long the store may take before it counts as not answering.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// Waiting for a pooled connection (`store.acquire_timeout_ms`).
+    pub acquire: std::time::Duration,
+    /// One statement, Postgres only (`store.statement_timeout_ms`; 0: none).
+    pub statement: std::time::Duration,
+}
+
+impl Timeouts {
+    /// The configured timeouts.
+    pub fn of(c: &crate::config::StoreConfig) -> Self {
+        Timeouts {
+            acquire: std::time::Duration::from_millis(c.acquire_timeout_ms.into()),
+            statement: std::time::Duration::from_millis(c.statement_timeout_ms.into()),
+        }
+    }
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts::of(&crate::config::StoreConfig::default())
+    }
 }
 
 /// Opens the store the config selects, creating the data dir and running migrations.
 pub async fn open(config: &Config) -> Result<Arc<dyn Store>, StoreError> {
     Ok(match config.database()? {
         Database::Sqlite(path) => Arc::new(
-            SqliteStore::open(
+            SqliteStore::open_timed(
                 &path,
                 config.store.sqlite_synchronous == "full",
                 config.store.pool_size,
+                Timeouts::of(&config.store),
             )
             .await?,
         ),
-        Database::Postgres(url) => Arc::new(PgStore::connect(&url, config.store.pool_size).await?),
+        Database::Postgres(url) => Arc::new(
+            PgStore::connect_timed(&url, config.store.pool_size, Timeouts::of(&config.store))
+                .await?,
+        ),
     })
 }

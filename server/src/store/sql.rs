@@ -17,12 +17,182 @@ macro_rules! sql_store_impl {
                 messages: &[$crate::store::NewMessage],
                 cursors: &[$crate::store::CursorUpdate],
             ) -> Result<Vec<$crate::store::Committed>, $crate::store::StoreError> {
+                let mut conn = self.writer().await?;
+                let out = Self::commit_batch_on(&mut conn, messages, cursors).await;
+                if out.is_err() {
+                    self.discard_writer(conn).await;
+                }
+                out
+            }
+
+            async fn group_change(
+                &self,
+                group_id: &str,
+                change: &$crate::store::GroupChange,
+                max_members: u32,
+            ) -> Result<Vec<String>, $crate::store::StoreError> {
+                let mut conn = self.writer().await?;
+                let out = Self::group_change_on(&mut conn, group_id, change, max_members).await;
+                if out.is_err() {
+                    self.discard_writer(conn).await;
+                }
+                out
+            }
+
+            async fn group_members(
+                &self,
+                group_id: &str,
+            ) -> Result<Option<Vec<String>>, $crate::store::StoreError> {
+                let exists: Option<i32> =
+                    sqlx::query_scalar("SELECT 1 FROM chat_groups WHERE group_id = $1")
+                        .bind(group_id)
+                        .fetch_optional(&self.read)
+                        .await?;
+                if exists.is_none() {
+                    return Ok(None);
+                }
+                let members = sqlx::query_scalar(
+                    "SELECT user_id FROM group_members WHERE group_id = $1 ORDER BY user_id",
+                )
+                .bind(group_id)
+                .fetch_all(&self.read)
+                .await?;
+                Ok(Some(members))
+            }
+
+            async fn sync(
+                &self,
+                user_id: &str,
+                cursors: &[(String, u64)],
+                limit: u32,
+            ) -> Result<(Vec<$crate::store::StoredMessage>, bool), $crate::store::StoreError> {
+                use sqlx::Row;
+                let stored: Vec<(String, i64, i64)> = sqlx::query_as(
+                    "SELECT c.conversation_id, COALESCE(k.seq, 0), v.last_seq FROM \
+                     (SELECT conversation_id FROM user_conversations WHERE user_id = $1 \
+                      UNION SELECT 'g:' || group_id FROM group_members WHERE user_id = $1) c \
+                     JOIN conversations v ON v.conversation_id = c.conversation_id \
+                     LEFT JOIN cursors k ON k.user_id = $1 AND k.conversation_id = c.conversation_id",
+                )
+                .bind(user_id)
+                .fetch_all(&self.read)
+                .await?;
+                let mut given: std::collections::HashMap<&str, u64> =
+                    cursors.iter().map(|(c, s)| (c.as_str(), *s)).collect();
+                let mut plan: Vec<(String, u64)> = Vec::with_capacity(stored.len());
+                for (conv, stored_seq, last) in stored {
+                    let after = given.remove(conv.as_str()).unwrap_or(stored_seq as u64);
+                    if (last as u64) > after {
+                        plan.push((conv, after));
+                    }
+                }
+                // Named conversations the user has no record of (e.g. left groups) are read as given.
+                plan.extend(given.into_iter().map(|(c, s)| (c.to_string(), s)));
+                plan.sort();
+                plan.dedup_by(|a, b| a.0 == b.0);
+                let mut out = Vec::new();
+                let mut more = false;
+                for (conv, after) in plan {
+                    let room = limit as usize - out.len();
+                    if room == 0 {
+                        more = true;
+                        break;
+                    }
+                    let rows = sqlx::query(
+                        "SELECT conversation_id, sender, payload, send_time, msg_type, seq, \
+                         msg_id, client_msg_id FROM messages \
+                         WHERE conversation_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+                    )
+                    .bind(conv.as_str())
+                    .bind(after as i64)
+                    .bind(room as i64 + 1)
+                    .fetch_all(&self.read)
+                    .await?;
+                    if rows.len() > room {
+                        more = true;
+                    }
+                    for r in rows.into_iter().take(room) {
+                        let payload: Vec<u8> = r.try_get("payload")?;
+                        let seq: i64 = r.try_get("seq")?;
+                        let cmid: Option<String> = r.try_get("client_msg_id")?;
+                        out.push(im_proto::ChatMessage {
+                            conversation_id: r.try_get("conversation_id")?,
+                            sender: r.try_get("sender")?,
+                            payload: payload.into(),
+                            send_time: r.try_get("send_time")?,
+                            r#type: r.try_get("msg_type")?,
+                            seq: seq as u64,
+                            msg_id: r.try_get("msg_id")?,
+                            client_msg_id: cmid.unwrap_or_default(),
+                        });
+                    }
+                    if more {
+                        break;
+                    }
+                }
+                Ok((out, more))
+            }
+
+            async fn cursor(
+                &self,
+                user_id: &str,
+                conversation_id: &str,
+            ) -> Result<u64, $crate::store::StoreError> {
+                let seq: Option<i64> = sqlx::query_scalar(
+                    "SELECT seq FROM cursors WHERE user_id = $1 AND conversation_id = $2",
+                )
+                .bind(user_id)
+                .bind(conversation_id)
+                .fetch_optional(&self.read)
+                .await?;
+                Ok(seq.unwrap_or(0) as u64)
+            }
+
+            async fn ping(&self) -> Result<(), $crate::store::StoreError> {
+                sqlx::query("SELECT 1").execute(&self.read).await?;
+                Ok(())
+            }
+
+            async fn probe_write(&self) -> Result<(), $crate::store::StoreError> {
+                let mut conn = self.writer().await?;
+                let out: Result<(), $crate::store::StoreError> = async {
+                    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+                    sqlx::query(
+                        "INSERT INTO store_probe (id, at) VALUES (1, $1) \
+                         ON CONFLICT (id) DO UPDATE SET at = excluded.at",
+                    )
+                    .bind(im_proto::now_ms())
+                    .execute(&mut *tx)
+                    .await?;
+                    tx.commit().await?;
+                    Ok(())
+                }
+                .await;
+                if out.is_err() {
+                    self.discard_writer(conn).await;
+                }
+                out
+            }
+
+            fn backend(&self) -> &'static str {
+                $backend
+            }
+        }
+
+        /// The write transactions, each on the connection `writer()` checked; the
+        /// `Store` methods discard the connection when one fails.
+        impl $store {
+            async fn commit_batch_on(
+                conn: &mut sqlx::pool::PoolConnection<$db>,
+                messages: &[$crate::store::NewMessage],
+                cursors: &[$crate::store::CursorUpdate],
+            ) -> Result<Vec<$crate::store::Committed>, $crate::store::StoreError> {
                 use std::collections::HashMap;
                 use sqlx::Row;
                 use $crate::store::sql::CHUNK;
                 use $crate::store::Committed;
 
-                let mut tx = self.write.begin().await?;
+                let mut tx = sqlx::Connection::begin(&mut **conn).await?;
                 let now = im_proto::now_ms();
 
                 // 1. Dedup: look up every (sender, client_msg_id) already stored.
@@ -221,14 +391,14 @@ macro_rules! sql_store_impl {
                     .collect())
             }
 
-            async fn group_change(
-                &self,
+            async fn group_change_on(
+                conn: &mut sqlx::pool::PoolConnection<$db>,
                 group_id: &str,
                 change: &$crate::store::GroupChange,
                 max_members: u32,
             ) -> Result<Vec<String>, $crate::store::StoreError> {
                 use $crate::store::{GroupChange, StoreError};
-                let mut tx = self.write.begin().await?;
+                let mut tx = sqlx::Connection::begin(&mut **conn).await?;
                 let conv = im_proto::group_conversation(group_id);
                 let now = im_proto::now_ms();
                 let current: Vec<String> = match change {
@@ -326,123 +496,6 @@ macro_rules! sql_store_impl {
                 Ok(members)
             }
 
-            async fn group_members(
-                &self,
-                group_id: &str,
-            ) -> Result<Option<Vec<String>>, $crate::store::StoreError> {
-                let exists: Option<i32> =
-                    sqlx::query_scalar("SELECT 1 FROM chat_groups WHERE group_id = $1")
-                        .bind(group_id)
-                        .fetch_optional(&self.read)
-                        .await?;
-                if exists.is_none() {
-                    return Ok(None);
-                }
-                let members = sqlx::query_scalar(
-                    "SELECT user_id FROM group_members WHERE group_id = $1 ORDER BY user_id",
-                )
-                .bind(group_id)
-                .fetch_all(&self.read)
-                .await?;
-                Ok(Some(members))
-            }
-
-            async fn sync(
-                &self,
-                user_id: &str,
-                cursors: &[(String, u64)],
-                limit: u32,
-            ) -> Result<(Vec<$crate::store::StoredMessage>, bool), $crate::store::StoreError> {
-                use sqlx::Row;
-                let stored: Vec<(String, i64, i64)> = sqlx::query_as(
-                    "SELECT c.conversation_id, COALESCE(k.seq, 0), v.last_seq FROM \
-                     (SELECT conversation_id FROM user_conversations WHERE user_id = $1 \
-                      UNION SELECT 'g:' || group_id FROM group_members WHERE user_id = $1) c \
-                     JOIN conversations v ON v.conversation_id = c.conversation_id \
-                     LEFT JOIN cursors k ON k.user_id = $1 AND k.conversation_id = c.conversation_id",
-                )
-                .bind(user_id)
-                .fetch_all(&self.read)
-                .await?;
-                let mut given: std::collections::HashMap<&str, u64> =
-                    cursors.iter().map(|(c, s)| (c.as_str(), *s)).collect();
-                let mut plan: Vec<(String, u64)> = Vec::with_capacity(stored.len());
-                for (conv, stored_seq, last) in stored {
-                    let after = given.remove(conv.as_str()).unwrap_or(stored_seq as u64);
-                    if (last as u64) > after {
-                        plan.push((conv, after));
-                    }
-                }
-                // Named conversations the user has no record of (e.g. left groups) are read as given.
-                plan.extend(given.into_iter().map(|(c, s)| (c.to_string(), s)));
-                plan.sort();
-                plan.dedup_by(|a, b| a.0 == b.0);
-                let mut out = Vec::new();
-                let mut more = false;
-                for (conv, after) in plan {
-                    let room = limit as usize - out.len();
-                    if room == 0 {
-                        more = true;
-                        break;
-                    }
-                    let rows = sqlx::query(
-                        "SELECT conversation_id, sender, payload, send_time, msg_type, seq, \
-                         msg_id, client_msg_id FROM messages \
-                         WHERE conversation_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
-                    )
-                    .bind(conv.as_str())
-                    .bind(after as i64)
-                    .bind(room as i64 + 1)
-                    .fetch_all(&self.read)
-                    .await?;
-                    if rows.len() > room {
-                        more = true;
-                    }
-                    for r in rows.into_iter().take(room) {
-                        let payload: Vec<u8> = r.try_get("payload")?;
-                        let seq: i64 = r.try_get("seq")?;
-                        let cmid: Option<String> = r.try_get("client_msg_id")?;
-                        out.push(im_proto::ChatMessage {
-                            conversation_id: r.try_get("conversation_id")?,
-                            sender: r.try_get("sender")?,
-                            payload: payload.into(),
-                            send_time: r.try_get("send_time")?,
-                            r#type: r.try_get("msg_type")?,
-                            seq: seq as u64,
-                            msg_id: r.try_get("msg_id")?,
-                            client_msg_id: cmid.unwrap_or_default(),
-                        });
-                    }
-                    if more {
-                        break;
-                    }
-                }
-                Ok((out, more))
-            }
-
-            async fn cursor(
-                &self,
-                user_id: &str,
-                conversation_id: &str,
-            ) -> Result<u64, $crate::store::StoreError> {
-                let seq: Option<i64> = sqlx::query_scalar(
-                    "SELECT seq FROM cursors WHERE user_id = $1 AND conversation_id = $2",
-                )
-                .bind(user_id)
-                .bind(conversation_id)
-                .fetch_optional(&self.read)
-                .await?;
-                Ok(seq.unwrap_or(0) as u64)
-            }
-
-            async fn ping(&self) -> Result<(), $crate::store::StoreError> {
-                sqlx::query("SELECT 1").execute(&self.read).await?;
-                Ok(())
-            }
-
-            fn backend(&self) -> &'static str {
-                $backend
-            }
         }
     };
 }

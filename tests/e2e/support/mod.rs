@@ -37,9 +37,12 @@ pub struct TestServer {
     env: Vec<(String, String)>,
 }
 
-/// Path of the binary under test.
+/// Path of the binary under test: the one cargo built, or `IM_TEST_SERVER_BIN` (to run
+/// a test against another build, e.g. the one before a fix).
 pub fn server_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_im-server"))
+    std::env::var_os("IM_TEST_SERVER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_im-server")))
 }
 
 impl TestServer {
@@ -59,7 +62,12 @@ impl TestServer {
     }
 
     fn spawn(tmp: Arc<tempfile::TempDir>, env: Vec<(String, String)>, listen: &str) -> TestServer {
-        let data_dir = tmp.path().join("data");
+        // A test may place the data dir elsewhere (a small tmpfs) with its own IM_DATA_DIR.
+        let data_dir = env
+            .iter()
+            .find(|(k, _)| k == "IM_DATA_DIR")
+            .map(|(_, v)| PathBuf::from(v))
+            .unwrap_or_else(|| tmp.path().join("data"));
         let mut cmd = Command::new(server_bin());
         cmd.env("IM_LISTEN", listen)
             .env("IM_ADMIN_LISTEN", "127.0.0.1:0")
