@@ -202,6 +202,13 @@ impl Metrics {
         counter!("im_log_bytes_written_total").absolute(0);
         counter!("im_log_compressed_bytes_total").absolute(0);
         counter!("im_profiles_captured_total").absolute(0);
+        // Store health (set by the persistence writer and the sampler).
+        for reason in STORE_FAULTS {
+            counter!("im_store_faults_total", "reason" => *reason).absolute(0);
+            counter!("im_store_refused_sends_total", "reason" => *reason).absolute(0);
+        }
+        counter!("im_store_refused_sends_total", "reason" => "disk_low").absolute(0);
+        counter!("im_store_connection_resets_total").absolute(0);
         Metrics {
             stages,
             hists: Arc::new(std::array::from_fn(|_| latency::LatencyHist::default())),
@@ -291,7 +298,34 @@ pub const BAD_FRAME_REASONS: &[&str] = &[
 ];
 
 /// HELP text and units for every metric (promtool lints a metric without HELP).
+/// Reasons of `im_store_faults_total` and `im_store_fault` (the store's `Fault` names).
+pub const STORE_FAULTS: &[&str] = &["disk_full", "io_error", "read_only", "store_down"];
+
 fn describe() {
+    describe_gauge!(
+        "im_store_writable",
+        "1 while the store takes commits; 0 while a store fault holds and Sends are refused."
+    );
+    describe_gauge!(
+        "im_store_fault",
+        "1 for the store fault in force, by reason (disk_full, io_error, read_only, store_down)."
+    );
+    describe_counter!(
+        "im_store_faults_total",
+        "Store faults begun (a commit failed for a reason that fails the next one too), by reason."
+    );
+    describe_counter!(
+        "im_store_refused_sends_total",
+        "Sends answered OVERLOADED because the store cannot take them, by reason (a store fault, or disk_low)."
+    );
+    describe_counter!(
+        "im_store_connection_resets_total",
+        "Store writer connections closed because their state was in doubt (after a failed write, or found inside a transaction)."
+    );
+    describe_gauge!(
+        "im_store_disk_free_bytes",
+        "Free bytes on the file system of the SQLite data dir."
+    );
     describe_gauge!("im_connections", "Live client connections.");
     describe_counter!(
         "im_connections_opened_total",

@@ -297,7 +297,7 @@ impl Pipeline {
             });
         }
         if let Some(reason) = self.health.refusal() {
-            self.metrics.persist_overloaded.increment(1);
+            metrics::counter!("im_store_refused_sends_total", "reason" => reason).increment(1);
             return Err(Refusal {
                 code: ErrorCode::Overloaded,
                 message: format!("store unavailable ({reason}), retry with the same client_msg_id"),

@@ -260,7 +260,7 @@ pub async fn run_writer(
         // answered at once (Sends: OVERLOADED; cursors wait in the map).
         if let Some(fault) = guard.health.fault() {
             if last_try.elapsed() < guard.probe_interval {
-                refuse(&mut sends, fault, &guard, &metrics);
+                refuse(&mut sends, fault, &guard);
                 for (_, _, reply) in groups.drain(..) {
                     let _ = reply.send(Err(StoreError::Unavailable(fault.name())));
                 }
@@ -305,7 +305,7 @@ pub async fn run_writer(
                         let seq = cursors.entry((c.user_id, c.conversation_id)).or_insert(0);
                         *seq = (*seq).max(c.seq);
                     }
-                    failed(&mut sends, &e, &guard, &metrics);
+                    failed(&mut sends, &e, &guard);
                 }
             }
         }
@@ -326,9 +326,12 @@ pub async fn run_writer(
 
 /// Answers Sends the writer did not try, while the store is failing: OVERLOADED with
 /// the probe interval as the retry hint.
-fn refuse(sends: &mut Vec<PersistReq>, fault: Fault, guard: &Guard, metrics: &Metrics) {
+fn refuse(sends: &mut Vec<PersistReq>, fault: Fault, guard: &Guard) {
+    if !sends.is_empty() {
+        metrics::counter!("im_store_refused_sends_total", "reason" => fault.name())
+            .increment(sends.len() as u64);
+    }
     for req in sends.drain(..) {
-        metrics.persist_overloaded.increment(1);
         req.origin.push(
             retry_frame(
                 req.req_id,
@@ -347,10 +350,10 @@ fn refuse(sends: &mut Vec<PersistReq>, fault: Fault, guard: &Guard, metrics: &Me
 /// Answers the Sends of a batch whose commit failed: nothing of it is acked. A fault of
 /// the store is OVERLOADED (the node refuses Sends until it heals); an error of this
 /// batch alone is INTERNAL. Both carry a retry hint.
-fn failed(sends: &mut Vec<PersistReq>, e: &StoreError, guard: &Guard, metrics: &Metrics) {
+fn failed(sends: &mut Vec<PersistReq>, e: &StoreError, guard: &Guard) {
     tracing::error!(error = %e, batch = sends.len(), "commit failed; senders told to retry");
     match health::classify(e) {
-        Some(fault) => refuse(sends, fault, guard, metrics),
+        Some(fault) => refuse(sends, fault, guard),
         None => {
             for req in sends.drain(..) {
                 req.origin.push(
