@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 
 use crate::support::cluster::pg_url;
 use crate::support::faults::{
-    assert_stored_once, exclusive, Acked, Outcome, Pair, PgService, Tmpfs, Traffic,
+    assert_stored_once, exclusive, pair_count, report, Acked, Outcome, Pair, PgService, Tmpfs,
+    Traffic,
 };
 use crate::support::{http, raw_sync_all, TestServer};
 
@@ -78,14 +79,14 @@ fn assert_pushed(out: &Outcome) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_disk_full_then_freed_loses_no_acked_message() {
-    let _x = exclusive();
+    let _x = exclusive().await;
     let disk = Tmpfs::mount(24);
     let data = disk.path().join("data");
     let data = data.to_string_lossy().into_owned();
     // The free-space floor off: this case is about the real ENOSPC.
     let mut server =
         TestServer::start_with(&[("IM_DATA_DIR", &data), ("IM_STORE_MIN_FREE_DISK_MB", "0")]);
-    let traffic = Traffic::start(&pairs(&server, 8), |u| server.token(u), 200);
+    let traffic = Traffic::start(&pairs(&server, pair_count(8)), |u| server.token(u), 200);
     traffic.wait_acks(300, Duration::from_secs(20)).await;
     assert_eq!(readyz(&server).0, 200);
 
@@ -98,9 +99,11 @@ async fn sqlite_disk_full_then_freed_loses_no_acked_message() {
 
     disk.free();
     // Recovers by itself, no restart.
+    let recovery = traffic.wait_acks(1, Duration::from_secs(30)).await;
     traffic.wait_acks(300, Duration::from_secs(30)).await;
     let healed_body = readyz_becomes(&server, 200, Duration::from_secs(30)).await;
     let out = traffic.stop(Duration::from_secs(2)).await;
+    report("sqlite_disk_full", &out, recovery, &full_body);
 
     // Only what was durably committed survives a SIGKILL.
     server.restart();
@@ -126,7 +129,7 @@ async fn sqlite_disk_full_then_freed_loses_no_acked_message() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_low_free_space_refuses_sends_before_the_disk_is_full() {
-    let _x = exclusive();
+    let _x = exclusive().await;
     let disk = Tmpfs::mount(24);
     let data = disk.path().join("data");
     let data = data.to_string_lossy().into_owned();
@@ -135,7 +138,7 @@ async fn sqlite_low_free_space_refuses_sends_before_the_disk_is_full() {
         ("IM_STORE_MIN_FREE_DISK_MB", "8"),
         ("IM_OBS_SAMPLE_INTERVAL_MS", "200"),
     ]);
-    let traffic = Traffic::start(&pairs(&server, 4), |u| server.token(u), 100);
+    let traffic = Traffic::start(&pairs(&server, pair_count(4)), |u| server.token(u), 100);
     traffic.wait_acks(100, Duration::from_secs(20)).await;
 
     disk.fill(4 << 20);
@@ -162,12 +165,14 @@ async fn sqlite_low_free_space_refuses_sends_before_the_disk_is_full() {
     );
 
     disk.free();
+    let recovery = traffic.wait_acks(1, Duration::from_secs(30)).await;
     traffic.wait_acks(100, Duration::from_secs(30)).await;
     assert_eq!(
         readyz_becomes(&server, 200, Duration::from_secs(10)).await,
         "ready"
     );
     let out = traffic.stop(Duration::from_secs(2)).await;
+    report("sqlite_disk_low", &out, recovery, "not ready: disk_low");
     assert_stored_once(&out.acked, &synced(&server, &out.acked).await);
     assert_pushed(&out);
     assert!(out.retried > 0);
@@ -179,7 +184,7 @@ async fn sqlite_low_free_space_refuses_sends_before_the_disk_is_full() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_stopped_and_started_answers_and_recovers() {
-    let _x = exclusive();
+    let _x = exclusive().await;
     let pg = PgService::local();
     let schema = format!("f_{}", uuid::Uuid::now_v7().simple());
     let admin = sqlx::PgPool::connect(&pg_url()).await.expect("Postgres");
@@ -193,7 +198,7 @@ async fn postgres_stopped_and_started_answers_and_recovers() {
         ("IM_DATABASE_URL", &db),
         ("IM_STORE_UNAVAILABLE_AFTER_MS", "1000"),
     ]);
-    let traffic = Traffic::start(&pairs(&server, 8), |u| server.token(u), 100);
+    let traffic = Traffic::start(&pairs(&server, pair_count(8)), |u| server.token(u), 100);
     traffic.wait_acks(300, Duration::from_secs(20)).await;
 
     pg.stop();
@@ -205,12 +210,19 @@ async fn postgres_stopped_and_started_answers_and_recovers() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let acked_while_down = traffic.acked() - before;
     pg.start();
+    let recovery = traffic.wait_acks(1, Duration::from_secs(30)).await;
     traffic.wait_acks(300, Duration::from_secs(30)).await;
     assert_eq!(
         readyz_becomes(&server, 200, Duration::from_secs(30)).await,
         "ready"
     );
     let out = traffic.stop(Duration::from_secs(2)).await;
+    report(
+        "postgres_stopped",
+        &out,
+        recovery,
+        &format!("{status} {body}"),
+    );
 
     assert_stored_once(&out.acked, &synced(&server, &out.acked).await);
     assert_pushed(&out);

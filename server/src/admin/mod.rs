@@ -142,6 +142,7 @@ async fn overview(State(node): State<Arc<Node>>) -> Response {
         "max_connections_per_ip": node.config.limits.max_connections_per_ip,
         "connections_refused": refused,
         "draining": node.draining.load(Ordering::Relaxed),
+        "store_refusal": node.pipeline.health.refusal(),
         "users_online": snap.users_online,
         "msg_rate_in": snap.msg_rate_in,
         "msg_rate_out": snap.msg_rate_out,

@@ -135,19 +135,6 @@ fn physical_memory() -> u64 {
         .unwrap_or(0)
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn reads_this_process() {
-        let p = super::read();
-        assert!(p.rss_bytes > 0);
-        assert!(p.open_fds > 0);
-        assert!(p.max_fds >= p.open_fds);
-        assert!(p.memory_limit_bytes > p.rss_bytes);
-        assert!(p.cores >= 1);
-    }
-}
-
 /// Free (for an unprivileged writer) and total bytes of the file system holding `dir`
 /// (`statvfs`); `None` when it cannot be read.
 pub fn disk_space(dir: &std::path::Path) -> Option<(u64, u64)> {
@@ -160,4 +147,17 @@ pub fn disk_space(dir: &std::path::Path) -> Option<(u64, u64)> {
     }
     let frsize = st.f_frsize as u64;
     Some((st.f_bavail as u64 * frsize, st.f_blocks as u64 * frsize))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn reads_this_process() {
+        let p = super::read();
+        assert!(p.rss_bytes > 0);
+        assert!(p.open_fds > 0);
+        assert!(p.max_fds >= p.open_fds);
+        assert!(p.memory_limit_bytes > p.rss_bytes);
+        assert!(p.cores >= 1);
+    }
 }

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use im_client::proto::{Body, ChatMessage};
@@ -11,11 +11,12 @@ use im_client::{RawConn, RawEvent};
 
 use super::send_to_user;
 
-static EXCLUSIVE: Mutex<()> = Mutex::new(());
+static EXCLUSIVE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Held for the whole of a fault case: no two cases break things at once.
-pub fn exclusive() -> MutexGuard<'static, ()> {
-    EXCLUSIVE.lock().unwrap_or_else(|p| p.into_inner())
+/// Held for the whole of a fault case: no two cases break things at once. (A tokio
+/// mutex: the guard lives across the case's awaits, and each test has its own runtime.)
+pub async fn exclusive() -> tokio::sync::MutexGuard<'static, ()> {
+    EXCLUSIVE.lock().await
 }
 
 /// One acked Send, as its sender saw the SendAck.
@@ -108,17 +109,18 @@ impl Traffic {
     }
 
     /// Waits until `more` acks beyond the current count have arrived (the node takes
-    /// sends again); panics after `limit`.
-    pub async fn wait_acks(&self, more: usize, limit: Duration) {
+    /// sends again) and returns how long that took; panics after `limit`.
+    pub async fn wait_acks(&self, more: usize, limit: Duration) -> Duration {
         let start = self.acked();
-        let end = Instant::now() + limit;
+        let t = Instant::now();
         while self.acked() < start + more {
             assert!(
-                Instant::now() < end,
+                t.elapsed() < limit,
                 "no {more} new acks within {limit:?} (had {start})"
             );
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
+        t.elapsed()
     }
 
     /// Stops the senders (each finishes the Send in flight), waits `settle` for the
@@ -153,16 +155,11 @@ async fn receive(shared: Arc<Shared>, user: String, url: String, token: String) 
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
-        loop {
-            match c.recv().await {
-                Ok(RawEvent::Frame(f)) => {
-                    if let Some(Body::Deliver(d)) = f.body {
-                        let mut out = shared.out.lock().unwrap();
-                        let got = out.pushed.entry(user.clone()).or_default();
-                        got.extend(d.messages.into_iter().map(|m| m.client_msg_id));
-                    }
-                }
-                _ => break,
+        while let Ok(RawEvent::Frame(f)) = c.recv().await {
+            if let Some(Body::Deliver(d)) = f.body {
+                let mut out = shared.out.lock().unwrap();
+                let got = out.pushed.entry(user.clone()).or_default();
+                got.extend(d.messages.into_iter().map(|m| m.client_msg_id));
             }
         }
         shared.out.lock().unwrap().reconnects += 1;
@@ -401,4 +398,25 @@ impl Drop for PgService {
             self.start();
         }
     }
+}
+
+/// Pairs of senders and receivers a fault case runs: `IM_FAULTS_PAIRS`, else `default`
+/// (CI runs the default; BENCHMARKS.md's figures come from larger runs).
+pub fn pair_count(default: usize) -> usize {
+    std::env::var("IM_FAULTS_PAIRS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// One line a fault case prints for BENCHMARKS.md (`--nocapture` shows it).
+pub fn report(case: &str, out: &Outcome, recovery: Duration, seen: &str) {
+    eprintln!(
+        "fault report: case={case} acked={} lost=0 retried={} refused={} reconnects={} recovery_ms={} seen={seen:?}",
+        out.acked.len(),
+        out.retried,
+        out.refused.len(),
+        out.reconnects,
+        recovery.as_millis()
+    );
 }
