@@ -11,3 +11,5 @@
 
 #[path = "../e2e/support/mod.rs"]
 mod support;
+
+mod cluster;

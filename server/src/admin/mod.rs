@@ -75,10 +75,12 @@ async fn readyz(State(node): State<Arc<Node>>) -> Response {
     if node.draining.load(Ordering::Relaxed) {
         return error(StatusCode::SERVICE_UNAVAILABLE, "draining");
     }
-    if let Some(c) = &node.cluster {
-        if !c.link.connected() {
-            return error(StatusCode::SERVICE_UNAVAILABLE, "NATS not connected");
-        }
+    if node
+        .cluster
+        .as_ref()
+        .is_some_and(|c| c.degraded().is_some())
+    {
+        return (StatusCode::SERVICE_UNAVAILABLE, "not ready: cluster").into_response();
     }
     match node.store.ping().await {
         Ok(()) => (StatusCode::OK, "ready").into_response(),
@@ -159,6 +161,7 @@ fn cluster_view(node: &Node) -> serde_json::Value {
         "ttl_secs": c.link.registry.ttl().as_secs(),
         "users_on_other_nodes": c.link.presence.len(),
         "nats_connected": c.link.connected(),
+        "degraded": c.degraded(),
         "nodes": nodes,
         "summary": {
             "nodes": nodes.len(),

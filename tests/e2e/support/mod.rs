@@ -5,6 +5,7 @@
 
 pub mod cluster;
 pub mod faults;
+pub mod nats;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
@@ -131,6 +132,15 @@ impl TestServer {
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         self.sigterm();
         self.child.wait().expect("wait")
+    }
+
+    /// Sends `signal` (a name `kill` takes: `STOP`, `CONT`, ...) to the process.
+    pub fn signal(&self, signal: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -{signal} {}", self.child.id());
     }
 
     /// Sends SIGTERM and returns at once (graceful drain).
