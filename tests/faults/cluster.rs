@@ -258,3 +258,145 @@ async fn nats_killed_and_restarted_cluster_heals_and_delivers_every_ack() {
     assert!(metric_sum(&c, &all, "im_cluster_kv_recreated_total") >= 2.0);
     c.cleanup().await;
 }
+
+/// Asks each node of `ask` for a route `rounds` times, avoiding every node but `node`
+/// (so the answer is `node` whenever it is routable, else the asked node itself);
+/// whether any answer named `node`.
+fn offered(c: &TestCluster, ask: &[usize], node: &str, rounds: usize) -> bool {
+    let avoid: Vec<String> = (0..c.nodes.len())
+        .map(|i| format!("n{i}"))
+        .filter(|n| n != node)
+        .collect();
+    let avoid = avoid.join(",");
+    (0..rounds).any(|_| {
+        ask.iter()
+            .any(|&i| c.route(i, &avoid).as_deref() == Some(node))
+    })
+}
+
+/// Waits until `ask` stop offering `node`; returns how long that took.
+async fn wait_out_of_rotation(c: &TestCluster, ask: &[usize], node: &str) -> Duration {
+    let t = Instant::now();
+    while offered(c, ask, node, 1) {
+        assert!(
+            t.elapsed() < support::WAIT,
+            "{node} still offered by /v1/route"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    t.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_killed_leaves_routing_before_the_ttl_and_its_clients_get_everything() {
+    let _x = support::faults::exclusive();
+    let nats = PrivateNats::start();
+    let mut c = TestCluster::start_on(3, &nats.url(), &[]).await;
+    let mut clients = Vec::new();
+    let mut inboxes = Vec::new();
+    for i in 0..6 {
+        let client = Arc::new(c.routed_client(&format!("u{i}")).await);
+        inboxes.push(collect(client.clone()));
+        clients.push(client);
+    }
+    c.wait_presence(&[0, 1, 2], 6).await;
+    let victim = c.index_of(&clients[0].node_id());
+    let dead = format!("n{victim}");
+    let survivors: Vec<usize> = (0..3).filter(|&i| i != victim).collect();
+
+    let senders = Senders::start(&clients, next);
+    senders.wait_more(30).await;
+    c.nodes[victim].kill();
+    let killed = Instant::now();
+    // Out of /v1/route well before the registry TTL, and it stays out.
+    let out = wait_out_of_rotation(&c, &survivors, &dead).await;
+    assert!(out < c.ttl, "{dead} offered for {out:?} (ttl {:?})", c.ttl);
+    assert!(!offered(&c, &survivors, &dead, 10));
+    // The survivors are ready all along.
+    for &i in &survivors {
+        assert_eq!(c.readyz(i).0, 200, "n{i}");
+    }
+    // The dead node's clients log in elsewhere and go on sending.
+    eventually("the dead node's clients to fail over", || {
+        clients.iter().all(|cl| cl.node_id() != dead)
+    })
+    .await;
+    let relogged = killed.elapsed();
+    senders.wait_more(30).await;
+    let acked = senders.finish().await;
+    check_delivered(&acked, &inboxes).await;
+    check_stored(&c, &acked).await;
+
+    // What the operator sees: each survivor logged and counted the loss.
+    for &i in &survivors {
+        assert_eq!(c.readyz(i).0, 200, "n{i}");
+        assert!(c.nodes[i].metric("im_cluster_nodes_lost_total", &[]) >= 1.0);
+        assert!(
+            c.nodes[i].log().contains("cluster node lost"),
+            "n{i} did not log the loss"
+        );
+        let o = c.overview(i);
+        assert_eq!(o["cluster"]["summary"]["healthy"], 2, "{o}");
+    }
+    // New clients only go to the survivors.
+    for k in 0..6 {
+        let cl = c.routed_client(&format!("new{k}")).await;
+        assert_ne!(cl.node_id(), dead);
+    }
+    eprintln!(
+        "node SIGKILL: {} acked; out of /v1/route after {out:?}; its clients re-logged in \
+         elsewhere after {relogged:?}",
+        acked.len()
+    );
+    c.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_stopped_then_continued_is_routed_around_and_catches_up() {
+    let _x = support::faults::exclusive();
+    let nats = PrivateNats::start();
+    let c = TestCluster::start_on(3, &nats.url(), &[]).await;
+    let (clients, inboxes) = pinned_clients(&c, 6).await;
+    c.wait_presence(&[0, 1, 2], 6).await;
+    let victim = 2;
+    let name = format!("n{victim}");
+    let survivors = [0, 1];
+
+    let senders = Senders::start(&clients, next);
+    senders.wait_more(30).await;
+    c.nodes[victim].signal("STOP");
+    let stopped = Instant::now();
+    // The others route around it and stay ready; their users go on chatting.
+    let out = wait_out_of_rotation(&c, &survivors, &name).await;
+    for i in survivors {
+        assert_eq!(c.readyz(i).0, 200, "n{i}");
+    }
+    senders.wait_more(30).await;
+    tokio::time::sleep(Duration::from_secs(5).saturating_sub(stopped.elapsed())).await;
+    c.nodes[victim].signal("CONT");
+    let resumed = Instant::now();
+
+    // Back: ready, offered again, and its users get what they missed.
+    wait_readyz(&c, victim, 200, RECOVERY).await;
+    let end = Instant::now() + RECOVERY;
+    while !offered(&c, &survivors, &name, 1) {
+        assert!(Instant::now() < end, "{name} not offered again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let back_in = resumed.elapsed();
+    senders.wait_more(12).await;
+    let acked = senders.finish().await;
+    check_delivered(&acked, &inboxes).await;
+    check_stored(&c, &acked).await;
+    for i in survivors {
+        assert!(c.nodes[i].metric("im_cluster_nodes_lost_total", &[]) >= 1.0);
+        assert!(c.nodes[i].metric("im_cluster_nodes_returned_total", &[]) >= 1.0);
+        assert!(c.nodes[i].log().contains("cluster node back"), "n{i}");
+    }
+    eprintln!(
+        "node SIGSTOP 5 s: {} acked; out of /v1/route after {out:?}; back in {back_in:?} \
+         after SIGCONT",
+        acked.len()
+    );
+    c.cleanup().await;
+}

@@ -152,7 +152,7 @@ impl Health {
                 self.was_down.store(true, Relaxed);
                 self.link_up.set(0.0);
                 tracing::warn!(
-                    "NATS connection lost: cross-node pushes pause (sends are still acked;                      receivers on other nodes sync once the link is back)"
+                    "NATS connection lost: cross-node pushes pause; sends are still acked and their receivers sync once the link is back"
                 );
             }
             async_nats::Event::Connected => {

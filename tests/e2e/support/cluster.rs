@@ -163,9 +163,11 @@ impl TestCluster {
         super::http(self.nodes[i].admin_addr, "GET", "/readyz", None)
     }
 
-    /// `GET /v1/route` on node `i`: the node id it offers (`None`: 503, none can take it).
-    pub fn route(&self, i: usize) -> Option<String> {
-        let (status, body) = super::http(self.nodes[i].client_addr, "GET", "/v1/route", None);
+    /// `GET /v1/route?avoid=<avoid>` on node `i`: the node id it offers (`None`: 503,
+    /// none can take a connection).
+    pub fn route(&self, i: usize, avoid: &str) -> Option<String> {
+        let path = format!("/v1/route?avoid={avoid}");
+        let (status, body) = super::http(self.nodes[i].client_addr, "GET", &path, None);
         if status == 503 {
             return None;
         }
