@@ -9,6 +9,9 @@
 //! receiver gets every acked message (push or sync) once the fault heals, with no new
 //! traffic to prompt it; `/readyz` tells the truth during and after; the cluster heals
 //! without restarting a node, within [`RECOVERY`].
+//!
+//! Sized for CI (6 users, a fault of 3 to 5 s); `IM_FAULT_USERS` and `IM_FAULT_SECS`
+//! make them bigger for the figures in BENCHMARKS.md, which each case prints.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -20,10 +23,20 @@ use im_client::{Client, ClientConfig, Target};
 
 use crate::support::cluster::{collect, received_all, Inbox, TestCluster};
 use crate::support::nats::PrivateNats;
-use crate::support::{self, eventually};
+use crate::support::{self, env_u64, eventually};
 
 /// How long the cluster may take to heal once the fault is over.
 const RECOVERY: Duration = Duration::from_secs(30);
+
+/// Users sending (one per sender; `IM_FAULT_USERS`, default 6).
+fn users() -> usize {
+    env_u64("IM_FAULT_USERS", 6) as usize
+}
+
+/// How long a fault lasts (`IM_FAULT_SECS`, else `default`).
+fn fault_for(default: Duration) -> Duration {
+    Duration::from_secs(env_u64("IM_FAULT_SECS", default.as_secs()))
+}
 
 /// One SendAck: (conversation, seq, msg_id) and the receiver's index.
 type Acked = (String, u64, String, usize);
@@ -83,9 +96,14 @@ impl Senders {
         .await;
     }
 
+    /// Tells the senders to stop after the send each has in flight.
+    fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
     /// Stops the senders; returns every ack.
     async fn finish(self) -> Vec<Acked> {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop();
         let mut all = Vec::new();
         for t in self.tasks {
             all.extend(t.await.expect("sender task"));
@@ -96,8 +114,8 @@ impl Senders {
 
 /// Waits (up to [`RECOVERY`]) until every receiver's inbox holds every message acked to
 /// it; then checks nothing arrived twice and each conversation came in seq order.
-async fn check_delivered(acked: &[Acked], inboxes: &[Inbox]) -> Duration {
-    let t = Instant::now();
+/// Returns when the last one had arrived.
+async fn check_delivered(acked: &[Acked], inboxes: &[Inbox]) -> Instant {
     let mut want: Vec<HashMap<String, HashSet<String>>> = vec![HashMap::new(); inboxes.len()];
     for (conv, _, id, to) in acked {
         want[*to]
@@ -124,7 +142,7 @@ async fn check_delivered(acked: &[Acked], inboxes: &[Inbox]) -> Duration {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
-    let took = t.elapsed();
+    let all_in = Instant::now();
     tokio::time::sleep(Duration::from_millis(300)).await;
     for (i, inbox) in inboxes.iter().enumerate() {
         let mut seen = HashSet::new();
@@ -135,7 +153,7 @@ async fn check_delivered(acked: &[Acked], inboxes: &[Inbox]) -> Duration {
             assert!(m.seq > prev, "u{i}: seq {} after {prev}", m.seq);
         }
     }
-    took
+    all_in
 }
 
 /// The store check of [`TestCluster::check_stored`] for these acks.
@@ -194,35 +212,40 @@ async fn nats_killed_and_restarted_cluster_heals_and_delivers_every_ack() {
     let _x = support::faults::exclusive();
     let mut nats = PrivateNats::start();
     let c = TestCluster::start_on(3, &nats.url(), &[]).await;
-    let (clients, inboxes) = pinned_clients(&c, 6).await;
-    c.wait_presence(&[0, 1, 2], 6).await;
+    let n = users();
+    let (clients, inboxes) = pinned_clients(&c, n).await;
+    c.wait_presence(&[0, 1, 2], n as u64).await;
 
     let senders = Senders::start(&clients, next);
     senders.wait_more(30).await;
     nats.kill();
+    let cut = Instant::now();
     // Cut from NATS: every node says so, and keeps acking (the store is fine).
     for i in 0..3 {
         let body = wait_readyz(&c, i, 503, support::WAIT).await;
         assert!(body.contains("not ready: cluster"), "n{i}: {body}");
     }
     senders.wait_more(60).await;
-    // Longer than the registry TTL: every report in the memory buckets is gone anyway.
-    tokio::time::sleep(c.ttl).await;
+    // At least the registry TTL: every report in the memory buckets is gone anyway.
+    tokio::time::sleep(fault_for(c.ttl).saturating_sub(cut.elapsed())).await;
+    // No new traffic once NATS is back: what was acked while the link was down must
+    // reach the receivers by the resync after the reconnect, not by a later push that
+    // shows the SDK a gap.
+    let acked = senders.finish().await;
     nats.restart();
     let healed = Instant::now();
-    senders.wait_more(12).await;
-    let acked = senders.finish().await;
-
-    // No new traffic from here: what was acked while the link was down reaches the
-    // receivers by the resync after the reconnect.
-    let took = check_delivered(&acked, &inboxes).await;
+    // Ready again without a restart: the nodes reconnect and resync on their own.
     for i in 0..3 {
         wait_readyz(&c, i, 200, RECOVERY).await;
     }
+    let ready = healed.elapsed();
+    let all_in = check_delivered(&acked, &inboxes).await;
     eprintln!(
-        "NATS outage: {} acked, all delivered {:?} after NATS came back ({took:?} of checking)",
+        "NATS outage of {:?}: {} acked by {n} senders; every node ready {ready:?} after \
+         NATS came back; all delivered {:?} after it",
+        healed - cut,
         acked.len(),
-        healed.elapsed()
+        all_in - healed
     );
     check_stored(&c, &acked).await;
 
@@ -294,15 +317,17 @@ async fn node_killed_leaves_routing_before_the_ttl_and_its_clients_get_everythin
     let mut c = TestCluster::start_on(3, &nats.url(), &[]).await;
     let mut clients = Vec::new();
     let mut inboxes = Vec::new();
-    for i in 0..6 {
+    let n = users();
+    for i in 0..n {
         let client = Arc::new(c.routed_client(&format!("u{i}")).await);
         inboxes.push(collect(client.clone()));
         clients.push(client);
     }
-    c.wait_presence(&[0, 1, 2], 6).await;
+    c.wait_presence(&[0, 1, 2], n as u64).await;
     let victim = c.index_of(&clients[0].node_id());
     let dead = format!("n{victim}");
     let survivors: Vec<usize> = (0..3).filter(|&i| i != victim).collect();
+    let moved = clients.iter().filter(|cl| cl.node_id() == dead).count();
 
     let senders = Senders::start(&clients, next);
     senders.wait_more(30).await;
@@ -344,8 +369,8 @@ async fn node_killed_leaves_routing_before_the_ttl_and_its_clients_get_everythin
         assert_ne!(cl.node_id(), dead);
     }
     eprintln!(
-        "node SIGKILL: {} acked; out of /v1/route after {out:?}; its clients re-logged in \
-         elsewhere after {relogged:?}",
+        "node SIGKILL: {} acked by {n} senders ({moved} clients); out of /v1/route after \
+         {out:?}; its clients re-logged in elsewhere after {relogged:?}",
         acked.len()
     );
     c.cleanup().await;
@@ -356,8 +381,9 @@ async fn node_stopped_then_continued_is_routed_around_and_catches_up() {
     let _x = support::faults::exclusive();
     let nats = PrivateNats::start();
     let c = TestCluster::start_on(3, &nats.url(), &[]).await;
-    let (clients, inboxes) = pinned_clients(&c, 6).await;
-    c.wait_presence(&[0, 1, 2], 6).await;
+    let n = users();
+    let (clients, inboxes) = pinned_clients(&c, n).await;
+    c.wait_presence(&[0, 1, 2], n as u64).await;
     let victim = 2;
     let name = format!("n{victim}");
     let survivors = [0, 1];
@@ -372,9 +398,15 @@ async fn node_stopped_then_continued_is_routed_around_and_catches_up() {
         assert_eq!(c.readyz(i).0, 200, "n{i}");
     }
     senders.wait_more(30).await;
-    tokio::time::sleep(Duration::from_secs(5).saturating_sub(stopped.elapsed())).await;
+    let stop_for = fault_for(Duration::from_secs(5));
+    tokio::time::sleep(stop_for.saturating_sub(stopped.elapsed())).await;
+    // Only the stopped node's senders (their sends in flight) finish after it resumes:
+    // nothing new is pushed to its users, so what they missed must come by the resync
+    // the others send it when it is back.
+    senders.stop();
     c.nodes[victim].signal("CONT");
     let resumed = Instant::now();
+    let acked = senders.finish().await;
 
     // Back: ready, offered again, and its users get what they missed.
     wait_readyz(&c, victim, 200, RECOVERY).await;
@@ -384,9 +416,7 @@ async fn node_stopped_then_continued_is_routed_around_and_catches_up() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let back_in = resumed.elapsed();
-    senders.wait_more(12).await;
-    let acked = senders.finish().await;
-    check_delivered(&acked, &inboxes).await;
+    let delivered = check_delivered(&acked, &inboxes).await - resumed;
     check_stored(&c, &acked).await;
     for i in survivors {
         assert!(c.nodes[i].metric("im_cluster_nodes_lost_total", &[]) >= 1.0);
@@ -394,9 +424,10 @@ async fn node_stopped_then_continued_is_routed_around_and_catches_up() {
         assert!(c.nodes[i].log().contains("cluster node back"), "n{i}");
     }
     eprintln!(
-        "node SIGSTOP 5 s: {} acked; out of /v1/route after {out:?}; back in {back_in:?} \
-         after SIGCONT",
-        acked.len()
+        "node SIGSTOP {stop_for:?}: {} acked by {n} senders; out of /v1/route after \
+         {out:?}; back in {back_in:?} after SIGCONT; all delivered {:?} after SIGCONT",
+        acked.len(),
+        delivered
     );
     c.cleanup().await;
 }

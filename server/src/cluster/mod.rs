@@ -597,25 +597,21 @@ impl Buckets {
         prefix: &str,
         ttl: Duration,
     ) -> Result<Buckets, ClusterError> {
-        let (nodes, _) = open_bucket(js, &format!("{prefix}-nodes"), ttl).await?;
-        let (presence, _) = open_bucket(js, &format!("{prefix}-presence"), Duration::ZERO).await?;
+        let [(nodes, nodes_age), (presence, presence_age)] = bucket_specs(prefix, ttl);
         Ok(Buckets {
             prefix: prefix.to_string(),
             ttl,
-            nodes: RwLock::new(nodes),
-            presence: RwLock::new(presence),
+            nodes: RwLock::new(open_bucket(js, &nodes, nodes_age).await?.0),
+            presence: RwLock::new(open_bucket(js, &presence, presence_age).await?.0),
         })
     }
 
     /// Creates whichever bucket is missing; returns how many were.
     async fn ensure(&self, js: &jetstream::Context) -> Result<u64, ClusterError> {
         let mut made = 0;
-        for (name, max_age, slot) in [
-            ("nodes", self.ttl, &self.nodes),
-            ("presence", Duration::ZERO, &self.presence),
-        ] {
-            let (store, created) =
-                open_bucket(js, &format!("{}-{name}", self.prefix), max_age).await?;
+        let specs = bucket_specs(&self.prefix, self.ttl);
+        for ((bucket, max_age), slot) in specs.iter().zip([&self.nodes, &self.presence]) {
+            let (store, created) = open_bucket(js, bucket, *max_age).await?;
             made += u64::from(created);
             if let Ok(mut s) = slot.write() {
                 *s = store;
@@ -631,6 +627,14 @@ impl Buckets {
     fn presence(&self) -> kv::Store {
         read_store(&self.presence)
     }
+}
+
+/// Name and max age of the registry and the presence bucket.
+fn bucket_specs(prefix: &str, ttl: Duration) -> [(String, Duration); 2] {
+    [
+        (format!("{prefix}-nodes"), ttl),
+        (format!("{prefix}-presence"), Duration::ZERO),
+    ]
 }
 
 fn read_store(slot: &RwLock<kv::Store>) -> kv::Store {

@@ -40,8 +40,9 @@ pub struct TestCluster {
 }
 
 impl TestCluster {
-    /// Starts `n` nodes (registry TTL 3 s, reports every 300 ms) and waits until every
-    /// node sees all of them healthy.
+    /// Starts `n` nodes (registry TTL 3 s, reports every 300 ms; `IM_TEST_CLUSTER_TTL_SECS`
+    /// and `IM_TEST_CLUSTER_REPORT_MS` change them for measurements) and waits until
+    /// every node sees all of them healthy.
     pub async fn start(n: usize, extra: &[(&str, &str)]) -> TestCluster {
         Self::start_on(n, &nats_url(), extra).await
     }
@@ -61,9 +62,10 @@ impl TestCluster {
         admin.close().await;
         sweep_stale_buckets(nats).await;
         let db = format!("{}?options[search_path]={schema}", pg_url());
-        let ttl = Duration::from_secs(3);
+        let ttl = Duration::from_secs(super::env_u64("IM_TEST_CLUSTER_TTL_SECS", 3));
         let ttl_s = ttl.as_secs().to_string();
-        let report_interval = Duration::from_millis(300);
+        let report_interval =
+            Duration::from_millis(super::env_u64("IM_TEST_CLUSTER_REPORT_MS", 300));
         let interval_ms = report_interval.as_millis().to_string();
         let mut nodes = Vec::new();
         for i in 0..n {

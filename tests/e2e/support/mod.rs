@@ -38,9 +38,21 @@ pub struct TestServer {
     env: Vec<(String, String)>,
 }
 
-/// Path of the binary under test.
+/// Path of the binary under test (`IM_TEST_SERVER_BIN` overrides it, e.g. with a
+/// release build for measurements).
 pub fn server_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_im-server"))
+    std::env::var_os("IM_TEST_SERVER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_im-server")))
+}
+
+/// A whole number from the environment variable `name`, or `default` when unset or not
+/// a number (sizes of tests that are also run bigger for measurements).
+pub fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 impl TestServer {
