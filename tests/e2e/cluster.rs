@@ -5,11 +5,11 @@
 //! new connections go to the least-loaded node; dedup holds across nodes.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use im_client::proto::{group_op, Body, ChatMessage, MessageType};
-use im_client::{Client, ClientConfig, Event, RawEvent, Target};
+use im_client::{Client, ClientConfig, RawEvent, Target};
 
 use crate::support::cluster::{collect, received_all, Inbox, TestCluster};
 use crate::support::*;

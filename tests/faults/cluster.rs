@@ -207,9 +207,14 @@ fn metric_sum(c: &TestCluster, nodes: &[usize], name: &str) -> f64 {
     nodes.iter().map(|&i| c.nodes[i].metric(name, &[])).sum()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nats_killed_and_restarted_cluster_heals_and_delivers_every_ack() {
+#[test]
+fn nats_killed_and_restarted_cluster_heals_and_delivers_every_ack() {
     let _x = support::faults::exclusive();
+    support::faults::runtime()
+        .block_on(nats_killed_and_restarted_cluster_heals_and_delivers_every_ack_case());
+}
+
+async fn nats_killed_and_restarted_cluster_heals_and_delivers_every_ack_case() {
     let mut nats = PrivateNats::start();
     let c = TestCluster::start_on(3, &nats.url(), &[]).await;
     let n = users();
@@ -310,9 +315,14 @@ async fn wait_out_of_rotation(c: &TestCluster, ask: &[usize], node: &str) -> Dur
     t.elapsed()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn node_killed_leaves_routing_before_the_ttl_and_its_clients_get_everything() {
+#[test]
+fn node_killed_leaves_routing_before_the_ttl_and_its_clients_get_everything() {
     let _x = support::faults::exclusive();
+    support::faults::runtime()
+        .block_on(node_killed_leaves_routing_before_the_ttl_and_its_clients_get_everything_case());
+}
+
+async fn node_killed_leaves_routing_before_the_ttl_and_its_clients_get_everything_case() {
     let nats = PrivateNats::start();
     let mut c = TestCluster::start_on(3, &nats.url(), &[]).await;
     let mut clients = Vec::new();
@@ -376,9 +386,14 @@ async fn node_killed_leaves_routing_before_the_ttl_and_its_clients_get_everythin
     c.cleanup().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn node_stopped_then_continued_is_routed_around_and_catches_up() {
+#[test]
+fn node_stopped_then_continued_is_routed_around_and_catches_up() {
     let _x = support::faults::exclusive();
+    support::faults::runtime()
+        .block_on(node_stopped_then_continued_is_routed_around_and_catches_up_case());
+}
+
+async fn node_stopped_then_continued_is_routed_around_and_catches_up_case() {
     let nats = PrivateNats::start();
     let c = TestCluster::start_on(3, &nats.url(), &[]).await;
     let n = users();

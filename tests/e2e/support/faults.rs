@@ -9,3 +9,13 @@ static EXCLUSIVE: Mutex<()> = Mutex::new(());
 pub fn exclusive() -> MutexGuard<'static, ()> {
     EXCLUSIVE.lock().unwrap_or_else(|p| p.into_inner())
 }
+
+/// The runtime an async fault case runs on, inside a plain `#[test]` that holds
+/// [`exclusive`] outside it (a std lock must not be held across an await).
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
