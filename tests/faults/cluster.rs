@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use im_client::proto::{direct_conversation, MessageType};
 use im_client::{Client, ClientConfig, Target};
 
-use crate::support::cluster::{collect, received_all, Inbox, TestCluster};
+use crate::support::cluster::{collect, missing, received_all, Inbox, TestCluster};
 use crate::support::nats::PrivateNats;
 use crate::support::{self, env_u64, eventually};
 
@@ -127,16 +127,9 @@ async fn check_delivered(acked: &[Acked], inboxes: &[Inbox]) -> Instant {
     for (i, inbox) in inboxes.iter().enumerate() {
         while !received_all(inbox, &want[i]) {
             if Instant::now() > end {
-                let got: HashSet<String> = inbox
-                    .lock()
-                    .unwrap()
-                    .iter()
-                    .map(|m| m.msg_id.clone())
-                    .collect();
-                let missing = want[i].values().flatten().filter(|id| !got.contains(*id));
                 panic!(
                     "u{i} is missing {} acked messages {RECOVERY:?} after the fault healed",
-                    missing.count()
+                    missing(inbox, &want[i])
                 );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -210,11 +203,10 @@ fn metric_sum(c: &TestCluster, nodes: &[usize], name: &str) -> f64 {
 #[test]
 fn nats_killed_and_restarted_cluster_heals_and_delivers_every_ack() {
     let _x = support::faults::exclusive();
-    support::faults::runtime()
-        .block_on(nats_killed_and_restarted_cluster_heals_and_delivers_every_ack_case());
+    support::faults::runtime().block_on(nats_kill_case());
 }
 
-async fn nats_killed_and_restarted_cluster_heals_and_delivers_every_ack_case() {
+async fn nats_kill_case() {
     let mut nats = PrivateNats::start();
     let c = TestCluster::start_on(3, &nats.url(), &[]).await;
     let n = users();
@@ -318,11 +310,10 @@ async fn wait_out_of_rotation(c: &TestCluster, ask: &[usize], node: &str) -> Dur
 #[test]
 fn node_killed_leaves_routing_before_the_ttl_and_its_clients_get_everything() {
     let _x = support::faults::exclusive();
-    support::faults::runtime()
-        .block_on(node_killed_leaves_routing_before_the_ttl_and_its_clients_get_everything_case());
+    support::faults::runtime().block_on(node_kill_case());
 }
 
-async fn node_killed_leaves_routing_before_the_ttl_and_its_clients_get_everything_case() {
+async fn node_kill_case() {
     let nats = PrivateNats::start();
     let mut c = TestCluster::start_on(3, &nats.url(), &[]).await;
     let mut clients = Vec::new();
@@ -389,11 +380,10 @@ async fn node_killed_leaves_routing_before_the_ttl_and_its_clients_get_everythin
 #[test]
 fn node_stopped_then_continued_is_routed_around_and_catches_up() {
     let _x = support::faults::exclusive();
-    support::faults::runtime()
-        .block_on(node_stopped_then_continued_is_routed_around_and_catches_up_case());
+    support::faults::runtime().block_on(node_stop_case());
 }
 
-async fn node_stopped_then_continued_is_routed_around_and_catches_up_case() {
+async fn node_stop_case() {
     let nats = PrivateNats::start();
     let c = TestCluster::start_on(3, &nats.url(), &[]).await;
     let n = users();

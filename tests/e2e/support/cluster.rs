@@ -283,11 +283,19 @@ pub fn collect(client: Arc<Client>) -> Inbox {
 
 /// Whether `inbox` holds every msg id of `want` (conversation -> msg ids).
 pub fn received_all(inbox: &Inbox, want: &HashMap<String, HashSet<String>>) -> bool {
+    missing(inbox, want) == 0
+}
+
+/// How many msg ids of `want` (conversation -> msg ids) `inbox` does not hold.
+pub fn missing(inbox: &Inbox, want: &HashMap<String, HashSet<String>>) -> usize {
     let got: HashSet<String> = inbox
         .lock()
         .unwrap()
         .iter()
         .map(|m| m.msg_id.clone())
         .collect();
-    want.values().flatten().all(|id| got.contains(id))
+    want.values()
+        .flatten()
+        .filter(|id| !got.contains(*id))
+        .count()
 }
