@@ -333,7 +333,7 @@ fn describe() {
     );
     describe_counter!(
         "im_sync_hints_total",
-        "Notify-and-pull sync hints sent to members of large groups."
+        "Sync hints sent: notify-and-pull to members of large groups, and to every session after a cluster resync."
     );
     describe_gauge!(
         "im_persist_queue_depth",
