@@ -12,3 +12,5 @@
 mod store;
 #[path = "../e2e/support/mod.rs"]
 mod support;
+
+mod cluster;

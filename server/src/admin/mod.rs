@@ -89,10 +89,12 @@ async fn readyz(State(node): State<Arc<Node>>) -> Response {
     if node.draining.load(Ordering::Relaxed) {
         return not_ready("draining");
     }
-    if let Some(c) = &node.cluster {
-        if !c.link.connected() {
-            return not_ready("cluster");
-        }
+    if node
+        .cluster
+        .as_ref()
+        .is_some_and(|c| c.degraded().is_some())
+    {
+        return not_ready("cluster");
     }
     if let Some(reason) = node.pipeline.health.refusal() {
         return not_ready(reason);
@@ -184,6 +186,7 @@ fn cluster_view(node: &Node) -> serde_json::Value {
         "ttl_secs": c.link.registry.ttl().as_secs(),
         "users_on_other_nodes": c.link.presence.len(),
         "nats_connected": c.link.connected(),
+        "degraded": c.degraded(),
         "nodes": nodes,
         "summary": {
             "nodes": nodes.len(),

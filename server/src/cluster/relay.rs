@@ -1,6 +1,8 @@
 //! Relay: the envelope one node publishes to another's subject (`<prefix>.node.<id>`)
 //! for cross-node delivery, one per receiving node per message (never one per member),
-//! and the group-change notice that evicts a stale membership cache entry.
+//! the group-change notice that evicts a stale membership cache entry, and the resync
+//! notice (to one node, or to every node on `<prefix>.all`) after pushes may have been
+//! lost.
 
 use bytes::Bytes;
 
@@ -23,6 +25,11 @@ pub struct Envelope {
     /// Set on a group-change notice: evict this group from the membership cache.
     #[prost(string, tag = "5")]
     pub group_changed: String,
+    /// A resync notice: the sender's cluster link was down or failed to publish, so
+    /// pushes and group notices may have been lost; every session on the receiving node
+    /// gets a sync hint and the membership cache is dropped.
+    #[prost(bool, tag = "6")]
+    pub resync: bool,
 }
 
 #[cfg(test)]
@@ -38,9 +45,18 @@ mod tests {
             frame: Bytes::from_static(b"\x08\x01"),
             direct: true,
             group_changed: String::new(),
+            resync: false,
         };
         let bytes = e.encode_to_vec();
         assert_eq!(Envelope::decode(&bytes[..]).unwrap(), e);
         assert!(Envelope::decode(&b"\xff\xff"[..]).is_err());
+        // A node without the resync field reads a notice as an empty envelope.
+        let notice = Envelope {
+            from: "a".into(),
+            resync: true,
+            ..Default::default()
+        };
+        let back = Envelope::decode(&notice.encode_to_vec()[..]).unwrap();
+        assert!(back.resync && back.users.is_empty() && back.frame.is_empty());
     }
 }

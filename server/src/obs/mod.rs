@@ -367,7 +367,7 @@ fn describe() {
     );
     describe_counter!(
         "im_sync_hints_total",
-        "Notify-and-pull sync hints sent to members of large groups."
+        "Sync hints sent: notify-and-pull to members of large groups, and to every session after a cluster resync."
     );
     describe_gauge!(
         "im_persist_queue_depth",
@@ -433,6 +433,58 @@ fn describe() {
         "Bytes of rotated log files compressed."
     );
     describe_counter!("im_profiles_captured_total", "CPU profiles captured.");
+    describe_gauge!(
+        "im_cluster_link_up",
+        "1 while this node's cluster link works (NATS connected, KV buckets usable), else 0."
+    );
+    describe_counter!(
+        "im_cluster_reconnects_total",
+        "Times the NATS connection came back after a loss."
+    );
+    describe_counter!(
+        "im_cluster_resyncs_total",
+        "Cluster state rebuilds after a reconnect or a KV failure (each ends with a resync notice)."
+    );
+    describe_counter!(
+        "im_cluster_kv_recreated_total",
+        "Cluster KV buckets recreated because NATS had lost them."
+    );
+    describe_gauge!(
+        "im_cluster_nodes_live",
+        "Nodes whose load report is recent (within 2.5 report intervals): routable."
+    );
+    describe_gauge!(
+        "im_cluster_nodes_healthy",
+        "Nodes whose load report is within the TTL: still sent pushes."
+    );
+    describe_counter!(
+        "im_cluster_nodes_lost_total",
+        "Times another node missed its load reports and left rotation."
+    );
+    describe_counter!(
+        "im_cluster_nodes_returned_total",
+        "Times a lost node reported again."
+    );
+    describe_counter!(
+        "im_cluster_forwarded_total",
+        "Envelopes published to other nodes (pushes and group notices)."
+    );
+    describe_counter!(
+        "im_cluster_received_total",
+        "Envelopes received from other nodes."
+    );
+    describe_counter!(
+        "im_cluster_bad_envelopes_total",
+        "Undecodable envelopes received from other nodes."
+    );
+    describe_counter!(
+        "im_cluster_publish_errors_total",
+        "Publishes to other nodes that failed or were skipped while NATS was down."
+    );
+    describe_counter!(
+        "im_cluster_presence_errors_total",
+        "Presence writes to the KV bucket that failed (written again after a resync)."
+    );
     describe_gauge!(
         "process_resident_memory_bytes",
         Unit::Bytes,

@@ -42,6 +42,14 @@ impl Relations {
         }
     }
 
+    /// Drops every cached group (group-change notices from other nodes may have been
+    /// lost while the cluster link was down); each group is read again on next use.
+    pub fn evict_all(&self) {
+        if let Ok(mut g) = self.groups.write() {
+            g.clear();
+        }
+    }
+
     /// Members of a group (`None` when it does not exist).
     pub async fn members(&self, group_id: &str) -> Result<Option<Members>, StoreError> {
         if let Some(m) = self.cached(group_id) {

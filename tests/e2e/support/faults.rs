@@ -19,6 +19,11 @@ pub async fn exclusive() -> tokio::sync::MutexGuard<'static, ()> {
     EXCLUSIVE.lock().await
 }
 
+/// [`exclusive`] for a case that is a plain (non-async) test running its own runtimes.
+pub fn exclusive_blocking() -> tokio::sync::MutexGuard<'static, ()> {
+    EXCLUSIVE.blocking_lock()
+}
+
 /// One acked Send, as its sender saw the SendAck.
 #[derive(Debug, Clone)]
 pub struct Acked {
@@ -419,4 +424,14 @@ pub fn report(case: &str, out: &Outcome, recovery: Duration, seen: &str) {
         out.reconnects,
         recovery.as_millis()
     );
+}
+
+/// The runtime an async fault case runs on, inside a plain `#[test]` that holds
+/// [`exclusive`] outside it (a std lock must not be held across an await).
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
 }

@@ -5,6 +5,7 @@
 
 pub mod cluster;
 pub mod faults;
+pub mod nats;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
@@ -43,6 +44,15 @@ pub fn server_bin() -> PathBuf {
     std::env::var_os("IM_TEST_SERVER_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_im-server")))
+}
+
+/// A whole number from the environment variable `name`, or `default` when unset or not
+/// a number (sizes of tests that are also run bigger for measurements).
+pub fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 impl TestServer {
@@ -139,6 +149,15 @@ impl TestServer {
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         self.sigterm();
         self.child.wait().expect("wait")
+    }
+
+    /// Sends `signal` (a name `kill` takes: `STOP`, `CONT`, ...) to the process.
+    pub fn signal(&self, signal: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -{signal} {}", self.child.id());
     }
 
     /// Sends SIGTERM and returns at once (graceful drain).
