@@ -100,6 +100,33 @@ pub struct Config {
     pub log: LogConfig,
     /// Cluster mode (with `nats_url`): registry TTL, load reports, routing.
     pub cluster: ClusterConfig,
+    /// HTTP hardening of both listeners: header timeout and size, admin connection cap.
+    pub http: Http,
+}
+
+/// HTTP settings of both listeners (`[http]`), applied per accepted socket before any
+/// request is read.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Http {
+    /// A request head must arrive complete within this many seconds of the server
+    /// starting to wait for it, or the socket is closed; this is also how long a
+    /// kept-alive connection may sit idle between requests (both listeners).
+    pub header_read_timeout_secs: u32,
+    /// Largest request head (request line and headers) accepted, in bytes; larger: 431.
+    pub max_header_bytes: u32,
+    /// Most admin connections at once; more are closed at accept.
+    pub admin_max_connections: u32,
+}
+
+impl Default for Http {
+    fn default() -> Self {
+        Http {
+            header_read_timeout_secs: 10,
+            max_header_bytes: 16 * 1024,
+            admin_max_connections: 64,
+        }
+    }
 }
 
 /// Cluster settings (`[cluster]`, DESIGN.md section 10); used when `nats_url` is set.
@@ -342,6 +369,7 @@ impl std::fmt::Debug for Config {
             .field("obs", &self.obs)
             .field("log", &self.log)
             .field("cluster", &self.cluster)
+            .field("http", &self.http)
             .finish()
     }
 }
@@ -403,12 +431,45 @@ pub struct Limits {
     /// RLIMIT_NOFILE soft limit less [`FD_RESERVE`] (store, logs, admin, cluster).
     pub max_connections: u32,
     /// Most client connections from one source address (0: no cap; mind NAT gateways).
+    /// The address is the socket peer, or the client named by `X-Forwarded-For` when
+    /// the peer is one of `trusted_proxies`.
     pub max_connections_per_ip: u32,
+    /// Proxies (IP addresses) whose `X-Forwarded-For` names the client; from any other
+    /// peer the header is ignored. A trusted proxy's own address has no per-IP cap.
+    pub trusted_proxies: Vec<String>,
+    /// Most logged-in connections one user may hold on this node; the next login is
+    /// refused (`RESOURCE_EXHAUSTED`-style error, close 1008; 0: no cap).
+    pub max_sessions_per_user: u32,
+    /// DeliverAcks per second one connection may sustain (0: unlimited).
+    pub deliver_ack_rate_per_sec: u32,
+    /// DeliverAcks one connection may burst above the sustained rate.
+    pub deliver_ack_burst: u32,
+    /// SyncRequests per second one connection may sustain (0: unlimited).
+    pub sync_rate_per_sec: u32,
+    /// SyncRequests one connection may burst above the sustained rate.
+    pub sync_burst: u32,
+    /// GroupOps per second one connection may sustain (0: unlimited).
+    pub group_op_rate_per_sec: u32,
+    /// GroupOps one connection may burst above the sustained rate.
+    pub group_op_burst: u32,
+    /// Most frames one `Batch` frame may carry; more is a bad frame and nothing of it
+    /// is handled.
+    pub max_batch_frames: u32,
 }
+
+/// Shortest configured `jwt_secret` or `admin_token` accepted, in bytes.
+pub const MIN_SECRET_BYTES: usize = 32;
 
 /// File descriptors kept free for the store, log files, the admin listener and NATS
 /// when `limits.max_connections` is automatic.
 pub const FD_RESERVE: u64 = 256;
+
+impl Flow {
+    /// The sync page budget in effect: `sync_page_bytes`, at most half the soft mark.
+    pub fn sync_page_budget(&self) -> usize {
+        self.sync_page_bytes.min(self.soft_mark_bytes / 2) as usize
+    }
+}
 
 impl Limits {
     /// `max_connections` with 0 resolved against this process's RLIMIT_NOFILE.
@@ -467,6 +528,10 @@ pub struct Flow {
     /// Graceful shutdown (SIGTERM): how long the drain may take to commit, flush and
     /// close before the process exits.
     pub drain_timeout_secs: u32,
+    /// Byte budget of one sync page: a page stops before its messages pass this many
+    /// bytes and says `more = true` (a single larger message still goes out alone). At
+    /// most half of `soft_mark_bytes` is used, whatever is set here.
+    pub sync_page_bytes: u64,
 }
 
 /// Store tuning.
@@ -499,6 +564,7 @@ impl Default for Config {
             obs: Obs::default(),
             log: LogConfig::default(),
             cluster: ClusterConfig::default(),
+            http: Http::default(),
         }
     }
 }
@@ -521,6 +587,15 @@ impl Default for Limits {
             rate_limited_window_secs: 10,
             max_connections: 0,
             max_connections_per_ip: 0,
+            trusted_proxies: Vec::new(),
+            max_sessions_per_user: 16,
+            deliver_ack_rate_per_sec: 200,
+            deliver_ack_burst: 1000,
+            sync_rate_per_sec: 50,
+            sync_burst: 100,
+            group_op_rate_per_sec: 20,
+            group_op_burst: 50,
+            max_batch_frames: 128,
         }
     }
 }
@@ -550,6 +625,7 @@ impl Default for Flow {
             socket_send_buffer_bytes: 0,
             socket_recv_buffer_bytes: 0,
             drain_timeout_secs: 10,
+            sync_page_bytes: 256 * 1024,
         }
     }
 }
@@ -699,6 +775,59 @@ impl Config {
             0,
             100_000_000,
         )?;
+        for p in &l.trusted_proxies {
+            if p.trim().parse::<std::net::IpAddr>().is_err() {
+                return Err(invalid(
+                    "limits.trusted_proxies",
+                    p,
+                    "expected IP addresses, e.g. [\"10.0.0.5\"] (env: comma-separated)",
+                ));
+            }
+        }
+        range(
+            "limits.max_sessions_per_user",
+            l.max_sessions_per_user,
+            0,
+            1_000_000,
+        )?;
+        for (key, rate, burst_key, burst) in [
+            (
+                "limits.deliver_ack_rate_per_sec",
+                l.deliver_ack_rate_per_sec,
+                "limits.deliver_ack_burst",
+                l.deliver_ack_burst,
+            ),
+            (
+                "limits.sync_rate_per_sec",
+                l.sync_rate_per_sec,
+                "limits.sync_burst",
+                l.sync_burst,
+            ),
+            (
+                "limits.group_op_rate_per_sec",
+                l.group_op_rate_per_sec,
+                "limits.group_op_burst",
+                l.group_op_burst,
+            ),
+        ] {
+            range(key, rate, 0, 1_000_000)?;
+            range(burst_key, burst, 1, 1_000_000)?;
+        }
+        range("limits.max_batch_frames", l.max_batch_frames, 1, 100_000)?;
+        for (key, secret) in [
+            ("jwt_secret", &self.jwt_secret),
+            ("admin_token", &self.admin_token),
+        ] {
+            if !secret.is_empty() && secret.len() < MIN_SECRET_BYTES {
+                return Err(invalid(
+                    key,
+                    format!("<redacted, {} bytes>", secret.len()),
+                    &format!(
+                        "must be at least {MIN_SECRET_BYTES} bytes (or empty: generated into the data dir)"
+                    ),
+                ));
+            }
+        }
         let p = &self.persist;
         range("persist.batch_max", p.batch_max, 1, 10_000)?;
         range("persist.batch_wait_ms", p.batch_wait_ms, 0, 1000)?;
@@ -715,6 +844,28 @@ impl Config {
         }
         range("flow.write_timeout_secs", f.write_timeout_secs, 1, 3600)?;
         range("flow.drain_timeout_secs", f.drain_timeout_secs, 1, 3600)?;
+        range("flow.sync_page_bytes", f.sync_page_bytes, 1024, 1 << 30)?;
+        if u64::from(self.limits.max_frame_bytes) * 2 > f.hard_mark_bytes {
+            return Err(invalid(
+                "limits.max_frame_bytes",
+                self.limits.max_frame_bytes,
+                "must be at most half of flow.hard_mark_bytes (a reply carrying one message must fit under the hard mark)",
+            ));
+        }
+        let h = &self.http;
+        range(
+            "http.header_read_timeout_secs",
+            h.header_read_timeout_secs,
+            1,
+            3600,
+        )?;
+        range("http.max_header_bytes", h.max_header_bytes, 1024, 1 << 20)?;
+        range(
+            "http.admin_max_connections",
+            h.admin_max_connections,
+            1,
+            1_000_000,
+        )?;
         range("flow.coalesce_max_frames", f.coalesce_max_frames, 1, 4096)?;
         range("flow.listen_backlog", f.listen_backlog, 1, 1 << 20)?;
         range(
@@ -924,6 +1075,14 @@ fn apply_env(
             "0" | "false" | "no" | "off" => false,
             _ => return Err(err("expected true or false".into())),
         }),
+        // Lists (e.g. `limits.trusted_proxies`): comma-separated.
+        toml::Value::Array(_) => toml::Value::Array(
+            raw.split(',')
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+                .map(|v| toml::Value::String(v.to_string()))
+                .collect(),
+        ),
         _ => toml::Value::String(raw.clone()),
     };
     Ok(())
@@ -954,8 +1113,8 @@ mod tests {
             None,
             &Overrides::default(),
             env(&[
-                ("IM_JWT_SECRET", "jwt-SECRET-value"),
-                ("IM_ADMIN_TOKEN", "admin-TOKEN-value"),
+                ("IM_JWT_SECRET", "jwt-SECRET-value-of-thirty-two-bytes"),
+                ("IM_ADMIN_TOKEN", "admin-TOKEN-value-of-thirty-two-bytes"),
                 ("IM_DATABASE_URL", "postgres://im:pw-SECRET@db/im"),
             ]),
         )

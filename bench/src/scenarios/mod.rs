@@ -45,7 +45,7 @@ use crate::util::{parse_duration, parse_key_val};
 use crate::Outcome;
 
 /// JWT secret a spawned server is given, and the default `--secret`.
-pub const DEFAULT_SECRET: &str = "im-bench-secret";
+pub const DEFAULT_SECRET: &str = "im-bench-secret-of-at-least-32-bytes";
 
 /// The scenarios `im-bench` can run. A flag given twice keeps its last value (so the
 /// command line overrides a `--config` file); repeatable flags accumulate.
