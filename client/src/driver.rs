@@ -530,7 +530,10 @@ impl Driver {
         } = &err
         {
             let wait = Duration::from_millis(u64::from(*retry_after_ms).clamp(1, 1000));
-            debug!(wait_ms = wait.as_millis() as u64, "sync page rate limited: retrying");
+            debug!(
+                wait_ms = wait.as_millis() as u64,
+                "sync page rate limited: retrying"
+            );
             tokio::time::sleep(wait).await;
             return self.send_sync_page(conn, job).await;
         }

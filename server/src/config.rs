@@ -1240,6 +1240,58 @@ mod tests {
     }
 
     #[test]
+    fn bound_keys_default_parse_lists_and_refuse_short_secrets() {
+        let c = Config::load_from(None, &Overrides::default(), env(&[])).unwrap();
+        assert_eq!(c.limits.max_sessions_per_user, 16);
+        assert_eq!(c.http.header_read_timeout_secs, 10);
+        assert_eq!(c.flow.sync_page_budget(), 256 * 1024);
+        let c = Config::load_from(
+            None,
+            &Overrides::default(),
+            env(&[
+                ("IM_LIMITS_TRUSTED_PROXIES", "10.0.0.5, ::1"),
+                ("IM_FLOW_SOFT_MARK_BYTES", "65536"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.limits.trusted_proxies, ["10.0.0.5", "::1"]);
+        assert_eq!(
+            c.flow.sync_page_budget(),
+            32768,
+            "at most half the soft mark"
+        );
+        for (var, value, key) in [
+            (
+                "IM_LIMITS_TRUSTED_PROXIES",
+                "proxy.local",
+                "limits.trusted_proxies",
+            ),
+            (
+                "IM_HTTP_HEADER_READ_TIMEOUT_SECS",
+                "0",
+                "http.header_read_timeout_secs",
+            ),
+            ("IM_LIMITS_MAX_BATCH_FRAMES", "0", "limits.max_batch_frames"),
+            ("IM_LIMITS_SYNC_BURST", "0", "limits.sync_burst"),
+        ] {
+            let e = Config::load_from(None, &Overrides::default(), env(&[(var, value)]))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key) && e.contains(value), "{var}={value}: {e}");
+        }
+        for (var, key) in [
+            ("IM_JWT_SECRET", "jwt_secret"),
+            ("IM_ADMIN_TOKEN", "admin_token"),
+        ] {
+            let e = Config::load_from(None, &Overrides::default(), env(&[(var, "short-SECRET")]))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key) && e.contains("at least 32 bytes"), "{e}");
+            assert!(!e.contains("short-SECRET"), "{e}");
+        }
+    }
+
+    #[test]
     fn bad_values_name_the_key() {
         let e = Config::load_from(
             None,

@@ -14,9 +14,9 @@ use std::sync::{Arc, Mutex};
 
 use axum::extract::{ConnectInfo, State, WebSocketUpgrade};
 use axum::http::HeaderMap;
-use axum::Extension;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use axum::Extension;
 use axum::Router;
 
 use crate::auth::TokenKeys;

@@ -450,7 +450,12 @@ impl Pipeline {
 
     /// Whether `conversation_id` exists and holds `seq` (1 ..= its last seq); the last
     /// seq is read once and remembered by the session while acks stay under it.
-    async fn seq_exists(&self, s: &Session, conversation_id: &str, seq: u64) -> Result<bool, Refusal> {
+    async fn seq_exists(
+        &self,
+        s: &Session,
+        conversation_id: &str,
+        seq: u64,
+    ) -> Result<bool, Refusal> {
         if seq == 0 {
             return Ok(false);
         }
