@@ -130,7 +130,8 @@ impl Default for Http {
 }
 
 /// Cluster settings (`[cluster]`, DESIGN.md section 10); used when `nats_url` is set.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// Its `Debug` hides the key and the NATS password and token.
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClusterConfig {
     /// A node whose load report is older than this is out of rotation.
@@ -143,6 +144,47 @@ pub struct ClusterConfig {
     pub prefix: String,
     /// Weight of CPU busy in the routing score `(connections + 1) * (1 + cpu_weight * cpu_busy)`.
     pub cpu_weight: f64,
+    /// Shared cluster key (at least 32 bytes): load reports and envelopes are signed with
+    /// HMAC-SHA256 under it, and unsigned or badly signed ones are ignored. Empty: unsigned.
+    pub key: String,
+    /// NATS user (with `nats_password`).
+    pub nats_user: String,
+    /// NATS password.
+    pub nats_password: String,
+    /// NATS token.
+    pub nats_token: String,
+    /// NATS credentials file (JWT and nkey seed, `.creds`).
+    pub nats_creds_file: String,
+    /// PEM file of CA certificates to trust for the NATS server's TLS certificate.
+    pub nats_tls_ca_file: String,
+    /// PEM client certificate for NATS TLS (with `nats_tls_key_file`).
+    pub nats_tls_cert_file: String,
+    /// PEM private key of `nats_tls_cert_file`.
+    pub nats_tls_key_file: String,
+    /// Refuse to talk to NATS without TLS (also implied by a `tls://` URL).
+    pub nats_tls_required: bool,
+}
+
+impl std::fmt::Debug for ClusterConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let secret = |s: &str| if s.is_empty() { "" } else { "<redacted>" };
+        f.debug_struct("ClusterConfig")
+            .field("ttl_secs", &self.ttl_secs)
+            .field("report_interval_ms", &self.report_interval_ms)
+            .field("advertise_url", &self.advertise_url)
+            .field("prefix", &self.prefix)
+            .field("cpu_weight", &self.cpu_weight)
+            .field("key", &secret(&self.key))
+            .field("nats_user", &self.nats_user)
+            .field("nats_password", &secret(&self.nats_password))
+            .field("nats_token", &secret(&self.nats_token))
+            .field("nats_creds_file", &self.nats_creds_file)
+            .field("nats_tls_ca_file", &self.nats_tls_ca_file)
+            .field("nats_tls_cert_file", &self.nats_tls_cert_file)
+            .field("nats_tls_key_file", &self.nats_tls_key_file)
+            .field("nats_tls_required", &self.nats_tls_required)
+            .finish()
+    }
 }
 
 impl Default for ClusterConfig {
@@ -153,6 +195,15 @@ impl Default for ClusterConfig {
             advertise_url: String::new(),
             prefix: "im".into(),
             cpu_weight: 1.0,
+            key: String::new(),
+            nats_user: String::new(),
+            nats_password: String::new(),
+            nats_token: String::new(),
+            nats_creds_file: String::new(),
+            nats_tls_ca_file: String::new(),
+            nats_tls_cert_file: String::new(),
+            nats_tls_key_file: String::new(),
+            nats_tls_required: false,
         }
     }
 }
@@ -187,6 +238,39 @@ impl ClusterConfig {
                 "cluster.cpu_weight",
                 self.cpu_weight,
                 "must be between 0 and 100",
+            ));
+        }
+        if !self.key.is_empty() && self.key.len() < MIN_SECRET_BYTES {
+            return Err(invalid(
+                "cluster.key",
+                format!("<redacted, {} bytes>", self.key.len()),
+                &format!("must be at least {MIN_SECRET_BYTES} bytes (or empty: unsigned)"),
+            ));
+        }
+        let auths = [
+            !self.nats_user.is_empty() || !self.nats_password.is_empty(),
+            !self.nats_token.is_empty(),
+            !self.nats_creds_file.is_empty(),
+        ];
+        if auths.iter().filter(|a| **a).count() > 1 {
+            return Err(invalid(
+                "cluster.nats_token",
+                "<redacted>",
+                "use one of nats_user/nats_password, nats_token or nats_creds_file",
+            ));
+        }
+        if self.nats_user.is_empty() != self.nats_password.is_empty() {
+            return Err(invalid(
+                "cluster.nats_user",
+                &self.nats_user,
+                "nats_user and nats_password go together",
+            ));
+        }
+        if self.nats_tls_cert_file.is_empty() != self.nats_tls_key_file.is_empty() {
+            return Err(invalid(
+                "cluster.nats_tls_cert_file",
+                &self.nats_tls_cert_file,
+                "nats_tls_cert_file and nats_tls_key_file go together",
             ));
         }
         Ok(())

@@ -351,6 +351,7 @@ pub struct ShutdownReport {
 /// This node's load report for the cluster registry, built from the sampler's snapshot.
 fn load_report(node: &Arc<Node>, ws_url: String, admin_url: String) -> cluster::ReportFn {
     let node = node.clone();
+    let instance = uuid::Uuid::now_v7().simple().to_string();
     Arc::new(move || {
         let s = node.snapshot();
         cluster::registry::LoadReport {
@@ -368,6 +369,7 @@ fn load_report(node: &Arc<Node>, ws_url: String, admin_url: String) -> cluster::
             draining: node.draining.load(Ordering::Relaxed),
             uptime_secs: node.started.elapsed().as_secs(),
             version: env!("CARGO_PKG_VERSION").to_string(),
+            instance: instance.clone(),
         }
     })
 }

@@ -508,3 +508,91 @@ fn forwarded_for_counts_only_from_trusted_proxies() {
         2.0
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_a_cluster_key_forged_reports_and_envelopes_are_ignored() {
+    use crate::support::cluster::{nats_url, TestCluster};
+    use im_server::cluster::registry::LoadReport;
+    use im_server::cluster::relay::Envelope;
+    use im_server::cluster::trust::ClusterKey;
+    const KEY: &str = "cluster-key-for-the-bounds-test-000";
+    let c = TestCluster::start(2, &[("IM_CLUSTER_KEY", KEY)]).await;
+    // Signed envelopes cross between nodes.
+    let bob = c.nodes[1].client("bob").await;
+    let alice = c.nodes[0].client("alice").await;
+    c.wait_presence(&[0, 1], 2).await;
+    alice.send_text("bob", "signed").await.expect("send");
+    assert_eq!(
+        bob.next_message(WAIT).await.unwrap().payload.as_ref(),
+        b"signed"
+    );
+
+    let nats = async_nats::connect(nats_url()).await.expect("NATS");
+    let js = async_nats::jetstream::new(nats.clone());
+    let kv = js
+        .get_key_value(format!("{}-nodes", c.prefix))
+        .await
+        .expect("registry bucket");
+    let evil = |id: &str| LoadReport {
+        node_id: id.into(),
+        ws_url: "ws://evil.example/ws".into(),
+        ..Default::default()
+    };
+    // Unsigned, and signed with another key: both ignored.
+    let unsigned = ClusterKey::new("").seal_report(&evil("evil1")).unwrap();
+    kv.put("evil1", unsigned.into()).await.unwrap();
+    let wrong = ClusterKey::new("another-key-of-at-least-32-bytes-xx")
+        .seal_report(&evil("evil2"))
+        .unwrap();
+    kv.put("evil2", wrong.into()).await.unwrap();
+    // A forged delivery to bob on n1.
+    let forged = Envelope {
+        from: "n0".into(),
+        users: vec!["bob".into()],
+        frame: im_client::proto::encode(&frame(
+            0,
+            Body::Deliver(proto::Deliver {
+                messages: vec![proto::ChatMessage {
+                    conversation_id: im_client::proto::direct_conversation("alice", "bob"),
+                    sender: "alice".into(),
+                    payload: b"forged".to_vec().into(),
+                    seq: 2,
+                    ..Default::default()
+                }],
+            }),
+        )),
+        direct: true,
+        ..Default::default()
+    };
+    use prost::Message as _;
+    nats.publish(
+        format!("{}.node.n1", c.prefix),
+        forged.encode_to_vec().into(),
+    )
+    .await
+    .unwrap();
+    nats.flush().await.unwrap();
+    let end = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < end {
+        let (_, body) = http(c.nodes[0].client_addr, "GET", "/v1/route?avoid=n0,n1", None);
+        assert!(
+            !body.contains("evil"),
+            "a forged node was routed to: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for i in 0..2 {
+        let o = c.overview(i);
+        assert!(
+            !o["cluster"].to_string().contains("evil"),
+            "{}",
+            o["cluster"]
+        );
+    }
+    assert!(
+        bob.next_message(Duration::from_millis(500)).await.is_err(),
+        "the forged envelope was delivered"
+    );
+    assert!(c.nodes[1].metric("im_cluster_bad_envelopes_total", &[]) >= 1.0);
+    c.cleanup().await;
+}

@@ -19,6 +19,7 @@
 pub mod presence;
 pub mod registry;
 pub mod relay;
+pub mod trust;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -37,6 +38,7 @@ use crate::pipeline::route::Router;
 use presence::PresenceMap;
 use registry::{LoadReport, Registry};
 use relay::Envelope;
+use trust::ClusterKey;
 
 /// Errors setting up cluster mode; each names what failed.
 #[derive(Debug, thiserror::Error)]
@@ -81,6 +83,7 @@ pub struct Link {
     presence_tx: mpsc::UnboundedSender<(String, bool)>,
     forwarded: metrics::Counter,
     publish_errors: metrics::Counter,
+    key: ClusterKey,
 }
 
 /// One message's cross-node part: the users to push to, per other node.
@@ -142,13 +145,14 @@ impl Link {
                 users,
                 frame: f.frame.clone(),
                 direct: f.direct,
-                group_changed: String::new(),
+                ..Default::default()
             };
             self.publish(&node, env).await;
         }
     }
 
-    async fn publish(&self, node: &str, env: Envelope) {
+    async fn publish(&self, node: &str, mut env: Envelope) {
+        self.key.seal_envelope(&mut env);
         let bytes = Bytes::from(env.encode_to_vec());
         match self.client.publish(self.subject(node), bytes).await {
             Ok(()) => self.forwarded.increment(1),
@@ -263,8 +267,13 @@ impl Cluster {
     pub async fn connect(config: &Config, node_id: &str) -> Result<Cluster, ClusterError> {
         let url = config.nats_url.trim().to_string();
         let c = &config.cluster;
-        let client = async_nats::ConnectOptions::new()
-            .name(format!("im-server {node_id}"))
+        let options = trust::connect_options(c, format!("im-server {node_id}"))
+            .await
+            .map_err(|e| ClusterError::Connect {
+                url: crate::config::redact_url(&url),
+                message: e.to_string(),
+            })?;
+        let client = options
             .connection_timeout(Duration::from_secs(5))
             .connect(url.as_str())
             .await
@@ -287,6 +296,7 @@ impl Cluster {
             presence_tx,
             forwarded: metrics::counter!("im_cluster_forwarded_total"),
             publish_errors: metrics::counter!("im_cluster_publish_errors_total"),
+            key: ClusterKey::new(&c.key),
         });
         link.forwarded.absolute(0);
         link.publish_errors.absolute(0);
@@ -326,10 +336,14 @@ impl Cluster {
                     message: e.to_string(),
                 })?;
         // First report before anything else, so the node is routable at once.
-        put_report(&self.nodes_kv, &link.node_id, &report()).await;
+        put_report(&self.nodes_kv, &link, &report()).await;
         let mut tasks = vec![
-            tokio::spawn(inbound(sub, router, relations.clone())),
-            tokio::spawn(watch_registry(self.nodes_kv.clone(), link.registry.clone())),
+            tokio::spawn(inbound(sub, router, relations.clone(), link.key.clone())),
+            tokio::spawn(watch_registry(
+                self.nodes_kv.clone(),
+                link.registry.clone(),
+                link.key.clone(),
+            )),
             tokio::spawn(watch_presence(
                 self.presence_kv.clone(),
                 link.presence.clone(),
@@ -355,7 +369,7 @@ impl Cluster {
 
     /// Publishes a report now (e.g. draining at the start of a shutdown).
     pub async fn report_now(&self, report: &LoadReport) {
-        put_report(&self.nodes_kv, &self.link.node_id, report).await;
+        put_report(&self.nodes_kv, &self.link, report).await;
     }
 
     /// Leaves the cluster cleanly: drops this node's registry entry and presence keys.
@@ -418,10 +432,10 @@ async fn purge_node_keys(kv: &kv::Store, node: &str) -> usize {
     mine.len()
 }
 
-async fn put_report(kv: &kv::Store, node: &str, report: &LoadReport) {
-    match serde_json::to_vec(report) {
-        Ok(json) => {
-            if let Err(e) = kv.put(node, json.into()).await {
+async fn put_report(kv: &kv::Store, link: &Link, report: &LoadReport) {
+    match link.key.seal_report(report) {
+        Ok(value) => {
+            if let Err(e) = kv.put(&link.node_id, value.into()).await {
                 tracing::warn!(error = %e, "could not publish the load report");
             }
         }
@@ -435,7 +449,7 @@ async fn report_loop(kv: kv::Store, link: Arc<Link>, report: ReportFn, every: Du
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        put_report(&kv, &link.node_id, &report()).await;
+        put_report(&kv, &link, &report()).await;
         healthy.set(link.registry.live_nodes().len() as f64);
     }
 }
@@ -451,21 +465,24 @@ fn entry_age(e: &kv::Entry) -> Duration {
 }
 
 /// Follows the registry bucket into `registry` (restarting the watch if it fails).
-async fn watch_registry(kv: kv::Store, registry: Arc<Registry>) {
+async fn watch_registry(kv: kv::Store, registry: Arc<Registry>, key: ClusterKey) {
     loop {
         match kv.watch_with_history(">").await {
             Ok(mut w) => {
                 while let Some(item) = w.next().await {
                     let Ok(e) = item else { break };
                     match e.operation {
-                        kv::Operation::Put => {
-                            match serde_json::from_slice::<LoadReport>(&e.value) {
-                                Ok(r) if r.node_id == e.key => registry.observe(r, entry_age(&e)),
-                                Ok(_) | Err(_) => {
-                                    tracing::debug!(key = %e.key, "ignoring a malformed load report")
+                        kv::Operation::Put => match key.open_report(&e.value) {
+                            Some(r) if r.node_id == e.key => {
+                                let instance = r.instance.clone();
+                                if !registry.observe(r, entry_age(&e)) {
+                                    tracing::warn!(node = %e.key, %instance, "ignoring a load report that conflicts with the live node's identity");
                                 }
                             }
-                        }
+                            _ => {
+                                tracing::debug!(key = %e.key, "ignoring a malformed, unsigned or badly signed load report")
+                            }
+                        },
                         kv::Operation::Delete | kv::Operation::Purge => registry.remove(&e.key),
                     }
                 }
@@ -558,7 +575,12 @@ async fn group_notices(link: Arc<Link>, mut rx: mpsc::UnboundedReceiver<String>)
 
 /// This node's subject: envelopes from the others, pushed to local sessions in arrival
 /// order.
-async fn inbound(mut sub: async_nats::Subscriber, router: Arc<Router>, relations: Arc<Relations>) {
+async fn inbound(
+    mut sub: async_nats::Subscriber,
+    router: Arc<Router>,
+    relations: Arc<Relations>,
+    key: ClusterKey,
+) {
     let received = metrics::counter!("im_cluster_received_total");
     let bad = metrics::counter!("im_cluster_bad_envelopes_total");
     received.absolute(0);
@@ -572,6 +594,11 @@ async fn inbound(mut sub: async_nats::Subscriber, router: Arc<Router>, relations
                 continue;
             }
         };
+        if !key.check_envelope(&env) {
+            bad.increment(1);
+            tracing::debug!(from = %env.from, "ignoring an unsigned or badly signed envelope");
+            continue;
+        }
         received.increment(1);
         if !env.group_changed.is_empty() {
             relations.evict(&env.group_changed);

@@ -23,6 +23,10 @@ pub struct Envelope {
     /// Set on a group-change notice: evict this group from the membership cache.
     #[prost(string, tag = "5")]
     pub group_changed: String,
+    /// HMAC-SHA256 under `cluster.key` of the envelope without this field (empty
+    /// without a key).
+    #[prost(bytes = "bytes", tag = "6")]
+    pub sig: Bytes,
 }
 
 #[cfg(test)]
@@ -38,6 +42,7 @@ mod tests {
             frame: Bytes::from_static(b"\x08\x01"),
             direct: true,
             group_changed: String::new(),
+            sig: Bytes::new(),
         };
         let bytes = e.encode_to_vec();
         assert_eq!(Envelope::decode(&bytes[..]).unwrap(), e);
