@@ -522,6 +522,21 @@ impl Driver {
         mut job: SyncJob,
         err: ClientError,
     ) -> Result<(), Stop> {
+        // Paging faster than the server's sync rate limit: wait as told, ask again.
+        if let ClientError::Server {
+            code: ErrorCode::RateLimited,
+            retry_after_ms,
+            ..
+        } = &err
+        {
+            let wait = Duration::from_millis(u64::from(*retry_after_ms).clamp(1, 1000));
+            debug!(
+                wait_ms = wait.as_millis() as u64,
+                "sync page rate limited: retrying"
+            );
+            tokio::time::sleep(wait).await;
+            return self.send_sync_page(conn, job).await;
+        }
         let named = match &err {
             ClientError::Server {
                 code: ErrorCode::NotMember,

@@ -4,6 +4,7 @@
 mod support;
 
 mod bad_input;
+mod bounds;
 mod chat;
 mod cli;
 mod cluster;

@@ -39,6 +39,7 @@
 pub mod presence;
 pub mod registry;
 pub mod relay;
+pub mod trust;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering::Relaxed};
@@ -58,6 +59,7 @@ use crate::pipeline::route::Router;
 use presence::PresenceMap;
 use registry::{LoadReport, Registry};
 use relay::Envelope;
+use trust::ClusterKey;
 
 /// Errors setting up cluster mode; each names what failed.
 #[derive(Debug, thiserror::Error)]
@@ -194,6 +196,7 @@ pub struct Link {
     forwarded: metrics::Counter,
     publish_errors: metrics::Counter,
     health: Arc<Health>,
+    key: ClusterKey,
 }
 
 /// One message's cross-node part: the users to push to, per other node.
@@ -269,8 +272,9 @@ impl Link {
     /// NATS is disconnected: the client would queue it behind the reconnect and stall
     /// the router. A skipped or failed publish leads to a resync notice once the link
     /// works, so its receivers sync what it carried.
-    async fn publish(&self, subject: String, env: Envelope, count: bool) -> bool {
+    async fn publish(&self, subject: String, mut env: Envelope, count: bool) -> bool {
         let error = if self.connected() {
+            self.key.seal_envelope(&mut env);
             let bytes = Bytes::from(env.encode_to_vec());
             match tokio::time::timeout(PUBLISH_TIMEOUT, self.client.publish(subject, bytes)).await {
                 Ok(Ok(())) => {
@@ -433,8 +437,13 @@ impl Cluster {
         let c = &config.cluster;
         let health = Arc::new(Health::new());
         let events = health.clone();
-        let client = async_nats::ConnectOptions::new()
-            .name(format!("im-server {node_id}"))
+        let options = trust::connect_options(c, format!("im-server {node_id}"))
+            .await
+            .map_err(|e| ClusterError::Connect {
+                url: crate::config::redact_url(&url),
+                message: e.to_string(),
+            })?;
+        let client = options
             .connection_timeout(Duration::from_secs(5))
             .reconnect_delay_callback(reconnect_delay)
             .event_callback(move |event| {
@@ -467,6 +476,7 @@ impl Cluster {
             forwarded: metrics::counter!("im_cluster_forwarded_total"),
             publish_errors: metrics::counter!("im_cluster_publish_errors_total"),
             health,
+            key: ClusterKey::new(&c.key),
         });
         link.forwarded.absolute(0);
         link.publish_errors.absolute(0);
@@ -514,7 +524,7 @@ impl Cluster {
             subs.push(sub);
         }
         // First report before anything else, so the node is routable at once.
-        if let Err(e) = put_report(&self.buckets.nodes(), &link.node_id, &report()).await {
+        if let Err(e) = put_report(&self.buckets.nodes(), &link, &report()).await {
             tracing::warn!(error = %e, "could not publish the first load report");
         }
         let mut tasks = vec![
@@ -523,6 +533,7 @@ impl Cluster {
                 router.clone(),
                 relations.clone(),
                 link.node_id.clone(),
+                link.key.clone(),
             )),
             tokio::spawn(report_loop(
                 self.buckets.clone(),
@@ -560,7 +571,7 @@ impl Cluster {
 
     /// Publishes a report now (e.g. draining at the start of a shutdown).
     pub async fn report_now(&self, report: &LoadReport) {
-        if let Err(e) = put_report(&self.buckets.nodes(), &self.link.node_id, report).await {
+        if let Err(e) = put_report(&self.buckets.nodes(), &self.link, report).await {
             tracing::warn!(error = %e, "could not publish the load report");
         }
     }
@@ -710,9 +721,10 @@ async fn purge_node_keys(kv: &kv::Store, node: &str) -> usize {
     mine.len()
 }
 
-async fn put_report(kv: &kv::Store, node: &str, report: &LoadReport) -> Result<(), String> {
-    let json = serde_json::to_vec(report).map_err(|e| e.to_string())?;
-    match tokio::time::timeout(PUBLISH_TIMEOUT * 5, kv.put(node, json.into())).await {
+/// Puts this node's load report, signed with the cluster key when one is set.
+async fn put_report(kv: &kv::Store, link: &Link, report: &LoadReport) -> Result<(), String> {
+    let value = link.key.seal_report(report).map_err(|e| e.to_string())?;
+    match tokio::time::timeout(PUBLISH_TIMEOUT * 5, kv.put(&link.node_id, value.into())).await {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(e)) => Err(e.to_string()),
         Err(_) => Err("timed out".to_string()),
@@ -734,7 +746,7 @@ async fn report_loop(buckets: Arc<Buckets>, link: Arc<Link>, report: ReportFn, e
     loop {
         tick.tick().await;
         if link.connected() {
-            match put_report(&buckets.nodes(), &link.node_id, &report()).await {
+            match put_report(&buckets.nodes(), &link, &report()).await {
                 Ok(()) if failing => {
                     failing = false;
                     tracing::info!("load reports are published again");
@@ -851,7 +863,7 @@ impl Supervisor {
             );
         }
         self.spawn_watchers();
-        put_report(&self.buckets.nodes(), &self.link.node_id, &(self.report)()).await?;
+        put_report(&self.buckets.nodes(), &self.link, &(self.report)()).await?;
         let users = self.router.republish_presence();
         let _ = self.link.presence_tx.send(PresenceOp::Retry);
         // Give the other nodes' watches a report interval to see this node's report and
@@ -903,14 +915,17 @@ async fn watch_registry(buckets: Arc<Buckets>, link: Arc<Link>) {
             Ok(mut w) => loop {
                 match w.next().await {
                     Some(Ok(e)) => match e.operation {
-                        kv::Operation::Put => {
-                            match serde_json::from_slice::<LoadReport>(&e.value) {
-                                Ok(r) if r.node_id == e.key => registry.observe(r, entry_age(&e)),
-                                Ok(_) | Err(_) => {
-                                    tracing::debug!(key = %e.key, "ignoring a malformed load report")
+                        kv::Operation::Put => match link.key.open_report(&e.value) {
+                            Some(r) if r.node_id == e.key => {
+                                let instance = r.instance.clone();
+                                if !registry.observe(r, entry_age(&e)) {
+                                    tracing::warn!(node = %e.key, %instance, "ignoring a load report that conflicts with the live node's identity");
                                 }
                             }
-                        }
+                            _ => {
+                                tracing::debug!(key = %e.key, "ignoring a malformed, unsigned or badly signed load report")
+                            }
+                        },
                         kv::Operation::Delete | kv::Operation::Purge => {
                             if registry.remove(&e.key) {
                                 tracing::info!(node = %e.key, "cluster node left (clean shutdown)");
@@ -1073,6 +1088,7 @@ async fn inbound(
     router: Arc<Router>,
     relations: Arc<Relations>,
     me: String,
+    key: ClusterKey,
 ) {
     let received = metrics::counter!("im_cluster_received_total");
     let bad = metrics::counter!("im_cluster_bad_envelopes_total");
@@ -1087,6 +1103,11 @@ async fn inbound(
                 continue;
             }
         };
+        if !key.check_envelope(&env) {
+            bad.increment(1);
+            tracing::debug!(from = %env.from, "ignoring an unsigned or badly signed envelope");
+            continue;
+        }
         received.increment(1);
         if env.resync {
             if env.from != me {

@@ -50,6 +50,9 @@ pub struct LoadReport {
     pub uptime_secs: u64,
     /// im-server version.
     pub version: String,
+    /// The node process's identity: random per start. A report naming a live node with
+    /// another identity is ignored until that node's report expires.
+    pub instance: String,
 }
 
 /// One node as the admin overview shows it.
@@ -126,14 +129,25 @@ impl Registry {
     }
 
     /// Records a report received now that was written `age` ago.
-    pub fn observe(&self, report: LoadReport, age: Duration) {
+    pub fn observe(&self, report: LoadReport, age: Duration) -> bool {
         let now = Instant::now();
-        self.observe_at(report, now.checked_sub(age).unwrap_or(now));
+        self.observe_at(report, now.checked_sub(age).unwrap_or(now))
     }
 
-    /// Records a report written at `at`.
-    pub fn observe_at(&self, report: LoadReport, at: Instant) {
+    /// Records a report written at `at`; false (and ignored) when it names a live node
+    /// under another identity (`instance`).
+    pub fn observe_at(&self, report: LoadReport, at: Instant) -> bool {
         if let Ok(mut n) = self.nodes.write() {
+            if let Some(live) = n.get(&report.node_id) {
+                let other = live.report.instance != report.instance;
+                if other
+                    && !live.report.instance.is_empty()
+                    && !live.lost
+                    && live.at.elapsed() < self.stale_after
+                {
+                    return false;
+                }
+            }
             let lost = n.get(&report.node_id).is_some_and(|s| s.lost);
             n.insert(
                 report.node_id.clone(),
@@ -148,6 +162,7 @@ impl Registry {
             let forget = self.ttl * 20;
             n.retain(|_, s| s.at.elapsed() < forget);
         }
+        true
     }
 
     /// Forgets a node (its key was deleted: a clean shutdown); whether it was known.
@@ -287,6 +302,32 @@ mod tests {
             headroom_connections: 1000,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_report_conflicting_with_a_live_nodes_identity_is_ignored() {
+        let r = Registry::new(Duration::from_secs(10), Duration::from_secs(10), 1.0);
+        let now = Instant::now();
+        let with = |instance: &str, url: &str| LoadReport {
+            instance: instance.into(),
+            ws_url: url.into(),
+            ..report("a", 1, 0.0)
+        };
+        assert!(r.observe_at(with("i1", "ws://a/ws"), now));
+        assert!(
+            r.observe_at(with("i1", "ws://a/ws"), now),
+            "the same process again"
+        );
+        assert!(
+            !r.observe_at(with("i2", "ws://evil/ws"), now),
+            "another identity"
+        );
+        assert_eq!(r.choose_at(now, &[]).unwrap().ws_url, "ws://a/ws");
+        // Once the live one has expired, a new identity (a restarted node) is taken.
+        let r = Registry::new(Duration::from_millis(1), Duration::from_millis(1), 1.0);
+        r.observe_at(with("i1", "ws://a/ws"), now);
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(r.observe_at(with("i2", "ws://a2/ws"), Instant::now()));
     }
 
     #[test]

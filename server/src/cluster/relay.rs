@@ -30,6 +30,10 @@ pub struct Envelope {
     /// gets a sync hint and the membership cache is dropped.
     #[prost(bool, tag = "6")]
     pub resync: bool,
+    /// HMAC-SHA256 under `cluster.key` of the envelope without this field (empty
+    /// without a key).
+    #[prost(bytes = "bytes", tag = "7")]
+    pub sig: Bytes,
 }
 
 #[cfg(test)]
@@ -46,6 +50,7 @@ mod tests {
             direct: true,
             group_changed: String::new(),
             resync: false,
+            sig: Bytes::new(),
         };
         let bytes = e.encode_to_vec();
         assert_eq!(Envelope::decode(&bytes[..]).unwrap(), e);

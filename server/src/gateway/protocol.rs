@@ -50,23 +50,55 @@ pub enum Step {
 enum Flood {
     Ping,
     Send,
+    DeliverAck,
+    Sync,
+    GroupOp,
 }
 
 impl Flood {
+    /// Every kind, in the order of [`Protocol`]'s refusal windows.
+    const ALL: [Flood; 5] = [
+        Flood::Ping,
+        Flood::Send,
+        Flood::DeliverAck,
+        Flood::Sync,
+        Flood::GroupOp,
+    ];
+
+    fn of(what: Handled) -> Flood {
+        match what {
+            Handled::Ping => Flood::Ping,
+            Handled::DeliverAck { .. } => Flood::DeliverAck,
+            Handled::Sync { .. } => Flood::Sync,
+            Handled::GroupOp => Flood::GroupOp,
+            Handled::Send { .. } | Handled::Other => Flood::Send,
+        }
+    }
+
     fn label(self) -> &'static str {
         match self {
             Flood::Ping => "ping",
             Flood::Send => "send",
+            Flood::DeliverAck => "deliver_ack",
+            Flood::Sync => "sync",
+            Flood::GroupOp => "group_op",
         }
     }
 
     fn close(self) -> CloseReason {
-        match self {
-            Flood::Ping => CloseReason::new(CloseReason::POLICY, "ping flood"),
-            Flood::Send => CloseReason::new(CloseReason::POLICY, "send flood"),
-        }
+        let reason = match self {
+            Flood::Ping => "ping flood",
+            Flood::Send => "send flood",
+            Flood::DeliverAck => "deliver_ack flood",
+            Flood::Sync => "sync flood",
+            Flood::GroupOp => "group_op flood",
+        };
+        CloseReason::new(CloseReason::POLICY, reason)
     }
 }
+
+/// The `frame` label values of `im_flood_disconnects_total`.
+pub const FLOOD_FRAMES: [&str; 5] = ["ping", "send", "deliver_ack", "sync", "group_op"];
 
 /// RATE_LIMITED refusals of one frame kind, counted in fixed windows.
 #[derive(Debug, Clone)]
@@ -105,8 +137,7 @@ pub struct Protocol {
     session: Option<Session>,
     bad: u32,
     pings: TokenBucket,
-    ping_refusals: FloodWindow,
-    send_refusals: FloodWindow,
+    refusals: [FloodWindow; Flood::ALL.len()],
 }
 
 impl Protocol {
@@ -120,8 +151,7 @@ impl Protocol {
             session: None,
             bad: 0,
             pings,
-            ping_refusals: FloodWindow::new(now),
-            send_refusals: FloodWindow::new(now),
+            refusals: Flood::ALL.map(|_| FloodWindow::new(now)),
         }
     }
 
@@ -230,6 +260,19 @@ impl Protocol {
             Some(Body::Batch(b)) => b.frames,
             _ => vec![f],
         };
+        let max_batch = self.gw.limits.max_batch_frames as usize;
+        if frames.len() > max_batch {
+            m.bad_frame("batch_too_large");
+            self.error(
+                0,
+                ErrorCode::BadFrame,
+                &format!(
+                    "batch of {} frames is over the {max_batch} frame limit; none was handled",
+                    frames.len()
+                ),
+            );
+            return self.bad_frame();
+        }
         for f in frames {
             if let Step::Close(reason) = self.on_frame(f, started).await {
                 return Step::Close(reason);
@@ -273,12 +316,7 @@ impl Protocol {
             return self.bad_frame();
         }
         if r.code == ErrorCode::RateLimited {
-            let kind = if matches!(what, Handled::Ping) {
-                Flood::Ping
-            } else {
-                Flood::Send
-            };
-            return self.rate_limited(kind);
+            return self.rate_limited(Flood::of(what));
         }
         Step::Continue
     }
@@ -297,10 +335,8 @@ impl Protocol {
     fn rate_limited(&mut self, kind: Flood) -> Step {
         let l = &self.gw.limits;
         let window = Duration::from_secs(l.rate_limited_window_secs as u64);
-        let counter = match kind {
-            Flood::Ping => &mut self.ping_refusals,
-            Flood::Send => &mut self.send_refusals,
-        };
+        let i = Flood::ALL.iter().position(|k| *k == kind).unwrap_or(0);
+        let counter = &mut self.refusals[i];
         if !counter.over(Instant::now(), window, l.max_rate_limited) {
             return Step::Continue;
         }
@@ -349,9 +385,24 @@ impl Protocol {
                 return Err(CloseReason::new(CloseReason::POLICY, "invalid token"));
             }
         };
+        let max_sessions = gw.limits.max_sessions_per_user as usize;
+        if !gw
+            .pipeline
+            .router
+            .try_register(&user_id, self.out.clone(), max_sessions)
+        {
+            m.bad_frame("session_limit");
+            self.error(
+                f.req_id,
+                ErrorCode::RateLimited,
+                &format!(
+                    "user {user_id} already holds {max_sessions} sessions on this node (limits.max_sessions_per_user); close one first"
+                ),
+            );
+            return Err(CloseReason::new(CloseReason::POLICY, "too many sessions"));
+        }
         self.out.set_user(&user_id);
         crate::obs::logfilter::set_conn_uid(&user_id);
-        gw.pipeline.router.register(&user_id, self.out.clone());
         let ok = frame(
             f.req_id,
             Body::LoginOk(LoginOk {
@@ -375,6 +426,7 @@ enum Handled {
     DeliverAck { seq: u64 },
     Sync { cursors: usize, limit: u32 },
     Ping,
+    GroupOp,
     Other,
 }
 
@@ -391,6 +443,7 @@ impl Handled {
                 limit: r.limit,
             },
             Some(Body::Ping(_)) => Handled::Ping,
+            Some(Body::GroupOp(_)) => Handled::GroupOp,
             _ => Handled::Other,
         }
     }
@@ -405,7 +458,7 @@ impl Handled {
             Handled::Sync { cursors, limit } => {
                 tracing::debug!(req_id, cursors, limit, "sync served")
             }
-            Handled::Ping | Handled::Other => {}
+            Handled::Ping | Handled::GroupOp | Handled::Other => {}
         }
     }
 }

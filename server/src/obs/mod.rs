@@ -194,8 +194,14 @@ impl Metrics {
         for reason in REFUSED_REASONS {
             counter!("im_connections_refused_total", "reason" => reason).absolute(0);
         }
-        for frame in ["ping", "send"] {
+        for frame in crate::gateway::protocol::FLOOD_FRAMES {
             counter!("im_flood_disconnects_total", "frame" => frame).absolute(0);
+        }
+        for listener in ["client", "admin"] {
+            for reason in crate::listen::REJECT_REASONS {
+                counter!("im_http_rejected_total", "listener" => listener, "reason" => reason)
+                    .absolute(0);
+            }
         }
         // Fed by the log and profiling tools; present (at zero) from the start.
         gauge!("im_log_filters_active").set(0.0);
@@ -295,6 +301,8 @@ pub const BAD_FRAME_REASONS: &[&str] = &[
     "protocol",
     "not_member",
     "rate_limited",
+    "batch_too_large",
+    "session_limit",
 ];
 
 /// HELP text and units for every metric (promtool lints a metric without HELP).
@@ -337,7 +345,11 @@ fn describe() {
     );
     describe_counter!(
         "im_flood_disconnects_total",
-        "Connections closed for too many RATE_LIMITED refusals, by frame kind (ping, send)."
+        "Connections closed for too many RATE_LIMITED refusals, by frame kind (ping, send, deliver_ack, sync, group_op)."
+    );
+    describe_counter!(
+        "im_http_rejected_total",
+        "Sockets the HTTP layer closed before a request was served, by listener and reason (header_timeout, header_too_large, bad_request, admin_full)."
     );
     describe_counter!(
         "im_connections_closed_total",

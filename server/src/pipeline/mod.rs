@@ -38,7 +38,22 @@ pub struct Session {
     pub out: Arc<Outbound>,
     /// Its Send rate limit.
     pub sends: std::sync::Mutex<TokenBucket>,
+    /// Its DeliverAck, SyncRequest and GroupOp rate limits.
+    limits: std::sync::Mutex<FrameBuckets>,
+    /// Last seqs of conversations this session has seen (DeliverAck checks), bounded.
+    last_seqs: std::sync::Mutex<std::collections::HashMap<String, u64>>,
 }
+
+/// The per-connection token buckets of the frame kinds other than Send and Ping.
+#[derive(Debug)]
+struct FrameBuckets {
+    acks: TokenBucket,
+    syncs: TokenBucket,
+    group_ops: TokenBucket,
+}
+
+/// Most conversations a session remembers the last seq of (then the memory starts over).
+const LAST_SEQS_MAX: usize = 1024;
 
 /// A token bucket: `rate` tokens per second, holding at most `burst`.
 #[derive(Debug, Clone)]
@@ -87,7 +102,34 @@ impl Session {
                 limits.send_rate_per_sec,
                 limits.send_burst,
             )),
+            limits: std::sync::Mutex::new(FrameBuckets {
+                acks: TokenBucket::new(limits.deliver_ack_rate_per_sec, limits.deliver_ack_burst),
+                syncs: TokenBucket::new(limits.sync_rate_per_sec, limits.sync_burst),
+                group_ops: TokenBucket::new(limits.group_op_rate_per_sec, limits.group_op_burst),
+            }),
+            last_seqs: std::sync::Mutex::new(std::collections::HashMap::new()),
         }
+    }
+
+    /// Takes a token of the frame kind's bucket (DeliverAck, Sync, GroupOp; others
+    /// pass); the RATE_LIMITED refusal when it is empty.
+    fn rate_limit(&self, body: &Body) -> Result<(), Refusal> {
+        let now = Instant::now();
+        let Ok(mut b) = self.limits.lock() else {
+            return Ok(());
+        };
+        let (taken, what) = match body {
+            Body::DeliverAck(_) => (b.acks.take(now), "acking"),
+            Body::Sync(_) => (b.syncs.take(now), "syncing"),
+            Body::GroupOp(_) => (b.group_ops.take(now), "changing groups"),
+            _ => return Ok(()),
+        };
+        taken.map_err(|retry_after_ms| Refusal {
+            code: ErrorCode::RateLimited,
+            message: format!("{what} too fast"),
+            retry_after_ms,
+            bad_reason: Some("rate_limited"),
+        })
     }
 
     fn reply(&self, f: &Frame) {
@@ -189,6 +231,8 @@ pub struct Pipeline {
     pub health: Arc<StoreHealth>,
     /// retry_after_ms for a Send refused by the store's health (the probe interval).
     pub unhealthy_retry_ms: u32,
+    /// Byte budget of a sync page (`flow.sync_page_bytes`, capped by the soft mark).
+    pub sync_page_bytes: usize,
     /// Metric handles.
     pub metrics: Metrics,
 }
@@ -245,6 +289,7 @@ impl Pipeline {
             retry_after_ms: config.persist.retry_after_ms,
             health,
             unhealthy_retry_ms: config.store.probe_interval_ms,
+            sync_page_bytes: config.flow.sync_page_budget(),
             metrics,
         });
         (pipeline, writer)
@@ -257,6 +302,7 @@ impl Pipeline {
         let Some(body) = f.body else {
             return Err(Refusal::bad("frame has no body"));
         };
+        s.rate_limit(&body)?;
         self.metrics.stage_since(Stage::Auth, t);
         match body {
             Body::Send(send) => self.on_send(s, req_id, send, started).await,
@@ -415,6 +461,14 @@ impl Pipeline {
                 Some("not_member"),
             ));
         }
+        // Only up to what the conversation holds: an ack for a conversation that does
+        // not exist, or past its last seq, writes nothing.
+        if !self.seq_exists(s, &ack.conversation_id, ack.seq).await? {
+            return Err(Refusal::bad(format!(
+                "no seq {} in {}",
+                ack.seq, ack.conversation_id
+            )));
+        }
         // Cursors are advisory: if the queue is full this one is skipped and a later
         // (cumulative) ack carries it.
         let _ = self.persist.try_submit(WriteReq::Cursor(CursorUpdate {
@@ -423,6 +477,42 @@ impl Pipeline {
             seq: ack.seq,
         }));
         Ok(())
+    }
+
+    /// Whether `conversation_id` exists and holds `seq` (1 ..= its last seq); the last
+    /// seq is read once and remembered by the session while acks stay under it.
+    async fn seq_exists(
+        &self,
+        s: &Session,
+        conversation_id: &str,
+        seq: u64,
+    ) -> Result<bool, Refusal> {
+        if seq == 0 {
+            return Ok(false);
+        }
+        let known = s
+            .last_seqs
+            .lock()
+            .ok()
+            .and_then(|m| m.get(conversation_id).copied());
+        if known.is_some_and(|last| seq <= last) {
+            return Ok(true);
+        }
+        let last = self
+            .store
+            .last_seq(conversation_id)
+            .await
+            .map_err(Refusal::store)?;
+        let Some(last) = last else {
+            return Ok(false);
+        };
+        if let Ok(mut m) = s.last_seqs.lock() {
+            if m.len() >= LAST_SEQS_MAX {
+                m.clear();
+            }
+            m.insert(conversation_id.to_string(), last);
+        }
+        Ok(seq <= last)
     }
 
     async fn on_sync(&self, s: &Session, req_id: u64, req: SyncRequest) -> Result<(), Refusal> {
@@ -450,7 +540,7 @@ impl Pipeline {
         }
         let (messages, more) = self
             .store
-            .sync(&s.user_id, &cursors, limit)
+            .sync_page(&s.user_id, &cursors, limit, self.sync_page_bytes)
             .await
             .map_err(Refusal::store)?;
         s.reply(&frame(

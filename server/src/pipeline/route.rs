@@ -127,9 +127,18 @@ impl Router {
 
     /// Registers a logged-in connection for `user`.
     pub fn register(&self, user: &str, out: Arc<Outbound>) {
+        self.try_register(user, out, 0);
+    }
+
+    /// Registers a logged-in connection for `user` unless it holds `max` already (0:
+    /// no cap); false when refused.
+    pub fn try_register(&self, user: &str, out: Arc<Outbound>, max: usize) -> bool {
         let first = match self.sessions.write() {
             Ok(mut s) => {
                 let list = s.entry(user.to_string()).or_default();
+                if max > 0 && list.len() >= max {
+                    return false;
+                }
                 list.push(out);
                 list.len() == 1
             }
@@ -138,6 +147,7 @@ impl Router {
         if let (true, Some(link)) = (first, &self.link) {
             link.user_up(user);
         }
+        true
     }
 
     /// Removes a connection of `user`.

@@ -118,6 +118,17 @@ pub enum GroupChange {
     Leave(String),
 }
 
+/// What one message adds to an encoded sync page, about: its payload and ids plus a
+/// fixed allowance for the field tags and numbers.
+pub fn message_bytes(m: &StoredMessage) -> usize {
+    m.payload.len()
+        + m.conversation_id.len()
+        + m.sender.len()
+        + m.msg_id.len()
+        + m.client_msg_id.len()
+        + 32
+}
+
 /// The durable store. One writer calls the mutating methods; reads may run in parallel.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -148,7 +159,23 @@ pub trait Store: Send + Sync + 'static {
         user_id: &str,
         cursors: &[(String, u64)],
         limit: u32,
+    ) -> Result<(Vec<StoredMessage>, bool), StoreError> {
+        self.sync_page(user_id, cursors, limit, usize::MAX).await
+    }
+
+    /// As [`Store::sync`], and the page also stops before its messages pass
+    /// `max_bytes` ([`message_bytes`] each; the first message always goes in, however
+    /// large). Rows are streamed, so a page never holds much more than that in memory.
+    async fn sync_page(
+        &self,
+        user_id: &str,
+        cursors: &[(String, u64)],
+        limit: u32,
+        max_bytes: usize,
     ) -> Result<(Vec<StoredMessage>, bool), StoreError>;
+
+    /// The last seq of a conversation, or `None` when it does not exist.
+    async fn last_seq(&self, conversation_id: &str) -> Result<Option<u64>, StoreError>;
 
     /// The stored cursor of a user in a conversation (0 when none).
     async fn cursor(&self, user_id: &str, conversation_id: &str) -> Result<u64, StoreError>;

@@ -60,11 +60,12 @@ macro_rules! sql_store_impl {
                 Ok(Some(members))
             }
 
-            async fn sync(
+            async fn sync_page(
                 &self,
                 user_id: &str,
                 cursors: &[(String, u64)],
                 limit: u32,
+                max_bytes: usize,
             ) -> Result<(Vec<$crate::store::StoredMessage>, bool), $crate::store::StoreError> {
                 use sqlx::Row;
                 let stored: Vec<(String, i64, i64)> = sqlx::query_as(
@@ -91,14 +92,16 @@ macro_rules! sql_store_impl {
                 plan.sort();
                 plan.dedup_by(|a, b| a.0 == b.0);
                 let mut out = Vec::new();
+                let mut bytes = 0usize;
                 let mut more = false;
                 for (conv, after) in plan {
                     let room = limit as usize - out.len();
-                    if room == 0 {
+                    if room == 0 || bytes >= max_bytes {
                         more = true;
                         break;
                     }
-                    let rows = sqlx::query(
+                    // Streamed: the page stops at its byte budget without reading the rest.
+                    let mut rows = sqlx::query(
                         "SELECT conversation_id, sender, payload, send_time, msg_type, seq, \
                          msg_id, client_msg_id FROM messages \
                          WHERE conversation_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
@@ -106,16 +109,17 @@ macro_rules! sql_store_impl {
                     .bind(conv.as_str())
                     .bind(after as i64)
                     .bind(room as i64 + 1)
-                    .fetch_all(&self.read)
-                    .await?;
-                    if rows.len() > room {
-                        more = true;
-                    }
-                    for r in rows.into_iter().take(room) {
+                    .fetch(&self.read);
+                    let mut taken = 0usize;
+                    while let Some(r) = futures_util::TryStreamExt::try_next(&mut rows).await? {
+                        if taken == room {
+                            more = true;
+                            break;
+                        }
                         let payload: Vec<u8> = r.try_get("payload")?;
                         let seq: i64 = r.try_get("seq")?;
                         let cmid: Option<String> = r.try_get("client_msg_id")?;
-                        out.push(im_proto::ChatMessage {
+                        let m = im_proto::ChatMessage {
                             conversation_id: r.try_get("conversation_id")?,
                             sender: r.try_get("sender")?,
                             payload: payload.into(),
@@ -124,13 +128,34 @@ macro_rules! sql_store_impl {
                             seq: seq as u64,
                             msg_id: r.try_get("msg_id")?,
                             client_msg_id: cmid.unwrap_or_default(),
-                        });
+                        };
+                        let size = $crate::store::message_bytes(&m);
+                        if !out.is_empty() && bytes.saturating_add(size) > max_bytes {
+                            more = true;
+                            break;
+                        }
+                        bytes = bytes.saturating_add(size);
+                        out.push(m);
+                        taken += 1;
                     }
                     if more {
                         break;
                     }
                 }
                 Ok((out, more))
+            }
+
+            async fn last_seq(
+                &self,
+                conversation_id: &str,
+            ) -> Result<Option<u64>, $crate::store::StoreError> {
+                let seq: Option<i64> = sqlx::query_scalar(
+                    "SELECT last_seq FROM conversations WHERE conversation_id = $1",
+                )
+                .bind(conversation_id)
+                .fetch_optional(&self.read)
+                .await?;
+                Ok(seq.map(|s| s as u64))
             }
 
             async fn cursor(

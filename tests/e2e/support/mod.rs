@@ -18,9 +18,9 @@ use im_client::proto::{self, frame, Body, Frame, Login};
 use im_client::{Client, ClientConfig, RawConn, RawEvent};
 
 /// The JWT secret every test server uses.
-pub const SECRET: &str = "e2e-test-secret";
+pub const SECRET: &str = "e2e-test-secret-of-at-least-32-bytes";
 /// The admin token every test server uses.
-pub const ADMIN_TOKEN: &str = "e2e-admin-token";
+pub const ADMIN_TOKEN: &str = "e2e-admin-token-of-at-least-32-bytes";
 /// How long a test waits for anything before failing.
 pub const WAIT: Duration = Duration::from_secs(15);
 
@@ -179,6 +179,23 @@ impl TestServer {
         }
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The server's peak resident set so far (`VmHWM` of /proc/PID/status), in bytes.
+    pub fn peak_rss_bytes(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("read /proc/PID/status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .expect("VmHWM in /proc/PID/status")
+            * 1024
+    }
+
     /// Everything the server has logged so far.
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()
@@ -269,21 +286,36 @@ pub fn metric_value(scrape: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         .sum()
 }
 
-/// A WebSocket upgrade request for `GET /ws` from source address `from`; returns the
-/// response head and body as text, and the socket (kept open: it holds the connection).
-pub fn ws_upgrade_from(addr: SocketAddr, from: std::net::IpAddr) -> (String, std::net::TcpStream) {
+/// A TCP connection to `addr` from source address `from` (any 127.x address on Linux).
+pub fn connect_from(addr: SocketAddr, from: std::net::IpAddr) -> std::net::TcpStream {
     let socket =
         socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
     socket
         .bind(&SocketAddr::new(from, 0).into())
         .expect("bind source address");
     socket.connect(&addr.into()).expect("connect");
-    let mut s: std::net::TcpStream = socket.into();
+    let s: std::net::TcpStream = socket.into();
     s.set_read_timeout(Some(WAIT)).unwrap();
+    s
+}
+
+/// A WebSocket upgrade request for `GET /ws` from source address `from`; returns the
+/// response head and body as text, and the socket (kept open: it holds the connection).
+pub fn ws_upgrade_from(addr: SocketAddr, from: std::net::IpAddr) -> (String, std::net::TcpStream) {
+    ws_upgrade_with(addr, from, "")
+}
+
+/// As [`ws_upgrade_from`] with extra header lines (each ending in `\r\n`).
+pub fn ws_upgrade_with(
+    addr: SocketAddr,
+    from: std::net::IpAddr,
+    extra_headers: &str,
+) -> (String, std::net::TcpStream) {
+    let mut s = connect_from(addr, from);
     write!(
         s,
         "GET /ws HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n{extra_headers}\r\n"
     )
     .unwrap();
     // Read the head (and a short body, if any) without waiting for the socket to close.
