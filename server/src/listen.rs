@@ -142,10 +142,18 @@ async fn refuse(mut tcp: TcpStream, message: &str) {
     .await;
 }
 
-/// Waits out an accept error (e.g. out of descriptors) without spinning.
-async fn accept_failed(listener: Listener, e: std::io::Error) {
-    tracing::warn!(listener = listener.label(), error = %e, "accept failed");
-    tokio::time::sleep(Duration::from_millis(50)).await;
+/// The next accepted socket; an accept error (e.g. out of descriptors) is logged and
+/// waited out without spinning.
+async fn accept(listener: &TcpListener, which: Listener) -> (TcpStream, SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok(a) => return a,
+            Err(e) => {
+                tracing::warn!(listener = which.label(), error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
 }
 
 /// The client listener: admits each socket under the connection caps at accept, then
@@ -159,13 +167,7 @@ pub async fn serve_client(
 ) {
     let b = builder(&http);
     loop {
-        let (tcp, remote) = match listener.accept().await {
-            Ok(a) => a,
-            Err(e) => {
-                accept_failed(Listener::Client, e).await;
-                continue;
-            }
-        };
+        let (tcp, remote) = accept(&listener, Listener::Client).await;
         let _ = tcp.set_nodelay(true);
         let sock = socket2::SockRef::from(&tcp);
         if opts.send_buffer > 0 {
@@ -201,13 +203,7 @@ pub async fn serve_admin(listener: TcpListener, router: Router, http: Http) {
     let open = Arc::new(AtomicUsize::new(0));
     let max = http.admin_max_connections as usize;
     loop {
-        let (tcp, remote) = match listener.accept().await {
-            Ok(a) => a,
-            Err(e) => {
-                accept_failed(Listener::Admin, e).await;
-                continue;
-            }
-        };
+        let (tcp, remote) = accept(&listener, Listener::Admin).await;
         if open.fetch_add(1, Ordering::Relaxed) >= max {
             open.fetch_sub(1, Ordering::Relaxed);
             rejected(Listener::Admin, "admin_full");

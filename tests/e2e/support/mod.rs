@@ -560,6 +560,15 @@ impl TestServer {
     }
 }
 
+/// As [`eventually`], blocking (for tests without a runtime).
+pub fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + WAIT;
+    while !f() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Polls `f` until it returns true; panics naming `what` when [`WAIT`] runs out.
 pub async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     let end = Instant::now() + WAIT;
