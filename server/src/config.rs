@@ -129,7 +129,7 @@ impl Default for Http {
     }
 }
 
-/// Cluster settings (`[cluster]`, DESIGN.md section 10); used when `nats_url` is set.
+/// Cluster settings (`[cluster]`); used when `nats_url` is set.
 /// Its `Debug` hides the key and the NATS password and token.
 #[derive(Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
