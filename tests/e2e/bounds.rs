@@ -598,3 +598,27 @@ async fn under_a_cluster_key_forged_reports_and_envelopes_are_ignored() {
     assert!(c.nodes[1].metric("im_cluster_bad_envelopes_total", &[]) >= 1.0);
     c.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdk_paces_a_rate_limited_sync_instead_of_flooding() {
+    // One message per page, 2 pages of burst then 20/s; 3 refusals tolerated.
+    let server = TestServer::start_with(&[
+        ("IM_FLOW_SYNC_PAGE_BYTES", "1024"),
+        ("IM_LIMITS_SYNC_RATE_PER_SEC", "20"),
+        ("IM_LIMITS_SYNC_BURST", "2"),
+        ("IM_LIMITS_MAX_RATE_LIMITED", "3"),
+    ]);
+    backlog(&server, "pam", "quinn", 30, 2000).await;
+    let quinn = server.client("quinn").await;
+    let got = quinn.sync().await.expect("sync");
+    assert_eq!(
+        got.iter().map(|m| m.seq).collect::<Vec<_>>(),
+        (1..=30).collect::<Vec<u64>>()
+    );
+    assert!(quinn.is_connected(), "the sync was closed as a flood");
+    assert_eq!(
+        server.metric("im_flood_disconnects_total", &[("frame", "sync")]),
+        0.0
+    );
+    assert!(server.metric("im_bad_frames_total", &[("reason", "rate_limited")]) >= 1.0);
+}
