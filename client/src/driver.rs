@@ -111,7 +111,8 @@ struct SyncJob {
     last_page: Vec<String>,
     sent_at: Instant,
     /// Once the server has rate-limited a page, the wait before each next page (its
-    /// retry hint and a quarter more), so the rest of the sync stays under the limit.
+    /// retry hint and a quarter more, doubled at each further refusal, at most 1 s), so
+    /// the rest of the sync stays under the limit.
     pace: Duration,
 }
 
@@ -539,7 +540,11 @@ impl Driver {
         } = &err
         {
             let wait = Duration::from_millis(u64::from(*retry_after_ms).clamp(1, 1000));
-            job.pace = job.pace.max(wait + wait / 4);
+            // The hint is the wait for one token, which may be partly refilled: each
+            // further refusal doubles the pace, so it passes the server's rate soon.
+            job.pace = (job.pace * 2)
+                .max(wait + wait / 4)
+                .min(Duration::from_secs(1));
             debug!(
                 pace_ms = job.pace.as_millis() as u64,
                 "sync page rate limited: pacing"

@@ -191,7 +191,7 @@ async fn sync_pages_stop_at_the_byte_budget_and_large_backlogs_sync_completely()
     drop(raw);
     // The SDK pages through all of it.
     let bob = server.client("bob").await;
-    let got = bob.sync().await.expect("sync");
+    let got = sdk_sync_all(&bob, 500).await;
     let seqs: Vec<u64> = got.iter().map(|m| m.seq).collect();
     assert_eq!(seqs, (1..=500).collect::<Vec<u64>>());
     assert!(got.iter().all(|m| m.payload.len() == 9 * 1024));
@@ -213,7 +213,7 @@ async fn eight_parallel_syncs_of_1000_x_60kb_complete_within_a_memory_ceiling() 
     for _ in 0..8 {
         let c = server.client("reader").await;
         syncs.push(tokio::spawn(async move {
-            let got = c.sync().await.expect("sync");
+            let got = sdk_sync_all(&c, 1000).await;
             c.close().await;
             got.len()
         }));
@@ -610,7 +610,7 @@ async fn the_sdk_paces_a_rate_limited_sync_instead_of_flooding() {
     ]);
     backlog(&server, "pam", "quinn", 30, 2000).await;
     let quinn = server.client("quinn").await;
-    let got = quinn.sync().await.expect("sync");
+    let got = sdk_sync_all(&quinn, 30).await;
     assert_eq!(
         got.iter().map(|m| m.seq).collect::<Vec<_>>(),
         (1..=30).collect::<Vec<u64>>()
