@@ -211,7 +211,10 @@ async fn eight_parallel_syncs_of_1000_x_60kb_complete_within_a_memory_ceiling() 
     let before = server.peak_rss_bytes();
     let mut syncs = Vec::new();
     for _ in 0..8 {
-        let c = server.client("reader").await;
+        // Eight 60 MB syncs at once on a shared debug build: pages may be slow.
+        let mut cfg = im_client::ClientConfig::new(server.ws_url(), server.token("reader"));
+        cfg.request_timeout = Duration::from_secs(60);
+        let c = im_client::Client::connect(cfg).await.expect("connect");
         syncs.push(tokio::spawn(async move {
             let got = sdk_sync_all(&c, 1000).await;
             c.close().await;
