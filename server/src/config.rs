@@ -129,7 +129,7 @@ impl Default for Http {
     }
 }
 
-/// Cluster settings (`[cluster]`, DESIGN.md section 10); used when `nats_url` is set.
+/// Cluster settings (`[cluster]`); used when `nats_url` is set.
 /// Its `Debug` hides the key and the NATS password and token.
 #[derive(Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -167,7 +167,7 @@ pub struct ClusterConfig {
 
 impl std::fmt::Debug for ClusterConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let secret = |s: &str| if s.is_empty() { "" } else { "<redacted>" };
+        let secret = redacted;
         f.debug_struct("ClusterConfig")
             .field("ttl_secs", &self.ttl_secs)
             .field("report_interval_ms", &self.report_interval_ms)
@@ -434,7 +434,7 @@ impl Default for Obs {
 
 impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let secret = |s: &str| if s.is_empty() { "" } else { "<redacted>" };
+        let secret = redacted;
         f.debug_struct("Config")
             .field("listen", &self.listen)
             .field("admin_listen", &self.admin_listen)
@@ -455,6 +455,15 @@ impl std::fmt::Debug for Config {
             .field("cluster", &self.cluster)
             .field("http", &self.http)
             .finish()
+    }
+}
+
+/// A secret as `Debug` shows it: empty, or `<redacted>`.
+fn redacted(s: &str) -> &'static str {
+    if s.is_empty() {
+        ""
+    } else {
+        "<redacted>"
     }
 }
 

@@ -118,6 +118,25 @@ async fn serve_conn(
     }
 }
 
+/// Most refused sockets lingering in [`refuse`] at once; past it a refused socket is
+/// closed at once (a reset), so a flood of refusals holds few descriptors.
+const MAX_LINGERING: usize = 256;
+
+/// Refuses a socket: answered and closed by a task (at most [`MAX_LINGERING`] at once,
+/// counted in `lingering`), or dropped at once.
+fn refuse_bounded(tcp: TcpStream, message: &'static str, lingering: &Arc<AtomicUsize>) {
+    if lingering.fetch_add(1, Ordering::Relaxed) >= MAX_LINGERING {
+        lingering.fetch_sub(1, Ordering::Relaxed);
+        drop(tcp);
+        return;
+    }
+    let lingering = lingering.clone();
+    tokio::spawn(async move {
+        refuse(tcp, message).await;
+        lingering.fetch_sub(1, Ordering::Relaxed);
+    });
+}
+
 /// Answers a socket refused at accept with a canned 503 and closes it; reads (and
 /// discards) a little of what the client sent first, for at most a second, so the close
 /// is a FIN rather than a reset that would lose the answer.
@@ -142,10 +161,18 @@ async fn refuse(mut tcp: TcpStream, message: &str) {
     .await;
 }
 
-/// Waits out an accept error (e.g. out of descriptors) without spinning.
-async fn accept_failed(listener: Listener, e: std::io::Error) {
-    tracing::warn!(listener = listener.label(), error = %e, "accept failed");
-    tokio::time::sleep(Duration::from_millis(50)).await;
+/// The next accepted socket; an accept error (e.g. out of descriptors) is logged and
+/// waited out without spinning.
+async fn accept(listener: &TcpListener, which: Listener) -> (TcpStream, SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok(a) => return a,
+            Err(e) => {
+                tracing::warn!(listener = which.label(), error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
 }
 
 /// The client listener: admits each socket under the connection caps at accept, then
@@ -158,14 +185,9 @@ pub async fn serve_client(
     opts: SocketOpts,
 ) {
     let b = builder(&http);
+    let lingering = Arc::new(AtomicUsize::new(0));
     loop {
-        let (tcp, remote) = match listener.accept().await {
-            Ok(a) => a,
-            Err(e) => {
-                accept_failed(Listener::Client, e).await;
-                continue;
-            }
-        };
+        let (tcp, remote) = accept(&listener, Listener::Client).await;
         let _ = tcp.set_nodelay(true);
         let sock = socket2::SockRef::from(&tcp);
         if opts.send_buffer > 0 {
@@ -188,7 +210,7 @@ pub async fn serve_client(
             }
             Err(r) => {
                 gw.metrics.connection_refused(r.label());
-                tokio::spawn(refuse(tcp, r.message()));
+                refuse_bounded(tcp, r.message(), &lingering);
             }
         }
     }
@@ -199,19 +221,14 @@ pub async fn serve_client(
 pub async fn serve_admin(listener: TcpListener, router: Router, http: Http) {
     let b = builder(&http);
     let open = Arc::new(AtomicUsize::new(0));
+    let lingering = Arc::new(AtomicUsize::new(0));
     let max = http.admin_max_connections as usize;
     loop {
-        let (tcp, remote) = match listener.accept().await {
-            Ok(a) => a,
-            Err(e) => {
-                accept_failed(Listener::Admin, e).await;
-                continue;
-            }
-        };
+        let (tcp, remote) = accept(&listener, Listener::Admin).await;
         if open.fetch_add(1, Ordering::Relaxed) >= max {
             open.fetch_sub(1, Ordering::Relaxed);
             rejected(Listener::Admin, "admin_full");
-            tokio::spawn(refuse(tcp, "too many admin connections"));
+            refuse_bounded(tcp, "too many admin connections", &lingering);
             continue;
         }
         let (b, router, open) = (b.clone(), router.clone(), open.clone());

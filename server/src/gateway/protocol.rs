@@ -75,7 +75,7 @@ impl Flood {
         }
     }
 
-    fn label(self) -> &'static str {
+    const fn label(self) -> &'static str {
         match self {
             Flood::Ping => "ping",
             Flood::Send => "send",
@@ -98,7 +98,13 @@ impl Flood {
 }
 
 /// The `frame` label values of `im_flood_disconnects_total`.
-pub const FLOOD_FRAMES: [&str; 5] = ["ping", "send", "deliver_ack", "sync", "group_op"];
+pub const FLOOD_FRAMES: [&str; Flood::ALL.len()] = [
+    Flood::Ping.label(),
+    Flood::Send.label(),
+    Flood::DeliverAck.label(),
+    Flood::Sync.label(),
+    Flood::GroupOp.label(),
+];
 
 /// RATE_LIMITED refusals of one frame kind, counted in fixed windows.
 #[derive(Debug, Clone)]
@@ -335,8 +341,8 @@ impl Protocol {
     fn rate_limited(&mut self, kind: Flood) -> Step {
         let l = &self.gw.limits;
         let window = Duration::from_secs(l.rate_limited_window_secs as u64);
-        let i = Flood::ALL.iter().position(|k| *k == kind).unwrap_or(0);
-        let counter = &mut self.refusals[i];
+        // `Flood::ALL` is in declaration order: the discriminant is the index.
+        let counter = &mut self.refusals[kind as usize];
         if !counter.over(Instant::now(), window, l.max_rate_limited) {
             return Step::Continue;
         }

@@ -114,6 +114,9 @@ impl Session {
     /// Takes a token of the frame kind's bucket (DeliverAck, Sync, GroupOp; others
     /// pass); the RATE_LIMITED refusal when it is empty.
     fn rate_limit(&self, body: &Body) -> Result<(), Refusal> {
+        if !matches!(body, Body::DeliverAck(_) | Body::Sync(_) | Body::GroupOp(_)) {
+            return Ok(());
+        }
         let now = Instant::now();
         let Ok(mut b) = self.limits.lock() else {
             return Ok(());
@@ -121,8 +124,7 @@ impl Session {
         let (taken, what) = match body {
             Body::DeliverAck(_) => (b.acks.take(now), "acking"),
             Body::Sync(_) => (b.syncs.take(now), "syncing"),
-            Body::GroupOp(_) => (b.group_ops.take(now), "changing groups"),
-            _ => return Ok(()),
+            _ => (b.group_ops.take(now), "changing groups"),
         };
         taken.map_err(|retry_after_ms| Refusal {
             code: ErrorCode::RateLimited,

@@ -587,6 +587,26 @@ impl TestServer {
     }
 }
 
+/// Syncs an SDK client and returns the first `n` messages it hands to the app, in
+/// order (a background sync may have delivered some before the explicit one).
+pub async fn sdk_sync_all(c: &Client, n: usize) -> Vec<proto::ChatMessage> {
+    c.sync().await.expect("sync");
+    let mut got = Vec::with_capacity(n);
+    while got.len() < n {
+        got.push(c.next_message(WAIT).await.expect("a synced message"));
+    }
+    got
+}
+
+/// As [`eventually`], blocking (for tests without a runtime).
+pub fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + WAIT;
+    while !f() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Polls `f` until it returns true; panics naming `what` when [`WAIT`] runs out.
 pub async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     let end = Instant::now() + WAIT;
