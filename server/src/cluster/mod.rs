@@ -766,7 +766,7 @@ async fn report_loop(buckets: Arc<Buckets>, link: Arc<Link>, report: ReportFn, e
             tracing::warn!(
                 node = %node,
                 stale_ms,
-                "cluster node lost: no load report for {stale_ms} ms; out of rotation"
+                "cluster node lost: no load report for over {stale_ms} ms; out of rotation"
             );
         }
         for node in sweep.back.iter().filter(|n| **n != link.node_id) {
