@@ -175,7 +175,7 @@ async fn wait_readyz(c: &TestCluster, i: usize, status: u16, within: Duration) -
     }
 }
 
-/// SDK clients `u0..u<n>`, `u<i>` connected straight to node `i % 3` (no route seeds,
+/// SDK clients `u0..u<n>`, `u<i>` connected straight to node `i % 3` (no route URLs,
 /// so a reconnect returns to the same node).
 async fn pinned_clients(c: &TestCluster, n: usize) -> (Vec<Arc<Client>>, Vec<Inbox>) {
     let mut clients = Vec::new();
