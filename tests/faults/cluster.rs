@@ -175,7 +175,7 @@ async fn wait_readyz(c: &TestCluster, i: usize, status: u16, within: Duration) -
     }
 }
 
-/// SDK clients `u0..u<n>`, `u<i>` connected straight to node `i % 3` (no route seeds,
+/// SDK clients `u0..u<n>`, `u<i>` connected straight to node `i % 3` (no route URLs,
 /// so a reconnect returns to the same node).
 async fn pinned_clients(c: &TestCluster, n: usize) -> (Vec<Arc<Client>>, Vec<Inbox>) {
     let mut clients = Vec::new();
@@ -334,20 +334,29 @@ async fn node_kill_case() {
     senders.wait_more(30).await;
     c.nodes[victim].kill();
     let killed = Instant::now();
-    // Out of /v1/route well before the registry TTL, and it stays out.
-    let out = wait_out_of_rotation(&c, &survivors, &dead).await;
+    // Out of /v1/route well before the registry TTL, and it stays out; meanwhile the
+    // dead node's clients log in elsewhere (each timed on its own).
+    let (mut out, mut relogged) = (None, None);
+    while out.is_none() || relogged.is_none() {
+        assert!(
+            killed.elapsed() < support::WAIT,
+            "out {out:?}, relogged {relogged:?}"
+        );
+        if out.is_none() && !offered(&c, &survivors, &dead, 1) {
+            out = Some(killed.elapsed());
+        }
+        if relogged.is_none() && clients.iter().all(|cl| cl.node_id() != dead) {
+            relogged = Some(killed.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (out, relogged) = (out.unwrap_or_default(), relogged.unwrap_or_default());
     assert!(out < c.ttl, "{dead} offered for {out:?} (ttl {:?})", c.ttl);
     assert!(!offered(&c, &survivors, &dead, 10));
     // The survivors are ready all along.
     for &i in &survivors {
         assert_eq!(c.readyz(i).0, 200, "n{i}");
     }
-    // The dead node's clients log in elsewhere and go on sending.
-    eventually("the dead node's clients to fail over", || {
-        clients.iter().all(|cl| cl.node_id() != dead)
-    })
-    .await;
-    let relogged = killed.elapsed();
     senders.wait_more(30).await;
     let acked = senders.finish().await;
     check_delivered(&acked, &inboxes).await;
@@ -356,11 +365,11 @@ async fn node_kill_case() {
     // What the operator sees: each survivor logged and counted the loss.
     for &i in &survivors {
         assert_eq!(c.readyz(i).0, 200, "n{i}");
-        assert!(c.nodes[i].metric("im_cluster_nodes_lost_total", &[]) >= 1.0);
-        assert!(
-            c.nodes[i].log().contains("cluster node lost"),
-            "n{i} did not log the loss"
-        );
+        eventually(&format!("n{i} to count and log the loss"), || {
+            c.nodes[i].metric("im_cluster_nodes_lost_total", &[]) >= 1.0
+                && c.nodes[i].log().contains("cluster node lost")
+        })
+        .await;
         let o = c.overview(i);
         assert_eq!(o["cluster"]["summary"]["healthy"], 2, "{o}");
     }
@@ -424,9 +433,17 @@ async fn node_stop_case() {
     let delivered = check_delivered(&acked, &inboxes).await - resumed;
     check_stored(&c, &acked).await;
     for i in survivors {
-        assert!(c.nodes[i].metric("im_cluster_nodes_lost_total", &[]) >= 1.0);
-        assert!(c.nodes[i].metric("im_cluster_nodes_returned_total", &[]) >= 1.0);
-        assert!(c.nodes[i].log().contains("cluster node back"), "n{i}");
+        eventually(
+            &format!("n{i} to count and log the loss and the return"),
+            || {
+                let log = c.nodes[i].log();
+                c.nodes[i].metric("im_cluster_nodes_lost_total", &[]) >= 1.0
+                    && c.nodes[i].metric("im_cluster_nodes_returned_total", &[]) >= 1.0
+                    && log.contains("cluster node lost")
+                    && log.contains("cluster node back")
+            },
+        )
+        .await;
     }
     eprintln!(
         "node SIGSTOP {stop_for:?}: {} acked by {n} senders; out of /v1/route after \

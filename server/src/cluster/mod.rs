@@ -19,14 +19,14 @@
 //! the presence of nodes that died while NATS was down. What makes that safe is the
 //! healing here: when NATS comes back (the client reconnects on its own; its connection
 //! events drive this) or a KV operation finds its stream missing, the supervisor task
-//! recreates the buckets, restarts the watches (a watch on a recreated stream would
-//! otherwise wait for sequence numbers that restart at 1), republishes this node's
+//! recreates the buckets, restarts the watches (their consumers went with the old
+//! streams, and a new stream numbers its entries from 1 again), republishes this node's
 //! report and every online user's presence, and then sends a resync notice: every node
 //! gives each of its sessions a sync hint and drops its group cache, since pushes and
 //! group notices published while the link was down are lost (core NATS keeps nothing
-//! for later). A publish that fails or is skipped while connected leads to the same
-//! notice, and a node that comes back after being lost gets one of its own (its users
-//! had no pushes while it was out). While the link is down or being rebuilt,
+//! for later). A publish that fails (or is skipped while NATS is down) leads to the
+//! same notice once the link works, and a node that comes back after being lost gets
+//! one of its own (its users may have had no pushes while it was out). While the link is down or being rebuilt,
 //! [`Cluster::degraded`] names why, and `/readyz` answers 503.
 //!
 //! The router calls [`Link`] (presence up/down, the forward plan, publishing); the tasks
@@ -119,7 +119,7 @@ enum PresenceOp {
 struct Health {
     /// `KV_*`: whether the buckets answer.
     kv: AtomicU8,
-    /// NATS dropped the connection and the resync after it has not started yet.
+    /// NATS dropped the connection and it has not come back yet.
     was_down: AtomicBool,
     /// A publish was skipped or failed: the others get a resync notice.
     missed: AtomicBool,
@@ -778,7 +778,7 @@ async fn report_loop(buckets: Arc<Buckets>, link: Arc<Link>, report: ReportFn, e
             tracing::warn!(
                 node = %node,
                 stale_ms,
-                "cluster node lost: no load report for {stale_ms} ms; out of rotation"
+                "cluster node lost: no load report for over {stale_ms} ms; out of rotation"
             );
         }
         for node in sweep.back.iter().filter(|n| **n != link.node_id) {

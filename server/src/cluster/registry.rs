@@ -78,6 +78,9 @@ struct Seen {
     pending: u64,
     /// The last sweep found it stale (reported lost, not back yet).
     lost: bool,
+    /// Its reports stopped for longer than the staleness limit and came back between
+    /// two sweeps (the next sweep names it lost and back at once).
+    blip: bool,
 }
 
 /// The registry cache of one node.
@@ -148,7 +151,13 @@ impl Registry {
                     return false;
                 }
             }
-            let lost = n.get(&report.node_id).is_some_and(|s| s.lost);
+            let (lost, blip) = match n.get(&report.node_id) {
+                Some(s) => (
+                    s.lost,
+                    s.blip || (!s.lost && at.saturating_duration_since(s.at) >= self.stale_after),
+                ),
+                None => (false, false),
+            };
             n.insert(
                 report.node_id.clone(),
                 Seen {
@@ -156,6 +165,7 @@ impl Registry {
                     at,
                     pending: 0,
                     lost,
+                    blip,
                 },
             );
             // Forget nodes silent for a long time (ids of retired nodes).
@@ -174,18 +184,22 @@ impl Registry {
     }
 
     /// Marks nodes that went stale since the last sweep as lost and lost nodes that
-    /// report again as back; each transition is named once.
+    /// report again as back; each transition is named once. A node whose reports
+    /// stopped and resumed between two sweeps is named in both.
     pub fn sweep_at(&self, now: Instant) -> Sweep {
         let mut out = Sweep::default();
         if let Ok(mut n) = self.nodes.write() {
             for (id, s) in n.iter_mut() {
                 let live = now.saturating_duration_since(s.at) < self.stale_after;
                 out.live += usize::from(live);
-                if live && s.lost {
-                    s.lost = false;
+                if live && (s.lost || s.blip) {
+                    if !s.lost {
+                        out.lost.push(id.clone());
+                    }
                     out.back.push(id.clone());
+                    (s.lost, s.blip) = (false, false);
                 } else if !live && !s.lost {
-                    s.lost = true;
+                    (s.lost, s.blip) = (true, false);
                     out.lost.push(id.clone());
                 }
             }
@@ -437,6 +451,7 @@ mod tests {
         );
         assert_eq!(r.sweep_at(t2 + Duration::from_millis(10)).lost.len(), 0);
         // It reports again: back once, and routable.
+        r.observe_at(report("b", 10, 0.0), t0 + Duration::from_millis(4500));
         let t3 = t0 + Duration::from_secs(6);
         r.observe_at(report("a", 0, 0.0), t3);
         r.observe_at(report("b", 10, 0.0), t3);
@@ -454,6 +469,30 @@ mod tests {
         assert!(r.remove("a"));
         assert!(!r.remove("a"));
         assert_eq!(r.choose_at(t3, &[]).unwrap().node_id, "b");
+    }
+
+    #[test]
+    fn a_silence_between_two_sweeps_is_named_lost_and_back() {
+        let r = Registry::new(Duration::from_secs(15), Duration::from_secs(5), 0.0);
+        let t0 = Instant::now();
+        r.observe_at(report("a", 0, 0.0), t0);
+        assert_eq!(r.sweep_at(t0).live, 1);
+        // Silent for 6 s, but the next sweep comes after its next report.
+        r.observe_at(report("a", 0, 0.0), t0 + Duration::from_secs(6));
+        // A report within the limit is no gap.
+        r.observe_at(report("a", 0, 0.0), t0 + Duration::from_secs(7));
+        let sweep = r.sweep_at(t0 + Duration::from_secs(7));
+        assert_eq!(
+            (sweep.lost, sweep.back),
+            (vec!["a".into()], vec!["a".into()])
+        );
+        assert_eq!(
+            r.sweep_at(t0 + Duration::from_secs(8)),
+            Sweep {
+                live: 1,
+                ..Default::default()
+            }
+        );
     }
 
     #[test]
