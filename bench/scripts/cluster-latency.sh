@@ -13,7 +13,7 @@ DUR="${DUR:-10s}"
 PG="${IM_TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
 NATS="${IM_TEST_NATS_URL:-nats://127.0.0.1:4222}"
 ID="bench$(date +%s)"
-SECRET=cluster-bench-secret
+SECRET=cluster-bench-secret-of-at-least-32-bytes
 psql "$PG" -qc "CREATE SCHEMA $ID"
 WORK=$(mktemp -d)
 pids=()
@@ -26,7 +26,7 @@ cleanup() {
 trap cleanup EXIT
 for i in 0 1 2; do
   IM_DATABASE_URL="$PG?options[search_path]=$ID" IM_NATS_URL="$NATS" IM_NODE_ID="n$i" \
-  IM_CLUSTER_PREFIX="$ID" IM_JWT_SECRET="$SECRET" IM_ADMIN_TOKEN=bench IM_LOG=warn \
+  IM_CLUSTER_PREFIX="$ID" IM_JWT_SECRET="$SECRET" IM_ADMIN_TOKEN=cluster-bench-admin-of-at-least-32-bytes IM_LOG=warn \
   IM_LISTEN="127.0.0.1:$((17070 + 10 * i))" IM_ADMIN_LISTEN="127.0.0.1:$((17071 + 10 * i))" \
   IM_DATA_DIR="$WORK/n$i" "$T/im-server" 2>"$WORK/n$i.log" &
   pids+=($!)

@@ -35,8 +35,8 @@ SYNC=${SYNC:-normal}
 PIN=${PIN:-1}
 PORT_BASE=${PORT_BASE:-27070}
 MODES=(plain nofilter filters capture noprobes)
-SECRET=diag-bench-secret
-TOKEN=diag-bench-admin
+SECRET=diag-bench-secret-of-at-least-32-bytes
+TOKEN=diag-bench-admin-of-at-least-32-bytes
 CAPTURE_SECS=$((DURATION - 4))
 
 for bin in "$SERVER" "$BENCH"; do

@@ -24,8 +24,8 @@ BASE_PORT="${BASE_PORT:-27070}"
 PG="${IM_TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
 NATS="${IM_TEST_NATS_URL:-nats://127.0.0.1:4222}"
 ID="idle50k$(date +%s)"
-SECRET=idle-50k-secret
-TOKEN=idle-50k-admin
+SECRET=idle-50k-secret-of-at-least-32-bytes
+TOKEN=idle-50k-admin-of-at-least-32-bytes
 # The load stays bounded: at most 51,000 connections in all, at most 19,000 per process.
 if (( NODES * PER_NODE > 51000 || PER_NODE > 19000 )); then
   echo "idle-50k: $NODES x $PER_NODE connections is over the bound (51,000 total, 19,000 per process)" >&2

@@ -25,7 +25,15 @@ use std::ffi::OsString;
 use anyhow::{bail, Context};
 
 /// The scenario names (subcommands).
-pub const SCENARIOS: &[&str] = &["chat", "idle", "broadcast", "mix", "roundtrip", "chaos"];
+pub const SCENARIOS: &[&str] = &[
+    "chat",
+    "idle",
+    "broadcast",
+    "mix",
+    "roundtrip",
+    "chaos",
+    "abuse",
+];
 /// Global options that take a value (their value is not a subcommand).
 const GLOBAL_VALUED: &[&str] = &["--threads"];
 

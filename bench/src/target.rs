@@ -26,7 +26,7 @@ use crate::scenarios::ServerArgs;
 use crate::spawn::{ServerLog, SpawnedServer};
 
 /// Admin token given to a spawned server.
-pub const SPAWN_ADMIN_TOKEN: &str = "im-bench-admin";
+pub const SPAWN_ADMIN_TOKEN: &str = "im-bench-admin-token-of-at-least-32-bytes";
 /// Connections opened (connect + login) at the same time by [`Target::connect_all`].
 const CONNECT_CONCURRENCY: usize = 64;
 /// Lifetime of minted tokens.

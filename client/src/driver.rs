@@ -113,6 +113,10 @@ struct SyncJob {
     /// there are too many to send).
     last_page: Vec<String>,
     sent_at: Instant,
+    /// Once the server has rate-limited a page, the wait before each next page (its
+    /// retry hint and a quarter more, doubled at each further refusal, at most 1 s), so
+    /// the rest of the sync stays under the limit.
+    pace: Duration,
 }
 
 /// Why the connected loop ended.
@@ -434,6 +438,7 @@ impl Driver {
             settled: HashSet::new(),
             last_page: Vec::new(),
             sent_at: Instant::now(),
+            pace: Duration::ZERO,
         };
         for (conv, delivered, top) in self.tracker.holes() {
             if delivered > 0 && job.own.len() < MAX_SYNC_CURSORS {
@@ -447,6 +452,9 @@ impl Driver {
 
     /// Sends the next page request of `job` with its cursors.
     async fn send_sync_page(&mut self, conn: &mut RawConn, mut job: SyncJob) -> Result<(), Stop> {
+        if !job.pace.is_zero() {
+            tokio::time::sleep(job.pace).await;
+        }
         let pick = |(c, s): (&String, &u64)| Cursor {
             conversation_id: c.clone(),
             after_seq: *s,
@@ -629,6 +637,27 @@ impl Driver {
         mut job: SyncJob,
         err: ClientError,
     ) -> Result<(), Stop> {
+        // Paging faster than the server's sync rate limit: wait as told, ask again, and
+        // keep that pace for the rest of the sync (refusals in a row would close it as a
+        // flood).
+        if let ClientError::Server {
+            code: ErrorCode::RateLimited,
+            retry_after_ms,
+            ..
+        } = &err
+        {
+            let wait = Duration::from_millis(u64::from(*retry_after_ms).clamp(1, 1000));
+            // The hint is the wait for one token, which may be partly refilled: each
+            // further refusal doubles the pace, so it passes the server's rate soon.
+            job.pace = (job.pace * 2)
+                .max(wait + wait / 4)
+                .min(Duration::from_secs(1));
+            debug!(
+                pace_ms = job.pace.as_millis() as u64,
+                "sync page rate limited: pacing"
+            );
+            return self.send_sync_page(conn, job).await;
+        }
         let named = match &err {
             ClientError::Server {
                 code: ErrorCode::NotMember,

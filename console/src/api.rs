@@ -154,6 +154,8 @@ pub struct Capacity {
     pub ratio_fds: f64,
     /// Free fraction of CPU.
     pub ratio_cpu: f64,
+    /// Free fraction of the store's disk above its floor (`None`: not measured, Postgres).
+    pub ratio_disk: Option<f64>,
     /// The resource that runs out first.
     pub limiting_resource: String,
 }
@@ -201,6 +203,8 @@ pub struct Overview {
     pub connections_refused: Refusals,
     /// A graceful shutdown has begun.
     pub draining: bool,
+    /// Why the node refuses Sends now (a store fault or `disk_low`), if it does.
+    pub store_refusal: Option<String>,
     /// Distinct users online.
     pub users_online: u64,
     /// Messages received per second.

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use im_client::proto::{self, Body};
 use im_client::{RawConn, RawEvent};
 
-const SECRET: &str = "console-e2e-secret";
-const ADMIN_TOKEN: &str = "console-e2e-admin-token";
+const SECRET: &str = "console-e2e-secret-of-at-least-32-bytes";
+const ADMIN_TOKEN: &str = "console-e2e-admin-token-of-at-least-32-bytes";
 /// How long any one step may take.
 const WAIT: Duration = Duration::from_secs(30);
 

@@ -140,6 +140,17 @@ async fn overview_with_connection_caps_while_draining() {
     insta::assert_snapshot!("overview_limits_120x40", screen);
 }
 
+/// A node whose store refuses Sends (disk full): the header says so, disk limits.
+#[tokio::test]
+async fn overview_while_the_store_refuses_sends() {
+    let screen = overview_of("overview_store_full.json", 120, 40).await;
+    assert!(
+        screen.contains("refusing sends: store disk_full"),
+        "{screen}"
+    );
+    insta::assert_snapshot!("overview_store_full_120x40", screen);
+}
+
 #[tokio::test]
 async fn connections_sorted_and_filtered() {
     let (mut state, _n, _) = loaded().await;

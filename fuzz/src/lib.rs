@@ -43,6 +43,11 @@ pub fn fuzz_config(dir: &Path) -> Config {
     c.limits.send_burst = 4;
     c.limits.ping_rate_per_sec = 1;
     c.limits.ping_burst = 3;
+    c.limits.deliver_ack_rate_per_sec = 1;
+    c.limits.deliver_ack_burst = 3;
+    c.limits.sync_rate_per_sec = 1;
+    c.limits.sync_burst = 3;
+    c.limits.max_batch_frames = 24;
     c.limits.max_rate_limited = 4;
     c.limits.rate_limited_window_secs = 3600;
     c.limits.sync_limit_max = 20;
@@ -194,6 +199,16 @@ pub enum FBody {
     Server(u8),
     /// A nested Batch.
     Batch(Vec<FFrame>),
+    /// A Batch packed with `n` copies of one frame kind (`kind` % 5: Send, DeliverAck,
+    /// Sync, Ping, GroupOp), some over `limits.max_batch_frames`.
+    Flood {
+        /// The frame kind.
+        kind: u8,
+        /// How many (0..=255).
+        n: u8,
+        /// The conversation or group the frames name.
+        conv: Conv,
+    },
 }
 
 /// A structured frame.
@@ -280,6 +295,40 @@ impl FFrame {
             FBody::Batch(frames) => Some(Body::Batch(Batch {
                 frames: frames.iter().map(|f| f.build(w)).collect(),
             })),
+            FBody::Flood { kind, n, conv } => {
+                let one = |i: u64| -> Body {
+                    match kind % 5 {
+                        0 => Body::Send(Send {
+                            target: Some(send::Target::ToUser(USERS[i as usize % USERS.len()].into())),
+                            r#type: 0,
+                            payload: Bytes::from_static(b"flood"),
+                            client_msg_id: format!("f{}-{i}", self.req_id),
+                        }),
+                        1 => Body::DeliverAck(DeliverAck {
+                            conversation_id: conv.get(),
+                            seq: i,
+                        }),
+                        2 => Body::Sync(SyncRequest {
+                            cursors: vec![],
+                            limit: 5,
+                        }),
+                        3 => Body::Ping(Ping { client_time: i as i64 }),
+                        _ => Body::GroupOp(GroupOp {
+                            op: group_op::Op::Join as i32,
+                            group_id: GROUPS[i as usize % GROUPS.len()].into(),
+                            ..Default::default()
+                        }),
+                    }
+                };
+                Some(Body::Batch(Batch {
+                    frames: (0..u64::from(*n))
+                        .map(|i| Frame {
+                            req_id: self.req_id.wrapping_add(i),
+                            body: Some(one(i)),
+                        })
+                        .collect(),
+                }))
+            }
         };
         Frame {
             req_id: self.req_id,
@@ -449,7 +498,7 @@ impl World {
             } else {
                 match Frame::decode(b.as_slice()) {
                     Ok(f) => Expect::Frame {
-                        pings: count_pings(&f),
+                        pings: count_pings(&f, self.gw.limits.max_batch_frames as usize),
                     },
                     Err(_) => Expect::DecodeError,
                 }
@@ -483,10 +532,12 @@ impl World {
     }
 }
 
-/// Pings a decoded frame carries (a batch's direct frames).
-fn count_pings(f: &Frame) -> usize {
+/// Pings a decoded frame carries (a batch's direct frames; none when the batch is over
+/// the `max_batch` cap, which refuses it whole).
+fn count_pings(f: &Frame, max_batch: usize) -> usize {
     match &f.body {
         Some(Body::Ping(_)) => 1,
+        Some(Body::Batch(b)) if b.frames.len() > max_batch => 0,
         Some(Body::Batch(b)) => b
             .frames
             .iter()
@@ -495,6 +546,15 @@ fn count_pings(f: &Frame) -> usize {
         _ => 0,
     }
 }
+
+/// The RATE_LIMITED message of each frame kind and the close reason of its flood.
+const FLOODS: [(&str, &str); 5] = [
+    ("pinging too fast", "ping flood"),
+    ("sending too fast", "send flood"),
+    ("acking too fast", "deliver_ack flood"),
+    ("syncing too fast", "sync flood"),
+    ("changing groups too fast", "group_op flood"),
+];
 
 /// What the harness knows about an input before the machine sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -525,9 +585,8 @@ struct Model {
     ping_rate: u32,
     started: Instant,
     bad_frames: u32,
-    ping_limited: u32,
-    send_limited: u32,
-    group_op_limited: u32,
+    /// RATE_LIMITED refusals by frame kind, in the order of [`FLOODS`].
+    limited: [u32; FLOODS.len()],
     pings: usize,
     pongs: usize,
 }
@@ -543,9 +602,7 @@ impl Model {
             ping_rate: gw.limits.ping_rate_per_sec,
             started: Instant::now(),
             bad_frames: 0,
-            ping_limited: 0,
-            send_limited: 0,
-            group_op_limited: 0,
+            limited: [0; FLOODS.len()],
             pings: 0,
             pongs: 0,
         }
@@ -564,11 +621,15 @@ impl Model {
                     }
                     if e.code == ErrorCode::RateLimited as i32 {
                         assert!(e.retry_after_ms > 0, "RATE_LIMITED without a retry hint");
-                        match e.message.as_str() {
-                            "pinging too fast" => self.ping_limited += 1,
-                            "sending too fast" => self.send_limited += 1,
-                            "group operations too fast" => self.group_op_limited += 1,
-                            other => panic!("RATE_LIMITED with message {other:?}"),
+                        let kind = FLOODS.iter().position(|(m, _)| *m == e.message);
+                        match kind {
+                            Some(k) => self.limited[k] += 1,
+                            // The session cap (a refused login) is the one other.
+                            None => assert!(
+                                e.message.contains("sessions"),
+                                "RATE_LIMITED with message {:?}",
+                                e.message
+                            ),
                         }
                     }
                 }
@@ -708,28 +769,19 @@ impl Model {
             "{} bad frames and still open",
             self.bad_frames
         );
-        // Floods: the refusal past max_rate_limited closes, exactly.
+        // Floods, every frame kind counted apart: the refusal past max_rate_limited
+        // closes, exactly.
         let reason = close.as_ref().map(|r| r.reason);
-        assert_eq!(
-            reason == Some("ping flood"),
-            self.ping_limited > self.max_rate_limited,
-            "ping refusals {}, close {close:?}",
-            self.ping_limited
-        );
-        assert_eq!(
-            reason == Some("send flood"),
-            self.send_limited > self.max_rate_limited,
-            "send refusals {}, close {close:?}",
-            self.send_limited
-        );
-        assert_eq!(
-            reason == Some("group op flood"),
-            self.group_op_limited > self.max_rate_limited,
-            "group op refusals {}, close {close:?}",
-            self.group_op_limited
-        );
-        if matches!(reason, Some("ping flood" | "send flood" | "group op flood")) {
-            assert_eq!(code, Some(CloseReason::POLICY));
+        for (k, (_, flood)) in FLOODS.iter().enumerate() {
+            assert_eq!(
+                reason == Some(*flood),
+                self.limited[k] > self.max_rate_limited,
+                "{flood}: {} refusals, close {close:?}",
+                self.limited[k]
+            );
+            if reason == Some(*flood) {
+                assert_eq!(code, Some(CloseReason::POLICY));
+            }
         }
         // Pongs answer pings, within the bucket.
         assert!(

@@ -100,10 +100,38 @@ pub struct Config {
     pub log: LogConfig,
     /// Cluster mode (with `nats_url`): registry TTL, load reports, routing.
     pub cluster: ClusterConfig,
+    /// HTTP hardening of both listeners: header timeout and size, admin connection cap.
+    pub http: Http,
 }
 
-/// Cluster settings (`[cluster]`, DESIGN.md section 10); used when `nats_url` is set.
+/// HTTP settings of both listeners (`[http]`), applied per accepted socket before any
+/// request is read.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Http {
+    /// A request head must arrive complete within this many seconds of the server
+    /// starting to wait for it, or the socket is closed; this is also how long a
+    /// kept-alive connection may sit idle between requests (both listeners).
+    pub header_read_timeout_secs: u32,
+    /// Largest request head (request line and headers) accepted, in bytes; larger: 431.
+    pub max_header_bytes: u32,
+    /// Most admin connections at once; more are closed at accept.
+    pub admin_max_connections: u32,
+}
+
+impl Default for Http {
+    fn default() -> Self {
+        Http {
+            header_read_timeout_secs: 10,
+            max_header_bytes: 16 * 1024,
+            admin_max_connections: 64,
+        }
+    }
+}
+
+/// Cluster settings (`[cluster]`); used when `nats_url` is set.
+/// Its `Debug` hides the key and the NATS password and token.
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClusterConfig {
     /// A node whose load report is older than this is out of rotation.
@@ -123,6 +151,50 @@ pub struct ClusterConfig {
     pub membership_cache_groups: u32,
     /// Fault injection for tests: do not publish group-change notices to other nodes.
     pub drop_group_notices: bool,
+    /// Shared cluster key (at least 32 bytes): load reports and envelopes are signed with
+    /// HMAC-SHA256 under it, and unsigned or badly signed ones are ignored. Empty: unsigned.
+    pub key: String,
+    /// NATS user (with `nats_password`).
+    pub nats_user: String,
+    /// NATS password.
+    pub nats_password: String,
+    /// NATS token.
+    pub nats_token: String,
+    /// NATS credentials file (JWT and nkey seed, `.creds`).
+    pub nats_creds_file: String,
+    /// PEM file of CA certificates to trust for the NATS server's TLS certificate.
+    pub nats_tls_ca_file: String,
+    /// PEM client certificate for NATS TLS (with `nats_tls_key_file`).
+    pub nats_tls_cert_file: String,
+    /// PEM private key of `nats_tls_cert_file`.
+    pub nats_tls_key_file: String,
+    /// Refuse to talk to NATS without TLS (also implied by a `tls://` URL).
+    pub nats_tls_required: bool,
+}
+
+impl std::fmt::Debug for ClusterConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let secret = redacted;
+        f.debug_struct("ClusterConfig")
+            .field("ttl_secs", &self.ttl_secs)
+            .field("report_interval_ms", &self.report_interval_ms)
+            .field("advertise_url", &self.advertise_url)
+            .field("prefix", &self.prefix)
+            .field("cpu_weight", &self.cpu_weight)
+            .field("membership_ttl_ms", &self.membership_ttl_ms)
+            .field("membership_cache_groups", &self.membership_cache_groups)
+            .field("drop_group_notices", &self.drop_group_notices)
+            .field("key", &secret(&self.key))
+            .field("nats_user", &self.nats_user)
+            .field("nats_password", &secret(&self.nats_password))
+            .field("nats_token", &secret(&self.nats_token))
+            .field("nats_creds_file", &self.nats_creds_file)
+            .field("nats_tls_ca_file", &self.nats_tls_ca_file)
+            .field("nats_tls_cert_file", &self.nats_tls_cert_file)
+            .field("nats_tls_key_file", &self.nats_tls_key_file)
+            .field("nats_tls_required", &self.nats_tls_required)
+            .finish()
+    }
 }
 
 impl Default for ClusterConfig {
@@ -136,6 +208,15 @@ impl Default for ClusterConfig {
             membership_ttl_ms: 2000,
             membership_cache_groups: 10_000,
             drop_group_notices: false,
+            key: String::new(),
+            nats_user: String::new(),
+            nats_password: String::new(),
+            nats_token: String::new(),
+            nats_creds_file: String::new(),
+            nats_tls_ca_file: String::new(),
+            nats_tls_cert_file: String::new(),
+            nats_tls_key_file: String::new(),
+            nats_tls_required: false,
         }
     }
 }
@@ -182,6 +263,39 @@ impl ClusterConfig {
                 "cluster.cpu_weight",
                 self.cpu_weight,
                 "must be between 0 and 100",
+            ));
+        }
+        if !self.key.is_empty() && self.key.len() < MIN_SECRET_BYTES {
+            return Err(invalid(
+                "cluster.key",
+                format!("<redacted, {} bytes>", self.key.len()),
+                &format!("must be at least {MIN_SECRET_BYTES} bytes (or empty: unsigned)"),
+            ));
+        }
+        let auths = [
+            !self.nats_user.is_empty() || !self.nats_password.is_empty(),
+            !self.nats_token.is_empty(),
+            !self.nats_creds_file.is_empty(),
+        ];
+        if auths.iter().filter(|a| **a).count() > 1 {
+            return Err(invalid(
+                "cluster.nats_token",
+                "<redacted>",
+                "use one of nats_user/nats_password, nats_token or nats_creds_file",
+            ));
+        }
+        if self.nats_user.is_empty() != self.nats_password.is_empty() {
+            return Err(invalid(
+                "cluster.nats_user",
+                &self.nats_user,
+                "nats_user and nats_password go together",
+            ));
+        }
+        if self.nats_tls_cert_file.is_empty() != self.nats_tls_key_file.is_empty() {
+            return Err(invalid(
+                "cluster.nats_tls_cert_file",
+                &self.nats_tls_cert_file,
+                "nats_tls_cert_file and nats_tls_key_file go together",
             ));
         }
         Ok(())
@@ -345,7 +459,7 @@ impl Default for Obs {
 
 impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let secret = |s: &str| if s.is_empty() { "" } else { "<redacted>" };
+        let secret = redacted;
         f.debug_struct("Config")
             .field("listen", &self.listen)
             .field("admin_listen", &self.admin_listen)
@@ -364,7 +478,17 @@ impl std::fmt::Debug for Config {
             .field("obs", &self.obs)
             .field("log", &self.log)
             .field("cluster", &self.cluster)
+            .field("http", &self.http)
             .finish()
+    }
+}
+
+/// A secret as `Debug` shows it: empty, or `<redacted>`.
+fn redacted(s: &str) -> &'static str {
+    if s.is_empty() {
+        ""
+    } else {
+        "<redacted>"
     }
 }
 
@@ -425,12 +549,31 @@ pub struct Limits {
     /// RLIMIT_NOFILE soft limit less [`FD_RESERVE`] (store, logs, admin, cluster).
     pub max_connections: u32,
     /// Most client connections from one source address (0: no cap; mind NAT gateways).
+    /// The address is the socket peer, or the client named by `X-Forwarded-For` when
+    /// the peer is one of `trusted_proxies`.
     pub max_connections_per_ip: u32,
+    /// Proxies (IP addresses) whose `X-Forwarded-For` names the client; from any other
+    /// peer the header is ignored. A trusted proxy's own address has no per-IP cap.
+    pub trusted_proxies: Vec<String>,
+    /// Most logged-in connections one user may hold on this node; the next login is
+    /// refused (`RESOURCE_EXHAUSTED`-style error, close 1008; 0: no cap).
+    pub max_sessions_per_user: u32,
+    /// DeliverAcks per second one connection may sustain (0: unlimited).
+    pub deliver_ack_rate_per_sec: u32,
+    /// DeliverAcks one connection may burst above the sustained rate.
+    pub deliver_ack_burst: u32,
+    /// SyncRequests per second one connection may sustain (0: unlimited).
+    pub sync_rate_per_sec: u32,
+    /// SyncRequests one connection may burst above the sustained rate.
+    pub sync_burst: u32,
     /// GroupOps per second one connection, and one user on this node, may sustain (0:
     /// unlimited); over it: RATE_LIMITED with retry_after_ms.
     pub group_op_rate_per_sec: u32,
     /// GroupOps one connection (and one user) may burst above the sustained rate.
     pub group_op_burst: u32,
+    /// Most frames one `Batch` frame may carry; more is a bad frame and nothing of it
+    /// is handled.
+    pub max_batch_frames: u32,
     /// Most live groups one user may have created (0: no limit).
     pub max_groups_per_user: u32,
     /// A session ends this many seconds after its token's `exp` (close 4003 "token
@@ -438,9 +581,19 @@ pub struct Limits {
     pub token_leeway_secs: u32,
 }
 
+/// Shortest configured `jwt_secret` or `admin_token` accepted, in bytes.
+pub const MIN_SECRET_BYTES: usize = 32;
+
 /// File descriptors kept free for the store, log files, the admin listener and NATS
 /// when `limits.max_connections` is automatic.
 pub const FD_RESERVE: u64 = 256;
+
+impl Flow {
+    /// The sync page budget in effect: `sync_page_bytes`, at most half the soft mark.
+    pub fn sync_page_budget(&self) -> usize {
+        self.sync_page_bytes.min(self.soft_mark_bytes / 2) as usize
+    }
+}
 
 impl Limits {
     /// `max_connections` with 0 resolved against this process's RLIMIT_NOFILE.
@@ -499,6 +652,10 @@ pub struct Flow {
     /// Graceful shutdown (SIGTERM): how long the drain may take to commit, flush and
     /// close before the process exits.
     pub drain_timeout_secs: u32,
+    /// Byte budget of one sync page: a page stops before its messages pass this many
+    /// bytes and says `more = true` (a single larger message still goes out alone). At
+    /// most half of `soft_mark_bytes` is used, whatever is set here.
+    pub sync_page_bytes: u64,
 }
 
 /// Store tuning.
@@ -509,6 +666,21 @@ pub struct StoreConfig {
     pub sqlite_synchronous: String,
     /// Reader connections (SQLite) or pool size (Postgres).
     pub pool_size: u32,
+    /// Longest wait for a pooled connection before the store counts as down.
+    pub acquire_timeout_ms: u32,
+    /// Postgres `statement_timeout` on every pooled connection (0: none).
+    pub statement_timeout_ms: u32,
+    /// A commit (or group change) that has not finished after this long is abandoned:
+    /// its Sends get OVERLOADED with a retry hint (the retry, with the same
+    /// client_msg_id, is answered from the dedup if the commit did land), and the node
+    /// refuses Sends until a write succeeds again.
+    pub unavailable_after_ms: u32,
+    /// While the store is failing, how often the writer tries a small probe write.
+    pub probe_interval_ms: u32,
+    /// Sends are refused (OVERLOADED, `/readyz` 503 `disk_low`) while the data dir's file
+    /// system has less than this free, before SQLite runs into a full disk (0: off;
+    /// SQLite only).
+    pub min_free_disk_mb: u32,
 }
 
 impl Default for Config {
@@ -531,6 +703,7 @@ impl Default for Config {
             obs: Obs::default(),
             log: LogConfig::default(),
             cluster: ClusterConfig::default(),
+            http: Http::default(),
         }
     }
 }
@@ -553,8 +726,15 @@ impl Default for Limits {
             rate_limited_window_secs: 10,
             max_connections: 0,
             max_connections_per_ip: 0,
+            trusted_proxies: Vec::new(),
+            max_sessions_per_user: 16,
+            deliver_ack_rate_per_sec: 200,
+            deliver_ack_burst: 1000,
+            sync_rate_per_sec: 50,
+            sync_burst: 100,
             group_op_rate_per_sec: 5,
             group_op_burst: 20,
+            max_batch_frames: 128,
             max_groups_per_user: 100,
             token_leeway_secs: 5,
         }
@@ -586,6 +766,7 @@ impl Default for Flow {
             socket_send_buffer_bytes: 0,
             socket_recv_buffer_bytes: 0,
             drain_timeout_secs: 10,
+            sync_page_bytes: 256 * 1024,
         }
     }
 }
@@ -595,6 +776,11 @@ impl Default for StoreConfig {
         StoreConfig {
             sqlite_synchronous: "full".into(),
             pool_size: 4,
+            acquire_timeout_ms: 2_000,
+            statement_timeout_ms: 10_000,
+            unavailable_after_ms: 2_000,
+            probe_interval_ms: 1_000,
+            min_free_disk_mb: 256,
         }
     }
 }
@@ -730,13 +916,6 @@ impl Config {
         )?;
         range("limits.max_connections", l.max_connections, 0, 100_000_000)?;
         range(
-            "limits.group_op_rate_per_sec",
-            l.group_op_rate_per_sec,
-            0,
-            1_000_000,
-        )?;
-        range("limits.group_op_burst", l.group_op_burst, 1, 1_000_000)?;
-        range(
             "limits.max_groups_per_user",
             l.max_groups_per_user,
             0,
@@ -749,6 +928,59 @@ impl Config {
             0,
             100_000_000,
         )?;
+        for p in &l.trusted_proxies {
+            if p.trim().parse::<std::net::IpAddr>().is_err() {
+                return Err(invalid(
+                    "limits.trusted_proxies",
+                    p,
+                    "expected IP addresses, e.g. [\"10.0.0.5\"] (env: comma-separated)",
+                ));
+            }
+        }
+        range(
+            "limits.max_sessions_per_user",
+            l.max_sessions_per_user,
+            0,
+            1_000_000,
+        )?;
+        for (key, rate, burst_key, burst) in [
+            (
+                "limits.deliver_ack_rate_per_sec",
+                l.deliver_ack_rate_per_sec,
+                "limits.deliver_ack_burst",
+                l.deliver_ack_burst,
+            ),
+            (
+                "limits.sync_rate_per_sec",
+                l.sync_rate_per_sec,
+                "limits.sync_burst",
+                l.sync_burst,
+            ),
+            (
+                "limits.group_op_rate_per_sec",
+                l.group_op_rate_per_sec,
+                "limits.group_op_burst",
+                l.group_op_burst,
+            ),
+        ] {
+            range(key, rate, 0, 1_000_000)?;
+            range(burst_key, burst, 1, 1_000_000)?;
+        }
+        range("limits.max_batch_frames", l.max_batch_frames, 1, 100_000)?;
+        for (key, secret) in [
+            ("jwt_secret", &self.jwt_secret),
+            ("admin_token", &self.admin_token),
+        ] {
+            if !secret.is_empty() && secret.len() < MIN_SECRET_BYTES {
+                return Err(invalid(
+                    key,
+                    format!("<redacted, {} bytes>", secret.len()),
+                    &format!(
+                        "must be at least {MIN_SECRET_BYTES} bytes (or empty: generated into the data dir)"
+                    ),
+                ));
+            }
+        }
         let p = &self.persist;
         range("persist.batch_max", p.batch_max, 1, 10_000)?;
         range("persist.batch_wait_ms", p.batch_wait_ms, 0, 1000)?;
@@ -765,6 +997,28 @@ impl Config {
         }
         range("flow.write_timeout_secs", f.write_timeout_secs, 1, 3600)?;
         range("flow.drain_timeout_secs", f.drain_timeout_secs, 1, 3600)?;
+        range("flow.sync_page_bytes", f.sync_page_bytes, 1024, 1 << 30)?;
+        if u64::from(self.limits.max_frame_bytes) * 2 > f.hard_mark_bytes {
+            return Err(invalid(
+                "limits.max_frame_bytes",
+                self.limits.max_frame_bytes,
+                "must be at most half of flow.hard_mark_bytes (a reply carrying one message must fit under the hard mark)",
+            ));
+        }
+        let h = &self.http;
+        range(
+            "http.header_read_timeout_secs",
+            h.header_read_timeout_secs,
+            1,
+            3600,
+        )?;
+        range("http.max_header_bytes", h.max_header_bytes, 1024, 1 << 20)?;
+        range(
+            "http.admin_max_connections",
+            h.admin_max_connections,
+            1,
+            1_000_000,
+        )?;
         range("flow.coalesce_max_frames", f.coalesce_max_frames, 1, 4096)?;
         range("flow.listen_backlog", f.listen_backlog, 1, 1 << 20)?;
         range(
@@ -793,6 +1047,27 @@ impl Config {
             ));
         }
         range("store.pool_size", self.store.pool_size, 1, 1024)?;
+        let st = &self.store;
+        range(
+            "store.acquire_timeout_ms",
+            st.acquire_timeout_ms,
+            50,
+            600_000,
+        )?;
+        range(
+            "store.statement_timeout_ms",
+            st.statement_timeout_ms,
+            0,
+            3_600_000,
+        )?;
+        range(
+            "store.unavailable_after_ms",
+            st.unavailable_after_ms,
+            100,
+            600_000,
+        )?;
+        range("store.probe_interval_ms", st.probe_interval_ms, 50, 600_000)?;
+        range("store.min_free_disk_mb", st.min_free_disk_mb, 0, 1 << 30)?;
         range(
             "obs.sample_interval_ms",
             self.obs.sample_interval_ms,
@@ -974,6 +1249,14 @@ fn apply_env(
             "0" | "false" | "no" | "off" => false,
             _ => return Err(err("expected true or false".into())),
         }),
+        // Lists (e.g. `limits.trusted_proxies`): comma-separated.
+        toml::Value::Array(_) => toml::Value::Array(
+            raw.split(',')
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+                .map(|v| toml::Value::String(v.to_string()))
+                .collect(),
+        ),
         _ => toml::Value::String(raw.clone()),
     };
     Ok(())
@@ -1004,8 +1287,8 @@ mod tests {
             None,
             &Overrides::default(),
             env(&[
-                ("IM_JWT_SECRET", "jwt-SECRET-value"),
-                ("IM_ADMIN_TOKEN", "admin-TOKEN-value"),
+                ("IM_JWT_SECRET", "jwt-SECRET-value-of-thirty-two-bytes"),
+                ("IM_ADMIN_TOKEN", "admin-TOKEN-value-of-thirty-two-bytes"),
                 ("IM_DATABASE_URL", "postgres://im:pw-SECRET@db/im"),
             ]),
         )
@@ -1127,6 +1410,58 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(e.contains(key) && e.contains(value), "{var}={value}: {e}");
+        }
+    }
+
+    #[test]
+    fn bound_keys_default_parse_lists_and_refuse_short_secrets() {
+        let c = Config::load_from(None, &Overrides::default(), env(&[])).unwrap();
+        assert_eq!(c.limits.max_sessions_per_user, 16);
+        assert_eq!(c.http.header_read_timeout_secs, 10);
+        assert_eq!(c.flow.sync_page_budget(), 256 * 1024);
+        let c = Config::load_from(
+            None,
+            &Overrides::default(),
+            env(&[
+                ("IM_LIMITS_TRUSTED_PROXIES", "10.0.0.5, ::1"),
+                ("IM_FLOW_SOFT_MARK_BYTES", "65536"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.limits.trusted_proxies, ["10.0.0.5", "::1"]);
+        assert_eq!(
+            c.flow.sync_page_budget(),
+            32768,
+            "at most half the soft mark"
+        );
+        for (var, value, key) in [
+            (
+                "IM_LIMITS_TRUSTED_PROXIES",
+                "proxy.local",
+                "limits.trusted_proxies",
+            ),
+            (
+                "IM_HTTP_HEADER_READ_TIMEOUT_SECS",
+                "0",
+                "http.header_read_timeout_secs",
+            ),
+            ("IM_LIMITS_MAX_BATCH_FRAMES", "0", "limits.max_batch_frames"),
+            ("IM_LIMITS_SYNC_BURST", "0", "limits.sync_burst"),
+        ] {
+            let e = Config::load_from(None, &Overrides::default(), env(&[(var, value)]))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key) && e.contains(value), "{var}={value}: {e}");
+        }
+        for (var, key) in [
+            ("IM_JWT_SECRET", "jwt_secret"),
+            ("IM_ADMIN_TOKEN", "admin_token"),
+        ] {
+            let e = Config::load_from(None, &Overrides::default(), env(&[(var, "short-SECRET")]))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key) && e.contains("at least 32 bytes"), "{e}");
+            assert!(!e.contains("short-SECRET"), "{e}");
         }
     }
 

@@ -14,6 +14,7 @@ pub mod cluster;
 pub mod config;
 pub mod flow;
 pub mod gateway;
+pub mod listen;
 pub mod obs;
 pub mod pipeline;
 pub mod store;
@@ -76,6 +77,8 @@ struct LiveFigures {
     conns: Arc<Connections>,
     pipeline: Arc<Pipeline>,
     max_connections: u64,
+    /// The SQLite database's directory and the free-space floor, in bytes.
+    disk: Option<(std::path::PathBuf, u64)>,
 }
 
 impl obs::sampler::Live for LiveFigures {
@@ -104,6 +107,32 @@ impl obs::sampler::Live for LiveFigures {
     }
     fn max_connections(&self) -> u64 {
         self.max_connections
+    }
+    fn disk(&self) -> Option<obs::capacity::Disk> {
+        let (dir, floor_bytes) = self.disk.as_ref()?;
+        let (free_bytes, total_bytes) = obs::process::disk_space(dir)?;
+        let disk = obs::capacity::Disk {
+            free_bytes,
+            total_bytes,
+            floor_bytes: *floor_bytes,
+        };
+        let low = disk.low();
+        if self.pipeline.health.set_disk(free_bytes, low) != low {
+            if low {
+                tracing::error!(
+                    free_bytes,
+                    floor_bytes,
+                    dir = %dir.display(),
+                    "free space under store.min_free_disk_mb: sends refused until space is freed"
+                );
+            } else {
+                tracing::warn!(
+                    free_bytes,
+                    "free space above the floor again; sends accepted"
+                );
+            }
+        }
+        Some(disk)
     }
 }
 
@@ -179,6 +208,16 @@ impl Node {
                 conns: conns.clone(),
                 pipeline: pipeline.clone(),
                 max_connections: max_connections as u64,
+                disk: match config.database() {
+                    Ok(config::Database::Sqlite(path)) => Some((
+                        path.parent()
+                            .filter(|d| !d.as_os_str().is_empty())
+                            .unwrap_or(std::path::Path::new("."))
+                            .to_path_buf(),
+                        u64::from(config.store.min_free_disk_mb) << 20,
+                    )),
+                    _ => None,
+                },
             }),
             snapshot.clone(),
             prometheus.clone(),
@@ -238,15 +277,12 @@ impl Node {
             registry: cluster.as_ref().map(|c| c.link.registry.clone()),
             draining: node.draining.clone(),
         };
-        let client_app = gateway
-            .router()
-            .merge(cluster::route_api(route_api))
-            .into_make_service_with_connect_info::<SocketAddr>();
+        let client_app = gateway.router().merge(cluster::route_api(route_api));
         let admin_app = admin::router(node.clone());
-        let (sndbuf, rcvbuf) = (
-            config.flow.socket_send_buffer_bytes as usize,
-            config.flow.socket_recv_buffer_bytes as usize,
-        );
+        let opts = listen::SocketOpts {
+            send_buffer: config.flow.socket_send_buffer_bytes as usize,
+            recv_buffer: config.flow.socket_recv_buffer_bytes as usize,
+        };
         let (log_tasks, compactor) = start_log_tasks(&config, snapshot_of(&node));
         let report = load_report(&node, ws_url, format!("http://{admin_addr}"));
         let mut cluster_tasks = Vec::new();
@@ -265,26 +301,14 @@ impl Node {
         let mut servers = vec![
             sampler,
             log_tasks,
-            tokio::spawn(async move {
-                let listener = axum::serve::ListenerExt::tap_io(client, move |tcp| {
-                    let _ = tcp.set_nodelay(true);
-                    let sock = socket2::SockRef::from(&*tcp);
-                    if sndbuf > 0 {
-                        let _ = sock.set_send_buffer_size(sndbuf);
-                    }
-                    if rcvbuf > 0 {
-                        let _ = sock.set_recv_buffer_size(rcvbuf);
-                    }
-                });
-                if let Err(e) = axum::serve(listener, client_app).await {
-                    tracing::error!(error = %e, "client listener failed");
-                }
-            }),
-            tokio::spawn(async move {
-                if let Err(e) = axum::serve(admin, admin_app).await {
-                    tracing::error!(error = %e, "admin listener failed");
-                }
-            }),
+            tokio::spawn(listen::serve_client(
+                client,
+                client_app,
+                gateway.clone(),
+                config.http.clone(),
+                opts,
+            )),
+            tokio::spawn(listen::serve_admin(admin, admin_app, config.http.clone())),
         ];
         servers.extend(cluster_tasks);
         if cluster.is_some() {
@@ -418,6 +442,7 @@ pub struct ShutdownReport {
 /// This node's load report for the cluster registry, built from the sampler's snapshot.
 fn load_report(node: &Arc<Node>, ws_url: String, admin_url: String) -> cluster::ReportFn {
     let node = node.clone();
+    let instance = uuid::Uuid::now_v7().simple().to_string();
     Arc::new(move || {
         let s = node.snapshot();
         cluster::registry::LoadReport {
@@ -435,6 +460,7 @@ fn load_report(node: &Arc<Node>, ws_url: String, admin_url: String) -> cluster::
             draining: node.draining.load(Ordering::Relaxed),
             uptime_secs: node.started.elapsed().as_secs(),
             version: env!("CARGO_PKG_VERSION").to_string(),
+            instance: instance.clone(),
         }
     })
 }

@@ -57,6 +57,12 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> anyhow::Result<()> {
+    // Everything this process creates is its own: the data dir (0700), the database
+    // files, their WAL and shared-memory files, secrets and logs (0600).
+    // SAFETY: umask only sets the process's file-creation mask; it cannot fail.
+    unsafe {
+        libc::umask(0o077);
+    }
     let cli = Cli::parse();
     let overrides = Overrides {
         listen: cli.listen,

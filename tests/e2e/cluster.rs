@@ -5,30 +5,14 @@
 //! new connections go to the least-loaded node; dedup holds across nodes.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use im_client::proto::{group_op, Body, ChatMessage, MessageType};
-use im_client::{Client, ClientConfig, Event, RawEvent, Target};
+use im_client::{Client, ClientConfig, RawEvent, Target};
 
-use crate::support::cluster::{pg_url, TestCluster};
+use crate::support::cluster::{collect, received_all, Inbox, TestCluster};
 use crate::support::*;
-
-/// Every message each client got, in arrival order, filled by a background task.
-type Inbox = Arc<Mutex<Vec<ChatMessage>>>;
-
-fn collect(client: Arc<Client>) -> Inbox {
-    let inbox: Inbox = Arc::default();
-    let sink = inbox.clone();
-    tokio::spawn(async move {
-        while let Some(ev) = client.next_event().await {
-            if let Event::Message(m) = ev {
-                sink.lock().unwrap().push(m);
-            }
-        }
-    });
-    inbox
-}
 
 /// Checks one SDK inbox: nothing twice, each conversation in strictly rising seq order
 /// (what the app got), and (others') messages of each conversation exactly `want` (msg ids).
@@ -65,16 +49,6 @@ fn check_inbox(user: &str, inbox: &[ChatMessage], want: &HashMap<String, HashSet
             "{user} got unexpected {extra:?} in {conv}"
         );
     }
-}
-
-fn received_all(inbox: &Inbox, want: &HashMap<String, HashSet<String>>) -> bool {
-    let got: HashSet<String> = inbox
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|m| m.msg_id.clone())
-        .collect();
-    want.values().flatten().all(|id| got.contains(id))
 }
 
 /// The seqs an inbox got in `conv`, in the order the app got them.
@@ -358,7 +332,8 @@ async fn sigkill_of_a_node_fails_its_clients_over_without_loss() {
                     )
                     .await
                     .expect("send (retried across the failover)");
-                ids.push(ack.msg_id);
+                let conv = im_client::proto::direct_conversation(client.user_id(), &to);
+                ids.push((conv, ack.seq, ack.msg_id));
                 counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(25)).await;
             }
@@ -371,7 +346,7 @@ async fn sigkill_of_a_node_fails_its_clients_over_without_loss() {
     .await;
     c.nodes[victim].kill();
     let killed = Instant::now();
-    let mut acked: Vec<Vec<String>> = Vec::new();
+    let mut acked: Vec<Vec<(String, u64, String)>> = Vec::new();
     for t in tasks {
         acked.push(t.await.expect("sender task"));
     }
@@ -407,7 +382,7 @@ async fn sigkill_of_a_node_fails_its_clients_over_without_loss() {
         let from = (i + users.len() - 1) % users.len();
         let conv = im_client::proto::direct_conversation(&users[from], u);
         let want: HashMap<String, HashSet<String>> =
-            [(conv, acked[from].iter().cloned().collect())].into();
+            [(conv, acked[from].iter().map(|a| a.2.clone()).collect())].into();
         eventually(&format!("{u} to receive all of {}", users[from]), || {
             received_all(&inboxes[i], &want)
         })
@@ -421,30 +396,13 @@ async fn sigkill_of_a_node_fails_its_clients_over_without_loss() {
         check_inbox(u, &only_from, &want);
     }
 
-    // And the store has each acked message exactly once, at gapless seqs.
-    let admin = sqlx::PgPool::connect(&pg_url()).await.expect("pg");
-    let rows: Vec<(String, i64, String)> = sqlx::query_as(&format!(
-        "SELECT conversation_id, seq, msg_id FROM {}.messages ORDER BY conversation_id, seq",
-        c.schema
-    ))
-    .fetch_all(&admin)
-    .await
-    .expect("query");
-    let mut per_conv: BTreeMap<String, Vec<i64>> = BTreeMap::new();
-    let mut ids = HashSet::new();
-    for (conv, seq, id) in &rows {
-        per_conv.entry(conv.clone()).or_default().push(*seq);
-        assert!(ids.insert(id.clone()), "{id} stored twice");
-    }
-    for (conv, seqs) in &per_conv {
-        let want: Vec<i64> = (1..=seqs.len() as i64).collect();
-        assert_eq!(seqs, &want, "{conv} has gaps");
-    }
-    assert_eq!(rows.len(), 6 * 30, "every send stored once");
-    for id in acked.iter().flatten() {
-        assert!(ids.contains(id), "acked {id} is not stored");
-    }
-    admin.close().await;
+    // And the store has each acked message exactly once, at its acked seq, gapless.
+    let acked: Vec<(String, u64, String)> = acked.into_iter().flatten().collect();
+    assert_eq!(
+        c.check_stored(&acked).await,
+        6 * 30,
+        "every send stored once"
+    );
     c.cleanup().await;
 }
 

@@ -1,7 +1,8 @@
 //! The Grafana dashboards and Prometheus alert rules in `dashboards/` are true to what
 //! the server exports: every metric (and every literal label value) that a dashboard
 //! expression, a template variable or an alert rule names is in a real scrape after
-//! real traffic; the dashboards are importable (a `${DS_PROMETHEUS}` input, a node
+//! real traffic (a single node's, plus a one-node cluster's for the `im_cluster_*`
+//! series); the dashboards are importable (a `${DS_PROMETHEUS}` input, a node
 //! variable, units); every alert links to a runbook page that exists; and promtool
 //! parses every expression.
 //!
@@ -488,7 +489,11 @@ async fn every_metric_in_dashboards_and_alerts_is_exported() {
             .all(|st| metric_value(&s, "im_stage_duration_seconds_count", &[("stage", st)]) > 0.0)
     })
     .await;
-    let exported = Exported::parse(&server.metrics());
+    // The cluster metrics exist only in cluster mode: add a one-node cluster's scrape.
+    let cluster = crate::support::cluster::TestCluster::start(1, &[]).await;
+    let scrape = format!("{}\n{}", server.metrics(), cluster.nodes[0].metrics());
+    cluster.cleanup().await;
+    let exported = Exported::parse(&scrape);
 
     let rules = alert_rules(&read("dashboards/alerts.yml"));
     let exprs: Vec<Expr> = dashboard_exprs()
@@ -541,6 +546,8 @@ async fn every_metric_in_dashboards_and_alerts_is_exported() {
         "im_stage_duration_seconds_bucket",
         "im_bad_frames_total",
         "process_open_fds",
+        "im_cluster_link_up",
+        "im_cluster_nodes_lost_total",
         "up",
     ] {
         assert!(used.contains(name), "no dashboard or alert uses {name}");
@@ -704,6 +711,8 @@ fn every_alert_has_a_runbook_summary_and_description() {
         "ImPersistCommitSlow",
         "ImEndToEndLatencyHigh",
         "ImBadFramesSpike",
+        "ImClusterLinkDown",
+        "ImClusterNodeLost",
     ];
     for r in &rules {
         assert!(names.insert(r.name.clone()), "duplicate alert {}", r.name);

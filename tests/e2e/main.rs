@@ -5,6 +5,7 @@ mod support;
 
 mod access;
 mod bad_input;
+mod bounds;
 mod chat;
 mod cli;
 mod cluster;

@@ -7,7 +7,10 @@
 //!
 //! These tests change machine state (a tmpfs mount, the local Postgres service), so they
 //! live in their own test binary: cargo runs test binaries one at a time, and inside this
-//! one each case takes [`support::faults::exclusive`] first.
+//! one each case takes `support::faults::exclusive().await` first.
 
+mod store;
 #[path = "../e2e/support/mod.rs"]
 mod support;
+
+mod cluster;

@@ -204,7 +204,11 @@ pub async fn run(args: ChatArgs) -> anyhow::Result<Outcome> {
     finish(target, result, args.run.json).await
 }
 
-async fn run_against(args: &ChatArgs, target: &mut Target) -> anyhow::Result<ChatReport> {
+/// One chat run against an open target (also the honest traffic of `abuse`).
+pub(crate) async fn run_against(
+    args: &ChatArgs,
+    target: &mut Target,
+) -> anyhow::Result<ChatReport> {
     let n = args.senders as usize;
     let receivers: Vec<String> = (0..n).map(|i| format!("r{i}")).collect();
     let senders: Vec<String> = (0..n).map(|i| format!("s{i}")).collect();

@@ -9,6 +9,9 @@
 //! - [`broadcast`]: G groups of M members, R messages/s per group, push or notify-and-pull.
 //! - [`mix`]: one-to-one traffic with a message size mix over zipf-hot conversations.
 //! - [`roundtrip`]: send, SendAck, deliver, DeliverAck and the reply, timed end to end.
+//! - [`abuse`]: chat alone, then under hostile clients (slowloris, Batch floods of every
+//!   frame kind, a giant sync backlog, bad logins, never-reading connections); fails when
+//!   the honest P99 under attack passes a multiple of the baseline.
 //! - [`chaos`]: chat under disconnect injection (kill, reconnect, sync), a one-off
 //!   reconnect storm, and malformed frames (each must get BAD_FRAME and leave the
 //!   connection working).
@@ -16,6 +19,7 @@
 //! Every scenario checks delivery while it loads ([`crate::check`]) and fails (exit 1)
 //! on any loss, duplicate, reordering, or a server that exited during the run.
 
+pub mod abuse;
 pub mod broadcast;
 pub mod chaos;
 pub mod chat;
@@ -45,7 +49,7 @@ use crate::util::{parse_duration, parse_key_val};
 use crate::Outcome;
 
 /// JWT secret a spawned server is given, and the default `--secret`.
-pub const DEFAULT_SECRET: &str = "im-bench-secret";
+pub const DEFAULT_SECRET: &str = "im-bench-secret-of-at-least-32-bytes";
 
 /// The scenarios `im-bench` can run. A flag given twice keeps its last value (so the
 /// command line overrides a `--config` file); repeatable flags accumulate.
@@ -76,6 +80,12 @@ pub enum Scenario {
     /// reset at once), y% malformed frames (each must get BAD_FRAME).
     #[command(args_override_self = true)]
     Chaos(chaos::ChaosArgs),
+    /// Honest chat alone, then under attack (slowloris, DeliverAck/Sync/GroupOp floods in
+    /// Batch frames, a giant sync backlog, expired and forged logins, never-reading
+    /// connections); fails on any lost acked message or an honest P99 above
+    /// --max-p99-ratio times the baseline.
+    #[command(args_override_self = true)]
+    Abuse(abuse::AbuseArgs),
 }
 
 /// Where the server under test is.
@@ -133,6 +143,7 @@ pub async fn run(scenario: Scenario) -> anyhow::Result<Outcome> {
         Scenario::Mix(args) => mix::run(args).await,
         Scenario::Roundtrip(args) => roundtrip::run(args).await,
         Scenario::Chaos(args) => chaos::run(args).await,
+        Scenario::Abuse(args) => abuse::run(args).await,
     }
 }
 

@@ -90,6 +90,12 @@ fn render_header(frame: &mut Frame, area: Rect, state: &AppState) {
                 Style::new().fg(WARN).bold(),
             ));
         }
+        if let Some(reason) = n.live_overview().and_then(|o| o.store_refusal.as_deref()) {
+            spans.push(Span::styled(
+                format!(" · refusing sends: store {reason}"),
+                Style::new().fg(BAD).bold(),
+            ));
+        }
         if let Some(o) = &n.overview.data {
             spans.push(Span::styled(
                 format!(

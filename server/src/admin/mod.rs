@@ -73,18 +73,44 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// How long `/readyz` waits for the store's answer before it says "not ready".
+const READY_STORE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `/readyz` is unauthenticated, so it says only "ready", or "not ready: <reason>" with
+/// one word (`draining`, `cluster`, a store fault such as `disk_full` or `store_down`,
+/// `disk_low`, or `store` when the store does not answer its ping in time); details go to
+/// the log. It answers within [`READY_STORE_TIMEOUT`] whatever the store does.
 async fn readyz(State(node): State<Arc<Node>>) -> Response {
+    let not_ready = |reason: &str| {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {reason}"),
+        )
+            .into_response()
+    };
     if node.draining.load(Ordering::Relaxed) {
-        return error(StatusCode::SERVICE_UNAVAILABLE, "draining");
+        return not_ready("draining");
     }
-    if let Some(c) = &node.cluster {
-        if !c.link.connected() {
-            return error(StatusCode::SERVICE_UNAVAILABLE, "NATS not connected");
+    if node
+        .cluster
+        .as_ref()
+        .is_some_and(|c| c.degraded().is_some())
+    {
+        return not_ready("cluster");
+    }
+    if let Some(reason) = node.pipeline.health.refusal() {
+        return not_ready(reason);
+    }
+    match tokio::time::timeout(READY_STORE_TIMEOUT, node.store.ping()).await {
+        Ok(Ok(())) => (StatusCode::OK, "ready").into_response(),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "readyz: the store's ping failed");
+            not_ready("store")
         }
-    }
-    match node.store.ping().await {
-        Ok(()) => (StatusCode::OK, "ready").into_response(),
-        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, format!("store: {e}")),
+        Err(_) => {
+            tracing::warn!("readyz: the store did not answer its ping within 1 s");
+            not_ready("store")
+        }
     }
 }
 
@@ -120,6 +146,7 @@ async fn overview(State(node): State<Arc<Node>>) -> Response {
         "max_connections_per_ip": node.config.limits.max_connections_per_ip,
         "connections_refused": refused,
         "draining": node.draining.load(Ordering::Relaxed),
+        "store_refusal": node.pipeline.health.refusal(),
         "users_online": snap.users_online,
         "msg_rate_in": snap.msg_rate_in,
         "msg_rate_out": snap.msg_rate_out,
@@ -161,6 +188,7 @@ fn cluster_view(node: &Node) -> serde_json::Value {
         "ttl_secs": c.link.registry.ttl().as_secs(),
         "users_on_other_nodes": c.link.presence.len(),
         "nats_connected": c.link.connected(),
+        "degraded": c.degraded(),
         "nodes": nodes,
         "summary": {
             "nodes": nodes.len(),

@@ -1,8 +1,16 @@
 //! Node registry: the last load report of every node, as read from the KV bucket
-//! `<prefix>-nodes`, which node is alive (a report younger than the TTL), and the routing
-//! choice for a new connection (least loaded, weighted by connections and CPU). Pure
-//! data: the KV watch in `cluster` feeds it; `/v1/route`, the router and the admin
-//! overview read it.
+//! `<prefix>-nodes`, and two questions about each node:
+//! - *alive*: a report younger than the TTL. Cross-node pushes and group notices still go
+//!   to it (a node that is only slow gets them when it resumes; one that is dead costs
+//!   a dropped publish).
+//! - *live*: a report younger than `stale_after` (a few report intervals). Only live
+//!   nodes are offered to new connections and shown healthy; a node that stops being
+//!   live is *lost* (it missed its reports), and *back* when it reports again
+//!   ([`Registry::sweep_at`] names both, once each).
+//!
+//! It also makes the routing choice for a new connection (least loaded, weighted by
+//! connections and CPU). Pure data: the KV watch in `cluster` feeds it; `/v1/route`, the
+//! router and the admin overview read it.
 
 use std::collections::HashMap;
 use std::sync::RwLock;
@@ -42,6 +50,9 @@ pub struct LoadReport {
     pub uptime_secs: u64,
     /// im-server version.
     pub version: String,
+    /// The node process's identity: random per start. A report naming a live node with
+    /// another identity is ignored until that node's report expires.
+    pub instance: String,
 }
 
 /// One node as the admin overview shows it.
@@ -52,7 +63,7 @@ pub struct NodeView {
     pub report: LoadReport,
     /// Age of that report, ms.
     pub report_age_ms: u64,
-    /// Report younger than the TTL.
+    /// Report younger than the staleness limit (a few report intervals): routable.
     pub healthy: bool,
     /// `up`, `draining` or `down`.
     pub state: &'static str,
@@ -65,13 +76,30 @@ struct Seen {
     at: Instant,
     /// Connections routed to it since its last report (they are not in it yet).
     pending: u64,
+    /// The last sweep found it stale (reported lost, not back yet).
+    lost: bool,
+    /// Its reports stopped for longer than the staleness limit and came back between
+    /// two sweeps (the next sweep names it lost and back at once).
+    blip: bool,
 }
 
 /// The registry cache of one node.
 pub struct Registry {
     ttl: Duration,
+    stale_after: Duration,
     cpu_weight: f64,
     nodes: RwLock<HashMap<String, Seen>>,
+}
+
+/// What a sweep found: nodes that just went stale, and nodes that report again.
+#[derive(Debug, Default, PartialEq)]
+pub struct Sweep {
+    /// Live at the previous sweep, stale now.
+    pub lost: Vec<String>,
+    /// Lost at the previous sweep, live now.
+    pub back: Vec<String>,
+    /// Nodes live now.
+    pub live: usize,
 }
 
 /// The routing score: `(connections + pending + 1) * (1 + cpu_weight * cpu_busy)`; lower
@@ -82,13 +110,20 @@ pub fn score(r: &LoadReport, pending: u64, cpu_weight: f64) -> f64 {
 }
 
 impl Registry {
-    /// An empty registry; reports older than `ttl` are out of rotation.
-    pub fn new(ttl: Duration, cpu_weight: f64) -> Self {
+    /// An empty registry: reports older than `stale_after` are out of rotation (clamped
+    /// to `ttl`), older than `ttl` dead.
+    pub fn new(ttl: Duration, stale_after: Duration, cpu_weight: f64) -> Self {
         Registry {
             ttl,
+            stale_after: stale_after.min(ttl),
             cpu_weight,
             nodes: RwLock::new(HashMap::new()),
         }
+    }
+
+    /// The staleness limit (see the module header).
+    pub fn stale_after(&self) -> Duration {
+        self.stale_after
     }
 
     /// The TTL.
@@ -97,33 +132,81 @@ impl Registry {
     }
 
     /// Records a report received now that was written `age` ago.
-    pub fn observe(&self, report: LoadReport, age: Duration) {
+    pub fn observe(&self, report: LoadReport, age: Duration) -> bool {
         let now = Instant::now();
-        self.observe_at(report, now.checked_sub(age).unwrap_or(now));
+        self.observe_at(report, now.checked_sub(age).unwrap_or(now))
     }
 
-    /// Records a report written at `at`.
-    pub fn observe_at(&self, report: LoadReport, at: Instant) {
+    /// Records a report written at `at`; false (and ignored) when it names a live node
+    /// under another identity (`instance`).
+    pub fn observe_at(&self, report: LoadReport, at: Instant) -> bool {
         if let Ok(mut n) = self.nodes.write() {
+            if let Some(live) = n.get(&report.node_id) {
+                let other = live.report.instance != report.instance;
+                if other
+                    && !live.report.instance.is_empty()
+                    && !live.lost
+                    && live.at.elapsed() < self.stale_after
+                {
+                    return false;
+                }
+            }
+            let (lost, blip) = match n.get(&report.node_id) {
+                Some(s) => (
+                    s.lost,
+                    s.blip || (!s.lost && at.saturating_duration_since(s.at) >= self.stale_after),
+                ),
+                None => (false, false),
+            };
             n.insert(
                 report.node_id.clone(),
                 Seen {
                     report,
                     at,
                     pending: 0,
+                    lost,
+                    blip,
                 },
             );
             // Forget nodes silent for a long time (ids of retired nodes).
             let forget = self.ttl * 20;
             n.retain(|_, s| s.at.elapsed() < forget);
         }
+        true
     }
 
-    /// Forgets a node (its key was deleted: a clean shutdown).
-    pub fn remove(&self, node_id: &str) {
+    /// Forgets a node (its key was deleted: a clean shutdown); whether it was known.
+    pub fn remove(&self, node_id: &str) -> bool {
+        self.nodes
+            .write()
+            .map(|mut n| n.remove(node_id).is_some())
+            .unwrap_or(false)
+    }
+
+    /// Marks nodes that went stale since the last sweep as lost and lost nodes that
+    /// report again as back; each transition is named once. A node whose reports
+    /// stopped and resumed between two sweeps is named in both.
+    pub fn sweep_at(&self, now: Instant) -> Sweep {
+        let mut out = Sweep::default();
         if let Ok(mut n) = self.nodes.write() {
-            n.remove(node_id);
+            for (id, s) in n.iter_mut() {
+                let live = now.saturating_duration_since(s.at) < self.stale_after;
+                out.live += usize::from(live);
+                if live && (s.lost || s.blip) {
+                    if !s.lost {
+                        out.lost.push(id.clone());
+                    }
+                    out.back.push(id.clone());
+                    (s.lost, s.blip) = (false, false);
+                } else if !live && !s.lost {
+                    (s.lost, s.blip) = (true, false);
+                    out.lost.push(id.clone());
+                }
+            }
         }
+        out.lost.sort();
+        out.back.sort();
+        out
     }
 
     /// Whether `node_id` reported within the TTL.
@@ -162,7 +245,7 @@ impl Registry {
                 n.values()
                     .map(|s| {
                         let age = now.saturating_duration_since(s.at);
-                        let healthy = age < self.ttl;
+                        let healthy = age < self.stale_after;
                         NodeView {
                             report: s.report.clone(),
                             report_age_ms: age.as_millis() as u64,
@@ -182,7 +265,7 @@ impl Registry {
         v
     }
 
-    /// The least-loaded healthy node that is not draining and not in `avoid`, counted as
+    /// The least-loaded live node that is not draining and not in `avoid`, counted as
     /// one more pending connection so a burst of routes spreads before the next report.
     /// Nodes with capacity headroom left go first; `None` when no node qualifies.
     pub fn choose(&self, avoid: &[&str]) -> Option<LoadReport> {
@@ -195,7 +278,7 @@ impl Registry {
         let best = n
             .iter()
             .filter(|(id, s)| {
-                now.saturating_duration_since(s.at) < self.ttl
+                now.saturating_duration_since(s.at) < self.stale_after
                     && !s.report.draining
                     && !s.report.ws_url.is_empty()
                     && !avoid.contains(&id.as_str())
@@ -236,8 +319,34 @@ mod tests {
     }
 
     #[test]
+    fn a_report_conflicting_with_a_live_nodes_identity_is_ignored() {
+        let r = Registry::new(Duration::from_secs(10), Duration::from_secs(10), 1.0);
+        let now = Instant::now();
+        let with = |instance: &str, url: &str| LoadReport {
+            instance: instance.into(),
+            ws_url: url.into(),
+            ..report("a", 1, 0.0)
+        };
+        assert!(r.observe_at(with("i1", "ws://a/ws"), now));
+        assert!(
+            r.observe_at(with("i1", "ws://a/ws"), now),
+            "the same process again"
+        );
+        assert!(
+            !r.observe_at(with("i2", "ws://evil/ws"), now),
+            "another identity"
+        );
+        assert_eq!(r.choose_at(now, &[]).unwrap().ws_url, "ws://a/ws");
+        // Once the live one has expired, a new identity (a restarted node) is taken.
+        let r = Registry::new(Duration::from_millis(1), Duration::from_millis(1), 1.0);
+        r.observe_at(with("i1", "ws://a/ws"), now);
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(r.observe_at(with("i2", "ws://a2/ws"), Instant::now()));
+    }
+
+    #[test]
     fn picks_least_connections_weighted_by_cpu() {
-        let r = Registry::new(Duration::from_secs(15), 1.0);
+        let r = Registry::new(Duration::from_secs(15), Duration::from_secs(5), 1.0);
         let now = Instant::now();
         r.observe_at(report("a", 100, 0.0), now);
         r.observe_at(report("b", 60, 0.9), now);
@@ -249,7 +358,7 @@ mod tests {
 
     #[test]
     fn a_burst_spreads_before_the_next_report() {
-        let r = Registry::new(Duration::from_secs(15), 0.0);
+        let r = Registry::new(Duration::from_secs(15), Duration::from_secs(5), 0.0);
         let now = Instant::now();
         r.observe_at(report("a", 50, 0.0), now);
         r.observe_at(report("b", 0, 0.0), now);
@@ -272,7 +381,7 @@ mod tests {
     #[test]
     fn stale_draining_and_full_nodes_are_out_of_rotation() {
         let ttl = Duration::from_secs(15);
-        let r = Registry::new(ttl, 1.0);
+        let r = Registry::new(ttl, Duration::from_secs(5), 1.0);
         let now = Instant::now() + Duration::from_secs(60);
         r.observe_at(report("old", 0, 0.0), now - Duration::from_secs(16));
         let mut d = report("drain", 0, 0.0);
@@ -295,5 +404,100 @@ mod tests {
         assert!(states.contains(&("drain".into(), "draining")), "{states:?}");
         r.remove("busy");
         assert_eq!(r.view_at(now).len(), 3);
+    }
+
+    #[test]
+    fn a_node_that_misses_its_reports_leaves_rotation_before_the_ttl() {
+        // Reports every second, lost after 2.5 s of silence, dead after 15 s.
+        let r = Registry::new(Duration::from_secs(15), Duration::from_millis(2500), 0.0);
+        let t0 = Instant::now();
+        r.observe_at(report("a", 0, 0.0), t0);
+        r.observe_at(report("b", 10, 0.0), t0);
+        assert_eq!(r.choose_at(t0, &[]).unwrap().node_id, "a");
+        assert_eq!(
+            r.sweep_at(t0),
+            Sweep {
+                live: 2,
+                ..Default::default()
+            }
+        );
+        // b keeps reporting; a (least loaded) stops.
+        let t1 = t0 + Duration::from_secs(2);
+        r.observe_at(report("b", 10, 0.0), t1);
+        assert_eq!(
+            r.choose_at(t1, &[]).unwrap().node_id,
+            "a",
+            "one late report"
+        );
+        let t2 = t0 + Duration::from_secs(3);
+        r.observe_at(report("b", 10, 0.0), t2);
+        for _ in 0..5 {
+            assert_eq!(r.choose_at(t2, &[]).unwrap().node_id, "b");
+        }
+        assert!(r.choose_at(t2, &["b"]).is_none());
+        // Still alive (within the TTL): pushes go on; but not healthy in the view.
+        assert!(r.alive("a"));
+        let view = r.view_at(t2);
+        assert_eq!((view[0].healthy, view[0].state), (false, "down"));
+        assert_eq!((view[1].healthy, view[1].state), (true, "up"));
+        // Named lost once.
+        assert_eq!(
+            r.sweep_at(t2),
+            Sweep {
+                lost: vec!["a".into()],
+                back: vec![],
+                live: 1
+            }
+        );
+        assert_eq!(r.sweep_at(t2 + Duration::from_millis(10)).lost.len(), 0);
+        // It reports again: back once, and routable.
+        r.observe_at(report("b", 10, 0.0), t0 + Duration::from_millis(4500));
+        let t3 = t0 + Duration::from_secs(6);
+        r.observe_at(report("a", 0, 0.0), t3);
+        r.observe_at(report("b", 10, 0.0), t3);
+        assert_eq!(
+            r.sweep_at(t3),
+            Sweep {
+                lost: vec![],
+                back: vec!["a".into()],
+                live: 2
+            }
+        );
+        assert_eq!(r.sweep_at(t3).back.len(), 0);
+        assert_eq!(r.choose_at(t3, &[]).unwrap().node_id, "a");
+        // A clean leave forgets it at once.
+        assert!(r.remove("a"));
+        assert!(!r.remove("a"));
+        assert_eq!(r.choose_at(t3, &[]).unwrap().node_id, "b");
+    }
+
+    #[test]
+    fn a_silence_between_two_sweeps_is_named_lost_and_back() {
+        let r = Registry::new(Duration::from_secs(15), Duration::from_secs(5), 0.0);
+        let t0 = Instant::now();
+        r.observe_at(report("a", 0, 0.0), t0);
+        assert_eq!(r.sweep_at(t0).live, 1);
+        // Silent for 6 s, but the next sweep comes after its next report.
+        r.observe_at(report("a", 0, 0.0), t0 + Duration::from_secs(6));
+        // A report within the limit is no gap.
+        r.observe_at(report("a", 0, 0.0), t0 + Duration::from_secs(7));
+        let sweep = r.sweep_at(t0 + Duration::from_secs(7));
+        assert_eq!(
+            (sweep.lost, sweep.back),
+            (vec!["a".into()], vec!["a".into()])
+        );
+        assert_eq!(
+            r.sweep_at(t0 + Duration::from_secs(8)),
+            Sweep {
+                live: 1,
+                ..Default::default()
+            }
+        );
+    }
+
+    #[test]
+    fn the_staleness_limit_never_exceeds_the_ttl() {
+        let r = Registry::new(Duration::from_secs(3), Duration::from_secs(10), 0.0);
+        assert_eq!(r.stale_after(), Duration::from_secs(3));
     }
 }

@@ -1,7 +1,8 @@
 //! Relay: the envelope one node publishes to another's subject (`<prefix>.node.<id>`)
 //! for cross-node delivery, one per receiving node per message (never one per member),
-//! the group-change notice that evicts a stale membership cache entry, and the
-//! revocation notice that closes a user's sessions.
+//! the group-change notice that evicts a stale membership cache entry, the revocation
+//! notice that closes a user's sessions, and the resync notice (to one node, or to
+//! every node on `<prefix>.all`) after pushes may have been lost.
 
 use bytes::Bytes;
 
@@ -24,15 +25,24 @@ pub struct Envelope {
     /// Set on a group-change notice: evict this group from the membership cache.
     #[prost(string, tag = "5")]
     pub group_changed: String,
+    /// A resync notice: the sender's cluster link was down or failed to publish, so
+    /// pushes and group notices may have been lost; every session on the receiving node
+    /// gets a sync hint and the membership cache is dropped.
+    #[prost(bool, tag = "6")]
+    pub resync: bool,
+    /// HMAC-SHA256 under `cluster.key` of the envelope without this field (empty
+    /// without a key).
+    #[prost(bytes = "bytes", tag = "7")]
+    pub sig: Bytes,
     /// With `group_changed`: the change's version (seq); older cached copies are evicted.
-    #[prost(uint64, tag = "6")]
+    #[prost(uint64, tag = "8")]
     pub group_version: u64,
     /// Set on a revocation notice: close this user's sessions, refuse their tokens
     /// issued at or before `revoked_at`.
-    #[prost(string, tag = "7")]
+    #[prost(string, tag = "9")]
     pub revoked_user: String,
     /// With `revoked_user`: unix seconds.
-    #[prost(int64, tag = "8")]
+    #[prost(int64, tag = "10")]
     pub revoked_at: i64,
 }
 
@@ -53,5 +63,13 @@ mod tests {
         let bytes = e.encode_to_vec();
         assert_eq!(Envelope::decode(&bytes[..]).unwrap(), e);
         assert!(Envelope::decode(&b"\xff\xff"[..]).is_err());
+        // A node without the resync field reads a notice as an empty envelope.
+        let notice = Envelope {
+            from: "a".into(),
+            resync: true,
+            ..Default::default()
+        };
+        let back = Envelope::decode(&notice.encode_to_vec()[..]).unwrap();
+        assert!(back.resync && back.users.is_empty() && back.frame.is_empty());
     }
 }

@@ -13,13 +13,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::extract::{ConnectInfo, State, WebSocketUpgrade};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use axum::Extension;
 use axum::Router;
 
 use crate::auth::TokenKeys;
 use crate::config::{Flow, Limits};
 use crate::flow::{CloseReason, Outbound};
+use crate::listen::Slot;
 use crate::obs::Metrics;
 use crate::pipeline::Pipeline;
 
@@ -68,20 +71,27 @@ impl Refused {
 }
 
 /// A slot under the connection caps, held from admission until the connection ends
-/// (or the upgrade is abandoned); dropping it frees the slot.
+/// (or the socket closes without an upgrade); dropping it frees the slot. A slot
+/// counts against the node's total, the per-address cap, or both.
 pub struct Admission {
     conns: Arc<Connections>,
-    ip: IpAddr,
+    ip: Option<IpAddr>,
+    total: bool,
 }
 
 impl Drop for Admission {
     fn drop(&mut self) {
-        self.conns.admitted.fetch_sub(1, Ordering::Relaxed);
+        if self.total {
+            self.conns.admitted.fetch_sub(1, Ordering::Relaxed);
+        }
+        let Some(ip) = self.ip else {
+            return;
+        };
         if let Ok(mut m) = self.conns.per_ip.lock() {
-            if let Some(n) = m.get_mut(&self.ip) {
+            if let Some(n) = m.get_mut(&ip) {
                 *n = n.saturating_sub(1);
                 if *n == 0 {
-                    m.remove(&self.ip);
+                    m.remove(&ip);
                 }
             }
         }
@@ -90,10 +100,10 @@ impl Drop for Admission {
 
 impl Connections {
     /// Takes a slot for a new connection from `ip`, or says which cap refuses it
-    /// (`max_total` and `max_per_ip` of 0 mean no cap).
+    /// (`max_total` and `max_per_ip` of 0 mean no cap; `ip` `None`: no per-address count).
     pub fn admit(
         self: &Arc<Self>,
-        ip: IpAddr,
+        ip: Option<IpAddr>,
         max_total: usize,
         max_per_ip: u32,
     ) -> Result<Admission, Refused> {
@@ -101,15 +111,34 @@ impl Connections {
         if max_total > 0 && self.admitted.load(Ordering::Relaxed) >= max_total {
             return Err(Refused::NodeFull);
         }
+        if let Some(ip) = ip {
+            let n = per_ip.entry(ip).or_insert(0);
+            if max_per_ip > 0 && *n >= max_per_ip {
+                return Err(Refused::PerIp);
+            }
+            *n += 1;
+        }
+        self.admitted.fetch_add(1, Ordering::Relaxed);
+        Ok(Admission {
+            conns: self.clone(),
+            ip,
+            total: true,
+        })
+    }
+
+    /// Takes a per-address slot only (the client behind a trusted proxy, whose socket
+    /// already holds a slot of the node's total).
+    pub fn admit_ip(self: &Arc<Self>, ip: IpAddr, max_per_ip: u32) -> Result<Admission, Refused> {
+        let mut per_ip = self.per_ip.lock().map_err(|_| Refused::NodeFull)?;
         let n = per_ip.entry(ip).or_insert(0);
         if max_per_ip > 0 && *n >= max_per_ip {
             return Err(Refused::PerIp);
         }
         *n += 1;
-        self.admitted.fetch_add(1, Ordering::Relaxed);
         Ok(Admission {
             conns: self.clone(),
-            ip,
+            ip: Some(ip),
+            total: false,
         })
     }
 
@@ -198,6 +227,8 @@ pub struct Gateway {
     pub max_connections: usize,
     /// The graceful-shutdown phase every connection watches ([`Drain`]).
     pub drain: tokio::sync::watch::Sender<Drain>,
+    /// Peers whose `X-Forwarded-For` names the client (`limits.trusted_proxies`).
+    pub trusted_proxies: Vec<IpAddr>,
     /// Read loops still taking frames (the drain waits for 0 before the last commit).
     reading: AtomicUsize,
     next_id: AtomicU64,
@@ -237,6 +268,11 @@ impl Gateway {
             conns,
             metrics,
             max_connections: limits.max_connections_resolved(),
+            trusted_proxies: limits
+                .trusted_proxies
+                .iter()
+                .filter_map(|p| p.trim().parse().ok())
+                .collect(),
             limits,
             draining,
             drain: tokio::sync::watch::channel(Drain::Running).0,
@@ -267,34 +303,81 @@ impl Gateway {
             .route("/ws", get(upgrade))
             .with_state(self.clone())
     }
+
+    /// Admission at accept for a socket from `peer`: a slot of the node's total and of
+    /// the peer's per-address cap (a trusted proxy's address has none: its clients are
+    /// counted by the address it forwards), or why not.
+    pub fn admit_peer(&self, peer: IpAddr) -> Result<Admission, Refused> {
+        if self.draining.load(Ordering::Relaxed) {
+            return Err(Refused::Draining);
+        }
+        let trusted = self.trusted_proxies.contains(&peer);
+        self.conns.admit(
+            (!trusted).then_some(peer),
+            self.max_connections,
+            self.limits.max_connections_per_ip,
+        )
+    }
+
+    /// The client's address: the socket peer, or, when the peer is a trusted proxy, the
+    /// last address of `X-Forwarded-For` that is not itself a trusted proxy.
+    pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> Option<IpAddr> {
+        if !self.trusted_proxies.contains(&peer) {
+            return None;
+        }
+        let mut hops: Vec<IpAddr> = Vec::new();
+        for v in headers.get_all("x-forwarded-for") {
+            let Ok(v) = v.to_str() else {
+                return None;
+            };
+            for hop in v.split(',') {
+                hops.push(hop.trim().parse().ok()?);
+            }
+        }
+        hops.into_iter()
+            .rev()
+            .find(|ip| !self.trusted_proxies.contains(ip))
+    }
+}
+
+fn refusal(gw: &Gateway, r: Refused) -> Response {
+    gw.metrics.connection_refused(r.label());
+    // Clean and cheap: no upgrade, a reason, and when to come back.
+    (
+        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        [(axum::http::header::RETRY_AFTER, "1")],
+        r.message(),
+    )
+        .into_response()
 }
 
 async fn upgrade(
     State(gw): State<Arc<Gateway>>,
-    ConnectInfo(remote): ConnectInfo<SocketAddr>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    slot: Option<Extension<Slot>>,
+    headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Response {
-    let admission = if gw.draining.load(Ordering::Relaxed) {
-        Err(Refused::Draining)
-    } else {
-        gw.conns.admit(
-            remote.ip(),
-            gw.max_connections,
-            gw.limits.max_connections_per_ip,
-        )
+    if gw.draining.load(Ordering::Relaxed) {
+        return refusal(&gw, Refused::Draining);
+    }
+    // The socket's slot, taken at accept (a router served without the accept loop,
+    // e.g. in a test, admits here).
+    let taken = slot.and_then(|Extension(s)| s.take());
+    let admission = match taken {
+        Some(a) => a,
+        None => match gw.admit_peer(peer.ip()) {
+            Ok(a) => a,
+            Err(r) => return refusal(&gw, r),
+        },
     };
-    let admission = match admission {
-        Ok(a) => a,
-        Err(r) => {
-            gw.metrics.connection_refused(r.label());
-            // Clean and cheap: no upgrade, a reason, and when to come back.
-            return (
-                axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                [(axum::http::header::RETRY_AFTER, "1")],
-                r.message(),
-            )
-                .into_response();
-        }
+    // Behind a trusted proxy the per-address cap counts the forwarded client.
+    let (remote, client_slot) = match gw.client_ip(peer.ip(), &headers) {
+        Some(ip) => match gw.conns.admit_ip(ip, gw.limits.max_connections_per_ip) {
+            Ok(a) => (SocketAddr::new(ip, peer.port()), Some(a)),
+            Err(r) => return refusal(&gw, r),
+        },
+        None => (peer, None),
     };
     let max = gw.limits.max_frame_bytes as usize;
     // tungstenite rejects beyond 4x the limit; between 1x and 4x we answer TOO_LARGE ourselves.
@@ -308,6 +391,7 @@ async fn upgrade(
             async move {
                 conn::serve(gw, socket, conn_id, remote).await;
                 drop(admission);
+                drop(client_slot);
             }
         })
 }

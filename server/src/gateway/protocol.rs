@@ -52,26 +52,61 @@ pub enum Step {
 enum Flood {
     Ping,
     Send,
+    DeliverAck,
+    Sync,
     GroupOp,
 }
 
 impl Flood {
-    fn label(self) -> &'static str {
+    /// Every kind, in the order of [`Protocol`]'s refusal windows.
+    const ALL: [Flood; 5] = [
+        Flood::Ping,
+        Flood::Send,
+        Flood::DeliverAck,
+        Flood::Sync,
+        Flood::GroupOp,
+    ];
+
+    fn of(what: Handled) -> Flood {
+        match what {
+            Handled::Ping => Flood::Ping,
+            Handled::DeliverAck { .. } => Flood::DeliverAck,
+            Handled::Sync { .. } => Flood::Sync,
+            Handled::GroupOp => Flood::GroupOp,
+            Handled::Send { .. } | Handled::Other => Flood::Send,
+        }
+    }
+
+    const fn label(self) -> &'static str {
         match self {
             Flood::Ping => "ping",
             Flood::Send => "send",
+            Flood::DeliverAck => "deliver_ack",
+            Flood::Sync => "sync",
             Flood::GroupOp => "group_op",
         }
     }
 
     fn close(self) -> CloseReason {
-        match self {
-            Flood::Ping => CloseReason::new(CloseReason::POLICY, "ping flood"),
-            Flood::Send => CloseReason::new(CloseReason::POLICY, "send flood"),
-            Flood::GroupOp => CloseReason::new(CloseReason::POLICY, "group op flood"),
-        }
+        let reason = match self {
+            Flood::Ping => "ping flood",
+            Flood::Send => "send flood",
+            Flood::DeliverAck => "deliver_ack flood",
+            Flood::Sync => "sync flood",
+            Flood::GroupOp => "group_op flood",
+        };
+        CloseReason::new(CloseReason::POLICY, reason)
     }
 }
+
+/// The `frame` label values of `im_flood_disconnects_total`.
+pub const FLOOD_FRAMES: [&str; Flood::ALL.len()] = [
+    Flood::Ping.label(),
+    Flood::Send.label(),
+    Flood::DeliverAck.label(),
+    Flood::Sync.label(),
+    Flood::GroupOp.label(),
+];
 
 /// RATE_LIMITED refusals of one frame kind, counted in fixed windows.
 #[derive(Debug, Clone)]
@@ -112,9 +147,7 @@ pub struct Protocol {
     token_exp: u64,
     bad: u32,
     pings: TokenBucket,
-    ping_refusals: FloodWindow,
-    send_refusals: FloodWindow,
-    group_op_refusals: FloodWindow,
+    refusals: [FloodWindow; Flood::ALL.len()],
 }
 
 impl Protocol {
@@ -129,9 +162,7 @@ impl Protocol {
             token_exp: 0,
             bad: 0,
             pings,
-            ping_refusals: FloodWindow::new(now),
-            send_refusals: FloodWindow::new(now),
-            group_op_refusals: FloodWindow::new(now),
+            refusals: Flood::ALL.map(|_| FloodWindow::new(now)),
         }
     }
 
@@ -277,6 +308,19 @@ impl Protocol {
             Some(Body::Batch(b)) => b.frames,
             _ => vec![f],
         };
+        let max_batch = self.gw.limits.max_batch_frames as usize;
+        if frames.len() > max_batch {
+            m.bad_frame("batch_too_large");
+            self.error(
+                0,
+                ErrorCode::BadFrame,
+                &format!(
+                    "batch of {} frames is over the {max_batch} frame limit; none was handled",
+                    frames.len()
+                ),
+            );
+            return self.bad_frame();
+        }
         for f in frames {
             if let Step::Close(reason) = self.on_frame(f, started).await {
                 return Step::Close(reason);
@@ -320,12 +364,7 @@ impl Protocol {
             return self.bad_frame();
         }
         if r.code == ErrorCode::RateLimited {
-            let kind = match what {
-                Handled::Ping => Flood::Ping,
-                Handled::GroupOp => Flood::GroupOp,
-                _ => Flood::Send,
-            };
-            return self.rate_limited(kind);
+            return self.rate_limited(Flood::of(what));
         }
         Step::Continue
     }
@@ -344,11 +383,8 @@ impl Protocol {
     fn rate_limited(&mut self, kind: Flood) -> Step {
         let l = &self.gw.limits;
         let window = Duration::from_secs(l.rate_limited_window_secs as u64);
-        let counter = match kind {
-            Flood::Ping => &mut self.ping_refusals,
-            Flood::Send => &mut self.send_refusals,
-            Flood::GroupOp => &mut self.group_op_refusals,
-        };
+        // `Flood::ALL` is in declaration order: the discriminant is the index.
+        let counter = &mut self.refusals[kind as usize];
         if !counter.over(Instant::now(), window, l.max_rate_limited) {
             return Step::Continue;
         }
@@ -434,9 +470,24 @@ impl Protocol {
                 return Err(CloseReason::new(CloseReason::POLICY, "invalid token"));
             }
         };
+        let max_sessions = gw.limits.max_sessions_per_user as usize;
+        if !gw
+            .pipeline
+            .router
+            .try_register(&user_id, self.out.clone(), max_sessions)
+        {
+            m.bad_frame("session_limit");
+            self.error(
+                f.req_id,
+                ErrorCode::RateLimited,
+                &format!(
+                    "user {user_id} already holds {max_sessions} sessions on this node (limits.max_sessions_per_user); close one first"
+                ),
+            );
+            return Err(CloseReason::new(CloseReason::POLICY, "too many sessions"));
+        }
         self.out.set_user(&user_id);
         crate::obs::logfilter::set_conn_uid(&user_id);
-        gw.pipeline.router.register(&user_id, self.out.clone());
         let ok = frame(
             f.req_id,
             Body::LoginOk(LoginOk {

@@ -38,6 +38,26 @@ pub struct Inputs {
     pub msg_rate: f64,
     /// The node's connection cap (`limits.max_connections` resolved; 0: none).
     pub max_connections: u64,
+    /// The store's disk, when the node can see it (`None` for Postgres).
+    pub disk: Option<Disk>,
+}
+
+/// The file system under the store's data dir.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Disk {
+    /// Bytes free (for an unprivileged writer).
+    pub free_bytes: u64,
+    /// Size of the file system.
+    pub total_bytes: u64,
+    /// The free-space floor under which Sends are refused (`store.min_free_disk_mb`).
+    pub floor_bytes: u64,
+}
+
+impl Disk {
+    /// Whether free space is under the floor.
+    pub fn low(&self) -> bool {
+        self.floor_bytes > 0 && self.free_bytes < self.floor_bytes
+    }
 }
 
 /// The headroom figures.
@@ -57,6 +77,10 @@ pub struct Headroom {
     pub ratio_fds: f64,
     /// Free share of CPU.
     pub ratio_cpu: f64,
+    /// Free share of the store's disk above the floor (`None`: not measured).
+    pub ratio_disk: Option<f64>,
+    /// Free bytes on the store's disk (`None`: not measured).
+    pub disk_free_bytes: Option<u64>,
     /// The resource that limits `headroom_connections`.
     pub limiting_resource: &'static str,
 }
@@ -91,6 +115,10 @@ pub fn compute(i: &Inputs) -> Headroom {
             limiting = ("max_connections", by_cap);
         }
     }
+    // Under the disk floor the node takes no Sends: no room for anyone.
+    if i.disk.is_some_and(|d| d.low()) {
+        limiting = ("disk", 0);
+    }
     let ratio = |used: f64, limit: f64| {
         if limit > 0.0 {
             (1.0 - used / limit).clamp(0.0, 1.0)
@@ -106,6 +134,12 @@ pub fn compute(i: &Inputs) -> Headroom {
         ratio_memory: ratio(i.rss_bytes as f64, i.memory_limit_bytes as f64),
         ratio_fds: ratio(i.open_fds as f64, i.max_fds as f64),
         ratio_cpu: (1.0 - i.cpu_busy).clamp(0.0, 1.0),
+        ratio_disk: i.disk.map(|d| {
+            let usable = d.total_bytes.saturating_sub(d.floor_bytes);
+            let used = d.total_bytes.saturating_sub(d.free_bytes);
+            ratio(used as f64, usable as f64)
+        }),
+        disk_free_bytes: i.disk.map(|d| d.free_bytes),
         limiting_resource: limiting.0,
     }
 }
@@ -126,7 +160,29 @@ mod tests {
             cpu_busy: 0.01,
             msg_rate: 0.0,
             max_connections: 0,
+            disk: None,
         }
+    }
+
+    #[test]
+    fn a_disk_under_its_floor_leaves_no_room() {
+        let mut i = base();
+        i.disk = Some(Disk {
+            free_bytes: 600 << 20,
+            total_bytes: 1100 << 20,
+            floor_bytes: 100 << 20,
+        });
+        let h = compute(&i);
+        assert_eq!(h.limiting_resource, "memory");
+        assert_eq!(h.ratio_disk, Some(0.5));
+        i.disk = Some(Disk {
+            free_bytes: 50 << 20,
+            ..i.disk.unwrap_or_default()
+        });
+        let h = compute(&i);
+        assert_eq!((h.limiting_resource, h.headroom_connections), ("disk", 0));
+        assert_eq!(h.ratio_disk, Some(0.0));
+        assert_eq!(h.disk_free_bytes, Some(50 << 20));
     }
 
     #[test]

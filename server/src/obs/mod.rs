@@ -194,14 +194,27 @@ impl Metrics {
         for reason in REFUSED_REASONS {
             counter!("im_connections_refused_total", "reason" => reason).absolute(0);
         }
-        for frame in ["ping", "send"] {
+        for frame in crate::gateway::protocol::FLOOD_FRAMES {
             counter!("im_flood_disconnects_total", "frame" => frame).absolute(0);
+        }
+        for listener in ["client", "admin"] {
+            for reason in crate::listen::REJECT_REASONS {
+                counter!("im_http_rejected_total", "listener" => listener, "reason" => reason)
+                    .absolute(0);
+            }
         }
         // Fed by the log and profiling tools; present (at zero) from the start.
         gauge!("im_log_filters_active").set(0.0);
         counter!("im_log_bytes_written_total").absolute(0);
         counter!("im_log_compressed_bytes_total").absolute(0);
         counter!("im_profiles_captured_total").absolute(0);
+        // Store health (set by the persistence writer and the sampler).
+        for reason in STORE_FAULTS {
+            counter!("im_store_faults_total", "reason" => *reason).absolute(0);
+            counter!("im_store_refused_sends_total", "reason" => *reason).absolute(0);
+        }
+        counter!("im_store_refused_sends_total", "reason" => "disk_low").absolute(0);
+        counter!("im_store_connection_resets_total").absolute(0);
         Metrics {
             stages,
             hists: Arc::new(std::array::from_fn(|_| latency::LatencyHist::default())),
@@ -289,10 +302,39 @@ pub const BAD_FRAME_REASONS: &[&str] = &[
     "not_member",
     "rate_limited",
     "forbidden",
+    "batch_too_large",
+    "session_limit",
 ];
 
 /// HELP text and units for every metric (promtool lints a metric without HELP).
+/// Reasons of `im_store_faults_total` and `im_store_fault` (the store's `Fault` names).
+pub const STORE_FAULTS: &[&str] = &["disk_full", "io_error", "read_only", "store_down"];
+
 fn describe() {
+    describe_gauge!(
+        "im_store_writable",
+        "1 while the store takes commits; 0 while a store fault holds and Sends are refused."
+    );
+    describe_gauge!(
+        "im_store_fault",
+        "1 for the store fault in force, by reason (disk_full, io_error, read_only, store_down)."
+    );
+    describe_counter!(
+        "im_store_faults_total",
+        "Store faults begun (a commit failed for a reason that fails the next one too), by reason."
+    );
+    describe_counter!(
+        "im_store_refused_sends_total",
+        "Sends answered OVERLOADED because the store cannot take them, by reason (a store fault, or disk_low)."
+    );
+    describe_counter!(
+        "im_store_connection_resets_total",
+        "Store writer connections closed because their state was in doubt (after a failed write, or found inside a transaction)."
+    );
+    describe_gauge!(
+        "im_store_disk_free_bytes",
+        "Free bytes on the file system of the SQLite data dir."
+    );
     describe_gauge!("im_connections", "Live client connections.");
     describe_counter!(
         "im_connections_opened_total",
@@ -304,7 +346,11 @@ fn describe() {
     );
     describe_counter!(
         "im_flood_disconnects_total",
-        "Connections closed for too many RATE_LIMITED refusals, by frame kind (ping, send)."
+        "Connections closed for too many RATE_LIMITED refusals, by frame kind (ping, send, deliver_ack, sync, group_op)."
+    );
+    describe_counter!(
+        "im_http_rejected_total",
+        "Sockets the HTTP layer closed before a request was served, by listener and reason (header_timeout, header_too_large, bad_request, admin_full)."
     );
     describe_counter!(
         "im_connections_closed_total",
@@ -334,7 +380,7 @@ fn describe() {
     );
     describe_counter!(
         "im_sync_hints_total",
-        "Notify-and-pull sync hints sent to members of large groups."
+        "Sync hints sent: notify-and-pull to members of large groups, and to every session after a cluster resync."
     );
     describe_gauge!(
         "im_persist_queue_depth",
@@ -400,6 +446,58 @@ fn describe() {
         "Bytes of rotated log files compressed."
     );
     describe_counter!("im_profiles_captured_total", "CPU profiles captured.");
+    describe_gauge!(
+        "im_cluster_link_up",
+        "1 while this node's cluster link works (NATS connected, KV buckets usable), else 0."
+    );
+    describe_counter!(
+        "im_cluster_reconnects_total",
+        "Times the NATS connection came back after a loss."
+    );
+    describe_counter!(
+        "im_cluster_resyncs_total",
+        "Cluster state rebuilds after a reconnect or a KV failure (each ends with a resync notice)."
+    );
+    describe_counter!(
+        "im_cluster_kv_recreated_total",
+        "Cluster KV buckets recreated because NATS had lost them."
+    );
+    describe_gauge!(
+        "im_cluster_nodes_live",
+        "Nodes whose load report is recent (within 2.5 report intervals): routable."
+    );
+    describe_gauge!(
+        "im_cluster_nodes_healthy",
+        "Nodes whose load report is within the TTL: still sent pushes."
+    );
+    describe_counter!(
+        "im_cluster_nodes_lost_total",
+        "Times another node missed its load reports and left rotation."
+    );
+    describe_counter!(
+        "im_cluster_nodes_returned_total",
+        "Times a lost node reported again."
+    );
+    describe_counter!(
+        "im_cluster_forwarded_total",
+        "Envelopes published to other nodes (pushes and group notices)."
+    );
+    describe_counter!(
+        "im_cluster_received_total",
+        "Envelopes received from other nodes."
+    );
+    describe_counter!(
+        "im_cluster_bad_envelopes_total",
+        "Undecodable envelopes received from other nodes."
+    );
+    describe_counter!(
+        "im_cluster_publish_errors_total",
+        "Publishes to other nodes that failed or were skipped while NATS was down."
+    );
+    describe_counter!(
+        "im_cluster_presence_errors_total",
+        "Presence writes to the KV bucket that failed (written again after a resync)."
+    );
     describe_gauge!(
         "process_resident_memory_bytes",
         Unit::Bytes,

@@ -135,6 +135,20 @@ fn physical_memory() -> u64 {
         .unwrap_or(0)
 }
 
+/// Free (for an unprivileged writer) and total bytes of the file system holding `dir`
+/// (`statvfs`); `None` when it cannot be read.
+pub fn disk_space(dir: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid NUL-terminated path and a zeroed out-struct of the right type.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    let frsize = st.f_frsize as u64;
+    Some((st.f_bavail as u64 * frsize, st.f_blocks as u64 * frsize))
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -34,6 +34,11 @@ pub trait Live: Send + Sync {
     fn max_connections(&self) -> u64 {
         0
     }
+    /// The store's disk, where the node can see it (SQLite's data dir); measuring it
+    /// also records it in the store's health (the free-space floor).
+    fn disk(&self) -> Option<capacity::Disk> {
+        None
+    }
 }
 
 /// Latency of one stage over the window.
@@ -215,6 +220,7 @@ impl Sampler {
             cpu_busy: busy,
             msg_rate: rate_in + rate_out,
             max_connections: self.live.max_connections(),
+            disk: self.live.disk(),
         });
 
         // Gauges.
@@ -230,6 +236,10 @@ impl Sampler {
             ("cpu", headroom.ratio_cpu),
         ] {
             gauge!("im_capacity_headroom_ratio", "resource" => res).set(v);
+        }
+        if let (Some(d), Some(r)) = (headroom.disk_free_bytes, headroom.ratio_disk) {
+            gauge!("im_capacity_headroom_ratio", "resource" => "disk").set(r);
+            gauge!("im_store_disk_free_bytes").set(d as f64);
         }
         if let Some(v) = headroom.headroom_msgs_per_sec {
             gauge!("im_capacity_headroom_msgs_per_second").set(v);

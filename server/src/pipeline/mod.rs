@@ -20,7 +20,7 @@ use im_proto::{
 use crate::config::Limits;
 use crate::flow::Outbound;
 use crate::obs::{Metrics, Stage};
-use crate::store::{CursorUpdate, GroupRequest, NewMessage, Store, StoreError};
+use crate::store::{CursorUpdate, GroupRequest, NewMessage, Store, StoreError, StoreHealth};
 use persist::{PersistHandle, PersistReq, WriteReq};
 use relation::Relations;
 use route::Recipients;
@@ -40,9 +40,22 @@ pub struct Session {
     pub out: Arc<Outbound>,
     /// Its Send rate limit.
     pub sends: std::sync::Mutex<TokenBucket>,
-    /// Its GroupOp rate limit.
-    pub group_ops: std::sync::Mutex<TokenBucket>,
+    /// Its DeliverAck, SyncRequest and GroupOp rate limits.
+    limits: std::sync::Mutex<FrameBuckets>,
+    /// Last seqs of conversations this session has seen (DeliverAck checks), bounded.
+    last_seqs: std::sync::Mutex<std::collections::HashMap<String, u64>>,
 }
+
+/// The per-connection token buckets of the frame kinds other than Send and Ping.
+#[derive(Debug)]
+struct FrameBuckets {
+    acks: TokenBucket,
+    syncs: TokenBucket,
+    group_ops: TokenBucket,
+}
+
+/// Most conversations a session remembers the last seq of (then the memory starts over).
+const LAST_SEQS_MAX: usize = 1024;
 
 /// A token bucket: `rate` tokens per second, holding at most `burst`.
 #[derive(Debug, Clone)]
@@ -91,11 +104,36 @@ impl Session {
                 limits.send_rate_per_sec,
                 limits.send_burst,
             )),
-            group_ops: std::sync::Mutex::new(TokenBucket::new(
-                limits.group_op_rate_per_sec,
-                limits.group_op_burst,
-            )),
+            limits: std::sync::Mutex::new(FrameBuckets {
+                acks: TokenBucket::new(limits.deliver_ack_rate_per_sec, limits.deliver_ack_burst),
+                syncs: TokenBucket::new(limits.sync_rate_per_sec, limits.sync_burst),
+                group_ops: TokenBucket::new(limits.group_op_rate_per_sec, limits.group_op_burst),
+            }),
+            last_seqs: std::sync::Mutex::new(std::collections::HashMap::new()),
         }
+    }
+
+    /// Takes a token of the frame kind's bucket (DeliverAck, Sync, GroupOp; others
+    /// pass); the RATE_LIMITED refusal when it is empty.
+    fn rate_limit(&self, body: &Body) -> Result<(), Refusal> {
+        if !matches!(body, Body::DeliverAck(_) | Body::Sync(_) | Body::GroupOp(_)) {
+            return Ok(());
+        }
+        let now = Instant::now();
+        let Ok(mut b) = self.limits.lock() else {
+            return Ok(());
+        };
+        let (taken, what) = match body {
+            Body::DeliverAck(_) => (b.acks.take(now), "acking"),
+            Body::Sync(_) => (b.syncs.take(now), "syncing"),
+            _ => (b.group_ops.take(now), "changing groups"),
+        };
+        taken.map_err(|retry_after_ms| Refusal {
+            code: ErrorCode::RateLimited,
+            message: format!("{what} too fast"),
+            retry_after_ms,
+            bad_reason: Some("rate_limited"),
+        })
     }
 
     fn reply(&self, f: &Frame) {
@@ -151,6 +189,18 @@ impl Refusal {
             }
             StoreError::Forbidden(m) => Refusal::code(ErrorCode::Forbidden, m, Some("forbidden")),
             StoreError::BadRequest(m) => Refusal::bad(m),
+            StoreError::Unavailable(reason) => Refusal {
+                code: ErrorCode::Overloaded,
+                message: format!("store unavailable ({reason}), retry"),
+                retry_after_ms: 1000,
+                bad_reason: None,
+            },
+            e @ StoreError::Timeout(_) => Refusal {
+                code: ErrorCode::Overloaded,
+                message: format!("{e}, retry"),
+                retry_after_ms: 1000,
+                bad_reason: None,
+            },
             other => {
                 tracing::error!(error = %other, "store error");
                 Refusal::code(ErrorCode::Internal, "internal error", None)
@@ -182,6 +232,13 @@ pub struct Pipeline {
     pub limits: Limits,
     /// retry_after_ms for OVERLOADED.
     pub retry_after_ms: u32,
+    /// Whether the store takes writes now (its commit fault is the writer's, its disk
+    /// floor the sampler's); Sends are refused while it does not.
+    pub health: Arc<StoreHealth>,
+    /// retry_after_ms for a Send refused by the store's health (the probe interval).
+    pub unhealthy_retry_ms: u32,
+    /// Byte budget of a sync page (`flow.sync_page_bytes`, capped by the soft mark).
+    pub sync_page_bytes: usize,
     /// Metric handles.
     pub metrics: Metrics,
     /// Per-user GroupOp rate limits on this node.
@@ -222,12 +279,15 @@ impl Pipeline {
         tokio::spawn(router.clone().run(route_rx));
         let (persist, persist_rx) =
             persist::queue(config.persist.queue_capacity as usize, metrics.clone());
+        let guard = persist::Guard::new(&config.store);
+        let health = guard.health.clone();
         let writer = tokio::spawn(persist::run_writer(
             store.clone(),
             relations.clone(),
             persist_rx,
             route_tx,
             config.persist.clone(),
+            guard,
             metrics.clone(),
         ));
         let pipeline = Arc::new(Pipeline {
@@ -237,6 +297,9 @@ impl Pipeline {
             router,
             limits: config.limits.clone(),
             retry_after_ms: config.persist.retry_after_ms,
+            health,
+            unhealthy_retry_ms: config.store.probe_interval_ms,
+            sync_page_bytes: config.flow.sync_page_budget(),
             metrics,
             group_op_users: Default::default(),
         });
@@ -250,6 +313,7 @@ impl Pipeline {
         let Some(body) = f.body else {
             return Err(Refusal::bad("frame has no body"));
         };
+        s.rate_limit(&body)?;
         self.metrics.stage_since(Stage::Auth, t);
         match body {
             Body::Send(send) => self.on_send(s, req_id, send, started).await,
@@ -287,6 +351,15 @@ impl Pipeline {
                 message: "sending too fast".into(),
                 retry_after_ms,
                 bad_reason: Some("rate_limited"),
+            });
+        }
+        if let Some(reason) = self.health.refusal() {
+            metrics::counter!("im_store_refused_sends_total", "reason" => reason).increment(1);
+            return Err(Refusal {
+                code: ErrorCode::Overloaded,
+                message: format!("store unavailable ({reason}), retry with the same client_msg_id"),
+                retry_after_ms: self.unhealthy_retry_ms,
+                bad_reason: None,
             });
         }
         match MessageType::try_from(send.r#type) {
@@ -409,6 +482,14 @@ impl Pipeline {
                 Some("not_member"),
             ));
         }
+        // Only up to what the conversation holds: an ack for a conversation that does
+        // not exist, or past its last seq, writes nothing.
+        if !self.seq_exists(s, &ack.conversation_id, ack.seq).await? {
+            return Err(Refusal::bad(format!(
+                "no seq {} in {}",
+                ack.seq, ack.conversation_id
+            )));
+        }
         // Cursors are advisory: if the queue is full this one is skipped and a later
         // (cumulative) ack carries it.
         let _ = self.persist.try_submit(WriteReq::Cursor(CursorUpdate {
@@ -417,6 +498,42 @@ impl Pipeline {
             seq: ack.seq,
         }));
         Ok(())
+    }
+
+    /// Whether `conversation_id` exists and holds `seq` (1 ..= its last seq); the last
+    /// seq is read once and remembered by the session while acks stay under it.
+    async fn seq_exists(
+        &self,
+        s: &Session,
+        conversation_id: &str,
+        seq: u64,
+    ) -> Result<bool, Refusal> {
+        if seq == 0 {
+            return Ok(false);
+        }
+        let known = s
+            .last_seqs
+            .lock()
+            .ok()
+            .and_then(|m| m.get(conversation_id).copied());
+        if known.is_some_and(|last| seq <= last) {
+            return Ok(true);
+        }
+        let last = self
+            .store
+            .last_seq(conversation_id)
+            .await
+            .map_err(Refusal::store)?;
+        let Some(last) = last else {
+            return Ok(false);
+        };
+        if let Ok(mut m) = s.last_seqs.lock() {
+            if m.len() >= LAST_SEQS_MAX {
+                m.clear();
+            }
+            m.insert(conversation_id.to_string(), last);
+        }
+        Ok(seq <= last)
     }
 
     async fn on_sync(&self, s: &Session, req_id: u64, req: SyncRequest) -> Result<(), Refusal> {
@@ -444,7 +561,7 @@ impl Pipeline {
         }
         let (messages, more) = self
             .store
-            .sync(&s.user_id, &cursors, limit)
+            .sync_page(&s.user_id, &cursors, limit, self.sync_page_bytes)
             .await
             .map_err(Refusal::store)?;
         s.reply(&frame(
@@ -454,18 +571,16 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Takes a GroupOp token from the connection's and the user's buckets.
+    /// Takes a GroupOp token from the user's bucket on this node (the connection's was
+    /// taken with the frame, in [`Session::rate_limit`]).
     fn group_op_allowed(&self, s: &Session) -> Result<(), Refusal> {
         let now = Instant::now();
         let limited = |retry_after_ms| Refusal {
             code: ErrorCode::RateLimited,
-            message: "group operations too fast".into(),
+            message: "changing groups too fast".into(),
             retry_after_ms,
             bad_reason: Some("rate_limited"),
         };
-        if let Ok(mut b) = s.group_ops.lock() {
-            b.take(now).map_err(limited)?;
-        }
         let l = &self.limits;
         if l.group_op_rate_per_sec == 0 {
             return Ok(());

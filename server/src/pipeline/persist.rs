@@ -20,7 +20,10 @@ use super::route::{Delivery, Recipients};
 use crate::config::Persist;
 use crate::flow::Outbound;
 use crate::obs::{Metrics, Stage};
-use crate::store::{CursorUpdate, GroupRequest, GroupState, NewMessage, Store, StoreError};
+use crate::store::{
+    health, CursorUpdate, Fault, GroupRequest, GroupState, NewMessage, Store, StoreError,
+    StoreHealth,
+};
 
 /// One request to the writer.
 pub enum WriteReq {
@@ -109,23 +112,126 @@ pub fn queue(capacity: usize, metrics: Metrics) -> (PersistHandle, mpsc::Receive
     )
 }
 
+/// How the writer meets a failing store (from `store.*`).
+#[derive(Debug, Clone)]
+pub struct Guard {
+    /// The node's store health; the writer owns its commit fault.
+    pub health: Arc<StoreHealth>,
+    /// A write still running after this long is abandoned and counts as a fault.
+    pub unavailable_after: Duration,
+    /// While a fault holds, one write is tried this often (a real batch or a probe);
+    /// the rest of the queue is answered OVERLOADED without touching the store.
+    pub probe_interval: Duration,
+}
+
+impl Guard {
+    /// From the config, with a new (healthy) [`StoreHealth`].
+    pub fn new(c: &crate::config::StoreConfig) -> Self {
+        Guard {
+            health: Arc::new(StoreHealth::default()),
+            unavailable_after: Duration::from_millis(c.unavailable_after_ms.into()),
+            probe_interval: Duration::from_millis(c.probe_interval_ms.into()),
+        }
+    }
+
+    /// Runs one write under the time bound.
+    async fn bounded<T>(
+        &self,
+        write: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        tokio::time::timeout(self.unavailable_after, write)
+            .await
+            .unwrap_or(Err(StoreError::Timeout(self.unavailable_after)))
+    }
+
+    /// Records a write's outcome in the health: a fault of the store sets it (logged
+    /// once, when it starts), a success clears it (logged with how long it lasted).
+    fn record(&self, result: Result<(), &StoreError>, since: &mut Option<Instant>) {
+        match result {
+            Ok(()) => {
+                if let Some(old) = self.health.set_fault(None) {
+                    let took = since.take().map_or(0, |t| t.elapsed().as_millis() as u64);
+                    tracing::warn!(
+                        reason = old.name(),
+                        took_ms = took,
+                        "store writable again; sends accepted"
+                    );
+                    set_fault_gauges(None);
+                }
+            }
+            Err(e) => {
+                let Some(fault) = health::classify(e) else {
+                    return;
+                };
+                if self.health.set_fault(Some(fault)) != Some(fault) {
+                    *since = Some(Instant::now());
+                    tracing::error!(
+                        reason = fault.name(),
+                        error = %e,
+                        "store failing: sends refused (OVERLOADED) until a write succeeds"
+                    );
+                    metrics::counter!("im_store_faults_total", "reason" => fault.name())
+                        .increment(1);
+                    set_fault_gauges(Some(fault));
+                }
+            }
+        }
+    }
+}
+
+/// `im_store_writable` and `im_store_fault{reason}` for the fault in force.
+fn set_fault_gauges(fault: Option<Fault>) {
+    metrics::gauge!("im_store_writable").set(if fault.is_none() { 1.0 } else { 0.0 });
+    for f in Fault::ALL {
+        metrics::gauge!("im_store_fault", "reason" => f.name()).set(if Some(f) == fault {
+            1.0
+        } else {
+            0.0
+        });
+    }
+}
+
 /// The writer task. Ends when every [`PersistHandle`] is dropped and the queue is empty,
 /// after committing what it holds.
+///
+/// No Send is acked unless its batch committed: a failed or abandoned commit answers
+/// every Send of the batch with a retry hint (the same client_msg_id finds the message
+/// if the commit landed after all). A fault of the store itself (disk full, I/O error,
+/// read-only, no answer: [`health::classify`]) also turns the node read-only for Sends
+/// until a write succeeds again; meanwhile one write is tried per `probe_interval`.
+#[allow(clippy::too_many_arguments)]
 pub async fn run_writer(
     store: Arc<dyn Store>,
     relations: Arc<Relations>,
     mut rx: mpsc::Receiver<WriteReq>,
     router: mpsc::Sender<Vec<Delivery>>,
     cfg: Persist,
+    guard: Guard,
     metrics: Metrics,
 ) {
+    set_fault_gauges(None);
     let batch_max = cfg.batch_max as usize;
     let wait = Duration::from_millis(cfg.batch_wait_ms as u64);
     let mut sends: Vec<PersistReq> = Vec::with_capacity(batch_max);
     let mut cursors: HashMap<(String, String), u64> = HashMap::new();
     let mut groups = Vec::new();
     let mut flushes = Vec::new();
-    while let Some(first) = rx.recv().await {
+    let mut fault_since: Option<Instant> = None;
+    let mut last_try = Instant::now();
+    loop {
+        // While the store is failing, wake up each probe interval even with no request.
+        let first = if guard.health.fault().is_some() {
+            match tokio::time::timeout(guard.probe_interval, rx.recv()).await {
+                Ok(Some(r)) => Some(r),
+                Ok(None) => break,
+                Err(_) => None,
+            }
+        } else {
+            match rx.recv().await {
+                Some(r) => Some(r),
+                None => break,
+            }
+        };
         let mut take = |req: WriteReq, sends: &mut Vec<PersistReq>| match req {
             WriteReq::Message(m) => sends.push(m),
             WriteReq::Cursor(c) => {
@@ -139,19 +245,42 @@ pub async fn run_writer(
             } => groups.push((group_id, req, reply)),
             WriteReq::Flush(reply) => flushes.push(reply),
         };
-        take(first, &mut sends);
-        let deadline = tokio::time::Instant::now() + wait;
-        while sends.len() < batch_max {
-            match rx.try_recv() {
-                Ok(r) => take(r, &mut sends),
-                Err(_) if wait.is_zero() || sends.is_empty() => break,
-                Err(_) => match tokio::time::timeout_at(deadline, rx.recv()).await {
-                    Ok(Some(r)) => take(r, &mut sends),
-                    _ => break,
-                },
+        if let Some(first) = first {
+            take(first, &mut sends);
+            let deadline = tokio::time::Instant::now() + wait;
+            while sends.len() < batch_max {
+                match rx.try_recv() {
+                    Ok(r) => take(r, &mut sends),
+                    Err(_) if wait.is_zero() || sends.is_empty() => break,
+                    Err(_) => match tokio::time::timeout_at(deadline, rx.recv()).await {
+                        Ok(Some(r)) => take(r, &mut sends),
+                        _ => break,
+                    },
+                }
             }
         }
         metrics.persist_queue_depth.set(rx.len() as f64);
+
+        // A failing store gets one write per probe interval; everything else is
+        // answered at once (Sends: OVERLOADED; cursors wait in the map).
+        if let Some(fault) = guard.health.fault() {
+            if last_try.elapsed() < guard.probe_interval {
+                refuse(&mut sends, fault, &guard);
+                for (_, _, reply) in groups.drain(..) {
+                    let _ = reply.send(Err(StoreError::Unavailable(fault.name())));
+                }
+                for reply in flushes.drain(..) {
+                    let _ = reply.send(());
+                }
+                continue;
+            }
+            last_try = Instant::now();
+            if sends.is_empty() && cursors.is_empty() && groups.is_empty() {
+                let probe = guard.bounded(store.probe_write()).await;
+                guard.record(probe.as_ref().map(|_| ()), &mut fault_since);
+            }
+        }
+
         let cursor_updates: Vec<CursorUpdate> = cursors
             .drain()
             .map(|((user_id, conversation_id), seq)| CursorUpdate {
@@ -161,14 +290,39 @@ pub async fn run_writer(
             })
             .collect();
         if !sends.is_empty() || !cursor_updates.is_empty() {
+            last_try = Instant::now();
             if relations.verifies_versions() {
-                refresh_stale(&*store, &relations, &sends).await;
+                // A read past the write bound is given up: the cache stands for this batch.
+                let refresh = refresh_stale(&*store, &relations, &sends);
+                let _ = tokio::time::timeout(guard.unavailable_after, refresh).await;
             }
             recheck_groups(&relations, &mut sends);
-            commit(&*store, &mut sends, &cursor_updates, &router, &metrics).await;
+            let start = Instant::now();
+            for s in sends.iter() {
+                metrics.stage(Stage::PersistWait, start - s.enqueued);
+            }
+            let messages: Vec<NewMessage> = sends.iter().map(|s| s.message.clone()).collect();
+            let result = guard
+                .bounded(store.commit_batch(&messages, &cursor_updates))
+                .await;
+            metrics.stage_since(Stage::PersistCommit, start);
+            metrics.persist_batch_size.record(sends.len() as f64);
+            guard.record(result.as_ref().map(|_| ()), &mut fault_since);
+            match result {
+                Ok(committed) => acked(&mut sends, committed, &router).await,
+                Err(e) => {
+                    // Cursors are kept for the next batch; Sends are told to retry.
+                    for c in cursor_updates {
+                        let seq = cursors.entry((c.user_id, c.conversation_id)).or_insert(0);
+                        *seq = (*seq).max(c.seq);
+                    }
+                    failed(&mut sends, &e, &guard);
+                }
+            }
         }
         for (group_id, req, reply) in groups.drain(..) {
-            let result = store.group_change(&group_id, &req).await;
+            let result = guard.bounded(store.group_change(&group_id, &req)).await;
+            guard.record(result.as_ref().map(|_| ()), &mut fault_since);
             let result = match result {
                 Ok(outcome) => {
                     group_committed(&relations, &router, &group_id, &outcome).await;
@@ -290,73 +444,101 @@ fn recheck_groups(relations: &Relations, sends: &mut Vec<PersistReq>) {
     });
 }
 
-async fn commit(
-    store: &dyn Store,
-    sends: &mut Vec<PersistReq>,
-    cursors: &[CursorUpdate],
-    router: &mpsc::Sender<Vec<Delivery>>,
-    metrics: &Metrics,
-) {
-    let start = Instant::now();
-    for s in sends.iter() {
-        metrics.stage(Stage::PersistWait, start - s.enqueued);
+/// Answers Sends the writer did not try, while the store is failing: OVERLOADED with
+/// the probe interval as the retry hint.
+fn refuse(sends: &mut Vec<PersistReq>, fault: Fault, guard: &Guard) {
+    if !sends.is_empty() {
+        metrics::counter!("im_store_refused_sends_total", "reason" => fault.name())
+            .increment(sends.len() as u64);
     }
-    let messages: Vec<NewMessage> = sends.iter().map(|s| s.message.clone()).collect();
-    let result = store.commit_batch(&messages, cursors).await;
-    metrics.stage_since(Stage::PersistCommit, start);
-    metrics.persist_batch_size.record(sends.len() as f64);
-    match result {
-        Ok(committed) => {
-            let mut deliveries = Vec::with_capacity(sends.len());
-            for (req, c) in sends.drain(..).zip(committed) {
-                let ack = im_proto::encode(&frame(
-                    req.req_id,
-                    Body::SendAck(SendAck {
-                        client_msg_id: req.message.client_msg_id.clone(),
-                        msg_id: c.msg_id.clone(),
-                        conversation_id: c.conversation_id.clone(),
-                        seq: c.seq,
-                        server_time: c.server_time,
-                        duplicate: c.duplicate,
-                    }),
-                ));
-                req.origin.push(ack, true);
-                if !c.duplicate {
-                    let m = req.message;
-                    deliveries.push(Delivery {
-                        message: ChatMessage {
-                            conversation_id: c.conversation_id,
-                            sender: m.sender,
-                            payload: m.payload,
-                            send_time: c.server_time,
-                            r#type: m.msg_type,
-                            seq: c.seq,
-                            msg_id: c.msg_id,
-                            client_msg_id: m.client_msg_id,
-                        },
-                        recipients: req.recipients,
-                        origin_conn: req.origin.conn_id,
-                        started: req.started,
-                    });
-                }
-            }
-            if !deliveries.is_empty() && router.send(deliveries).await.is_err() {
-                tracing::warn!("router is gone; committed messages will reach recipients by sync");
-            }
-        }
-        Err(e) => {
-            tracing::error!(error = %e, batch = sends.len(), "commit failed; senders told to retry");
+    for req in sends.drain(..) {
+        req.origin.push(
+            retry_frame(
+                req.req_id,
+                ErrorCode::Overloaded,
+                &format!(
+                    "store unavailable ({}), retry with the same client_msg_id",
+                    fault.name()
+                ),
+                guard.probe_interval,
+            ),
+            true,
+        );
+    }
+}
+
+/// Answers the Sends of a batch whose commit failed: nothing of it is acked. A fault of
+/// the store is OVERLOADED (the node refuses Sends until it heals); an error of this
+/// batch alone is INTERNAL. Both carry a retry hint.
+fn failed(sends: &mut Vec<PersistReq>, e: &StoreError, guard: &Guard) {
+    tracing::error!(error = %e, batch = sends.len(), "commit failed; senders told to retry");
+    match health::classify(e) {
+        Some(fault) => refuse(sends, fault, guard),
+        None => {
             for req in sends.drain(..) {
-                let mut f = im_proto::error_frame(
-                    req.req_id,
-                    ErrorCode::Internal,
-                    "store unavailable, retry with the same client_msg_id",
+                req.origin.push(
+                    retry_frame(
+                        req.req_id,
+                        ErrorCode::Internal,
+                        "store unavailable, retry with the same client_msg_id",
+                        Duration::from_millis(500),
+                    ),
+                    true,
                 );
-                if let Some(Body::Error(err)) = f.body.as_mut() {
-                    err.retry_after_ms = 500;
-                }
-                req.origin.push(im_proto::encode(&f), true);
             }
         }
+    }
+}
+
+fn retry_frame(req_id: u64, code: ErrorCode, message: &str, retry: Duration) -> bytes::Bytes {
+    let mut f = im_proto::error_frame(req_id, code, message);
+    if let Some(Body::Error(err)) = f.body.as_mut() {
+        err.retry_after_ms = retry.as_millis().clamp(1, u32::MAX as u128) as u32;
+    }
+    im_proto::encode(&f)
+}
+
+/// Queues the SendAcks of a committed batch and hands its new messages to the router,
+/// in commit order.
+async fn acked(
+    sends: &mut Vec<PersistReq>,
+    committed: Vec<crate::store::Committed>,
+    router: &mpsc::Sender<Vec<Delivery>>,
+) {
+    let mut deliveries = Vec::with_capacity(sends.len());
+    for (req, c) in sends.drain(..).zip(committed) {
+        let ack = im_proto::encode(&frame(
+            req.req_id,
+            Body::SendAck(SendAck {
+                client_msg_id: req.message.client_msg_id.clone(),
+                msg_id: c.msg_id.clone(),
+                conversation_id: c.conversation_id.clone(),
+                seq: c.seq,
+                server_time: c.server_time,
+                duplicate: c.duplicate,
+            }),
+        ));
+        req.origin.push(ack, true);
+        if !c.duplicate {
+            let m = req.message;
+            deliveries.push(Delivery {
+                message: ChatMessage {
+                    conversation_id: c.conversation_id,
+                    sender: m.sender,
+                    payload: m.payload,
+                    send_time: c.server_time,
+                    r#type: m.msg_type,
+                    seq: c.seq,
+                    msg_id: c.msg_id,
+                    client_msg_id: m.client_msg_id,
+                },
+                recipients: req.recipients,
+                origin_conn: req.origin.conn_id,
+                started: req.started,
+            });
+        }
+    }
+    if !deliveries.is_empty() && router.send(deliveries).await.is_err() {
+        tracing::warn!("router is gone; committed messages will reach recipients by sync");
     }
 }

@@ -112,6 +112,14 @@ impl Relations {
         self.len() == 0
     }
 
+    /// Drops every cached group (group-change notices from other nodes may have been
+    /// lost while the cluster link was down); each group is read again on next use.
+    pub fn evict_all(&self) {
+        if let Ok(mut g) = self.groups.write() {
+            g.clear();
+        }
+    }
+
     /// Members of a live group (`None` when it does not exist or was dissolved).
     pub async fn members(&self, group_id: &str) -> Result<Option<Members>, StoreError> {
         if let Some((m, gone)) = self.cached_entry(group_id) {

@@ -83,22 +83,62 @@ impl Router {
 
     /// Notify-and-pull: a sync hint to every online member but the sender.
     fn hint_members(&self, members: &[String], origin_conn: u64) {
-        let mut sent = 0;
         if let Ok(sessions) = self.sessions.read() {
-            for out in members.iter().filter_map(|m| sessions.get(m)).flatten() {
-                if out.conn_id != origin_conn && out.hint_sync(&self.hint) {
-                    sent += 1;
-                }
+            self.hint(
+                members.iter().filter_map(|m| sessions.get(m)).flatten(),
+                origin_conn,
+            );
+        }
+    }
+
+    /// A sync hint to every session here: pushes from other nodes may have been lost
+    /// while the cluster link was down. Returns how many were queued.
+    pub fn hint_all(&self) -> u64 {
+        match self.sessions.read() {
+            Ok(sessions) => self.hint(sessions.values().flatten(), 0),
+            Err(_) => 0,
+        }
+    }
+
+    /// Queues a sync hint on each of `outs` but `origin_conn` (one pending per session).
+    fn hint<'a>(&self, outs: impl Iterator<Item = &'a Arc<Outbound>>, origin_conn: u64) -> u64 {
+        let mut sent = 0;
+        for out in outs {
+            if out.conn_id != origin_conn && out.hint_sync(&self.hint) {
+                sent += 1;
             }
         }
         self.hints.increment(sent);
+        sent
+    }
+
+    /// Announces every user online here to the cluster again (after the cluster link
+    /// was re-established: the presence bucket may have been lost). Done under the
+    /// session lock, so a logout racing with it is announced after it.
+    pub fn republish_presence(&self) -> usize {
+        let (Some(link), Ok(sessions)) = (&self.link, self.sessions.read()) else {
+            return 0;
+        };
+        for user in sessions.keys() {
+            link.user_up(user);
+        }
+        sessions.len()
     }
 
     /// Registers a logged-in connection for `user`.
     pub fn register(&self, user: &str, out: Arc<Outbound>) {
+        self.try_register(user, out, 0);
+    }
+
+    /// Registers a logged-in connection for `user` unless it holds `max` already (0:
+    /// no cap); false when refused.
+    pub fn try_register(&self, user: &str, out: Arc<Outbound>, max: usize) -> bool {
         let first = match self.sessions.write() {
             Ok(mut s) => {
                 let list = s.entry(user.to_string()).or_default();
+                if max > 0 && list.len() >= max {
+                    return false;
+                }
                 list.push(out);
                 list.len() == 1
             }
@@ -107,6 +147,7 @@ impl Router {
         if let (true, Some(link)) = (first, &self.link) {
             link.user_up(user);
         }
+        true
     }
 
     /// Removes a connection of `user`.

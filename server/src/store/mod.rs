@@ -6,6 +6,7 @@
 //! writer (`pipeline::persist`) calls the write methods; readers call the rest.
 
 pub mod access;
+pub mod health;
 mod postgres;
 mod sql;
 mod sqlite;
@@ -15,6 +16,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 
+pub use health::{Fault, StoreHealth};
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
 
@@ -53,6 +55,12 @@ pub enum StoreError {
     /// The operation is malformed for the group's state (e.g. TRANSFER with no target).
     #[error("{0}")]
     BadRequest(String),
+    /// The write did not finish within `store.unavailable_after_ms` and was abandoned.
+    #[error("the store did not answer within {0:?}")]
+    Timeout(std::time::Duration),
+    /// The store is failing (the reason word); the write was not tried.
+    #[error("store unavailable: {0}")]
+    Unavailable(&'static str),
 }
 
 /// A message to commit, as validated by the pipeline.
@@ -190,6 +198,17 @@ pub fn role_name(role: i32) -> &'static str {
     }
 }
 
+/// What one message adds to an encoded sync page, about: its payload and ids plus a
+/// fixed allowance for the field tags and numbers.
+pub fn message_bytes(m: &StoredMessage) -> usize {
+    m.payload.len()
+        + m.conversation_id.len()
+        + m.sender.len()
+        + m.msg_id.len()
+        + m.client_msg_id.len()
+        + 32
+}
+
 /// The durable store. One writer calls the mutating methods; reads may run in parallel.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -236,7 +255,23 @@ pub trait Store: Send + Sync + 'static {
         user_id: &str,
         cursors: &[(String, u64)],
         limit: u32,
+    ) -> Result<(Vec<StoredMessage>, bool), StoreError> {
+        self.sync_page(user_id, cursors, limit, usize::MAX).await
+    }
+
+    /// As [`Store::sync`], and the page also stops before its messages pass
+    /// `max_bytes` ([`message_bytes`] each; the first message always goes in, however
+    /// large). Rows are streamed, so a page never holds much more than that in memory.
+    async fn sync_page(
+        &self,
+        user_id: &str,
+        cursors: &[(String, u64)],
+        limit: u32,
+        max_bytes: usize,
     ) -> Result<(Vec<StoredMessage>, bool), StoreError>;
+
+    /// The last seq of a conversation, or `None` when it does not exist.
+    async fn last_seq(&self, conversation_id: &str) -> Result<Option<u64>, StoreError>;
 
     /// The stored cursor of a user in a conversation (0 when none).
     async fn cursor(&self, user_id: &str, conversation_id: &str) -> Result<u64, StoreError>;
@@ -244,21 +279,54 @@ pub trait Store: Send + Sync + 'static {
     /// Cheap readiness probe.
     async fn ping(&self) -> Result<(), StoreError>;
 
+    /// A small durable write (one row rewritten and committed), which fails as a message
+    /// commit would: the writer's way to learn that a failing store works again.
+    async fn probe_write(&self) -> Result<(), StoreError>;
+
     /// Backend name for logs and the admin API.
     fn backend(&self) -> &'static str;
+}
+
+/// How long the store may take before it counts as not answering.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// Waiting for a pooled connection (`store.acquire_timeout_ms`).
+    pub acquire: std::time::Duration,
+    /// One statement, Postgres only (`store.statement_timeout_ms`; 0: none).
+    pub statement: std::time::Duration,
+}
+
+impl Timeouts {
+    /// The configured timeouts.
+    pub fn of(c: &crate::config::StoreConfig) -> Self {
+        Timeouts {
+            acquire: std::time::Duration::from_millis(c.acquire_timeout_ms.into()),
+            statement: std::time::Duration::from_millis(c.statement_timeout_ms.into()),
+        }
+    }
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts::of(&crate::config::StoreConfig::default())
+    }
 }
 
 /// Opens the store the config selects, creating the data dir and running migrations.
 pub async fn open(config: &Config) -> Result<Arc<dyn Store>, StoreError> {
     Ok(match config.database()? {
         Database::Sqlite(path) => Arc::new(
-            SqliteStore::open(
+            SqliteStore::open_timed(
                 &path,
                 config.store.sqlite_synchronous == "full",
                 config.store.pool_size,
+                Timeouts::of(&config.store),
             )
             .await?,
         ),
-        Database::Postgres(url) => Arc::new(PgStore::connect(&url, config.store.pool_size).await?),
+        Database::Postgres(url) => Arc::new(
+            PgStore::connect_timed(&url, config.store.pool_size, Timeouts::of(&config.store))
+                .await?,
+        ),
     })
 }

@@ -2,13 +2,13 @@
 //! the conversation row, so several nodes may commit to one database safely.
 
 use std::str::FromStr;
-use std::time::Duration;
 
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::PgPool;
+use sqlx::{ConnectOptions, PgPool, Postgres};
 
 use super::sql::sql_store_impl;
-use super::StoreError;
+use super::{StoreError, Timeouts};
 
 /// The Postgres store.
 pub struct PgStore {
@@ -17,9 +17,18 @@ pub struct PgStore {
 }
 
 impl PgStore {
-    /// Connects with a pool of `pool_size` and runs the migrations.
+    /// Connects with a pool of `pool_size` and runs the migrations (default timeouts).
     pub async fn connect(url: &str, pool_size: u32) -> Result<Self, StoreError> {
         Self::connect_with(PgConnectOptions::from_str(url)?, pool_size).await
+    }
+
+    /// As [`PgStore::connect`] with the given timeouts.
+    pub async fn connect_timed(
+        url: &str,
+        pool_size: u32,
+        timeouts: Timeouts,
+    ) -> Result<Self, StoreError> {
+        Self::connect_with_timed(PgConnectOptions::from_str(url)?, pool_size, timeouts).await
     }
 
     /// As [`PgStore::connect`] with explicit options (tests use a schema per run).
@@ -27,16 +36,60 @@ impl PgStore {
         options: PgConnectOptions,
         pool_size: u32,
     ) -> Result<Self, StoreError> {
+        Self::connect_with_timed(options, pool_size, Timeouts::default()).await
+    }
+
+    /// The most general constructor: explicit options and timeouts. The migrations run
+    /// first on a connection of their own, without the statement timeout (a migration of
+    /// a large table may take longer than any message commit should); the pool's
+    /// connections carry `statement_timeout`, so a statement stuck on a lock or a dying
+    /// server fails instead of holding the writer.
+    pub async fn connect_with_timed(
+        options: PgConnectOptions,
+        pool_size: u32,
+        timeouts: Timeouts,
+    ) -> Result<Self, StoreError> {
+        let mut migrator = options.connect().await?;
+        sqlx::migrate!("../migrations/postgres")
+            .run(&mut migrator)
+            .await?;
+        let _ = sqlx::Connection::close(migrator).await;
+        let ms = timeouts.statement.as_millis().to_string();
+        let options = if timeouts.statement.is_zero() {
+            options
+        } else {
+            options.options([("statement_timeout", ms.as_str())])
+        };
         let pool = PgPoolOptions::new()
             .max_connections(pool_size.max(2))
-            .acquire_timeout(Duration::from_secs(30))
+            .acquire_timeout(timeouts.acquire)
             .connect_with(options)
             .await?;
-        sqlx::migrate!("../migrations/postgres").run(&pool).await?;
         Ok(PgStore {
             write: pool.clone(),
             read: pool,
         })
+    }
+
+    /// A pooled connection for a write, checked to be outside any transaction (a write
+    /// cancelled by the writer's time bound leaves its rollback to the pool; should one
+    /// still be open, the connection is closed and another taken).
+    pub(crate) async fn writer(&self) -> Result<PoolConnection<Postgres>, StoreError> {
+        let conn = self.write.acquire().await?;
+        if !sqlx::Connection::is_in_transaction(&*conn) {
+            return Ok(conn);
+        }
+        tracing::warn!("a store connection was left inside a transaction; closing it");
+        metrics::counter!("im_store_connection_resets_total").increment(1);
+        let _ = conn.close().await;
+        Ok(self.write.acquire().await?)
+    }
+
+    /// After a failed write: the connection's state is in doubt, so it is closed rather
+    /// than returned to the pool.
+    pub(crate) async fn discard_writer(&self, conn: PoolConnection<Postgres>) {
+        metrics::counter!("im_store_connection_resets_total").increment(1);
+        let _ = conn.close().await;
     }
 }
 

@@ -17,12 +17,328 @@ macro_rules! sql_store_impl {
                 messages: &[$crate::store::NewMessage],
                 cursors: &[$crate::store::CursorUpdate],
             ) -> Result<Vec<$crate::store::Committed>, $crate::store::StoreError> {
+                let mut conn = self.writer().await?;
+                let out = Self::commit_batch_on(&mut conn, messages, cursors).await;
+                if out.is_err() {
+                    self.discard_writer(conn).await;
+                }
+                out
+            }
+
+            async fn group_change(
+                &self,
+                group_id: &str,
+                req: &$crate::store::GroupRequest,
+            ) -> Result<$crate::store::GroupOutcome, $crate::store::StoreError> {
+                let mut conn = self.writer().await?;
+                let out = Self::group_change_on(&mut conn, group_id, req).await;
+                if out.is_err() {
+                    self.discard_writer(conn).await;
+                }
+                out
+            }
+
+            async fn group_members(
+                &self,
+                group_id: &str,
+            ) -> Result<Option<(Vec<String>, u64)>, $crate::store::StoreError> {
+                let row: Option<(i64, i32)> = sqlx::query_as(
+                    "SELECT version, dissolved FROM chat_groups WHERE group_id = $1",
+                )
+                .bind(group_id)
+                .fetch_optional(&self.read)
+                .await?;
+                let Some((version, 0)) = row else {
+                    return Ok(None);
+                };
+                let members = sqlx::query_scalar(
+                    "SELECT user_id FROM group_members WHERE group_id = $1 ORDER BY user_id",
+                )
+                .bind(group_id)
+                .fetch_all(&self.read)
+                .await?;
+                Ok(Some((members, version.max(0) as u64)))
+            }
+
+            async fn group_versions(
+                &self,
+                group_ids: &[&str],
+            ) -> Result<Vec<(String, u64)>, $crate::store::StoreError> {
+                let mut out = Vec::with_capacity(group_ids.len());
+                for chunk in group_ids.chunks($crate::store::sql::CHUNK) {
+                    let mut qb = sqlx::QueryBuilder::<$db>::new(
+                        "SELECT group_id, version FROM chat_groups WHERE group_id IN (",
+                    );
+                    let mut list = qb.separated(", ");
+                    for g in chunk {
+                        list.push_bind(*g);
+                    }
+                    qb.push(")");
+                    let rows: Vec<(String, i64)> = qb.build_query_as().fetch_all(&self.read).await?;
+                    out.extend(rows.into_iter().map(|(g, v)| (g, v.max(0) as u64)));
+                }
+                Ok(out)
+            }
+
+            async fn group_info(
+                &self,
+                group_id: &str,
+                limit: u32,
+            ) -> Result<Option<$crate::store::GroupInfo>, $crate::store::StoreError> {
+                let row: Option<(String, i64, i32, i32, i64, i32, i32)> = sqlx::query_as(
+                    "SELECT created_by, created_at, kind, members_can_invite, version, \
+                     dissolved, size FROM chat_groups WHERE group_id = $1",
+                )
+                .bind(group_id)
+                .fetch_optional(&self.read)
+                .await?;
+                let Some((created_by, created_at, kind, invite, version, dissolved, size)) = row
+                else {
+                    return Ok(None);
+                };
+                let members: Vec<(String, i32)> = sqlx::query_as(
+                    "SELECT user_id, role FROM group_members WHERE group_id = $1 \
+                     ORDER BY user_id LIMIT $2",
+                )
+                .bind(group_id)
+                .bind(limit as i64)
+                .fetch_all(&self.read)
+                .await?;
+                let banned: Vec<String> = sqlx::query_scalar(
+                    "SELECT user_id FROM group_bans WHERE group_id = $1 ORDER BY user_id LIMIT $2",
+                )
+                .bind(group_id)
+                .bind(limit as i64)
+                .fetch_all(&self.read)
+                .await?;
+                Ok(Some($crate::store::GroupInfo {
+                    group_id: group_id.to_string(),
+                    kind: if kind == im_proto::group_op::Kind::Public as i32 {
+                        "public"
+                    } else {
+                        "private"
+                    },
+                    members_can_invite: invite != 0,
+                    created_by,
+                    created_at,
+                    version: version.max(0) as u64,
+                    dissolved: dissolved != 0,
+                    size: size.max(0) as u32,
+                    members: members
+                        .into_iter()
+                        .map(|(u, r)| (u, $crate::store::role_name(r)))
+                        .collect(),
+                    banned,
+                }))
+            }
+
+            async fn revoke(&self, user_id: &str, at: i64) -> Result<(), $crate::store::StoreError> {
+                let mut conn = self.writer().await?;
+                let out = sqlx::query(
+                    "INSERT INTO revocations (user_id, revoked_at) VALUES ($1, $2) \
+                     ON CONFLICT (user_id) DO UPDATE SET revoked_at = excluded.revoked_at \
+                     WHERE excluded.revoked_at > revocations.revoked_at",
+                )
+                .bind(user_id)
+                .bind(at)
+                .execute(&mut *conn)
+                .await;
+                if out.is_err() {
+                    self.discard_writer(conn).await;
+                }
+                out?;
+                Ok(())
+            }
+
+            async fn revocations(&self) -> Result<Vec<(String, i64)>, $crate::store::StoreError> {
+                Ok(sqlx::query_as("SELECT user_id, revoked_at FROM revocations")
+                    .fetch_all(&self.read)
+                    .await?)
+            }
+
+            async fn sync_page(
+                &self,
+                user_id: &str,
+                cursors: &[(String, u64)],
+                limit: u32,
+                max_bytes: usize,
+            ) -> Result<(Vec<$crate::store::StoredMessage>, bool), $crate::store::StoreError> {
+                use sqlx::Row;
+                let stored: Vec<(String, i64, i64)> = sqlx::query_as(
+                    "SELECT c.conversation_id, COALESCE(k.seq, 0), v.last_seq FROM \
+                     (SELECT conversation_id FROM user_conversations WHERE user_id = $1 \
+                      UNION SELECT 'g:' || group_id FROM group_members WHERE user_id = $1) c \
+                     JOIN conversations v ON v.conversation_id = c.conversation_id \
+                     LEFT JOIN cursors k ON k.user_id = $1 AND k.conversation_id = c.conversation_id",
+                )
+                .bind(user_id)
+                .fetch_all(&self.read)
+                .await?;
+                let mut given: std::collections::HashMap<&str, u64> =
+                    cursors.iter().map(|(c, s)| (c.as_str(), *s)).collect();
+                let mut plan: Vec<(String, u64)> = Vec::with_capacity(stored.len());
+                for (conv, stored_seq, last) in stored {
+                    let after = given.remove(conv.as_str()).unwrap_or(stored_seq as u64);
+                    if (last as u64) > after {
+                        plan.push((conv, after));
+                    }
+                }
+                // Named conversations the user has no record of are read as given (within
+                // the intervals below, so a group they never joined reads nothing).
+                plan.extend(given.into_iter().map(|(c, s)| (c.to_string(), s)));
+                plan.sort();
+                plan.dedup_by(|a, b| a.0 == b.0);
+                let mut out = Vec::new();
+                let mut bytes = 0usize;
+                let mut more = false;
+                'convs: for (conv, after) in plan {
+                    // The seq ranges the user may read: a group's membership intervals,
+                    // all of a one-to-one conversation.
+                    let ranges: Vec<(i64, Option<i64>)> =
+                        match im_proto::parse_conversation(&conv) {
+                            Some(im_proto::ConversationRef::Group(g)) => sqlx::query_as(
+                                "SELECT joined_seq, left_seq FROM group_intervals \
+                                 WHERE group_id = $1 AND user_id = $2 ORDER BY joined_seq",
+                            )
+                            .bind(g)
+                            .bind(user_id)
+                            .fetch_all(&self.read)
+                            .await?,
+                            _ => vec![(0, None)],
+                        };
+                    for (joined, left) in ranges {
+                        let from = (after as i64).max(joined - 1);
+                        let to = left.unwrap_or(i64::MAX);
+                        if from >= to {
+                            continue;
+                        }
+                        let room = limit as usize - out.len();
+                        if room == 0 || bytes >= max_bytes {
+                            more = true;
+                            break 'convs;
+                        }
+                        // Streamed: the page stops at its byte budget without reading the
+                        // rest.
+                        let mut rows = sqlx::query(
+                            "SELECT conversation_id, sender, payload, send_time, msg_type, seq, \
+                             msg_id, client_msg_id FROM messages \
+                             WHERE conversation_id = $1 AND seq > $2 AND seq <= $3 \
+                             ORDER BY seq LIMIT $4",
+                        )
+                        .bind(conv.as_str())
+                        .bind(from)
+                        .bind(to)
+                        .bind(room as i64 + 1)
+                        .fetch(&self.read);
+                        let mut taken = 0usize;
+                        while let Some(r) = futures_util::TryStreamExt::try_next(&mut rows).await? {
+                            if taken == room {
+                                more = true;
+                                break;
+                            }
+                            let payload: Vec<u8> = r.try_get("payload")?;
+                            let seq: i64 = r.try_get("seq")?;
+                            let cmid: Option<String> = r.try_get("client_msg_id")?;
+                            let m = im_proto::ChatMessage {
+                                conversation_id: r.try_get("conversation_id")?,
+                                sender: r.try_get("sender")?,
+                                payload: payload.into(),
+                                send_time: r.try_get("send_time")?,
+                                r#type: r.try_get("msg_type")?,
+                                seq: seq as u64,
+                                msg_id: r.try_get("msg_id")?,
+                                client_msg_id: cmid.unwrap_or_default(),
+                            };
+                            let size = $crate::store::message_bytes(&m);
+                            if !out.is_empty() && bytes.saturating_add(size) > max_bytes {
+                                more = true;
+                                break;
+                            }
+                            bytes = bytes.saturating_add(size);
+                            out.push(m);
+                            taken += 1;
+                        }
+                        if more {
+                            break 'convs;
+                        }
+                    }
+                }
+                Ok((out, more))
+            }
+
+            async fn last_seq(
+                &self,
+                conversation_id: &str,
+            ) -> Result<Option<u64>, $crate::store::StoreError> {
+                let seq: Option<i64> = sqlx::query_scalar(
+                    "SELECT last_seq FROM conversations WHERE conversation_id = $1",
+                )
+                .bind(conversation_id)
+                .fetch_optional(&self.read)
+                .await?;
+                Ok(seq.map(|s| s as u64))
+            }
+
+            async fn cursor(
+                &self,
+                user_id: &str,
+                conversation_id: &str,
+            ) -> Result<u64, $crate::store::StoreError> {
+                let seq: Option<i64> = sqlx::query_scalar(
+                    "SELECT seq FROM cursors WHERE user_id = $1 AND conversation_id = $2",
+                )
+                .bind(user_id)
+                .bind(conversation_id)
+                .fetch_optional(&self.read)
+                .await?;
+                Ok(seq.unwrap_or(0) as u64)
+            }
+
+            async fn ping(&self) -> Result<(), $crate::store::StoreError> {
+                sqlx::query("SELECT 1").execute(&self.read).await?;
+                Ok(())
+            }
+
+            async fn probe_write(&self) -> Result<(), $crate::store::StoreError> {
+                let mut conn = self.writer().await?;
+                let out: Result<(), $crate::store::StoreError> = async {
+                    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+                    sqlx::query(
+                        "INSERT INTO store_probe (id, at) VALUES (1, $1) \
+                         ON CONFLICT (id) DO UPDATE SET at = excluded.at",
+                    )
+                    .bind(im_proto::now_ms())
+                    .execute(&mut *tx)
+                    .await?;
+                    tx.commit().await?;
+                    Ok(())
+                }
+                .await;
+                if out.is_err() {
+                    self.discard_writer(conn).await;
+                }
+                out
+            }
+
+            fn backend(&self) -> &'static str {
+                $backend
+            }
+        }
+
+        /// The write transactions, each on the connection `writer()` checked; the
+        /// `Store` methods discard the connection when one fails.
+        impl $store {
+            async fn commit_batch_on(
+                conn: &mut sqlx::pool::PoolConnection<$db>,
+                messages: &[$crate::store::NewMessage],
+                cursors: &[$crate::store::CursorUpdate],
+            ) -> Result<Vec<$crate::store::Committed>, $crate::store::StoreError> {
                 use std::collections::HashMap;
                 use sqlx::Row;
                 use $crate::store::sql::CHUNK;
                 use $crate::store::Committed;
 
-                let mut tx = self.write.begin().await?;
+                let mut tx = sqlx::Connection::begin(&mut **conn).await?;
                 let now = im_proto::now_ms();
 
                 // 1. Dedup: look up every (sender, conversation, client_msg_id) already stored.
@@ -268,8 +584,8 @@ macro_rules! sql_store_impl {
                     .collect())
             }
 
-            async fn group_change(
-                &self,
+            async fn group_change_on(
+                conn: &mut sqlx::pool::PoolConnection<$db>,
                 group_id: &str,
                 req: &$crate::store::GroupRequest,
             ) -> Result<$crate::store::GroupOutcome, $crate::store::StoreError> {
@@ -279,7 +595,7 @@ macro_rules! sql_store_impl {
                 use $crate::store::sql::CHUNK;
                 use $crate::store::{GroupOutcome, GroupState, StoreError};
 
-                let mut tx = self.write.begin().await?;
+                let mut tx = sqlx::Connection::begin(&mut **conn).await?;
                 let conv = im_proto::group_conversation(group_id);
                 let now = im_proto::now_ms();
                 let row: Option<(i32, i32, i64, i32, i32)> = sqlx::query_as(
@@ -587,240 +903,6 @@ macro_rules! sql_store_impl {
                     dissolved: plan == Plan::Dissolve,
                     removed,
                 })
-            }
-
-            async fn group_members(
-                &self,
-                group_id: &str,
-            ) -> Result<Option<(Vec<String>, u64)>, $crate::store::StoreError> {
-                let row: Option<(i64, i32)> = sqlx::query_as(
-                    "SELECT version, dissolved FROM chat_groups WHERE group_id = $1",
-                )
-                .bind(group_id)
-                .fetch_optional(&self.read)
-                .await?;
-                let Some((version, 0)) = row else {
-                    return Ok(None);
-                };
-                let members = sqlx::query_scalar(
-                    "SELECT user_id FROM group_members WHERE group_id = $1 ORDER BY user_id",
-                )
-                .bind(group_id)
-                .fetch_all(&self.read)
-                .await?;
-                Ok(Some((members, version.max(0) as u64)))
-            }
-
-            async fn group_versions(
-                &self,
-                group_ids: &[&str],
-            ) -> Result<Vec<(String, u64)>, $crate::store::StoreError> {
-                let mut out = Vec::with_capacity(group_ids.len());
-                for chunk in group_ids.chunks($crate::store::sql::CHUNK) {
-                    let mut qb = sqlx::QueryBuilder::<$db>::new(
-                        "SELECT group_id, version FROM chat_groups WHERE group_id IN (",
-                    );
-                    let mut list = qb.separated(", ");
-                    for g in chunk {
-                        list.push_bind(*g);
-                    }
-                    qb.push(")");
-                    let rows: Vec<(String, i64)> = qb.build_query_as().fetch_all(&self.read).await?;
-                    out.extend(rows.into_iter().map(|(g, v)| (g, v.max(0) as u64)));
-                }
-                Ok(out)
-            }
-
-            async fn group_info(
-                &self,
-                group_id: &str,
-                limit: u32,
-            ) -> Result<Option<$crate::store::GroupInfo>, $crate::store::StoreError> {
-                let row: Option<(String, i64, i32, i32, i64, i32, i32)> = sqlx::query_as(
-                    "SELECT created_by, created_at, kind, members_can_invite, version, \
-                     dissolved, size FROM chat_groups WHERE group_id = $1",
-                )
-                .bind(group_id)
-                .fetch_optional(&self.read)
-                .await?;
-                let Some((created_by, created_at, kind, invite, version, dissolved, size)) = row
-                else {
-                    return Ok(None);
-                };
-                let members: Vec<(String, i32)> = sqlx::query_as(
-                    "SELECT user_id, role FROM group_members WHERE group_id = $1 \
-                     ORDER BY user_id LIMIT $2",
-                )
-                .bind(group_id)
-                .bind(limit as i64)
-                .fetch_all(&self.read)
-                .await?;
-                let banned: Vec<String> = sqlx::query_scalar(
-                    "SELECT user_id FROM group_bans WHERE group_id = $1 ORDER BY user_id LIMIT $2",
-                )
-                .bind(group_id)
-                .bind(limit as i64)
-                .fetch_all(&self.read)
-                .await?;
-                Ok(Some($crate::store::GroupInfo {
-                    group_id: group_id.to_string(),
-                    kind: if kind == im_proto::group_op::Kind::Public as i32 {
-                        "public"
-                    } else {
-                        "private"
-                    },
-                    members_can_invite: invite != 0,
-                    created_by,
-                    created_at,
-                    version: version.max(0) as u64,
-                    dissolved: dissolved != 0,
-                    size: size.max(0) as u32,
-                    members: members
-                        .into_iter()
-                        .map(|(u, r)| (u, $crate::store::role_name(r)))
-                        .collect(),
-                    banned,
-                }))
-            }
-
-            async fn revoke(&self, user_id: &str, at: i64) -> Result<(), $crate::store::StoreError> {
-                sqlx::query(
-                    "INSERT INTO revocations (user_id, revoked_at) VALUES ($1, $2) \
-                     ON CONFLICT (user_id) DO UPDATE SET revoked_at = excluded.revoked_at \
-                     WHERE excluded.revoked_at > revocations.revoked_at",
-                )
-                .bind(user_id)
-                .bind(at)
-                .execute(&self.write)
-                .await?;
-                Ok(())
-            }
-
-            async fn revocations(&self) -> Result<Vec<(String, i64)>, $crate::store::StoreError> {
-                Ok(sqlx::query_as("SELECT user_id, revoked_at FROM revocations")
-                    .fetch_all(&self.read)
-                    .await?)
-            }
-
-            async fn sync(
-                &self,
-                user_id: &str,
-                cursors: &[(String, u64)],
-                limit: u32,
-            ) -> Result<(Vec<$crate::store::StoredMessage>, bool), $crate::store::StoreError> {
-                use sqlx::Row;
-                let stored: Vec<(String, i64, i64)> = sqlx::query_as(
-                    "SELECT c.conversation_id, COALESCE(k.seq, 0), v.last_seq FROM \
-                     (SELECT conversation_id FROM user_conversations WHERE user_id = $1 \
-                      UNION SELECT 'g:' || group_id FROM group_members WHERE user_id = $1) c \
-                     JOIN conversations v ON v.conversation_id = c.conversation_id \
-                     LEFT JOIN cursors k ON k.user_id = $1 AND k.conversation_id = c.conversation_id",
-                )
-                .bind(user_id)
-                .fetch_all(&self.read)
-                .await?;
-                let mut given: std::collections::HashMap<&str, u64> =
-                    cursors.iter().map(|(c, s)| (c.as_str(), *s)).collect();
-                let mut plan: Vec<(String, u64)> = Vec::with_capacity(stored.len());
-                for (conv, stored_seq, last) in stored {
-                    let after = given.remove(conv.as_str()).unwrap_or(stored_seq as u64);
-                    if (last as u64) > after {
-                        plan.push((conv, after));
-                    }
-                }
-                // Named conversations the user has no record of are read as given (within
-                // the intervals below, so a group they never joined reads nothing).
-                plan.extend(given.into_iter().map(|(c, s)| (c.to_string(), s)));
-                plan.sort();
-                plan.dedup_by(|a, b| a.0 == b.0);
-                let mut out = Vec::new();
-                let mut more = false;
-                'convs: for (conv, after) in plan {
-                    // The seq ranges the user may read: a group's membership intervals,
-                    // all of a one-to-one conversation.
-                    let ranges: Vec<(i64, Option<i64>)> =
-                        match im_proto::parse_conversation(&conv) {
-                            Some(im_proto::ConversationRef::Group(g)) => sqlx::query_as(
-                                "SELECT joined_seq, left_seq FROM group_intervals \
-                                 WHERE group_id = $1 AND user_id = $2 ORDER BY joined_seq",
-                            )
-                            .bind(g)
-                            .bind(user_id)
-                            .fetch_all(&self.read)
-                            .await?,
-                            _ => vec![(0, None)],
-                        };
-                    for (joined, left) in ranges {
-                        let from = (after as i64).max(joined - 1);
-                        let to = left.unwrap_or(i64::MAX);
-                        if from >= to {
-                            continue;
-                        }
-                        let room = limit as usize - out.len();
-                        if room == 0 {
-                            more = true;
-                            break 'convs;
-                        }
-                        let rows = sqlx::query(
-                            "SELECT conversation_id, sender, payload, send_time, msg_type, seq, \
-                             msg_id, client_msg_id FROM messages \
-                             WHERE conversation_id = $1 AND seq > $2 AND seq <= $3 \
-                             ORDER BY seq LIMIT $4",
-                        )
-                        .bind(conv.as_str())
-                        .bind(from)
-                        .bind(to)
-                        .bind(room as i64 + 1)
-                        .fetch_all(&self.read)
-                        .await?;
-                        if rows.len() > room {
-                            more = true;
-                        }
-                        for r in rows.into_iter().take(room) {
-                            let payload: Vec<u8> = r.try_get("payload")?;
-                            let seq: i64 = r.try_get("seq")?;
-                            let cmid: Option<String> = r.try_get("client_msg_id")?;
-                            out.push(im_proto::ChatMessage {
-                                conversation_id: r.try_get("conversation_id")?,
-                                sender: r.try_get("sender")?,
-                                payload: payload.into(),
-                                send_time: r.try_get("send_time")?,
-                                r#type: r.try_get("msg_type")?,
-                                seq: seq as u64,
-                                msg_id: r.try_get("msg_id")?,
-                                client_msg_id: cmid.unwrap_or_default(),
-                            });
-                        }
-                        if more {
-                            break 'convs;
-                        }
-                    }
-                }
-                Ok((out, more))
-            }
-
-            async fn cursor(
-                &self,
-                user_id: &str,
-                conversation_id: &str,
-            ) -> Result<u64, $crate::store::StoreError> {
-                let seq: Option<i64> = sqlx::query_scalar(
-                    "SELECT seq FROM cursors WHERE user_id = $1 AND conversation_id = $2",
-                )
-                .bind(user_id)
-                .bind(conversation_id)
-                .fetch_optional(&self.read)
-                .await?;
-                Ok(seq.unwrap_or(0) as u64)
-            }
-
-            async fn ping(&self) -> Result<(), $crate::store::StoreError> {
-                sqlx::query("SELECT 1").execute(&self.read).await?;
-                Ok(())
-            }
-
-            fn backend(&self) -> &'static str {
-                $backend
             }
         }
     };

@@ -10,11 +10,12 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
+use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::SqlitePool;
+use sqlx::{Sqlite, SqlitePool};
 
 use super::sql::sql_store_impl;
-use super::StoreError;
+use super::{StoreError, Timeouts};
 
 /// The SQLite store.
 pub struct SqliteStore {
@@ -23,8 +24,19 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
-    /// Opens (creating if needed) the database file and runs the migrations.
+    /// Opens (creating if needed) the database file and runs the migrations, with the
+    /// default timeouts.
     pub async fn open(path: &Path, full_sync: bool, readers: u32) -> Result<Self, StoreError> {
+        Self::open_timed(path, full_sync, readers, Timeouts::default()).await
+    }
+
+    /// As [`SqliteStore::open`], waiting at most `timeouts.acquire` for a connection.
+    pub async fn open_timed(
+        path: &Path,
+        full_sync: bool,
+        readers: u32,
+        timeouts: Timeouts,
+    ) -> Result<Self, StoreError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)?;
         }
@@ -36,7 +48,7 @@ impl SqliteStore {
         let write = SqlitePoolOptions::new()
             .max_connections(1)
             .min_connections(1)
-            .acquire_timeout(Duration::from_secs(30))
+            .acquire_timeout(timeouts.acquire)
             .connect_with(
                 base.clone()
                     .create_if_missing(true)
@@ -50,11 +62,60 @@ impl SqliteStore {
         sqlx::migrate!("../migrations/sqlite").run(&write).await?;
         let read = SqlitePoolOptions::new()
             .max_connections(readers.max(1))
-            .acquire_timeout(Duration::from_secs(30))
+            .acquire_timeout(timeouts.acquire)
             .connect_with(base.read_only(true))
             .await?;
         Ok(SqliteStore { write, read })
     }
+
+    /// The writer connection, checked to be outside any transaction.
+    ///
+    /// This is the check that keeps a failed commit from eating later ones. When a write
+    /// fails with SQLITE_FULL or SQLITE_IOERR, SQLite may roll the whole transaction back
+    /// by itself; sqlx does not see that, its ROLLBACK then fails ("no transaction is
+    /// active") and its transaction counter stays at 1. Its next `begin()` issues a
+    /// SAVEPOINT instead of BEGIN, and once one of those fails too, the connection sits
+    /// inside a transaction that is never committed: every later "commit" only releases a
+    /// nested savepoint, the acks go out, and the rows vanish when the connection closes.
+    /// So before each write: SQLite's own autocommit flag must say no transaction is open
+    /// and sqlx's counter must be 0; otherwise the connection is closed (rolling back
+    /// whatever it held, none of it acked) and a fresh one is opened.
+    pub(crate) async fn writer(&self) -> Result<PoolConnection<Sqlite>, StoreError> {
+        let mut conn = self.write.acquire().await?;
+        if outside_transaction(&mut conn).await? {
+            return Ok(conn);
+        }
+        tracing::warn!(
+            "the store's writer connection was left inside a transaction; closing it and opening a new one"
+        );
+        metrics::counter!("im_store_connection_resets_total").increment(1);
+        let _ = conn.close().await;
+        let mut conn = self.write.acquire().await?;
+        if outside_transaction(&mut conn).await? {
+            return Ok(conn);
+        }
+        Err(sqlx::Error::Protocol("a new writer connection is inside a transaction".into()).into())
+    }
+
+    /// After a failed write: the connection's state is in doubt, so it is closed (its
+    /// open transaction, if any, rolls back) and the next write opens a new one.
+    pub(crate) async fn discard_writer(&self, conn: PoolConnection<Sqlite>) {
+        metrics::counter!("im_store_connection_resets_total").increment(1);
+        let _ = conn.close().await;
+    }
+}
+
+/// True when neither SQLite nor sqlx thinks a transaction is open on `conn`.
+async fn outside_transaction(conn: &mut sqlx::SqliteConnection) -> Result<bool, StoreError> {
+    if sqlx::Connection::is_in_transaction(conn) {
+        return Ok(false);
+    }
+    let mut handle = conn.lock_handle().await?;
+    // SAFETY: the handle is locked (the worker thread makes no call on it meanwhile);
+    // sqlite3_get_autocommit only reads a flag of the connection.
+    let autocommit =
+        unsafe { libsqlite3_sys::sqlite3_get_autocommit(handle.as_raw_handle().as_ptr()) };
+    Ok(autocommit != 0)
 }
 
 sql_store_impl!(SqliteStore, sqlx::Sqlite, "sqlite");

@@ -5,6 +5,7 @@
 
 pub mod cluster;
 pub mod faults;
+pub mod nats;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
@@ -17,9 +18,9 @@ use im_client::proto::{self, frame, Body, Frame, Login};
 use im_client::{Client, ClientConfig, RawConn, RawEvent};
 
 /// The JWT secret every test server uses.
-pub const SECRET: &str = "e2e-test-secret";
+pub const SECRET: &str = "e2e-test-secret-of-at-least-32-bytes";
 /// The admin token every test server uses.
-pub const ADMIN_TOKEN: &str = "e2e-admin-token";
+pub const ADMIN_TOKEN: &str = "e2e-admin-token-of-at-least-32-bytes";
 /// How long a test waits for anything before failing.
 pub const WAIT: Duration = Duration::from_secs(15);
 
@@ -44,9 +45,21 @@ pub fn token_with_ttl(user: &str, ttl: Duration) -> String {
         .expect("token")
 }
 
-/// Path of the binary under test.
+/// Path of the binary under test: the one cargo built, or `IM_TEST_SERVER_BIN` (to run
+/// a test against another build, e.g. the one before a fix).
 pub fn server_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_im-server"))
+    std::env::var_os("IM_TEST_SERVER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_im-server")))
+}
+
+/// A whole number from the environment variable `name`, or `default` when unset or not
+/// a number (sizes of tests that are also run bigger for measurements).
+pub fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 impl TestServer {
@@ -66,7 +79,12 @@ impl TestServer {
     }
 
     fn spawn(tmp: Arc<tempfile::TempDir>, env: Vec<(String, String)>, listen: &str) -> TestServer {
-        let data_dir = tmp.path().join("data");
+        // A test may place the data dir elsewhere (a small tmpfs) with its own IM_DATA_DIR.
+        let data_dir = env
+            .iter()
+            .find(|(k, _)| k == "IM_DATA_DIR")
+            .map(|(_, v)| PathBuf::from(v))
+            .unwrap_or_else(|| tmp.path().join("data"));
         let mut cmd = Command::new(server_bin());
         cmd.env("IM_LISTEN", listen)
             .env("IM_ADMIN_LISTEN", "127.0.0.1:0")
@@ -140,6 +158,15 @@ impl TestServer {
         self.child.wait().expect("wait")
     }
 
+    /// Sends `signal` (a name `kill` takes: `STOP`, `CONT`, ...) to the process.
+    pub fn signal(&self, signal: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -{signal} {}", self.child.id());
+    }
+
     /// Sends SIGTERM and returns at once (graceful drain).
     pub fn sigterm(&self) {
         unsafe_sigterm(self.child.id());
@@ -157,6 +184,23 @@ impl TestServer {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The server's peak resident set so far (`VmHWM` of /proc/PID/status), in bytes.
+    pub fn peak_rss_bytes(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("read /proc/PID/status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .expect("VmHWM in /proc/PID/status")
+            * 1024
     }
 
     /// Everything the server has logged so far.
@@ -252,21 +296,36 @@ pub fn metric_value(scrape: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         .sum()
 }
 
-/// A WebSocket upgrade request for `GET /ws` from source address `from`; returns the
-/// response head and body as text, and the socket (kept open: it holds the connection).
-pub fn ws_upgrade_from(addr: SocketAddr, from: std::net::IpAddr) -> (String, std::net::TcpStream) {
+/// A TCP connection to `addr` from source address `from` (any 127.x address on Linux).
+pub fn connect_from(addr: SocketAddr, from: std::net::IpAddr) -> std::net::TcpStream {
     let socket =
         socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
     socket
         .bind(&SocketAddr::new(from, 0).into())
         .expect("bind source address");
     socket.connect(&addr.into()).expect("connect");
-    let mut s: std::net::TcpStream = socket.into();
+    let s: std::net::TcpStream = socket.into();
     s.set_read_timeout(Some(WAIT)).unwrap();
+    s
+}
+
+/// A WebSocket upgrade request for `GET /ws` from source address `from`; returns the
+/// response head and body as text, and the socket (kept open: it holds the connection).
+pub fn ws_upgrade_from(addr: SocketAddr, from: std::net::IpAddr) -> (String, std::net::TcpStream) {
+    ws_upgrade_with(addr, from, "")
+}
+
+/// As [`ws_upgrade_from`] with extra header lines (each ending in `\r\n`).
+pub fn ws_upgrade_with(
+    addr: SocketAddr,
+    from: std::net::IpAddr,
+    extra_headers: &str,
+) -> (String, std::net::TcpStream) {
+    let mut s = connect_from(addr, from);
     write!(
         s,
         "GET /ws HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n{extra_headers}\r\n"
     )
     .unwrap();
     // Read the head (and a short body, if any) without waiting for the socket to close.
@@ -535,6 +594,26 @@ impl TestServer {
             body.as_bytes(),
         );
         (status, String::from_utf8_lossy(&b).to_string())
+    }
+}
+
+/// Syncs an SDK client and returns the first `n` messages it hands to the app, in
+/// order (a background sync may have delivered some before the explicit one).
+pub async fn sdk_sync_all(c: &Client, n: usize) -> Vec<proto::ChatMessage> {
+    c.sync().await.expect("sync");
+    let mut got = Vec::with_capacity(n);
+    while got.len() < n {
+        got.push(c.next_message(WAIT).await.expect("a synced message"));
+    }
+    got
+}
+
+/// As [`eventually`], blocking (for tests without a runtime).
+pub fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + WAIT;
+    while !f() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 

@@ -1,0 +1,240 @@
+//! Listen: the accept loops of both listeners. Each accepted socket is tuned
+//! (TCP_NODELAY, buffers), admitted (the client listener takes its slot under the
+//! connection caps here, before a byte of the request is read, so half-sent requests
+//! count against the caps; the admin listener has its own cap), then served by hyper's
+//! HTTP/1 connection with a timer, so a request head must arrive complete within
+//! `http.header_read_timeout_secs` (also the idle limit of a kept-alive connection) and
+//! within `http.max_header_bytes`. A socket over a cap gets a canned 503 and is closed.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::ConnectInfo;
+use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::config::Http;
+use crate::gateway::{Admission, Gateway};
+
+/// Which listener a socket came in on (label `listener` of `im_http_rejected_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listener {
+    /// The client listener (`GET /ws`).
+    Client,
+    /// The admin listener.
+    Admin,
+}
+
+impl Listener {
+    fn label(self) -> &'static str {
+        match self {
+            Listener::Client => "client",
+            Listener::Admin => "admin",
+        }
+    }
+}
+
+/// Why a socket was closed by the HTTP layer (label `reason` of `im_http_rejected_total`).
+pub const REJECT_REASONS: [&str; 4] = [
+    "header_timeout",
+    "header_too_large",
+    "bad_request",
+    "admin_full",
+];
+
+/// Counts a socket the HTTP layer closed.
+fn rejected(listener: Listener, reason: &'static str) {
+    metrics::counter!("im_http_rejected_total", "listener" => listener.label(), "reason" => reason)
+        .increment(1);
+}
+
+/// A connection's slot under the caps, as a request extension: the `/ws` handler takes
+/// it into the upgraded connection; otherwise it is freed when the socket closes.
+#[derive(Clone, Default)]
+pub struct Slot(Arc<Mutex<Option<Admission>>>);
+
+impl Slot {
+    /// Takes the slot (once per connection).
+    pub fn take(&self) -> Option<Admission> {
+        self.0.lock().ok().and_then(|mut a| a.take())
+    }
+}
+
+/// Socket options applied to every accepted client socket.
+#[derive(Debug, Clone, Copy)]
+pub struct SocketOpts {
+    /// SO_SNDBUF (0: OS default).
+    pub send_buffer: usize,
+    /// SO_RCVBUF (0: OS default).
+    pub recv_buffer: usize,
+}
+
+fn builder(http: &Http) -> http1::Builder {
+    let mut b = http1::Builder::new();
+    b.timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(http.header_read_timeout_secs as u64))
+        .max_header_size(http.max_header_bytes as usize)
+        .max_buf_size((http.max_header_bytes as usize).max(8192))
+        .keep_alive(true);
+    b
+}
+
+/// Serves one admitted socket with `router` until it closes or upgrades; counts what
+/// the HTTP layer refused.
+async fn serve_conn(
+    b: http1::Builder,
+    tcp: TcpStream,
+    remote: SocketAddr,
+    router: Router,
+    slot: Slot,
+    listener: Listener,
+) {
+    let service = hyper::service::service_fn(move |mut req: hyper::Request<_>| {
+        req.extensions_mut().insert(ConnectInfo(remote));
+        req.extensions_mut().insert(slot.clone());
+        let mut router = router.clone();
+        tower_service::Service::call(&mut router, req.map(axum::body::Body::new))
+    });
+    let conn = b
+        .serve_connection(TokioIo::new(tcp), service)
+        .with_upgrades();
+    if let Err(e) = conn.await {
+        let reason = if e.is_timeout() {
+            "header_timeout"
+        } else if e.is_parse_too_large() {
+            "header_too_large"
+        } else if e.is_parse() {
+            "bad_request"
+        } else {
+            return;
+        };
+        rejected(listener, reason);
+        tracing::debug!(%remote, listener = listener.label(), reason, "http connection closed");
+    }
+}
+
+/// Most refused sockets lingering in [`refuse`] at once; past it a refused socket is
+/// closed at once (a reset), so a flood of refusals holds few descriptors.
+const MAX_LINGERING: usize = 256;
+
+/// Refuses a socket: answered and closed by a task (at most [`MAX_LINGERING`] at once,
+/// counted in `lingering`), or dropped at once.
+fn refuse_bounded(tcp: TcpStream, message: &'static str, lingering: &Arc<AtomicUsize>) {
+    if lingering.fetch_add(1, Ordering::Relaxed) >= MAX_LINGERING {
+        lingering.fetch_sub(1, Ordering::Relaxed);
+        drop(tcp);
+        return;
+    }
+    let lingering = lingering.clone();
+    tokio::spawn(async move {
+        refuse(tcp, message).await;
+        lingering.fetch_sub(1, Ordering::Relaxed);
+    });
+}
+
+/// Answers a socket refused at accept with a canned 503 and closes it; reads (and
+/// discards) a little of what the client sent first, for at most a second, so the close
+/// is a FIN rather than a reset that would lose the answer.
+async fn refuse(mut tcp: TcpStream, message: &str) {
+    let head = format!(
+        "HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\ncontent-type: text/plain; charset=utf-8\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{message}",
+        message.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let _ = tcp.write_all(head.as_bytes()).await;
+        let _ = tcp.shutdown().await;
+        let mut buf = [0u8; 1024];
+        let mut left = 64 * 1024usize;
+        while left > 0 {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    })
+    .await;
+}
+
+/// The next accepted socket; an accept error (e.g. out of descriptors) is logged and
+/// waited out without spinning.
+async fn accept(listener: &TcpListener, which: Listener) -> (TcpStream, SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok(a) => return a,
+            Err(e) => {
+                tracing::warn!(listener = which.label(), error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// The client listener: admits each socket under the connection caps at accept, then
+/// serves `router` on it.
+pub async fn serve_client(
+    listener: TcpListener,
+    router: Router,
+    gw: Arc<Gateway>,
+    http: Http,
+    opts: SocketOpts,
+) {
+    let b = builder(&http);
+    let lingering = Arc::new(AtomicUsize::new(0));
+    loop {
+        let (tcp, remote) = accept(&listener, Listener::Client).await;
+        let _ = tcp.set_nodelay(true);
+        let sock = socket2::SockRef::from(&tcp);
+        if opts.send_buffer > 0 {
+            let _ = sock.set_send_buffer_size(opts.send_buffer);
+        }
+        if opts.recv_buffer > 0 {
+            let _ = sock.set_recv_buffer_size(opts.recv_buffer);
+        }
+        match gw.admit_peer(remote.ip()) {
+            Ok(a) => {
+                let slot = Slot(Arc::new(Mutex::new(Some(a))));
+                tokio::spawn(serve_conn(
+                    b.clone(),
+                    tcp,
+                    remote,
+                    router.clone(),
+                    slot,
+                    Listener::Client,
+                ));
+            }
+            Err(r) => {
+                gw.metrics.connection_refused(r.label());
+                refuse_bounded(tcp, r.message(), &lingering);
+            }
+        }
+    }
+}
+
+/// The admin listener: at most `http.admin_max_connections` sockets at once (more are
+/// answered 503 and closed), each served with the header timeout.
+pub async fn serve_admin(listener: TcpListener, router: Router, http: Http) {
+    let b = builder(&http);
+    let open = Arc::new(AtomicUsize::new(0));
+    let lingering = Arc::new(AtomicUsize::new(0));
+    let max = http.admin_max_connections as usize;
+    loop {
+        let (tcp, remote) = accept(&listener, Listener::Admin).await;
+        if open.fetch_add(1, Ordering::Relaxed) >= max {
+            open.fetch_sub(1, Ordering::Relaxed);
+            rejected(Listener::Admin, "admin_full");
+            refuse_bounded(tcp, "too many admin connections", &lingering);
+            continue;
+        }
+        let (b, router, open) = (b.clone(), router.clone(), open.clone());
+        tokio::spawn(async move {
+            serve_conn(b, tcp, remote, router, Slot::default(), Listener::Admin).await;
+            open.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+}
