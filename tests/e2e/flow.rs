@@ -195,6 +195,12 @@ async fn a_1000_member_group_message_is_encoded_once() {
         conns.push(server.raw(u).await);
     }
     let v = create_group(&mut conns[0], "big", users[1..].to_vec()).await;
+    // The group's CREATE event (a SYSTEM message at seq v) is fanned out to all 1,000
+    // members on its own; count from after it, or its deliveries race the figures.
+    eventually("the CREATE event reaches every member", || {
+        server.metric("im_messages_delivered_total", &[]) >= 1000.0
+    })
+    .await;
     let before_enc = server.metric("im_messages_encoded_total", &[]);
     let before_del = server.metric("im_messages_delivered_total", &[]);
     conns[0]
