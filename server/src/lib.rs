@@ -117,7 +117,7 @@ impl obs::sampler::Live for LiveFigures {
             floor_bytes: *floor_bytes,
         };
         let low = disk.low();
-        if self.pipeline.health.set_disk(free_bytes, low) != low {
+        if self.pipeline.health.set_disk_low(low) != low {
             if low {
                 tracing::error!(
                     free_bytes,

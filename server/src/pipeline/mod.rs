@@ -208,6 +208,17 @@ impl Refusal {
         }
     }
 
+    /// A Send the store cannot take now (a store fault or low disk, `reason`):
+    /// OVERLOADED, retried by the client with the same client_msg_id.
+    pub(crate) fn store_unavailable(reason: &str, retry_after_ms: u32) -> Self {
+        Refusal {
+            code: ErrorCode::Overloaded,
+            message: format!("store unavailable ({reason}), retry with the same client_msg_id"),
+            retry_after_ms,
+            bad_reason: None,
+        }
+    }
+
     /// The `Error` frame for this refusal.
     pub fn to_frame(&self, req_id: u64) -> Frame {
         let mut f = error_frame(req_id, self.code, self.message.clone());
@@ -355,12 +366,7 @@ impl Pipeline {
         }
         if let Some(reason) = self.health.refusal() {
             metrics::counter!("im_store_refused_sends_total", "reason" => reason).increment(1);
-            return Err(Refusal {
-                code: ErrorCode::Overloaded,
-                message: format!("store unavailable ({reason}), retry with the same client_msg_id"),
-                retry_after_ms: self.unhealthy_retry_ms,
-                bad_reason: None,
-            });
+            return Err(Refusal::store_unavailable(reason, self.unhealthy_retry_ms));
         }
         match MessageType::try_from(send.r#type) {
             Err(_) => {

@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::relation::Relations;
 use super::route::{Delivery, Recipients};
+use super::Refusal;
 use crate::config::Persist;
 use crate::flow::Outbound;
 use crate::obs::{Metrics, Stage};
@@ -451,19 +452,11 @@ fn refuse(sends: &mut Vec<PersistReq>, fault: Fault, guard: &Guard) {
         metrics::counter!("im_store_refused_sends_total", "reason" => fault.name())
             .increment(sends.len() as u64);
     }
+    let retry = guard.probe_interval.as_millis().clamp(1, u32::MAX as u128) as u32;
+    let refusal = Refusal::store_unavailable(fault.name(), retry);
     for req in sends.drain(..) {
-        req.origin.push(
-            retry_frame(
-                req.req_id,
-                ErrorCode::Overloaded,
-                &format!(
-                    "store unavailable ({}), retry with the same client_msg_id",
-                    fault.name()
-                ),
-                guard.probe_interval,
-            ),
-            true,
-        );
+        req.origin
+            .push(im_proto::encode(&refusal.to_frame(req.req_id)), true);
     }
 }
 
@@ -475,27 +468,18 @@ fn failed(sends: &mut Vec<PersistReq>, e: &StoreError, guard: &Guard) {
     match health::classify(e) {
         Some(fault) => refuse(sends, fault, guard),
         None => {
+            let refusal = Refusal {
+                code: ErrorCode::Internal,
+                message: "store unavailable, retry with the same client_msg_id".into(),
+                retry_after_ms: 500,
+                bad_reason: None,
+            };
             for req in sends.drain(..) {
-                req.origin.push(
-                    retry_frame(
-                        req.req_id,
-                        ErrorCode::Internal,
-                        "store unavailable, retry with the same client_msg_id",
-                        Duration::from_millis(500),
-                    ),
-                    true,
-                );
+                req.origin
+                    .push(im_proto::encode(&refusal.to_frame(req.req_id)), true);
             }
         }
     }
-}
-
-fn retry_frame(req_id: u64, code: ErrorCode, message: &str, retry: Duration) -> bytes::Bytes {
-    let mut f = im_proto::error_frame(req_id, code, message);
-    if let Some(Body::Error(err)) = f.body.as_mut() {
-        err.retry_after_ms = retry.as_millis().clamp(1, u32::MAX as u128) as u32;
-    }
-    im_proto::encode(&f)
 }
 
 /// Queues the SendAcks of a committed batch and hands its new messages to the router,

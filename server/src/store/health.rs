@@ -12,7 +12,7 @@
 //! nothing is acked that is not durably committed, and nothing queues behind a store
 //! that cannot commit), and `/readyz` answers 503 with the reason.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use super::StoreError;
 
@@ -101,7 +101,6 @@ pub fn classify(e: &StoreError) -> Option<Fault> {
 pub struct StoreHealth {
     fault: AtomicU8,
     disk_low: AtomicBool,
-    disk_free_bytes: AtomicU64,
 }
 
 impl StoreHealth {
@@ -125,16 +124,10 @@ impl StoreHealth {
         Fault::from_u8(self.fault.swap(f.map_or(0, |f| f as u8), Ordering::Relaxed))
     }
 
-    /// Records the data dir's free space and whether it is under the floor; returns the
-    /// previous "under the floor". Only the sampler calls this.
-    pub fn set_disk(&self, free_bytes: u64, low: bool) -> bool {
-        self.disk_free_bytes.store(free_bytes, Ordering::Relaxed);
+    /// Records whether the data dir's free space is under the floor; returns the
+    /// previous value. Only the sampler calls this.
+    pub fn set_disk_low(&self, low: bool) -> bool {
         self.disk_low.swap(low, Ordering::Relaxed)
-    }
-
-    /// Free bytes on the data dir's file system at the last sample (0: not measured).
-    pub fn disk_free_bytes(&self) -> u64 {
-        self.disk_free_bytes.load(Ordering::Relaxed)
     }
 }
 
@@ -146,12 +139,12 @@ mod tests {
     fn fault_wins_over_low_disk_and_clears() {
         let h = StoreHealth::default();
         assert_eq!(h.refusal(), None);
-        h.set_disk(1, true);
+        h.set_disk_low(true);
         assert_eq!(h.refusal(), Some("disk_low"));
         assert_eq!(h.set_fault(Some(Fault::DiskFull)), None);
         assert_eq!(h.refusal(), Some("disk_full"));
         assert_eq!(h.set_fault(None), Some(Fault::DiskFull));
-        h.set_disk(1 << 30, false);
+        h.set_disk_low(false);
         assert_eq!(h.refusal(), None);
     }
 

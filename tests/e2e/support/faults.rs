@@ -408,10 +408,7 @@ impl Drop for PgService {
 /// Pairs of senders and receivers a fault case runs: `IM_FAULTS_PAIRS`, else `default`
 /// (CI runs the default; BENCHMARKS.md's figures come from larger runs).
 pub fn pair_count(default: usize) -> usize {
-    std::env::var("IM_FAULTS_PAIRS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+    super::env_u64("IM_FAULTS_PAIRS", default as u64) as usize
 }
 
 /// One line a fault case prints for BENCHMARKS.md (`--nocapture` shows it).
