@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# diag-overhead.sh: what the live-diagnosis tools cost in message throughput (issue 5).
+# diag-overhead.sh: what the live-diagnosis tools cost in message throughput.
 #
 # Each round starts five fresh im-servers side by side, one per mode, and loads each with
 # its own `im-bench chat` at the same time, so all four see the same machine conditions:
@@ -9,7 +9,7 @@
 #   capture    the same while a CPU profile (format=bundle, 99 Hz) is captured and its
 #              report built, inside the measured window
 #   noprobes   the default config with stage probes off (obs.probes = false): the cost of
-#              the probes (issue 3) is nofilter's ratio over this one
+#              the probes is nofilter's ratio over this one
 # All servers share CPU 0 and all benches CPU 1 (PIN=0 turns pinning off), so the
 # servers are CPU-bound and compete on equal terms. Per server, over the middle of the
 # measured window, it records: accepted msgs/s and messages per server CPU-second (the

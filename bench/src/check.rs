@@ -1,7 +1,7 @@
 //! The delivery-correctness checker: for one conversation, the seqs the sender had
 //! acked and the seqs the receiver got pushed, in arrival order, are compared after the
 //! run. Every acked message must be delivered exactly once, and deliveries must arrive
-//! with strictly increasing seqs (DESIGN.md section 4: durability, ordering).
+//! with strictly increasing seqs (docs/design.md: durability, ordering).
 //!
 //! Delivered-but-never-acked messages (in flight when the sender stopped or timed out)
 //! and seq gaps are reported but are not failures by themselves: the server may have

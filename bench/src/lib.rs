@@ -1,5 +1,4 @@
-//! im-bench: the load generator and scenario runner for im-server (DESIGN.md sections 1
-//! and 11).
+//! im-bench: the load generator and scenario runner for im-server.
 //!
 //! `im-bench SCENARIO [flags]` drives real WebSocket clients speaking `im.v1` against a
 //! running node (`--url`) or one it starts itself (`--spawn PATH`), and reports

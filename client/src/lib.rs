@@ -1,4 +1,4 @@
-//! im-client: the async Rust SDK for im-server (wire contract `im.v1`, DESIGN.md §4).
+//! im-client: the async Rust SDK for im-server (wire contract `im.v1`, docs/design.md).
 //!
 //! - [`Client`]: connect + login, `send` (waits for the durable `SendAck`, retries
 //!   `OVERLOADED` and dropped connections with the same `client_msg_id`), group ops,

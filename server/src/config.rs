@@ -303,7 +303,7 @@ impl ClusterConfig {
 }
 
 /// Log settings (`[log]`): global level, rolling JSON files, per-uid filters and the
-/// off-peak compactor (DESIGN.md section 8).
+/// off-peak compactor.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LogConfig {
@@ -785,7 +785,7 @@ impl Default for StoreConfig {
     }
 }
 
-/// CLI flags that override the config (DESIGN.md section 11).
+/// CLI flags that override the config.
 #[derive(Debug, Default, Clone)]
 pub struct Overrides {
     /// `--listen`

@@ -537,7 +537,7 @@ async fn every_metric_in_dashboards_and_alerts_is_exported() {
         problems.join("\n  "),
         exported.samples.keys().collect::<Vec<_>>()
     );
-    // The check saw the core of DESIGN.md section 7.
+    // The check saw the core metrics (docs/design.md).
     for name in [
         "im_connections",
         "im_persist_queue_depth",

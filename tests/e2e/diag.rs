@@ -1,4 +1,4 @@
-//! Live diagnosis (issue 5): CPU profiles under traffic (SVG naming im-server functions,
+//! Live diagnosis: CPU profiles under traffic (SVG naming im-server functions,
 //! a pprof protobuf with samples, one capture at a time), per-uid debug filters that
 //! show one user's handling in the JSON log file and not another's, TTL expiry, the
 //! runtime global level, and the log files listing.

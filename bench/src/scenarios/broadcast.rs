@@ -1,4 +1,4 @@
-//! `im-bench broadcast`: group fan-out, the seeds' "broadcast storm" (ten groups, five
+//! `im-bench broadcast`: group fan-out, the field reports' "broadcast storm" (ten groups, five
 //! messages a second each) and the large-group case.
 //!
 //! `--groups G` groups of `--members M` users each, every member on its own connection.

@@ -1,5 +1,5 @@
 //! `im-bench chaos`: one-to-one chat while connections are killed and malformed frames
-//! are thrown in (the seeds: "randomly kill 2% of connections and watch how fast they
+//! are thrown in (the field reports: "randomly kill 2% of connections and watch how fast they
 //! recover"; "1% illegal packets").
 //!
 //! Pairs as in `chat` (sender `s{i}` -> receiver `r{i}`, `--window` in flight, or

@@ -1,4 +1,4 @@
-//! `im-bench idle`: the connect ramp and idle connections with heartbeats (the seeds'
+//! `im-bench idle`: the connect ramp and idle connections with heartbeats (the field reports'
 //! "90% of users are silent connections"), and what an idle connection costs the server.
 //!
 //! `--connections N` are opened over `--ramp T` (connection `i` is due at `i*T/N`, at

@@ -1,4 +1,4 @@
-//! `im-bench mix`: one-to-one traffic shaped like production (the seeds' mix: "short
+//! `im-bench mix`: one-to-one traffic shaped like production (the field reports' mix: "short
 //! text 80%, images 15%, files 5%", and "a few hot conversations carry most messages").
 //!
 //! `--users U` connections (one user each) and `--conversations C` one-to-one

@@ -1,5 +1,5 @@
 //! `im-bench roundtrip`: the full round trip of a conversation turn, timed end to end
-//! (the seeds: "a one-way load test is self-deception: send, receive, ack").
+//! (the field reports: "a one-way load test is self-deception: send, receive, ack").
 //!
 //! `--pairs P` pairs of users `a{i}`, `b{i}`. One exchange: `a` sends a message (t0);
 //! the server commits it and acks `a` (t1) and pushes it to `b` (t2); `b` acknowledges

@@ -1,4 +1,4 @@
-//! Admin diagnosis routes (DESIGN.md sections 6 and 8): on-demand CPU profiles, per-uid
+//! Admin diagnosis routes: on-demand CPU profiles, per-uid
 //! log filters, the global log level, and the log files with their compaction state.
 //! Shapes are documented in `docs/admin-api.md`; bad input is a 400 naming the parameter
 //! or field.

@@ -1,4 +1,4 @@
-//! Admin: the HTTP admin API on its own listener (DESIGN.md section 6). Every route but
+//! Admin: the HTTP admin API on its own listener. Every route but
 //! `/healthz` and `/readyz` needs `Authorization: Bearer <admin token>`; a missing or
 //! wrong token gets 401 and is counted in `im_admin_unauthorized_total`. JSON shapes are
 //! documented in `docs/admin-api.md` and kept stable: the console is built on them.

@@ -104,7 +104,7 @@ pub struct Sweep {
 
 /// The routing score: `(connections + pending + 1) * (1 + cpu_weight * cpu_busy)`; lower
 /// is less loaded. Connections count first (long-lived, each one costs memory), CPU
-/// weights them (a busy node takes fewer), as in the seeds' "least connections, weighted".
+/// weights them (a busy node takes fewer), the "least connections, weighted" rule of the field reports.
 pub fn score(r: &LoadReport, pending: u64, cpu_weight: f64) -> f64 {
     (r.connections + pending + 1) as f64 * (1.0 + cpu_weight * r.cpu_busy.clamp(0.0, 1.0))
 }

@@ -1,4 +1,4 @@
-//! Flow: the per-connection outbound queue, bounded in bytes (DESIGN.md section 5).
+//! Flow: the per-connection outbound queue, bounded in bytes.
 //!
 //! Producers (the persistence writer for acks, the router for deliveries, the
 //! connection's own reader for replies) call [`Outbound::push`]; the connection's write

@@ -1,4 +1,4 @@
-//! Capacity headroom (DESIGN.md section 9): how many more connections and messages per
+//! Capacity headroom: how many more connections and messages per
 //! second this node can take before its first resource runs out. Pure arithmetic over
 //! measured inputs; the formula is documented in `runbooks/capacity-headroom.md`.
 

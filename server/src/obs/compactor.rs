@@ -1,6 +1,6 @@
 //! The log compactor: compresses rotated log files with zstd only inside the off-peak
 //! window or while the node is idle, on a low-priority thread with a CPU cap, and deletes
-//! files past retention (DESIGN.md section 8: no CPU spike at the top of the hour).
+//! files past retention (no CPU spike at the top of the hour).
 //!
 //! Owns the log directory's file states ([`list`]: active, rotated, compressed), the
 //! window arithmetic ([`Window`]) and the [`Compactor`] itself. Its clock ([`Clock`]) and

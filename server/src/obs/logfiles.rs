@@ -1,4 +1,4 @@
-//! Log outputs: the process's `tracing` subscriber (DESIGN.md section 8). Owns
+//! Log outputs: the process's `tracing` subscriber. Owns
 //! [`init`], which installs human text on stderr plus JSON lines into rolling files
 //! (`tracing-appender`, written by a non-blocking worker thread whose bytes are counted),
 //! both behind one [`DiagFilter`], and the process-wide [`LogControl`] that the admin API

@@ -1,5 +1,5 @@
 //! Log filtering: the global level (reloadable at runtime) and per-uid overrides with a
-//! TTL (DESIGN.md section 8). Owns [`LogFilters`] (the shared state the admin API
+//! TTL. Owns [`LogFilters`] (the shared state the admin API
 //! changes), [`DiagFilter`] (the `tracing_subscriber` per-layer filter that reads it) and
 //! the connection scope ([`in_conn`]): one `conn` span per connection whose `uid` is
 //! recorded once, at login ([`set_conn_uid`]).

@@ -1,6 +1,6 @@
 //! Obs: metrics and stage probes. Owns the Prometheus recorder (installed once per
 //! process) and the [`Metrics`] handles every stage records into; handles are looked up
-//! once here, never per message (DESIGN.md sections 3 and 7). Submodules read the
+//! once here, never per message (names: docs/design.md). Submodules read the
 //! allocator (`alloc`), the OS (`process`), compute capacity headroom (`capacity`), keep
 //! in-process latency histograms (`latency`) and sample it all each second (`sampler`).
 //! The operator's live-diagnosis tools live here too: on-demand CPU profiles

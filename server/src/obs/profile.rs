@@ -1,4 +1,4 @@
-//! On-demand CPU profiles of the live process (DESIGN.md section 6) with `pprof-rs`,
+//! On-demand CPU profiles of the live process with `pprof-rs`,
 //! sampling from SIGPROF with the frame-pointer unwinder (the binary is built with
 //! `-C force-frame-pointers=yes`, see `.cargo/config.toml`).
 //!
