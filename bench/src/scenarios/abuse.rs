@@ -32,7 +32,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinSet;
 
 use super::chat::{self, ChatArgs, ChatReport};
-use super::{finish, run_tag, Report};
+use super::{finish, run_tag};
 use crate::conn::{Conn, ConnectOpts, Event};
 use crate::report::{line, server_log_lines, summary_line};
 use crate::spawn::ServerLog;
@@ -143,18 +143,7 @@ pub struct AbuseReport {
     pub server_exited: bool,
 }
 
-impl Report for AbuseReport {
-    fn passed(&self) -> bool {
-        self.passed
-    }
-    fn render(&self) -> String {
-        render(self)
-    }
-    fn set_server(&mut self, log: Option<ServerLog>, exited: bool) {
-        self.server_log = log;
-        self.server_exited = exited;
-    }
-}
+impl_report!(AbuseReport);
 
 /// Runs the abuse scenario.
 pub async fn run(args: AbuseArgs) -> anyhow::Result<Outcome> {

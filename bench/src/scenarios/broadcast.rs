@@ -38,7 +38,7 @@ use tokio::time::Instant;
 
 use super::follow::{Follower, Via};
 use super::sender::{self, Hooks};
-use super::{figures_near_end, finish, run_tag, Clock, Disconnects, Report, RunArgs, ServerArgs};
+use super::{figures_near_end, finish, run_tag, Clock, Disconnects, RunArgs, ServerArgs};
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
 use crate::conn::{Conn, Event};
@@ -225,18 +225,7 @@ pub struct BroadcastReport {
     pub server_exited: bool,
 }
 
-impl Report for BroadcastReport {
-    fn passed(&self) -> bool {
-        self.passed
-    }
-    fn render(&self) -> String {
-        render(self)
-    }
-    fn set_server(&mut self, log: Option<ServerLog>, exited: bool) {
-        self.server_log = log;
-        self.server_exited = exited;
-    }
-}
+impl_report!(BroadcastReport);
 
 /// Runs the broadcast scenario.
 pub async fn run(args: BroadcastArgs) -> anyhow::Result<Outcome> {

@@ -51,7 +51,7 @@ use tokio::time::Instant;
 
 use super::follow::Follower;
 use super::sender::{self, Ended, Hooks};
-use super::{figures_near_end, finish, run_tag, Clock, Disconnects, Report, RunArgs, ServerArgs};
+use super::{figures_near_end, finish, run_tag, Clock, Disconnects, RunArgs, ServerArgs};
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
 use crate::conn::{Conn, Event};
@@ -444,18 +444,7 @@ pub struct StormReport {
     pub passed: bool,
 }
 
-impl Report for ChaosReport {
-    fn passed(&self) -> bool {
-        self.passed
-    }
-    fn render(&self) -> String {
-        render(self)
-    }
-    fn set_server(&mut self, log: Option<ServerLog>, exited: bool) {
-        self.server_log = log;
-        self.server_exited = exited;
-    }
-}
+impl_report!(ChaosReport);
 
 /// Runs the chaos scenario.
 pub async fn run(args: ChaosArgs) -> anyhow::Result<Outcome> {

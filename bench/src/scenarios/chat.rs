@@ -31,7 +31,7 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::sender::{self, Hooks};
-use super::{figures_near_end, finish, Clock, Disconnects, Report, RunArgs, ServerArgs};
+use super::{figures_near_end, finish, Clock, Disconnects, RunArgs, ServerArgs};
 use crate::admin::ServerFigures;
 use crate::check::{check, Verdict};
 use crate::conn::{Conn, Event};
@@ -184,18 +184,7 @@ pub struct ChatReport {
     pub server_exited: bool,
 }
 
-impl Report for ChatReport {
-    fn passed(&self) -> bool {
-        self.passed
-    }
-    fn render(&self) -> String {
-        render(self)
-    }
-    fn set_server(&mut self, log: Option<ServerLog>, exited: bool) {
-        self.server_log = log;
-        self.server_exited = exited;
-    }
-}
+impl_report!(ChatReport);
 
 /// Runs the chat scenario.
 pub async fn run(args: ChatArgs) -> anyhow::Result<Outcome> {

@@ -34,7 +34,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::peers::{self, Expect, Ledger};
-use super::{finish, run_tag, Clock, Disconnects, Report, ServerArgs};
+use super::{finish, run_tag, Clock, Disconnects, ServerArgs};
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
 use crate::conn::Event;
@@ -265,18 +265,7 @@ pub struct IdleReport {
     pub server_exited: bool,
 }
 
-impl Report for IdleReport {
-    fn passed(&self) -> bool {
-        self.passed
-    }
-    fn render(&self) -> String {
-        render(self)
-    }
-    fn set_server(&mut self, log: Option<ServerLog>, exited: bool) {
-        self.server_log = log;
-        self.server_exited = exited;
-    }
-}
+impl_report!(IdleReport);
 
 /// Runs the idle scenario.
 pub async fn run(args: IdleArgs) -> anyhow::Result<Outcome> {

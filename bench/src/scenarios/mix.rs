@@ -34,7 +34,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::peers::{self, Expect, Ledger};
-use super::{figures_near_end, finish, run_tag, Clock, Disconnects, Report, RunArgs, ServerArgs};
+use super::{figures_near_end, finish, run_tag, Clock, Disconnects, RunArgs, ServerArgs};
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
 use crate::conn::Event;
@@ -284,18 +284,7 @@ pub struct MixReport {
     pub server_exited: bool,
 }
 
-impl Report for MixReport {
-    fn passed(&self) -> bool {
-        self.passed
-    }
-    fn render(&self) -> String {
-        render(self)
-    }
-    fn set_server(&mut self, log: Option<ServerLog>, exited: bool) {
-        self.server_log = log;
-        self.server_exited = exited;
-    }
-}
+impl_report!(MixReport);
 
 /// Runs the mix scenario.
 pub async fn run(args: MixArgs) -> anyhow::Result<Outcome> {

@@ -19,6 +19,25 @@
 //! Every scenario checks delivery while it loads ([`crate::check`]) and fails (exit 1)
 //! on any loss, duplicate, reordering, or a server that exited during the run.
 
+/// `impl Report` for a scenario's report: every report has `passed`, `server_log` and
+/// `server_exited` fields, and its module a `render(&Report) -> String` function.
+macro_rules! impl_report {
+    ($report:ty) => {
+        impl $crate::scenarios::Report for $report {
+            fn passed(&self) -> bool {
+                self.passed
+            }
+            fn render(&self) -> String {
+                render(self)
+            }
+            fn set_server(&mut self, log: Option<$crate::spawn::ServerLog>, exited: bool) {
+                self.server_log = log;
+                self.server_exited = exited;
+            }
+        }
+    };
+}
+
 pub mod abuse;
 pub mod broadcast;
 pub mod chaos;

@@ -29,7 +29,7 @@ use serde::Serialize;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::{figures_near_end, finish, run_tag, Clock, Disconnects, Report, RunArgs, ServerArgs};
+use super::{figures_near_end, finish, run_tag, Clock, Disconnects, RunArgs, ServerArgs};
 use crate::admin::ServerFigures;
 use crate::check::{check, Verdict};
 use crate::conn::{Conn, Event};
@@ -183,18 +183,7 @@ pub struct RoundtripReport {
     pub server_exited: bool,
 }
 
-impl Report for RoundtripReport {
-    fn passed(&self) -> bool {
-        self.passed
-    }
-    fn render(&self) -> String {
-        render(self)
-    }
-    fn set_server(&mut self, log: Option<ServerLog>, exited: bool) {
-        self.server_log = log;
-        self.server_exited = exited;
-    }
-}
+impl_report!(RoundtripReport);
 
 /// Runs the roundtrip scenario.
 pub async fn run(args: RoundtripArgs) -> anyhow::Result<Outcome> {
