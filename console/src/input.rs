@@ -4,78 +4,8 @@
 
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 
+use crate::action::Action;
 use crate::state::{Mode, View};
-
-/// What a key asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
-    /// Leave the console.
-    Quit,
-    /// Show or hide the help overlay.
-    ToggleHelp,
-    /// Next view (tab).
-    NextView,
-    /// Previous view (shift-tab).
-    PrevView,
-    /// Go to a view (number keys).
-    GoView(View),
-    /// Next node.
-    NextNode,
-    /// Previous node.
-    PrevNode,
-    /// Open the node picker.
-    NodePicker,
-    /// Pick node N (0-based) in the node picker.
-    PickNode(usize),
-    /// Row up.
-    Up,
-    /// Row down.
-    Down,
-    /// Page up.
-    PageUp,
-    /// Page down.
-    PageDown,
-    /// First row.
-    Top,
-    /// Last row.
-    Bottom,
-    /// Start typing a filter.
-    StartFilter,
-    /// Next sort column.
-    Sort,
-    /// Reverse the sort.
-    ReverseSort,
-    /// Toggle the latency scale (log/linear).
-    ToggleScale,
-    /// Poll now.
-    Refresh,
-    /// Kick the selected connection / remove the selected log filter.
-    Delete,
-    /// Add a log filter / start a capture.
-    Add,
-    /// Revoke the selected connection's user (Connections views).
-    Revoke,
-    /// Set the node's global log level (Logs view).
-    GlobalLevel,
-    /// Yes (confirmation).
-    Confirm,
-    /// Enter: submit a form or filter, pick a node.
-    Submit,
-    /// Escape: cancel, clear the filter, close a popup.
-    Cancel,
-    /// A typed character.
-    Char(char),
-    /// Delete the last typed character.
-    Backspace,
-    /// Next form field.
-    NextField,
-    /// Previous form field.
-    PrevField,
-    /// Left (choice fields).
-    Left,
-    /// Right (choice fields).
-    Right,
-}
 
 /// One line of the help overlay: keys, what they do.
 pub type HelpLine = (&'static str, &'static str);

@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::{fixture, MockNode};
+use im_console::action::Action;
 use im_console::api::{AdminClient, ApiError, ProfileBundle};
-use im_console::input::Action;
 use im_console::state::{AppState, ProfileResult, ProfileState, Update, View};
 use im_console::view;
 use ratatui::backend::TestBackend;

@@ -2,13 +2,13 @@
 //! with `x`), and the slow consumers with their queue growth between polls, the node's
 //! marks and what it did about them.
 
-use ratatui::layout::{Constraint, Flex, Layout, Rect};
+use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::Style;
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Cell, Paragraph, Row, Table, TableState, Wrap};
+use ratatui::widgets::{Cell, Paragraph, Row, Wrap};
 use ratatui::Frame;
 
-use super::{block, header_style, problem, selected_style, ACCENT, BAD, DIM, OK, WARN};
+use super::{block, header_style, problem, ACCENT, BAD, DIM, OK, WARN};
 use crate::api::Connection;
 use crate::fmt;
 use crate::state::{display_user, AppState, NodeState, SortKey};
@@ -99,21 +99,8 @@ pub fn render_connections(frame: &mut Frame, area: Rect, state: &AppState, node:
         Constraint::Length(10),
         Constraint::Length(10),
     ];
-    let mut ts = TableState::default().with_selected(if rows.is_empty() {
-        None
-    } else {
-        Some(state.cursor())
-    });
-    frame.render_stateful_widget(
-        Table::new(body, widths)
-            .header(header)
-            .row_highlight_style(selected_style())
-            .highlight_symbol("▶ ")
-            .flex(Flex::Start)
-            .block(block("connections")),
-        table,
-        &mut ts,
-    );
+    let t = super::table::selectable(header, body, widths, "connections");
+    super::table::render(frame, t, table, rows.len(), state.cursor());
 }
 
 fn conn_row<'a>(c: &Connection, growth: Option<Option<f64>>, hard_mark: Option<u64>) -> Row<'a> {
@@ -288,21 +275,8 @@ pub fn render_slow(frame: &mut Frame, area: Rect, state: &AppState, node: &NodeS
     } else {
         "marked connections, largest queue first (growth: since the previous poll)".to_owned()
     };
-    let mut ts = TableState::default().with_selected(if rows.is_empty() {
-        None
-    } else {
-        Some(state.cursor())
-    });
-    frame.render_stateful_widget(
-        Table::new(body, widths)
-            .header(header)
-            .row_highlight_style(selected_style())
-            .highlight_symbol("▶ ")
-            .flex(Flex::Start)
-            .block(block(title)),
-        table,
-        &mut ts,
-    );
+    let t = super::table::selectable(header, body, widths, title);
+    super::table::render(frame, t, table, rows.len(), state.cursor());
 
     let height = events.height.saturating_sub(2) as usize;
     let ev: Vec<Line> = if slow.events.is_empty() {

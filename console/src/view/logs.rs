@@ -4,10 +4,10 @@
 use ratatui::layout::{Constraint, Flex, Layout, Rect};
 use ratatui::style::Style;
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Paragraph, Row, Table, TableState, Wrap};
+use ratatui::widgets::{Paragraph, Row, Table, Wrap};
 use ratatui::Frame;
 
-use super::{block, header_style, problem, selected_style, BAD, DIM, OK, WARN};
+use super::{block, header_style, problem, BAD, DIM, OK, WARN};
 use crate::fmt;
 use crate::state::{AppState, NodeState};
 
@@ -78,18 +78,8 @@ pub fn render(frame: &mut Frame, area: Rect, state: &AppState, node: &NodeState)
                 Constraint::Length(10),
                 Constraint::Length(21),
             ];
-            let mut ts = TableState::default().with_selected(if rows.is_empty() {
-                None
-            } else {
-                Some(state.cursor())
-            });
-            let table = Table::new(body, widths)
-                .header(header)
-                .row_highlight_style(selected_style())
-                .highlight_symbol("▶ ")
-                .flex(Flex::Start)
-                .block(block(title));
-            frame.render_stateful_widget(table, filters_area, &mut ts);
+            let table = super::table::selectable(header, body, widths, title);
+            super::table::render(frame, table, filters_area, rows.len(), state.cursor());
             if rows.is_empty() {
                 let inner = block("").inner(filters_area);
                 if inner.height > 2 {

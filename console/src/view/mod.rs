@@ -9,6 +9,7 @@ mod logs;
 mod memory;
 mod overview;
 mod profile;
+mod table;
 
 use ratatui::layout::{Constraint, Flex, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};

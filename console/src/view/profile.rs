@@ -4,7 +4,7 @@
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::Style;
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Gauge, Row, Table, TableState};
+use ratatui::widgets::{Gauge, Row, Table};
 use ratatui::Frame;
 
 use super::{block, header_style, selected_style, ACCENT, BAD, DIM, OK, WARN};
@@ -132,17 +132,9 @@ pub fn render(frame: &mut Frame, area: Rect, state: &AppState, node: &NodeState)
     if !state.filter.is_empty() {
         title.push_str(&format!(" · filter \"{}\"", state.filter));
     }
-    let mut ts = TableState::default().with_selected(if rows.is_empty() {
-        None
-    } else {
-        Some(state.cursor())
-    });
-    frame.render_stateful_widget(
-        Table::new(body, widths)
-            .header(header)
-            .row_highlight_style(selected_style())
-            .block(block(title)),
-        table,
-        &mut ts,
-    );
+    let t = Table::new(body, widths)
+        .header(header)
+        .row_highlight_style(selected_style())
+        .block(block(title));
+    super::table::render(frame, t, table, rows.len(), state.cursor());
 }

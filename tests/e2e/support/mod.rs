@@ -45,12 +45,30 @@ pub fn token_with_ttl(user: &str, ttl: Duration) -> String {
         .expect("token")
 }
 
-/// Path of the binary under test: the one cargo built, or `IM_TEST_SERVER_BIN` (to run
-/// a test against another build, e.g. the one before a fix).
+/// Path of the binary under test: `IM_TEST_SERVER_BIN` (to run a test against another
+/// build, e.g. the one before a fix), else the one cargo built for this package's tests,
+/// else (a test of another package, the console's) the one beside this test in
+/// `target/<profile>/`, which `cargo test --workspace` builds.
 pub fn server_bin() -> PathBuf {
-    std::env::var_os("IM_TEST_SERVER_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_im-server")))
+    if let Some(bin) = std::env::var_os("IM_TEST_SERVER_BIN") {
+        return PathBuf::from(bin);
+    }
+    if let Some(bin) = option_env!("CARGO_BIN_EXE_im-server") {
+        return PathBuf::from(bin);
+    }
+    // target/<profile>/deps/<test>-HASH -> target/<profile>/im-server
+    let exe = std::env::current_exe().expect("current exe");
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile> above the test binary")
+        .join("im-server");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build -p im-server` (cargo test --workspace builds it)",
+        bin.display()
+    );
+    bin
 }
 
 /// A whole number from the environment variable `name`, or `default` when unset or not

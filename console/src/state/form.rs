@@ -1,0 +1,141 @@
+//! Forms: the popups that ask for a log filter, a global level or a CPU capture, and
+//! their field parsing.
+
+use std::path::PathBuf;
+
+use super::LEVELS;
+
+/// One field of a form.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Field {
+    /// Label shown left of the value.
+    pub label: &'static str,
+    /// Current text.
+    pub value: String,
+    /// When set, the value is picked from these with left/right instead of typed.
+    pub choices: Option<&'static [&'static str]>,
+}
+
+/// What a form is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FormKind {
+    /// Add a per-uid log filter: uid, level, ttl.
+    LogFilter,
+    /// Start a CPU capture: seconds, frequency, folder.
+    Profile,
+    /// Set the node's global log level.
+    GlobalLevel,
+}
+
+/// A small form in a popup.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Form {
+    /// What submitting does.
+    pub kind: FormKind,
+    /// The fields, top to bottom.
+    pub fields: Vec<Field>,
+    /// The field being edited.
+    pub focus: usize,
+    /// Validation error of the last submit.
+    pub error: Option<String>,
+}
+
+impl Form {
+    /// The log-filter form, empty uid, `debug`, 600 s.
+    pub fn log_filter() -> Form {
+        Form {
+            kind: FormKind::LogFilter,
+            fields: vec![
+                Field {
+                    label: "user id",
+                    value: String::new(),
+                    choices: None,
+                },
+                Field {
+                    label: "level",
+                    value: "debug".into(),
+                    choices: Some(LEVELS),
+                },
+                Field {
+                    label: "ttl (seconds)",
+                    value: "600".into(),
+                    choices: None,
+                },
+            ],
+            focus: 0,
+            error: None,
+        }
+    }
+
+    /// The global-level form, prefilled with the level in force.
+    pub fn global_level(current: &str) -> Form {
+        Form {
+            kind: FormKind::GlobalLevel,
+            fields: vec![Field {
+                label: "global level",
+                value: current.to_owned(),
+                choices: None,
+            }],
+            focus: 0,
+            error: None,
+        }
+    }
+
+    /// The capture form, prefilled from the last settings.
+    pub fn profile(p: &ProfileSettings) -> Form {
+        Form {
+            kind: FormKind::Profile,
+            fields: vec![
+                Field {
+                    label: "seconds",
+                    value: p.seconds.to_string(),
+                    choices: None,
+                },
+                Field {
+                    label: "frequency (Hz)",
+                    value: p.frequency.to_string(),
+                    choices: None,
+                },
+                Field {
+                    label: "save to folder",
+                    value: p.dir.display().to_string(),
+                    choices: None,
+                },
+            ],
+            focus: 0,
+            error: None,
+        }
+    }
+
+    pub(super) fn value(&self, i: usize) -> &str {
+        self.fields.get(i).map_or("", |f| f.value.trim())
+    }
+}
+
+/// The last CPU capture settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProfileSettings {
+    /// Capture length (1..=300 s).
+    pub seconds: u64,
+    /// Sampling frequency (1..=1000 Hz).
+    pub frequency: u64,
+    /// Folder the SVG and pprof files go to.
+    pub dir: PathBuf,
+}
+
+impl Default for ProfileSettings {
+    fn default() -> Self {
+        ProfileSettings {
+            seconds: 10,
+            frequency: 99,
+            dir: PathBuf::from("."),
+        }
+    }
+}
+
+pub(super) fn parse_in(text: &str, what: &str, lo: u64, hi: u64) -> Result<u64, String> {
+    match text.parse::<u64>() {
+        Ok(v) if (lo..=hi).contains(&v) => Ok(v),
+        _ => Err(format!("{what} must be a whole number from {lo} to {hi}")),
+    }
+}

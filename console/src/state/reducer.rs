@@ -1,0 +1,662 @@
+//! Reducer: applies key actions ([`AppState::apply`]) and API results
+//! ([`AppState::on_update`]) to the state, and names the side effects the app runs
+//! ([`Command`]) and the polls it makes ([`Plan`]).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use super::form::parse_in;
+use super::*;
+use crate::action::Action;
+use crate::api::{
+    ApiError, ConnectionList, Kicked, LogFilters, Logs, Memory, Overview, Revoked, SlowConsumers,
+};
+
+/// A side effect for the app to run; its result comes back as an [`Update`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    /// `DELETE /admin/v1/connections/{conn_id}`.
+    Kick {
+        /// Node index.
+        node: usize,
+        /// Connection id.
+        conn_id: u64,
+    },
+    /// `POST /admin/v1/users/{uid}/revoke`.
+    Revoke {
+        /// Node index.
+        node: usize,
+        /// User id.
+        user: String,
+    },
+    /// `PUT /admin/v1/log-filters/{uid}`.
+    SetLogFilter {
+        /// Node index.
+        node: usize,
+        /// User id.
+        uid: String,
+        /// Level.
+        level: String,
+        /// TTL in seconds.
+        ttl_secs: u64,
+    },
+    /// `DELETE /admin/v1/log-filters/{uid}`.
+    DeleteLogFilter {
+        /// Node index.
+        node: usize,
+        /// User id.
+        uid: String,
+    },
+    /// `PUT /admin/v1/log-level`.
+    SetGlobalLevel {
+        /// Node index.
+        node: usize,
+        /// EnvFilter string.
+        level: String,
+    },
+    /// Capture a CPU profile and save it.
+    Profile {
+        /// Node index.
+        node: usize,
+        /// Capture length.
+        seconds: u64,
+        /// Frequency.
+        frequency: u64,
+        /// Folder for the files.
+        dir: PathBuf,
+    },
+    /// Poll everything now.
+    Refresh,
+}
+
+/// A result from a poller or a command, for one node.
+#[derive(Debug, Clone)]
+pub enum Update {
+    /// Overview poll (boxed: it is by far the largest answer).
+    Overview(Result<Box<Overview>, ApiError>),
+    /// Connections poll.
+    Connections(Result<ConnectionList, ApiError>),
+    /// Slow-consumers poll.
+    Slow(Result<SlowConsumers, ApiError>),
+    /// Memory poll.
+    Memory(Result<Memory, ApiError>),
+    /// Largest-queues poll (memory view).
+    TopQueued(Result<ConnectionList, ApiError>),
+    /// Log filters poll.
+    LogFilters(Result<LogFilters, ApiError>),
+    /// Log files poll.
+    Logs(Result<Logs, ApiError>),
+    /// A kick finished.
+    Kicked {
+        /// The connection asked for.
+        conn_id: u64,
+        /// The result.
+        result: Result<Kicked, ApiError>,
+    },
+    /// A revocation finished.
+    Revoked {
+        /// The user asked for.
+        user: String,
+        /// The result.
+        result: Result<Revoked, ApiError>,
+    },
+    /// A filter was set (or not).
+    FilterSet {
+        /// User id.
+        uid: String,
+        /// Level.
+        level: String,
+        /// TTL.
+        ttl_secs: u64,
+        /// The result.
+        result: Result<(), ApiError>,
+    },
+    /// A filter was removed (or not).
+    FilterDeleted {
+        /// User id.
+        uid: String,
+        /// The result.
+        result: Result<(), ApiError>,
+    },
+    /// The global level was set (or not); `Ok` holds the level in force.
+    GlobalLevelSet(Result<String, ApiError>),
+    /// A capture finished (and was saved, or not).
+    Profile(Result<ProfileResult, ApiError>),
+}
+
+/// What the pollers fetch for a node besides the overview.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Plan {
+    /// Connections with this `sort` parameter.
+    pub connections: Option<String>,
+    /// Slow consumers.
+    pub slow: bool,
+    /// Memory stats and the largest queues.
+    pub memory: bool,
+    /// Log filters and log files.
+    pub logs: bool,
+    /// Bumped to ask for an immediate poll.
+    pub generation: u64,
+}
+
+impl AppState {
+    /// Applies one key action; returns the side effects to run.
+    pub fn apply(&mut self, action: Action) -> Vec<Command> {
+        let mode = std::mem::replace(&mut self.mode, Mode::Normal);
+        match mode {
+            Mode::Normal => self.apply_normal(action),
+            Mode::Help => {
+                if !matches!(
+                    action,
+                    Action::ToggleHelp | Action::Cancel | Action::Quit | Action::Submit
+                ) {
+                    self.mode = Mode::Help;
+                }
+                Vec::new()
+            }
+            Mode::Filter => {
+                match action {
+                    Action::Char(c) => self.filter.push(c),
+                    Action::Backspace => {
+                        self.filter.pop();
+                    }
+                    Action::Submit => {}
+                    Action::Cancel => self.filter.clear(),
+                    _ => {}
+                }
+                if !matches!(action, Action::Submit | Action::Cancel) {
+                    self.mode = Mode::Filter;
+                }
+                self.cursor[self.view.index()] = 0;
+                Vec::new()
+            }
+            Mode::ConfirmKick { node, conn } => match action {
+                Action::Confirm | Action::Submit => {
+                    self.info(format!(
+                        "kicking conn {} ({})…",
+                        conn.conn_id,
+                        display_user(&conn.user_id)
+                    ));
+                    vec![Command::Kick {
+                        node,
+                        conn_id: conn.conn_id,
+                    }]
+                }
+                Action::Cancel | Action::Quit => {
+                    self.info("kick cancelled");
+                    Vec::new()
+                }
+                _ => {
+                    self.mode = Mode::ConfirmKick { node, conn };
+                    Vec::new()
+                }
+            },
+            Mode::ConfirmRevoke { node, user } => match action {
+                Action::Confirm | Action::Submit => {
+                    self.info(format!("revoking {user}…"));
+                    vec![Command::Revoke { node, user }]
+                }
+                Action::Cancel | Action::Quit => {
+                    self.info("revoke cancelled");
+                    Vec::new()
+                }
+                _ => {
+                    self.mode = Mode::ConfirmRevoke { node, user };
+                    Vec::new()
+                }
+            },
+            Mode::NodePicker { cursor } => {
+                let n = self.nodes.len();
+                match action {
+                    Action::Down => {
+                        self.mode = Mode::NodePicker {
+                            cursor: (cursor + 1).min(n.saturating_sub(1)),
+                        }
+                    }
+                    Action::Up => {
+                        self.mode = Mode::NodePicker {
+                            cursor: cursor.saturating_sub(1),
+                        }
+                    }
+                    Action::Top => self.mode = Mode::NodePicker { cursor: 0 },
+                    Action::Bottom => {
+                        self.mode = Mode::NodePicker {
+                            cursor: n.saturating_sub(1),
+                        }
+                    }
+                    Action::Submit => self.select_node(cursor),
+                    Action::PickNode(i) => self.select_node(i),
+                    Action::Cancel | Action::NodePicker | Action::Quit => {}
+                    _ => self.mode = Mode::NodePicker { cursor },
+                }
+                Vec::new()
+            }
+            Mode::Form(form) => self.apply_form(form, action),
+        }
+    }
+
+    fn apply_normal(&mut self, action: Action) -> Vec<Command> {
+        match action {
+            Action::Quit => self.quit = true,
+            Action::ToggleHelp => self.mode = Mode::Help,
+            Action::NextView => self.set_view(self.view.next()),
+            Action::PrevView => self.set_view(self.view.prev()),
+            Action::GoView(v) => self.set_view(v),
+            Action::NextNode if !self.nodes.is_empty() => {
+                self.select_node((self.selected + 1) % self.nodes.len());
+            }
+            Action::PrevNode if !self.nodes.is_empty() => {
+                let n = self.nodes.len();
+                self.select_node((self.selected + n - 1) % n);
+            }
+            Action::NodePicker => {
+                self.mode = Mode::NodePicker {
+                    cursor: self.selected,
+                }
+            }
+            Action::Down => self.move_cursor(1),
+            Action::Up => self.move_cursor(-1),
+            Action::PageDown => self.move_cursor(20),
+            Action::PageUp => self.move_cursor(-20),
+            Action::Top => self.cursor[self.view.index()] = 0,
+            Action::Bottom => self.cursor[self.view.index()] = usize::MAX,
+            Action::StartFilter => {
+                if matches!(
+                    self.view,
+                    View::Connections | View::Slow | View::Logs | View::Profile
+                ) {
+                    self.mode = Mode::Filter;
+                } else {
+                    self.info(
+                        "/ filters the tables of Connections, Slow consumers, Profile and Logs",
+                    );
+                }
+            }
+            Action::Cancel if !self.filter.is_empty() => {
+                self.filter.clear();
+                self.info("filter cleared");
+            }
+            Action::Sort if self.view == View::Connections => {
+                self.sort = self.sort.next();
+                self.sort_reversed = false;
+                self.info(format!("sorted by {}", self.sort.api_name()));
+            }
+            Action::ReverseSort if self.view == View::Connections => {
+                self.sort_reversed = !self.sort_reversed;
+                self.info(format!(
+                    "sorted by {}{}",
+                    self.sort.api_name(),
+                    if self.sort_reversed {
+                        " (reversed)"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+            Action::ToggleScale if self.view == View::Latency => {
+                self.latency_log_scale = !self.latency_log_scale;
+            }
+            Action::Refresh => {
+                self.refresh_generation += 1;
+                self.info("refreshing…");
+                return vec![Command::Refresh];
+            }
+            Action::Delete => return self.delete_selected(),
+            Action::Revoke if matches!(self.view, View::Connections | View::Slow) => {
+                self.revoke_selected()
+            }
+            Action::Add if self.view == View::Logs => {
+                self.mode = Mode::Form(Form::log_filter());
+            }
+            Action::GlobalLevel if self.view == View::Logs => {
+                let current = self
+                    .node()
+                    .and_then(|n| n.log_filters.data.as_ref())
+                    .map_or("info".to_owned(), |f| f.global_level.clone());
+                self.mode = Mode::Form(Form::global_level(&current));
+            }
+            Action::Add if self.view == View::Profile => self.start_profile_form(),
+            Action::Submit if self.view == View::Profile => self.start_profile_form(),
+            _ => {}
+        }
+        Vec::new()
+    }
+
+    fn start_profile_form(&mut self) {
+        if let Some(ProfileState::Running { .. }) = self.node().map(|n| &n.profile) {
+            self.error("a capture is already running on this node");
+            return;
+        }
+        self.mode = Mode::Form(Form::profile(&self.profile_settings));
+    }
+
+    /// Asks before revoking the selected connection's user.
+    fn revoke_selected(&mut self) {
+        let rows = if self.view == View::Connections {
+            self.visible_connections()
+        } else {
+            self.visible_slow()
+        };
+        let user = rows.get(self.cursor()).map(|c| c.user_id.clone());
+        match user {
+            Some(user) if !user.is_empty() => {
+                self.mode = Mode::ConfirmRevoke {
+                    node: self.selected,
+                    user,
+                };
+            }
+            Some(_) => self.error("the selected connection has not logged in"),
+            None => self.error("no connection selected"),
+        }
+    }
+
+    fn delete_selected(&mut self) -> Vec<Command> {
+        let node = self.selected;
+        let cursor = self.cursor();
+        match self.view {
+            View::Connections | View::Slow => {
+                let rows = if self.view == View::Connections {
+                    self.visible_connections()
+                } else {
+                    self.visible_slow()
+                };
+                match rows.get(cursor) {
+                    Some(c) => {
+                        let conn = (*c).clone();
+                        self.mode = Mode::ConfirmKick { node, conn };
+                    }
+                    None => self.error("no connection selected"),
+                }
+                Vec::new()
+            }
+            View::Logs => match self.visible_log_filters().get(cursor) {
+                Some(f) => {
+                    let uid = f.uid.clone();
+                    self.info(format!("removing log filter for {uid}…"));
+                    vec![Command::DeleteLogFilter { node, uid }]
+                }
+                None => {
+                    self.error("no log filter selected");
+                    Vec::new()
+                }
+            },
+            _ => Vec::new(),
+        }
+    }
+
+    fn apply_form(&mut self, mut form: Form, action: Action) -> Vec<Command> {
+        let n = form.fields.len();
+        match action {
+            Action::Cancel => return Vec::new(),
+            Action::NextField | Action::Down => form.focus = (form.focus + 1) % n,
+            Action::PrevField | Action::Up => form.focus = (form.focus + n - 1) % n,
+            Action::Left | Action::Right => {
+                if let Some(f) = form.fields.get_mut(form.focus) {
+                    if let Some(choices) = f.choices {
+                        let i = choices.iter().position(|c| *c == f.value).unwrap_or(0);
+                        let j = if action == Action::Right {
+                            (i + 1) % choices.len()
+                        } else {
+                            (i + choices.len() - 1) % choices.len()
+                        };
+                        f.value = choices[j].to_owned();
+                    }
+                }
+            }
+            Action::Char(c) => {
+                if let Some(f) = form.fields.get_mut(form.focus) {
+                    match f.choices {
+                        // Typing the first letter of a choice picks it.
+                        Some(choices) => {
+                            if let Some(ch) = choices.iter().find(|x| x.starts_with(c)) {
+                                f.value = (*ch).to_owned();
+                            }
+                        }
+                        None => f.value.push(c),
+                    }
+                }
+            }
+            Action::Backspace => {
+                if let Some(f) = form.fields.get_mut(form.focus) {
+                    if f.choices.is_none() {
+                        f.value.pop();
+                    }
+                }
+            }
+            Action::Submit => match self.submit(&form) {
+                Ok(cmds) => return cmds,
+                Err(e) => form.error = Some(e),
+            },
+            _ => {}
+        }
+        self.mode = Mode::Form(form);
+        Vec::new()
+    }
+
+    fn submit(&mut self, form: &Form) -> Result<Vec<Command>, String> {
+        let node = self.selected;
+        match form.kind {
+            FormKind::LogFilter => {
+                let uid = form.value(0).to_owned();
+                if uid.is_empty() {
+                    return Err("user id is empty".into());
+                }
+                let level = form.value(1).to_owned();
+                if !LEVELS.contains(&level.as_str()) {
+                    return Err(format!("level must be one of {}", LEVELS.join(", ")));
+                }
+                let ttl_secs = parse_in(form.value(2), "ttl", 1, 7 * 24 * 3600)?;
+                self.info(format!("setting log filter {uid}={level} for {ttl_secs}s…"));
+                Ok(vec![Command::SetLogFilter {
+                    node,
+                    uid,
+                    level,
+                    ttl_secs,
+                }])
+            }
+            FormKind::GlobalLevel => {
+                let level = form.value(0).to_owned();
+                if level.is_empty() {
+                    return Err("level is empty".into());
+                }
+                self.info(format!("setting global level {level}…"));
+                Ok(vec![Command::SetGlobalLevel { node, level }])
+            }
+            FormKind::Profile => {
+                let seconds = parse_in(form.value(0), "seconds", 1, 300)?;
+                let frequency = parse_in(form.value(1), "frequency", 1, 1000)?;
+                let dir = form.value(2);
+                if dir.is_empty() {
+                    return Err("folder is empty".into());
+                }
+                let dir = PathBuf::from(dir);
+                self.profile_settings = ProfileSettings {
+                    seconds,
+                    frequency,
+                    dir: dir.clone(),
+                };
+                let now = self.now;
+                if let Some(n) = self.node_mut() {
+                    n.profile = ProfileState::Running {
+                        started: now,
+                        seconds,
+                        frequency,
+                    };
+                }
+                self.info(format!("capturing {seconds}s at {frequency} Hz…"));
+                Ok(vec![Command::Profile {
+                    node,
+                    seconds,
+                    frequency,
+                    dir,
+                }])
+            }
+        }
+    }
+
+    /// Records a poll or command result for node `node`.
+    pub fn on_update(&mut self, node: usize, update: Update, now: Instant) {
+        self.now = now;
+        let Some(n) = self.nodes.get_mut(node) else {
+            return;
+        };
+        let name = n.name().to_owned();
+        let mut message: Option<(Level, String)> = None;
+        match update {
+            Update::Overview(r) => {
+                match &r {
+                    Ok(o) => {
+                        n.history.record(o);
+                        if matches!(
+                            n.health,
+                            Health::Unreachable { .. } | Health::Failing { .. }
+                        ) {
+                            message = Some((Level::Info, format!("node {name} is back")));
+                        }
+                        n.health = Health::Up;
+                    }
+                    Err(e) if e.is_unreachable() => {
+                        if !matches!(n.health, Health::Unreachable { .. }) {
+                            if n.health == Health::Up {
+                                message =
+                                    Some((Level::Error, format!("node {name} unreachable: {e}")));
+                            }
+                            n.health = Health::Unreachable {
+                                error: e.to_string(),
+                                since: now,
+                            };
+                        } else if let Health::Unreachable { error, .. } = &mut n.health {
+                            *error = e.to_string();
+                        }
+                    }
+                    Err(e) => {
+                        let text = e.to_string();
+                        if n.health
+                            != (Health::Failing {
+                                error: text.clone(),
+                            })
+                        {
+                            message = Some((Level::Error, format!("node {name}: {text}")));
+                        }
+                        n.health = Health::Failing { error: text };
+                    }
+                }
+                n.overview.set(r.map(|o| *o), now);
+            }
+            Update::Connections(r) => n.connections.set(r, now),
+            Update::Slow(r) => n.slow.record(r, now),
+            Update::Memory(r) => n.memory.set(r, now),
+            Update::TopQueued(r) => n.top_queued.set(r, now),
+            Update::LogFilters(r) => n.log_filters.set(r, now),
+            Update::Logs(r) => n.logs.set(r, now),
+            Update::Kicked { conn_id, result } => {
+                message = Some(match result {
+                    Ok(_) => {
+                        if let Some(list) = &mut n.connections.data {
+                            list.connections.retain(|c| c.conn_id != conn_id);
+                        }
+                        (
+                            Level::Info,
+                            format!("kicked conn {conn_id} on {name} (close code 4002)"),
+                        )
+                    }
+                    Err(e) => (Level::Error, format!("kick conn {conn_id} failed: {e}")),
+                });
+            }
+            Update::Revoked { user, result } => {
+                message = Some(match result {
+                    Ok(r) => {
+                        if let Some(list) = &mut n.connections.data {
+                            list.connections.retain(|c| c.user_id != user);
+                        }
+                        (
+                            Level::Info,
+                            format!(
+                                "revoked {user} on {name}: {} sessions closed (4003), older tokens refused",
+                                r.closed
+                            ),
+                        )
+                    }
+                    Err(e) => (Level::Error, format!("revoke {user} failed: {e}")),
+                });
+            }
+            Update::FilterSet {
+                uid,
+                level,
+                ttl_secs,
+                result,
+            } => {
+                message = Some(match result {
+                    Ok(()) => (
+                        Level::Info,
+                        format!("log filter set on {name}: {uid} at {level} for {ttl_secs}s"),
+                    ),
+                    Err(e) => (Level::Error, format!("set log filter {uid} failed: {e}")),
+                });
+            }
+            Update::FilterDeleted { uid, result } => {
+                message = Some(match result {
+                    Ok(()) => {
+                        if let Some(f) = &mut n.log_filters.data {
+                            f.filters.retain(|f| f.uid != uid);
+                        }
+                        (
+                            Level::Info,
+                            format!("log filter for {uid} removed on {name}"),
+                        )
+                    }
+                    Err(e) => (Level::Error, format!("remove log filter {uid} failed: {e}")),
+                });
+            }
+            Update::GlobalLevelSet(r) => {
+                message = Some(match r {
+                    Ok(level) => {
+                        if let Some(f) = &mut n.log_filters.data {
+                            f.global_level = level.clone();
+                        }
+                        (
+                            Level::Info,
+                            format!("global level on {name} is now {level}"),
+                        )
+                    }
+                    Err(e) => (Level::Error, format!("set global level failed: {e}")),
+                });
+            }
+            Update::Profile(r) => match r {
+                Ok(p) => {
+                    message = Some(match (&p.save_error, &p.svg_path) {
+                        (Some(e), _) => (Level::Error, format!("profile captured, not saved: {e}")),
+                        (None, Some(svg)) => (
+                            Level::Info,
+                            format!("profile saved: {} (+ .pb.gz)", svg.display()),
+                        ),
+                        (None, None) => (Level::Info, "profile captured".to_owned()),
+                    });
+                    n.profile = ProfileState::Done(Box::new(p));
+                }
+                Err(e) => {
+                    let text = match &e {
+                        ApiError::Status {
+                            status: 409,
+                            message,
+                        } => {
+                            format!("a capture is already running on {name} (409): {message}")
+                        }
+                        ApiError::RouteMissing { .. } => {
+                            format!("{name} has no profile route yet (404 no such route)")
+                        }
+                        _ => format!("profile on {name} failed: {e}"),
+                    };
+                    message = Some((Level::Error, text.clone()));
+                    n.profile = ProfileState::Failed(text);
+                }
+            },
+        }
+        if let Some((level, text)) = message {
+            match level {
+                Level::Info => self.info(text),
+                Level::Error => self.error(text),
+            }
+        }
+    }
+}
