@@ -368,6 +368,24 @@ impl Default for LogConfig {
 }
 
 impl LogConfig {
+    /// What `obs::logfiles::init` takes: these settings, the file directory resolved
+    /// against `data_dir` (`None` when `files` is off).
+    pub fn options(&self, data_dir: &Path) -> crate::obs::logfiles::LogOptions {
+        crate::obs::logfiles::LogOptions {
+            level: self.level.clone(),
+            uid_filters: self.uid_filters,
+            max_uid_filters: self.max_uid_filters as usize,
+            dir: self.files.then(|| self.dir_in(data_dir)),
+            prefix: self.prefix.clone(),
+            rotation: self.rotation.clone(),
+            lossy: self.lossy,
+            buffered_lines: self.buffered_lines as usize,
+            window_start: self.window_start.clone(),
+            window_end: self.window_end.clone(),
+            retention_hours: self.retention_hours,
+        }
+    }
+
     /// The log directory: `dir`, or `<data_dir>/logs` when empty.
     pub fn dir_in(&self, data_dir: &Path) -> PathBuf {
         if self.dir.as_os_str().is_empty() {

@@ -3,8 +3,10 @@
 //! The message path, one module per stage or concern: `gateway` (accept, read and write
 //! loops) -> `pipeline` (validate, relation, persist, route) -> `flow` (outbound queues)
 //! -> back out through `gateway`. `store` holds durable state, `obs` the metrics,
-//! `admin` the admin API, `config` the typed config and `auth` tokens and secrets.
-//! [`Node::start`] wires them together.
+//! `admin` the admin API, `config` the typed config and `auth` tokens and secrets;
+//! `cluster` links the node to the others and `route_api` answers `GET /v1/route`.
+//! [`Node::start`] wires them together. Which module may call which is in
+//! ARCHITECTURE.md, checked by `tests/modules.rs`.
 
 #![warn(missing_docs)]
 
@@ -17,6 +19,7 @@ pub mod gateway;
 pub mod listen;
 pub mod obs;
 pub mod pipeline;
+pub mod route_api;
 pub mod store;
 
 use std::net::SocketAddr;
@@ -194,7 +197,9 @@ impl Node {
         let (pipeline, writer) = Pipeline::spawn_with(
             store.clone(),
             relations.clone(),
-            cluster.as_ref().map(|c| c.link.clone()),
+            cluster
+                .as_ref()
+                .map(|c| c.link.clone() as Arc<dyn pipeline::route::Peers>),
             &config,
             metrics.clone(),
         );
@@ -271,13 +276,13 @@ impl Node {
         } else {
             config.cluster.advertise_url.clone()
         };
-        let route_api = cluster::RouteApi {
+        let route_api = route_api::RouteApi {
             node_id: node.node_id.clone(),
             ws_url: ws_url.clone(),
             registry: cluster.as_ref().map(|c| c.link.registry.clone()),
             draining: node.draining.clone(),
         };
-        let client_app = gateway.router().merge(cluster::route_api(route_api));
+        let client_app = gateway.router().merge(route_api::router(route_api));
         let admin_app = admin::router(node.clone());
         let opts = listen::SocketOpts {
             send_buffer: config.flow.socket_send_buffer_bytes as usize,

@@ -8,7 +8,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::ConnectInfo;
@@ -19,7 +19,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::config::Http;
-use crate::gateway::{Admission, Gateway};
+use crate::gateway::{Gateway, Slot};
 
 /// Which listener a socket came in on (label `listener` of `im_http_rejected_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,30 +39,10 @@ impl Listener {
     }
 }
 
-/// Why a socket was closed by the HTTP layer (label `reason` of `im_http_rejected_total`).
-pub const REJECT_REASONS: [&str; 4] = [
-    "header_timeout",
-    "header_too_large",
-    "bad_request",
-    "admin_full",
-];
-
 /// Counts a socket the HTTP layer closed.
 fn rejected(listener: Listener, reason: &'static str) {
     metrics::counter!("im_http_rejected_total", "listener" => listener.label(), "reason" => reason)
         .increment(1);
-}
-
-/// A connection's slot under the caps, as a request extension: the `/ws` handler takes
-/// it into the upgraded connection; otherwise it is freed when the socket closes.
-#[derive(Clone, Default)]
-pub struct Slot(Arc<Mutex<Option<Admission>>>);
-
-impl Slot {
-    /// Takes the slot (once per connection).
-    pub fn take(&self) -> Option<Admission> {
-        self.0.lock().ok().and_then(|mut a| a.take())
-    }
 }
 
 /// Socket options applied to every accepted client socket.
@@ -198,7 +178,7 @@ pub async fn serve_client(
         }
         match gw.admit_peer(remote.ip()) {
             Ok(a) => {
-                let slot = Slot(Arc::new(Mutex::new(Some(a))));
+                let slot = Slot::new(a);
                 tokio::spawn(serve_conn(
                     b.clone(),
                     tcp,

@@ -22,7 +22,6 @@ use axum::Router;
 use crate::auth::TokenKeys;
 use crate::config::{Flow, Limits};
 use crate::flow::{CloseReason, Outbound};
-use crate::listen::Slot;
 use crate::obs::Metrics;
 use crate::pipeline::Pipeline;
 
@@ -77,6 +76,24 @@ pub struct Admission {
     conns: Arc<Connections>,
     ip: Option<IpAddr>,
     total: bool,
+}
+
+/// A connection's slot under the caps, as a request extension: `listen` inserts it at
+/// accept, the `/ws` handler takes it into the upgraded connection; otherwise it is
+/// freed when the socket closes.
+#[derive(Clone, Default)]
+pub struct Slot(Arc<Mutex<Option<Admission>>>);
+
+impl Slot {
+    /// A slot holding `admission`.
+    pub fn new(admission: Admission) -> Self {
+        Slot(Arc::new(Mutex::new(Some(admission))))
+    }
+
+    /// Takes the slot (once per connection).
+    pub fn take(&self) -> Option<Admission> {
+        self.0.lock().ok().and_then(|mut a| a.take())
+    }
 }
 
 impl Drop for Admission {
