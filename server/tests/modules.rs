@@ -26,9 +26,10 @@ fn modules(src: &Path) -> BTreeSet<String> {
             .and_then(|n| n.to_str())
             .unwrap_or_default()
             .to_string();
-        if path.is_dir() && path.join("mod.rs").is_file() {
-            out.insert(name);
-        } else if path.extension().is_some_and(|e| e == "rs") && name != "lib" && name != "main" {
+        let module_dir = path.is_dir() && path.join("mod.rs").is_file();
+        let module_file =
+            path.extension().is_some_and(|e| e == "rs") && name != "lib" && name != "main";
+        if module_dir || module_file {
             out.insert(name);
         }
     }
