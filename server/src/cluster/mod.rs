@@ -29,7 +29,8 @@
 //! one of its own (its users may have had no pushes while it was out). While the link is down or being rebuilt,
 //! [`Cluster::degraded`] names why, and `/readyz` answers 503.
 //!
-//! The router calls [`Link`] (presence up/down, the forward plan, publishing); the tasks
+//! The router calls [`Link`] through its own `pipeline::route::Peers` trait (presence
+//! up/down, the forward plan, publishing), so it knows nothing of this module; the tasks
 //! here call the router (local delivery, sync hints, presence republishing) and the
 //! membership cache (eviction on a group change made elsewhere). Cross-node pushes of
 //! one conversation from several origin nodes may arrive out of seq order; the SDK
