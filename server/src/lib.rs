@@ -3,8 +3,10 @@
 //! The message path, one module per stage or concern: `gateway` (accept, read and write
 //! loops) -> `pipeline` (validate, relation, persist, route) -> `flow` (outbound queues)
 //! -> back out through `gateway`. `store` holds durable state, `obs` the metrics,
-//! `admin` the admin API, `config` the typed config and `auth` tokens and secrets.
-//! [`Node::start`] wires them together.
+//! `admin` the admin API, `config` the typed config and `auth` tokens and secrets;
+//! `cluster` links the node to the others and `route_api` answers `GET /v1/route`.
+//! [`Node::start`] wires them together. Which module may call which is in
+//! ARCHITECTURE.md, checked by `tests/modules.rs`.
 
 #![warn(missing_docs)]
 
@@ -17,6 +19,7 @@ pub mod gateway;
 pub mod listen;
 pub mod obs;
 pub mod pipeline;
+pub mod route_api;
 pub mod store;
 
 use std::net::SocketAddr;
@@ -27,6 +30,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 
 use auth::Secrets;
 use config::Config;
@@ -136,6 +140,25 @@ impl obs::sampler::Live for LiveFigures {
     }
 }
 
+/// A node built by [`Node::build`]: store open, cluster connected, pipeline running,
+/// both listeners bound; nothing served yet. [`Built::serve`] starts the rest.
+pub struct Built {
+    /// The node.
+    pub node: Arc<Node>,
+    /// Bound client listener.
+    pub client_addr: SocketAddr,
+    /// Bound admin listener.
+    pub admin_addr: SocketAddr,
+    gateway: Arc<Gateway>,
+    writer: JoinHandle<()>,
+    relations: Arc<Relations>,
+    group_rx: mpsc::UnboundedReceiver<(String, u64)>,
+    sampler: obs::sampler::Sampler,
+    client: TcpListener,
+    admin: TcpListener,
+    ws_url: String,
+}
+
 /// A started node with its bound addresses.
 pub struct Running {
     /// The node.
@@ -145,15 +168,31 @@ pub struct Running {
     /// Bound admin listener.
     pub admin_addr: SocketAddr,
     gateway: Arc<Gateway>,
-    writer: tokio::task::JoinHandle<()>,
-    servers: Vec<tokio::task::JoinHandle<()>>,
+    writer: JoinHandle<()>,
+    /// Stops both accept loops ([`listen::Stop`]).
+    stop: tokio::sync::watch::Sender<bool>,
+    /// The client and admin accept loops; each ends after `stop`.
+    listeners: Vec<JoinHandle<()>>,
+    /// Loops with no end of their own (sampler, log housekeeping, cluster tasks,
+    /// revocation re-reads): aborted at the end of the drain.
+    background: Vec<JoinHandle<()>>,
     compactor: Option<obs::compactor::CompactorHandle>,
     report: cluster::ReportFn,
 }
 
+/// Longest wait, after the drain, for the HTTP requests still in flight on the
+/// listeners (at least a tenth of a second, at most what the drain deadline leaves).
+const LISTENER_GRACE: Duration = Duration::from_secs(1);
+
 impl Node {
-    /// Opens the store, spawns the writer and router, binds both listeners.
+    /// Builds and starts a node: [`Node::build`], then [`Built::serve`].
     pub async fn start(config: Config) -> anyhow::Result<Running> {
+        Self::build(config).await?.serve().await
+    }
+
+    /// Builds every part: opens the store, connects the cluster, spawns the writer and
+    /// router, binds both listeners; serves nothing yet.
+    pub async fn build(config: Config) -> anyhow::Result<Built> {
         let prometheus = obs::install_recorder();
         let metrics = Metrics::new(config.obs.probes);
         let secrets = Secrets::load(&config).context("loading secrets")?;
@@ -194,7 +233,9 @@ impl Node {
         let (pipeline, writer) = Pipeline::spawn_with(
             store.clone(),
             relations.clone(),
-            cluster.as_ref().map(|c| c.link.clone()),
+            cluster
+                .as_ref()
+                .map(|c| c.link.clone() as Arc<dyn pipeline::route::Peers>),
             &config,
             metrics.clone(),
         );
@@ -224,8 +265,6 @@ impl Node {
             config.obs.conn_bytes_estimate,
             config.obs.memory_limit_bytes,
         );
-        let sampler =
-            tokio::spawn(sampler.run(Duration::from_millis(config.obs.sample_interval_ms as u64)));
         let node = Arc::new(Node {
             node_id: node_id.clone(),
             config: config.clone(),
@@ -271,23 +310,60 @@ impl Node {
         } else {
             config.cluster.advertise_url.clone()
         };
-        let route_api = cluster::RouteApi {
+        Ok(Built {
+            node,
+            client_addr,
+            admin_addr,
+            gateway,
+            writer,
+            relations,
+            group_rx,
+            sampler,
+            client,
+            admin,
+            ws_url,
+        })
+    }
+}
+
+impl Built {
+    /// Starts serving: the sampler and log housekeeping, the cluster tasks (cluster
+    /// mode), then both listeners.
+    pub async fn serve(self) -> anyhow::Result<Running> {
+        let Built {
+            node,
+            client_addr,
+            admin_addr,
+            gateway,
+            writer,
+            relations,
+            group_rx,
+            sampler,
+            client,
+            admin,
+            ws_url,
+        } = self;
+        let config = &node.config;
+        let mut background = vec![tokio::spawn(
+            sampler.run(Duration::from_millis(config.obs.sample_interval_ms as u64)),
+        )];
+        let route_api = route_api::RouteApi {
             node_id: node.node_id.clone(),
             ws_url: ws_url.clone(),
-            registry: cluster.as_ref().map(|c| c.link.registry.clone()),
+            registry: node.cluster.as_ref().map(|c| c.link.registry.clone()),
             draining: node.draining.clone(),
         };
-        let client_app = gateway.router().merge(cluster::route_api(route_api));
+        let client_app = gateway.router().merge(route_api::router(route_api));
         let admin_app = admin::router(node.clone());
         let opts = listen::SocketOpts {
             send_buffer: config.flow.socket_send_buffer_bytes as usize,
             recv_buffer: config.flow.socket_recv_buffer_bytes as usize,
         };
-        let (log_tasks, compactor) = start_log_tasks(&config, snapshot_of(&node));
+        let (log_tasks, compactor) = start_log_tasks(config, snapshot_of(&node));
+        background.push(log_tasks);
         let report = load_report(&node, ws_url, format!("http://{admin_addr}"));
-        let mut cluster_tasks = Vec::new();
-        if let Some(c) = &cluster {
-            cluster_tasks = c
+        if let Some(c) = &node.cluster {
+            let tasks = c
                 .start(
                     node.pipeline.router.clone(),
                     relations,
@@ -297,33 +373,38 @@ impl Node {
                 )
                 .await
                 .context("starting cluster mode")?;
+            background.extend(tasks);
+            background.push(tokio::spawn(reload_revocations(
+                node.store.clone(),
+                node.secrets.keys.clone(),
+            )));
         }
-        let mut servers = vec![
-            sampler,
-            log_tasks,
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let listeners = vec![
             tokio::spawn(listen::serve_client(
                 client,
                 client_app,
                 gateway.clone(),
                 config.http.clone(),
                 opts,
+                stopped.clone(),
             )),
-            tokio::spawn(listen::serve_admin(admin, admin_app, config.http.clone())),
+            tokio::spawn(listen::serve_admin(
+                admin,
+                admin_app,
+                config.http.clone(),
+                stopped,
+            )),
         ];
-        servers.extend(cluster_tasks);
-        if cluster.is_some() {
-            servers.push(tokio::spawn(reload_revocations(
-                node.store.clone(),
-                node.secrets.keys.clone(),
-            )));
-        }
         Ok(Running {
             node,
             client_addr,
             admin_addr,
             gateway,
             writer,
-            servers,
+            stop,
+            listeners,
+            background,
             compactor,
             report,
         })
@@ -387,11 +468,10 @@ impl Running {
             let _ =
                 tokio::time::timeout(Duration::from_secs(1), c.report_now(&(self.report)())).await;
         }
+        let end_at = tokio::time::Instant::from_std(end);
         // No new frames: a frame being handled finishes, then its read loop stops.
         self.gateway.set_drain(gateway::Drain::StopReading);
-        while self.gateway.reading() > 0 && Instant::now() < end {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let _ = tokio::time::timeout_at(end_at, self.gateway.readers_stopped()).await;
         // The open batch and everything queued behind it: committed, acks queued.
         let committed = tokio::time::timeout(
             end.saturating_duration_since(Instant::now()),
@@ -402,12 +482,24 @@ impl Running {
         // Every connection waits in its drain for this phase: it writes what is queued
         // (acks among it), then closes 1001.
         self.gateway.set_drain(gateway::Drain::Close);
-        while !node.conns.is_empty() && Instant::now() < end {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let _ = tokio::time::timeout_at(end_at, node.conns.until_empty()).await;
         let left_open = node.conns.len();
-        for s in &self.servers {
-            s.abort();
+        // The listeners stop the way axum's `with_graceful_shutdown` does: no more
+        // accepts, requests in flight answered, connections closed (see `listen::Stop`).
+        let _ = self.stop.send(true);
+        let grace = end
+            .saturating_duration_since(Instant::now())
+            .clamp(Duration::from_millis(100), LISTENER_GRACE);
+        let grace_end = tokio::time::Instant::now() + grace;
+        for mut l in self.listeners {
+            if tokio::time::timeout_at(grace_end, &mut l).await.is_err() {
+                // A request still running (e.g. a long CPU profile): cut, with its
+                // connection (the loop's `JoinSet` aborts them when dropped).
+                l.abort();
+            }
+        }
+        for t in &self.background {
+            t.abort();
         }
         if let Some(c) = self.compactor {
             tokio::task::spawn_blocking(move || c.stop());

@@ -5,10 +5,11 @@
 //! HTTP/1 connection with a timer, so a request head must arrive complete within
 //! `http.header_read_timeout_secs` (also the idle limit of a kept-alive connection) and
 //! within `http.max_header_bytes`. A socket over a cap gets a canned 503 and is closed.
+//! Both loops own their HTTP connections and stop gracefully on a [`Stop`] signal.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::ConnectInfo;
@@ -17,9 +18,10 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
 
 use crate::config::Http;
-use crate::gateway::{Admission, Gateway};
+use crate::gateway::{Gateway, Slot};
 
 /// Which listener a socket came in on (label `listener` of `im_http_rejected_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,30 +41,10 @@ impl Listener {
     }
 }
 
-/// Why a socket was closed by the HTTP layer (label `reason` of `im_http_rejected_total`).
-pub const REJECT_REASONS: [&str; 4] = [
-    "header_timeout",
-    "header_too_large",
-    "bad_request",
-    "admin_full",
-];
-
 /// Counts a socket the HTTP layer closed.
 fn rejected(listener: Listener, reason: &'static str) {
     metrics::counter!("im_http_rejected_total", "listener" => listener.label(), "reason" => reason)
         .increment(1);
-}
-
-/// A connection's slot under the caps, as a request extension: the `/ws` handler takes
-/// it into the upgraded connection; otherwise it is freed when the socket closes.
-#[derive(Clone, Default)]
-pub struct Slot(Arc<Mutex<Option<Admission>>>);
-
-impl Slot {
-    /// Takes the slot (once per connection).
-    pub fn take(&self) -> Option<Admission> {
-        self.0.lock().ok().and_then(|mut a| a.take())
-    }
 }
 
 /// Socket options applied to every accepted client socket.
@@ -84,8 +66,23 @@ fn builder(http: &Http) -> http1::Builder {
     b
 }
 
-/// Serves one admitted socket with `router` until it closes or upgrades; counts what
-/// the HTTP layer refused.
+/// The stop signal of both accept loops: once `true` is sent, a loop stops accepting,
+/// asks each of its open HTTP connections to finish (hyper's graceful shutdown: the
+/// request in flight is answered, then the connection closes; an idle kept-alive one
+/// closes at once) and returns when they have, as axum's `with_graceful_shutdown` does.
+/// Upgraded WebSocket connections are not the listener's: the gateway's drain closes
+/// them.
+pub type Stop = tokio::sync::watch::Receiver<bool>;
+
+/// Resolves once `stop` says so (never, if its sender is gone without saying it).
+async fn stopped(stop: &mut Stop) {
+    if stop.wait_for(|s| *s).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Serves one admitted socket with `router` until it closes or upgrades, or finishes
+/// its request in flight after `stop`; counts what the HTTP layer refused.
 async fn serve_conn(
     b: http1::Builder,
     tcp: TcpStream,
@@ -93,6 +90,7 @@ async fn serve_conn(
     router: Router,
     slot: Slot,
     listener: Listener,
+    mut stop: Stop,
 ) {
     let service = hyper::service::service_fn(move |mut req: hyper::Request<_>| {
         req.extensions_mut().insert(ConnectInfo(remote));
@@ -103,7 +101,15 @@ async fn serve_conn(
     let conn = b
         .serve_connection(TokioIo::new(tcp), service)
         .with_upgrades();
-    if let Err(e) = conn.await {
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        () = stopped(&mut stop) => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
         let reason = if e.is_timeout() {
             "header_timeout"
         } else if e.is_parse_too_large() {
@@ -175,19 +181,46 @@ async fn accept(listener: &TcpListener, which: Listener) -> (TcpStream, SocketAd
     }
 }
 
+/// The next accepted socket, or `None` once `stop` says so; reaps the connections of
+/// `conns` that have finished meanwhile.
+async fn next_socket(
+    listener: &TcpListener,
+    which: Listener,
+    conns: &mut JoinSet<()>,
+    stop: &mut Stop,
+) -> Option<(TcpStream, SocketAddr)> {
+    loop {
+        tokio::select! {
+            a = accept(listener, which) => return Some(a),
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            () = stopped(stop) => return None,
+        }
+    }
+}
+
+/// After `stop`: no more accepts (the listener closes), then the open HTTP connections
+/// finish (each saw the same signal).
+async fn wind_down(listener: TcpListener, mut conns: JoinSet<()>) {
+    drop(listener);
+    while conns.join_next().await.is_some() {}
+}
+
 /// The client listener: admits each socket under the connection caps at accept, then
-/// serves `router` on it.
+/// serves `router` on it, until `stop`.
 pub async fn serve_client(
     listener: TcpListener,
     router: Router,
     gw: Arc<Gateway>,
     http: Http,
     opts: SocketOpts,
+    mut stop: Stop,
 ) {
     let b = builder(&http);
     let lingering = Arc::new(AtomicUsize::new(0));
-    loop {
-        let (tcp, remote) = accept(&listener, Listener::Client).await;
+    let mut conns = JoinSet::new();
+    while let Some((tcp, remote)) =
+        next_socket(&listener, Listener::Client, &mut conns, &mut stop).await
+    {
         let _ = tcp.set_nodelay(true);
         let sock = socket2::SockRef::from(&tcp);
         if opts.send_buffer > 0 {
@@ -198,14 +231,15 @@ pub async fn serve_client(
         }
         match gw.admit_peer(remote.ip()) {
             Ok(a) => {
-                let slot = Slot(Arc::new(Mutex::new(Some(a))));
-                tokio::spawn(serve_conn(
+                let slot = Slot::new(a);
+                conns.spawn(serve_conn(
                     b.clone(),
                     tcp,
                     remote,
                     router.clone(),
                     slot,
                     Listener::Client,
+                    stop.clone(),
                 ));
             }
             Err(r) => {
@@ -214,27 +248,40 @@ pub async fn serve_client(
             }
         }
     }
+    wind_down(listener, conns).await;
 }
 
 /// The admin listener: at most `http.admin_max_connections` sockets at once (more are
-/// answered 503 and closed), each served with the header timeout.
-pub async fn serve_admin(listener: TcpListener, router: Router, http: Http) {
+/// answered 503 and closed), each served with the header timeout, until `stop`.
+pub async fn serve_admin(listener: TcpListener, router: Router, http: Http, mut stop: Stop) {
     let b = builder(&http);
     let open = Arc::new(AtomicUsize::new(0));
     let lingering = Arc::new(AtomicUsize::new(0));
     let max = http.admin_max_connections as usize;
-    loop {
-        let (tcp, remote) = accept(&listener, Listener::Admin).await;
+    let mut conns = JoinSet::new();
+    while let Some((tcp, remote)) =
+        next_socket(&listener, Listener::Admin, &mut conns, &mut stop).await
+    {
         if open.fetch_add(1, Ordering::Relaxed) >= max {
             open.fetch_sub(1, Ordering::Relaxed);
             rejected(Listener::Admin, "admin_full");
             refuse_bounded(tcp, "too many admin connections", &lingering);
             continue;
         }
-        let (b, router, open) = (b.clone(), router.clone(), open.clone());
-        tokio::spawn(async move {
-            serve_conn(b, tcp, remote, router, Slot::default(), Listener::Admin).await;
+        let (b, router, open, stop) = (b.clone(), router.clone(), open.clone(), stop.clone());
+        conns.spawn(async move {
+            serve_conn(
+                b,
+                tcp,
+                remote,
+                router,
+                Slot::default(),
+                Listener::Admin,
+                stop,
+            )
+            .await;
             open.fetch_sub(1, Ordering::Relaxed);
         });
     }
+    wind_down(listener, conns).await;
 }

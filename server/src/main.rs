@@ -83,7 +83,8 @@ fn run() -> anyhow::Result<()> {
 
 fn serve(config: Config) -> anyhow::Result<()> {
     // Text to stderr, JSON lines to <data_dir>/logs; the guard flushes the file writer.
-    let _log_guard = im_server::obs::logfiles::init(&config).context("setting up logging")?;
+    let _log_guard = im_server::obs::logfiles::init(&config.log.options(&config.data_dir))
+        .context("setting up logging")?;
     if let Some((before, after)) = im_server::obs::process::raise_fd_limit() {
         if after > before {
             tracing::info!(

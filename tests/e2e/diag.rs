@@ -109,7 +109,11 @@ async fn cpu_profile_during_traffic() {
     let svg = tokio::task::spawn_blocking(move || {
         get("/admin/v1/profile/cpu?seconds=2&frequency=499&format=svg")
     });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // It holds the one capture slot once it has logged its start.
+    eventually("the SVG capture to start", || {
+        server.log().contains("CPU profile capture started")
+    })
+    .await;
     let (status, _, body) = get("/admin/v1/profile/cpu?seconds=1&format=pprof");
     let body = String::from_utf8_lossy(&body).to_string();
     assert_eq!(status, 409, "{body}");

@@ -59,7 +59,10 @@ fn connection_caps_refuse_with_503_and_free_slots_on_close() {
         server.metric("im_connections_refused_total", &[("reason", "node_full")]),
         1.0
     );
-    assert_eq!(server.metric("im_connections", &[]), 3.0);
+    // The gauge counts a connection once its upgraded task runs, just after the 101.
+    wait_until("3 connections counted", || {
+        server.metric("im_connections", &[]) == 3.0
+    });
     let (_, body) = server.admin_get("/admin/v1/overview");
     let o: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(o["max_connections"], 3, "{body}");

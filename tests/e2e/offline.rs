@@ -71,8 +71,9 @@ async fn offline_user_syncs_everything_on_reconnect() {
         .await
         .unwrap();
     }
-    // A cursor is committed by the writer; give it a moment, then resume on a new socket.
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // A cursor is committed by the writer: once both are stored, resume on a new socket.
+    server.wait_cursor("bob", "u:alice:bob", 20).await;
+    server.wait_cursor("bob", "u:bob:carol", 5).await;
     drop(bob);
     let mut bob = server.raw("bob").await;
     let rest = raw_sync_all(&mut bob, 100).await;

@@ -29,7 +29,8 @@
 //! one of its own (its users may have had no pushes while it was out). While the link is down or being rebuilt,
 //! [`Cluster::degraded`] names why, and `/readyz` answers 503.
 //!
-//! The router calls [`Link`] (presence up/down, the forward plan, publishing); the tasks
+//! The router calls [`Link`] through its own `pipeline::route::Peers` trait (presence
+//! up/down, the forward plan, publishing), so it knows nothing of this module; the tasks
 //! here call the router (local delivery, sync hints, presence republishing) and the
 //! membership cache (eviction on a group change made elsewhere). Cross-node pushes of
 //! one conversation from several origin nodes may arrive out of seq order; the SDK
@@ -55,7 +56,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::Config;
 use crate::pipeline::relation::Relations;
-use crate::pipeline::route::Router;
+use crate::pipeline::route::{Forward, Peers, Router};
 use presence::PresenceMap;
 use registry::{LoadReport, Registry};
 use relay::Envelope;
@@ -199,16 +200,6 @@ pub struct Link {
     drop_group_notices: bool,
     health: Arc<Health>,
     key: ClusterKey,
-}
-
-/// One message's cross-node part: the users to push to, per other node.
-pub struct Forward {
-    /// Node -> its recipients.
-    pub targets: Vec<(Arc<str>, Vec<String>)>,
-    /// The encoded Deliver frame (empty: a sync hint).
-    pub frame: Bytes,
-    /// One-to-one (critical) or group.
-    pub direct: bool,
 }
 
 impl Link {
@@ -369,69 +360,27 @@ impl Link {
     }
 }
 
-/// State of `GET /v1/route` (on the client listener, in single-node mode too).
-#[derive(Clone)]
-pub struct RouteApi {
-    /// This node's id.
-    pub node_id: String,
-    /// This node's client WebSocket URL.
-    pub ws_url: String,
-    /// The cluster registry (`None`: single node, the answer is always this node).
-    pub registry: Option<Arc<Registry>>,
-    /// This node is shutting down.
-    pub draining: Arc<std::sync::atomic::AtomicBool>,
-}
+/// The router's view of the other nodes is this link.
+impl Peers for Link {
+    fn user_up(&self, user: &str) {
+        Link::user_up(self, user);
+    }
 
-/// `GET /v1/route[?avoid=ID,ID]`: the least-loaded healthy node for a new connection.
-pub fn route_api(state: RouteApi) -> axum::Router {
-    axum::Router::new()
-        .route("/v1/route", axum::routing::get(route_handler))
-        .with_state(state)
-}
+    fn user_down(&self, user: &str) {
+        Link::user_down(self, user);
+    }
 
-#[derive(serde::Deserialize)]
-struct RouteQuery {
-    #[serde(default)]
-    avoid: String,
-}
+    fn plan(
+        &self,
+        users: &mut dyn Iterator<Item = &str>,
+        frame: &Bytes,
+        direct: bool,
+    ) -> Option<Forward> {
+        Link::plan(self, users, frame, direct)
+    }
 
-async fn route_handler(
-    axum::extract::State(api): axum::extract::State<RouteApi>,
-    q: Result<axum::extract::Query<RouteQuery>, axum::extract::rejection::QueryRejection>,
-) -> axum::response::Response {
-    use axum::http::StatusCode;
-    use axum::response::IntoResponse;
-    let q = match q {
-        Ok(q) => q.0,
-        Err(e) => return crate::admin::error(StatusCode::BAD_REQUEST, e.body_text()),
-    };
-    let avoid: Vec<&str> = q.avoid.split(',').filter(|s| !s.is_empty()).collect();
-    let chosen = match &api.registry {
-        Some(r) => r.choose(&avoid).map(|n| (n.node_id, n.ws_url)).or_else(|| {
-            // Every other node is avoided or down: this one, if it can take it.
-            let me = !api.draining.load(std::sync::atomic::Ordering::Relaxed);
-            me.then(|| (api.node_id.clone(), api.ws_url.clone()))
-        }),
-        None if api.draining.load(std::sync::atomic::Ordering::Relaxed) => None,
-        None => Some((api.node_id.clone(), api.ws_url.clone())),
-    };
-    match chosen {
-        Some((node_id, ws_url)) => axum::Json(serde_json::json!({
-            "node_id": node_id,
-            "ws_url": ws_url,
-        }))
-        .into_response(),
-        None => {
-            let mut r = crate::admin::error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "no healthy node can take a connection",
-            );
-            r.headers_mut().insert(
-                axum::http::header::RETRY_AFTER,
-                axum::http::HeaderValue::from_static("1"),
-            );
-            r
-        }
+    fn forward(&self, f: Forward) -> futures_util::future::BoxFuture<'_, ()> {
+        Box::pin(Link::forward(self, f))
     }
 }
 

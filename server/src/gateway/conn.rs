@@ -4,7 +4,6 @@
 //! with a reason). Every protocol decision lives in `gateway::protocol`.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -49,7 +48,7 @@ async fn serve_conn(gw: Arc<Gateway>, socket: WebSocket, conn_id: u64, remote: S
     let mut protocol = Protocol::new(gw.clone(), out.clone());
     let mut drain = gw.drain.subscribe();
     let read = {
-        let _reading = Reading::new(&gw.reading);
+        let _reading = gw.start_reading();
         read_loop(stream, &out, &mut protocol, &mut drain).await
     };
     let reason = match read {
@@ -94,22 +93,6 @@ async fn serve_conn(gw: Arc<Gateway>, socket: WebSocket, conn_id: u64, remote: S
             reason = reason.reason,
             "connection closed"
         );
-    }
-}
-
-/// Counts a running read loop in [`Gateway::reading`] while alive.
-struct Reading<'a>(&'a AtomicUsize);
-
-impl<'a> Reading<'a> {
-    fn new(n: &'a AtomicUsize) -> Self {
-        n.fetch_add(1, Ordering::Relaxed);
-        Reading(n)
-    }
-}
-
-impl Drop for Reading<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -22,7 +22,6 @@ use axum::Router;
 use crate::auth::TokenKeys;
 use crate::config::{Flow, Limits};
 use crate::flow::{CloseReason, Outbound};
-use crate::listen::Slot;
 use crate::obs::Metrics;
 use crate::pipeline::Pipeline;
 
@@ -31,6 +30,8 @@ use crate::pipeline::Pipeline;
 #[derive(Default)]
 pub struct Connections {
     map: Mutex<HashMap<u64, Arc<Outbound>>>,
+    /// The table's size after each change, for [`Connections::until_empty`].
+    count: tokio::sync::watch::Sender<usize>,
     admitted: AtomicUsize,
     per_ip: Mutex<HashMap<IpAddr, u32>>,
 }
@@ -77,6 +78,24 @@ pub struct Admission {
     conns: Arc<Connections>,
     ip: Option<IpAddr>,
     total: bool,
+}
+
+/// A connection's slot under the caps, as a request extension: `listen` inserts it at
+/// accept, the `/ws` handler takes it into the upgraded connection; otherwise it is
+/// freed when the socket closes.
+#[derive(Clone, Default)]
+pub struct Slot(Arc<Mutex<Option<Admission>>>);
+
+impl Slot {
+    /// A slot holding `admission`.
+    pub fn new(admission: Admission) -> Self {
+        Slot(Arc::new(Mutex::new(Some(admission))))
+    }
+
+    /// Takes the slot (once per connection).
+    pub fn take(&self) -> Option<Admission> {
+        self.0.lock().ok().and_then(|mut a| a.take())
+    }
 }
 
 impl Drop for Admission {
@@ -151,6 +170,7 @@ impl Connections {
     pub fn insert(&self, out: Arc<Outbound>) {
         if let Ok(mut m) = self.map.lock() {
             m.insert(out.conn_id, out);
+            self.count.send_replace(m.len());
         }
     }
 
@@ -158,7 +178,15 @@ impl Connections {
     pub fn remove(&self, conn_id: u64) {
         if let Ok(mut m) = self.map.lock() {
             m.remove(&conn_id);
+            self.count.send_replace(m.len());
         }
+    }
+
+    /// Resolves once no connection is left (at once when there is none).
+    pub async fn until_empty(&self) {
+        let mut count = self.count.subscribe();
+        // The sender lives in `self`, so the wait ends only with an empty table.
+        let _ = count.wait_for(|n| *n == 0).await;
     }
 
     /// A snapshot of all connections.
@@ -230,8 +258,17 @@ pub struct Gateway {
     /// Peers whose `X-Forwarded-For` names the client (`limits.trusted_proxies`).
     pub trusted_proxies: Vec<IpAddr>,
     /// Read loops still taking frames (the drain waits for 0 before the last commit).
-    reading: AtomicUsize,
+    reading: tokio::sync::watch::Sender<usize>,
     next_id: AtomicU64,
+}
+
+/// Counts a running read loop in [`Gateway::reading`] while alive.
+pub(crate) struct Reading<'a>(&'a tokio::sync::watch::Sender<usize>);
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
 }
 
 /// Graceful-shutdown phases, in order ([`Gateway::drain`]).
@@ -276,7 +313,7 @@ impl Gateway {
             limits,
             draining,
             drain: tokio::sync::watch::channel(Drain::Running).0,
-            reading: AtomicUsize::new(0),
+            reading: tokio::sync::watch::Sender::new(0),
             next_id: AtomicU64::new(1),
         })
     }
@@ -294,7 +331,20 @@ impl Gateway {
 
     /// Read loops still taking frames.
     pub fn reading(&self) -> usize {
-        self.reading.load(Ordering::Relaxed)
+        *self.reading.borrow()
+    }
+
+    /// Resolves once no read loop is taking frames (at once when none is).
+    pub async fn readers_stopped(&self) {
+        let mut reading = self.reading.subscribe();
+        // The sender lives in `self`, so the wait ends only when the count is 0.
+        let _ = reading.wait_for(|n| *n == 0).await;
+    }
+
+    /// A read loop starts; it is counted in [`Gateway::reading`] until the guard drops.
+    pub(crate) fn start_reading(&self) -> Reading<'_> {
+        self.reading.send_modify(|n| *n += 1);
+        Reading(&self.reading)
     }
 
     /// The client listener's routes.

@@ -47,7 +47,7 @@ pub enum Step {
 }
 
 /// Which frame kind a RATE_LIMITED refusal was for (label `frame` of
-/// `im_flood_disconnects_total`).
+/// `im_flood_disconnects_total`; declared in the order of `obs::FLOOD_FRAMES`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Flood {
     Ping,
@@ -77,14 +77,9 @@ impl Flood {
         }
     }
 
+    /// Its `frame` label: the entry of [`crate::obs::FLOOD_FRAMES`] at its position.
     const fn label(self) -> &'static str {
-        match self {
-            Flood::Ping => "ping",
-            Flood::Send => "send",
-            Flood::DeliverAck => "deliver_ack",
-            Flood::Sync => "sync",
-            Flood::GroupOp => "group_op",
-        }
+        crate::obs::FLOOD_FRAMES[self as usize]
     }
 
     fn close(self) -> CloseReason {
@@ -98,15 +93,6 @@ impl Flood {
         CloseReason::new(CloseReason::POLICY, reason)
     }
 }
-
-/// The `frame` label values of `im_flood_disconnects_total`.
-pub const FLOOD_FRAMES: [&str; Flood::ALL.len()] = [
-    Flood::Ping.label(),
-    Flood::Send.label(),
-    Flood::DeliverAck.label(),
-    Flood::Sync.label(),
-    Flood::GroupOp.label(),
-];
 
 /// RATE_LIMITED refusals of one frame kind, counted in fixed windows.
 #[derive(Debug, Clone)]

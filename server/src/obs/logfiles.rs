@@ -17,7 +17,34 @@ use tracing_subscriber::Layer;
 
 use super::compactor::{LogStats, Window};
 use super::logfilter::{DiagFilter, LevelSpec, LogFilters};
-use crate::config::Config;
+
+/// What [`init`] needs: the `[log]` settings that shape the outputs, with the file
+/// directory resolved (the config builds it: `LogConfig::options`).
+#[derive(Debug, Clone)]
+pub struct LogOptions {
+    /// Global level spec (`log.level`).
+    pub level: String,
+    /// Per-uid filters on (`log.uid_filters`).
+    pub uid_filters: bool,
+    /// Most per-uid filters at once (`log.max_uid_filters`).
+    pub max_uid_filters: usize,
+    /// Directory of the JSON files; `None` when `log.files = false`.
+    pub dir: Option<PathBuf>,
+    /// File name prefix (`log.prefix`).
+    pub prefix: String,
+    /// `minutely`, `hourly`, `daily` or `never` (`log.rotation`; anything else: hourly).
+    pub rotation: String,
+    /// Drop lines rather than block when the file writer falls behind (`log.lossy`).
+    pub lossy: bool,
+    /// Lines buffered for the file writer (`log.buffered_lines`).
+    pub buffered_lines: usize,
+    /// Off-peak window start, `HH:MM` (`log.window_start`).
+    pub window_start: String,
+    /// Off-peak window end, `HH:MM` (`log.window_end`).
+    pub window_end: String,
+    /// Retention in hours (`log.retention_hours`).
+    pub retention_hours: u32,
+}
 
 /// Errors from setting up logging.
 #[derive(Debug, thiserror::Error)]
@@ -104,30 +131,28 @@ impl<W: Write> Write for CountingWriter<W> {
     }
 }
 
-/// Installs the process's subscriber from `config.log`: text to stderr (as before),
-/// JSON lines to `<log dir>/<prefix>.<period>.log`, the level and per-uid filters from
+/// Installs the process's subscriber from `lc`: text to stderr (as before), JSON lines
+/// to `<log dir>/<prefix>.<period>.log`, the level and per-uid filters from
 /// [`LogFilters`]. Call once, before anything logs; keep the guard until exit.
-pub fn init(config: &Config) -> Result<LogGuard, LogInitError> {
+pub fn init(lc: &LogOptions) -> Result<LogGuard, LogInitError> {
     // Metric handles taken below must see the recorder.
     let _ = super::install_recorder();
     metrics::describe_counter!(
         "im_log_lines_dropped_total",
         "Log lines the non-blocking file writer dropped because it fell behind."
     );
-    let lc = &config.log;
     let spec = LevelSpec::parse(&lc.level).map_err(|message| LogInitError::Level {
         value: lc.level.clone(),
         message,
     })?;
-    let filters = LogFilters::new(spec, lc.uid_filters, lc.max_uid_filters as usize);
+    let filters = LogFilters::new(spec, lc.uid_filters, lc.max_uid_filters);
     filters.install();
     let stats = Arc::new(LogStats::default());
     let stderr = tracing_subscriber::fmt::layer()
         .with_writer(io::stderr)
         .with_ansi(io::IsTerminal::is_terminal(&io::stderr()));
 
-    let (file_layer, worker, dropped, dir) = if lc.files {
-        let dir = lc.dir_in(&config.data_dir);
+    let (file_layer, worker, dropped, dir) = if let Some(dir) = lc.dir.clone() {
         let dir_err = |e: &dyn std::fmt::Display| LogInitError::Dir {
             dir: dir.clone(),
             message: e.to_string(),
@@ -152,7 +177,7 @@ pub fn init(config: &Config) -> Result<LogGuard, LogInitError> {
         };
         let (writer, worker) = NonBlockingBuilder::default()
             .lossy(lc.lossy)
-            .buffered_lines_limit(lc.buffered_lines as usize)
+            .buffered_lines_limit(lc.buffered_lines)
             .thread_name("im-log-writer")
             .finish(counting);
         let dropped = writer.error_counter();

@@ -28,6 +28,7 @@ use serde::Serialize;
 use tracing::level_filters::LevelFilter;
 use tracing::subscriber::Interest;
 use tracing::{Level, Metadata, Span};
+use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::{Context, Filter};
 
 /// Target of the connection span.
@@ -165,14 +166,6 @@ fn rank(level: &Level) -> u8 {
     }
 }
 
-/// Rank of a level filter: 0 (off) to 5 (trace).
-fn filter_rank(f: LevelFilter) -> u8 {
-    match f.into_level() {
-        None => 0,
-        Some(l) => rank(&l),
-    }
-}
-
 fn rank_filter(r: u8) -> LevelFilter {
     match r {
         0 => LevelFilter::OFF,
@@ -198,20 +191,21 @@ fn parse_level(s: &str) -> Option<LevelFilter> {
 
 /// A parsed global level: `LEVEL` and/or `target=LEVEL` directives, comma-separated
 /// (e.g. `info,im_server::store=debug,sqlx=warn`). The longest matching target prefix
-/// wins; the bare level (default `info`) applies to everything else.
+/// wins; the bare level (default `info`) applies to everything else. Matching is
+/// `tracing_subscriber`'s [`Targets`] (parsed with its `FromStr` from the checked,
+/// canonical directives); the check before it gives the errors that name the directive
+/// at fault and say what would do.
 #[derive(Debug, Clone)]
 pub struct LevelSpec {
     text: String,
-    default: LevelFilter,
-    /// Longest target first.
-    targets: Vec<(String, LevelFilter)>,
+    targets: Targets,
 }
 
 impl LevelSpec {
     /// Parses a spec; the error names the directive at fault.
     pub fn parse(text: &str) -> Result<LevelSpec, String> {
         let mut default = None;
-        let mut targets: Vec<(String, LevelFilter)> = Vec::new();
+        let mut targets: Vec<(&str, LevelFilter)> = Vec::new();
         for d in text.split(',').map(str::trim).filter(|d| !d.is_empty()) {
             match d.split_once('=') {
                 None => {
@@ -232,18 +226,26 @@ impl LevelSpec {
                     let l = parse_level(level).ok_or_else(|| {
                         format!("{d:?}: {level:?} is not a level (use trace, debug, info, warn, error or off)")
                     })?;
-                    targets.retain(|(t, _)| t != target);
-                    targets.push((target.to_string(), l));
+                    targets.retain(|(t, _)| *t != target);
+                    targets.push((target, l));
                 }
             }
         }
         if default.is_none() && targets.is_empty() {
             return Err("empty level (use e.g. info or info,im_server=debug)".into());
         }
-        targets.sort_by_key(|(t, _)| std::cmp::Reverse(t.len()));
+        // The same spec in `Targets`' own syntax: one default first (a spec without a
+        // bare level means info), then each target once with its last level.
+        let canonical: Vec<String> =
+            std::iter::once(default.unwrap_or(LevelFilter::INFO).to_string())
+                .chain(targets.iter().map(|(t, l)| format!("{t}={l}")))
+                .collect();
+        let targets = canonical
+            .join(",")
+            .parse::<Targets>()
+            .map_err(|e| format!("{:?}: {e}", text.trim()))?;
         Ok(LevelSpec {
             text: text.trim().to_string(),
-            default: default.unwrap_or(LevelFilter::INFO),
             targets,
         })
     }
@@ -253,25 +255,33 @@ impl LevelSpec {
         &self.text
     }
 
-    /// The level for a target.
+    /// The level for a target: the most verbose one it enables.
     pub fn level_for(&self, target: &str) -> LevelFilter {
-        self.targets
-            .iter()
-            .find(|(t, _)| target.starts_with(t.as_str()))
-            .map_or(self.default, |(_, l)| *l)
+        [
+            Level::TRACE,
+            Level::DEBUG,
+            Level::INFO,
+            Level::WARN,
+            Level::ERROR,
+        ]
+        .into_iter()
+        .find(|l| self.targets.would_enable(target, l))
+        .map_or(LevelFilter::OFF, LevelFilter::from_level)
     }
 
     /// Whether an event at `level` from `target` passes.
     pub fn enabled(&self, target: &str, level: &Level) -> bool {
-        rank(level) <= filter_rank(self.level_for(target))
+        self.targets.would_enable(target, level)
     }
 
     /// The most verbose level any directive enables.
     pub fn max(&self) -> LevelFilter {
         self.targets
             .iter()
-            .map(|(_, l)| *l)
-            .fold(self.default, std::cmp::max)
+            .map(|(_, l)| l)
+            .chain(self.targets.default_level())
+            .max()
+            .unwrap_or(LevelFilter::OFF)
     }
 }
 
@@ -781,6 +791,30 @@ mod tests {
         for bad in ["", "lots", "info,x=loud", "=debug", "a b=info"] {
             assert!(LevelSpec::parse(bad).is_err(), "{bad}");
         }
+        // No bare level: info for the rest; a target named twice keeps its last level;
+        // `warning` and any case are levels.
+        let s = LevelSpec::parse(" im_server=debug , sqlx=WARNING,sqlx=error").unwrap();
+        assert_eq!(s.as_str(), "im_server=debug , sqlx=WARNING,sqlx=error");
+        assert_eq!(s.level_for("tokio"), LevelFilter::INFO);
+        assert_eq!(s.level_for("sqlx"), LevelFilter::ERROR);
+        assert_eq!(s.level_for("im_server::gateway"), LevelFilter::DEBUG);
+        assert_eq!(LevelSpec::parse("off").unwrap().max(), LevelFilter::OFF);
+        assert_eq!(
+            LevelSpec::parse("info,x=loud").unwrap_err(),
+            r#""x=loud": "loud" is not a level (use trace, debug, info, warn, error or off)"#
+        );
+        assert_eq!(
+            LevelSpec::parse("lots").unwrap_err(),
+            r#""lots" is not a level (use trace, debug, info, warn, error or off, or target=level)"#
+        );
+        assert_eq!(
+            LevelSpec::parse("a b=info").unwrap_err(),
+            r#""a b=info": "a b" is not a target (use a module path like im_server::store)"#
+        );
+        assert_eq!(
+            LevelSpec::parse(" , ").unwrap_err(),
+            "empty level (use e.g. info or info,im_server=debug)"
+        );
     }
 
     #[test]

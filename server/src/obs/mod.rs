@@ -144,6 +144,19 @@ pub struct Totals {
 /// The `reason` labels of `im_connections_refused_total`, in [`Totals::refused`] order.
 pub const REFUSED_REASONS: [&str; 3] = ["node_full", "per_ip", "draining"];
 
+/// The `frame` labels of `im_flood_disconnects_total`, in the order of the gateway's
+/// flood kinds (ping, send, deliver_ack, sync, group_op).
+pub const FLOOD_FRAMES: [&str; 5] = ["ping", "send", "deliver_ack", "sync", "group_op"];
+
+/// The `reason` labels of `im_http_rejected_total`: why `listen` closed a socket in the
+/// HTTP layer.
+pub const REJECT_REASONS: [&str; 4] = [
+    "header_timeout",
+    "header_too_large",
+    "bad_request",
+    "admin_full",
+];
+
 /// Cheap, cloneable metric handles for the hot path.
 #[derive(Clone)]
 pub struct Metrics {
@@ -194,11 +207,11 @@ impl Metrics {
         for reason in REFUSED_REASONS {
             counter!("im_connections_refused_total", "reason" => reason).absolute(0);
         }
-        for frame in crate::gateway::protocol::FLOOD_FRAMES {
+        for frame in FLOOD_FRAMES {
             counter!("im_flood_disconnects_total", "frame" => frame).absolute(0);
         }
         for listener in ["client", "admin"] {
-            for reason in crate::listen::REJECT_REASONS {
+            for reason in REJECT_REASONS {
                 counter!("im_http_rejected_total", "listener" => listener, "reason" => reason)
                     .absolute(0);
             }

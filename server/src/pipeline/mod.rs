@@ -277,7 +277,7 @@ impl Pipeline {
     pub fn spawn_with(
         store: Arc<dyn Store>,
         relations: Arc<Relations>,
-        link: Option<Arc<crate::cluster::Link>>,
+        link: Option<Arc<dyn route::Peers>>,
         config: &crate::config::Config,
         metrics: Metrics,
     ) -> (Arc<Self>, tokio::task::JoinHandle<()>) {

@@ -1,18 +1,21 @@
 //! Route stage: the online-session registry (user -> connections on this node) and the
 //! fan-out of committed messages. Each message is encoded once and the bytes are shared
 //! by every recipient's outbound queue. In cluster mode the same bytes go once to each
-//! other node with recipients online (`cluster::Link`), and envelopes from other nodes
-//! come back in through [`Router::deliver_remote`].
+//! other node with recipients online, through the [`Peers`] the router is given (the
+//! cluster link implements it; the router knows only this trait, so the dependency runs
+//! from the cluster to the router and not back), and envelopes from other nodes come
+//! back in through [`Router::deliver_remote`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use im_proto::{frame, Body, ChatMessage, Deliver};
 use tokio::sync::mpsc;
 
 use super::relation::Members;
-use crate::cluster::{Forward, Link};
 use crate::flow::{Outbound, Pushed};
 use crate::obs::{EndToEnd, Metrics, Stage};
 
@@ -50,6 +53,36 @@ pub struct Delivery {
     pub started: Instant,
 }
 
+/// The other nodes, as the router sees them (cluster mode; the cluster link implements
+/// it): presence changes out, the forward plan of a delivery, publishing that plan.
+pub trait Peers: Send + Sync {
+    /// `user` now has a connection here (the first one).
+    fn user_up(&self, user: &str);
+    /// `user` has no connection here any more.
+    fn user_down(&self, user: &str);
+    /// The cross-node part of a delivery of `frame` (empty: a sync hint) to `users`:
+    /// `None` when no other live node has any of them online.
+    fn plan(
+        &self,
+        users: &mut dyn Iterator<Item = &str>,
+        frame: &Bytes,
+        direct: bool,
+    ) -> Option<Forward>;
+    /// Publishes a forward plan: one envelope per node. The router awaits each before
+    /// the next delivery, so every node receives this node's pushes in commit order.
+    fn forward(&self, f: Forward) -> BoxFuture<'_, ()>;
+}
+
+/// One message's cross-node part: the users to push to, per other node.
+pub struct Forward {
+    /// Node -> its recipients.
+    pub targets: Vec<(Arc<str>, Vec<String>)>,
+    /// The encoded Deliver frame (empty: a sync hint).
+    pub frame: Bytes,
+    /// One-to-one (critical) or group.
+    pub direct: bool,
+}
+
 /// Online sessions of this node; the one owner of that map.
 pub struct Router {
     sessions: RwLock<HashMap<String, Vec<Arc<Outbound>>>>,
@@ -57,13 +90,13 @@ pub struct Router {
     notify_threshold: usize,
     hint: bytes::Bytes,
     hints: metrics::Counter,
-    link: Option<Arc<Link>>,
+    link: Option<Arc<dyn Peers>>,
 }
 
 impl Router {
     /// An empty registry; groups above `notify_threshold` members get sync hints; with a
     /// `link`, recipients on other nodes get the message through it.
-    pub fn new(metrics: Metrics, notify_threshold: u32, link: Option<Arc<Link>>) -> Self {
+    pub fn new(metrics: Metrics, notify_threshold: u32, link: Option<Arc<dyn Peers>>) -> Self {
         let hint = im_proto::encode(&frame(
             0,
             Body::SyncResp(im_proto::SyncResponse {
@@ -189,8 +222,8 @@ impl Router {
                 self.hint_members(members, d.origin_conn);
                 let forward = self.link.as_ref().and_then(|l| {
                     l.plan(
-                        members.iter().map(String::as_str),
-                        &bytes::Bytes::new(),
+                        &mut members.iter().map(String::as_str),
+                        &Bytes::new(),
                         false,
                     )
                 });
@@ -219,7 +252,7 @@ impl Router {
         let forward = self
             .link
             .as_ref()
-            .and_then(|l| l.plan(d.recipients.users(), &bytes, direct));
+            .and_then(|l| l.plan(&mut d.recipients.users(), &bytes, direct));
         self.metrics.stage_since(Stage::Route, t);
         e2e.done(&self.metrics);
         forward

@@ -221,6 +221,29 @@ impl TestServer {
             * 1024
     }
 
+    /// Waits until the store (the default SQLite database in the data dir) holds
+    /// `user`'s cursor of `conversation` at `seq` or past it: the persistence writer
+    /// commits a DeliverAck's cursor a moment after the read loop hands it in.
+    pub async fn wait_cursor(&self, user: &str, conversation: &str, seq: u64) {
+        use im_server::store::Store;
+        let store = im_server::store::SqliteStore::open(&self.data_dir.join("im.db"), false, 1)
+            .await
+            .expect("open the store");
+        let end = Instant::now() + WAIT;
+        while store
+            .cursor(user, conversation)
+            .await
+            .expect("read a cursor")
+            < seq
+        {
+            assert!(
+                Instant::now() < end,
+                "timed out waiting for {user}'s cursor of {conversation} to reach {seq}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Everything the server has logged so far.
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()

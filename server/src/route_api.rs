@@ -1,0 +1,77 @@
+//! `GET /v1/route`, on the client listener: which node a new client connection should
+//! go to. In cluster mode the least-loaded live node of the cluster registry (skipping
+//! the ones the client asks to avoid), falling back to this node unless it is draining;
+//! on a single node, this node unless it is draining. A refusal is 503 with
+//! `Retry-After` and the admin API's error body (`admin::error`). It only reads the
+//! registry that `cluster` keeps, so it lives apart from the cluster link: `cluster`
+//! calls neither this module nor the admin API.
+
+use std::sync::Arc;
+
+use crate::cluster::registry::Registry;
+
+/// State of `GET /v1/route` (on the client listener, in single-node mode too).
+#[derive(Clone)]
+pub struct RouteApi {
+    /// This node's id.
+    pub node_id: String,
+    /// This node's client WebSocket URL.
+    pub ws_url: String,
+    /// The cluster registry (`None`: single node, the answer is always this node).
+    pub registry: Option<Arc<Registry>>,
+    /// This node is shutting down.
+    pub draining: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// `GET /v1/route[?avoid=ID,ID]`: the least-loaded healthy node for a new connection.
+pub fn router(state: RouteApi) -> axum::Router {
+    axum::Router::new()
+        .route("/v1/route", axum::routing::get(route_handler))
+        .with_state(state)
+}
+
+#[derive(serde::Deserialize)]
+struct RouteQuery {
+    #[serde(default)]
+    avoid: String,
+}
+
+async fn route_handler(
+    axum::extract::State(api): axum::extract::State<RouteApi>,
+    q: Result<axum::extract::Query<RouteQuery>, axum::extract::rejection::QueryRejection>,
+) -> axum::response::Response {
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+    let q = match q {
+        Ok(q) => q.0,
+        Err(e) => return crate::admin::error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    let avoid: Vec<&str> = q.avoid.split(',').filter(|s| !s.is_empty()).collect();
+    let chosen = match &api.registry {
+        Some(r) => r.choose(&avoid).map(|n| (n.node_id, n.ws_url)).or_else(|| {
+            // Every other node is avoided or down: this one, if it can take it.
+            let me = !api.draining.load(std::sync::atomic::Ordering::Relaxed);
+            me.then(|| (api.node_id.clone(), api.ws_url.clone()))
+        }),
+        None if api.draining.load(std::sync::atomic::Ordering::Relaxed) => None,
+        None => Some((api.node_id.clone(), api.ws_url.clone())),
+    };
+    match chosen {
+        Some((node_id, ws_url)) => axum::Json(serde_json::json!({
+            "node_id": node_id,
+            "ws_url": ws_url,
+        }))
+        .into_response(),
+        None => {
+            let mut r = crate::admin::error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no healthy node can take a connection",
+            );
+            r.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+            r
+        }
+    }
+}
