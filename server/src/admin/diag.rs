@@ -289,3 +289,39 @@ async fn logs() -> Result<Response, Refused> {
     })
     .into_response())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::obs::logfilter::LevelSpec;
+
+    fn filters() -> Arc<LogFilters> {
+        LogFilters::new(LevelSpec::parse("info").expect("info parses"), true, 4)
+    }
+
+    #[test]
+    fn bad_bodies_are_refused_naming_the_field() {
+        let f = filters();
+        for (body, name) in [
+            (r#"{"level":"loud"}"#, "level"),
+            (r#"{"level":5}"#, "level"),
+            (r#"{"ttl_secs":5}"#, "level"),
+            (r#"{"level":"debug","ttl_secs":0}"#, "ttl_secs"),
+            (r#"{"level":"debug","ttl_secs":1.5}"#, "ttl_secs"),
+            (r#"{"level":"debug","ttl":5}"#, "ttl"),
+            (r#"["debug", 5]"#, "body"),
+            ("not json", "body"),
+        ] {
+            let r = put_filter(&f, "alice", body.as_bytes()).expect_err(body);
+            assert_eq!(r.0, StatusCode::BAD_REQUEST, "{body}");
+            assert!(r.1.contains(name), "{body}: {}", r.1);
+        }
+        let info = put_filter(&f, "alice", br#"{"level":"debug","ttl_secs":null}"#).unwrap();
+        assert_eq!((info.level, info.ttl_secs), ("debug", TTL_DEFAULT));
+        for body in [r#"{"level":"info","extra":1}"#, r#"{}"#, r#"{"level":3}"#] {
+            let r = put_level(&f, body.as_bytes()).expect_err(body);
+            assert_eq!(r.0, StatusCode::BAD_REQUEST, "{body}");
+        }
+        assert_eq!(put_level(&f, br#"{"level":"debug"}"#).unwrap(), "debug");
+    }
+}
