@@ -104,7 +104,7 @@ pub fn save_result(dir: &Path, node: &str, bundle: ProfileBundle, unix_secs: u64
         Err(e) => (None, None, Some(e.to_string())),
     };
     ProfileResult {
-        seconds: bundle.seconds,
+        seconds: bundle.seconds as f64,
         frequency: bundle.frequency,
         samples: bundle.samples,
         top: bundle.top,

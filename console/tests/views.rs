@@ -271,7 +271,7 @@ async fn profile_states() {
     let bundle: ProfileBundle =
         serde_json::from_slice(&fixture("profile_bundle.json")).expect("bundle");
     let result = ProfileResult {
-        seconds: bundle.seconds,
+        seconds: bundle.seconds as f64,
         frequency: bundle.frequency,
         samples: bundle.samples,
         top: bundle.top,

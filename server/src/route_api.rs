@@ -26,7 +26,7 @@ pub struct RouteApi {
 /// `GET /v1/route[?avoid=ID,ID]`: the least-loaded healthy node for a new connection.
 pub fn router(state: RouteApi) -> axum::Router {
     axum::Router::new()
-        .route("/v1/route", axum::routing::get(route_handler))
+        .route(im_admin_api::routes::ROUTE, axum::routing::get(route_handler))
         .with_state(state)
 }
 
@@ -57,11 +57,9 @@ async fn route_handler(
         None => Some((api.node_id.clone(), api.ws_url.clone())),
     };
     match chosen {
-        Some((node_id, ws_url)) => axum::Json(serde_json::json!({
-            "node_id": node_id,
-            "ws_url": ws_url,
-        }))
-        .into_response(),
+        Some((node_id, ws_url)) => {
+            axum::Json(im_admin_api::RouteAnswer { node_id, ws_url }).into_response()
+        }
         None => {
             let mut r = crate::admin::error(
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -19,8 +19,8 @@ fn level_style(level: &str) -> Style {
     }
 }
 
-fn secs_opt(v: Option<f64>) -> String {
-    v.map_or("-".to_owned(), |s| fmt::secs(s.max(0.0).round() as u64))
+fn secs_of(v: f64) -> String {
+    fmt::secs(v.max(0.0).round() as u64)
 }
 
 /// Draws the logs view of `node`.
@@ -55,16 +55,17 @@ pub fn render(frame: &mut Frame, area: Rect, state: &AppState, node: &NodeState)
             let header =
                 Row::new(["user id", "level", "ttl", "remaining", ""]).style(header_style());
             let body = rows.iter().map(|f| {
-                let frac = match (f.remaining_secs, f.ttl_secs) {
-                    (Some(r), Some(t)) if t > 0.0 => (r / t).clamp(0.0, 1.0),
-                    _ => 0.0,
+                let frac = if f.ttl_secs > 0 {
+                    (f.remaining_secs / f.ttl_secs as f64).clamp(0.0, 1.0)
+                } else {
+                    0.0
                 };
                 let n = (frac * 20.0).round() as usize;
                 Row::new(vec![
                     Span::raw(f.uid.clone()),
                     Span::styled(f.level.clone(), level_style(&f.level)),
-                    Span::raw(secs_opt(f.ttl_secs)),
-                    Span::raw(secs_opt(f.remaining_secs)),
+                    Span::raw(secs_of(f.ttl_secs as f64)),
+                    Span::raw(secs_of(f.remaining_secs)),
                     Span::styled(
                         format!("{}{}", "▰".repeat(n), "▱".repeat(20 - n)),
                         Style::new().fg(DIM),
@@ -111,7 +112,10 @@ pub fn render(frame: &mut Frame, area: Rect, state: &AppState, node: &NodeState)
         );
         return;
     };
-    let outer = block(format!("log files in {}", l.dir));
+    let outer = block(format!(
+        "log files in {}",
+        l.dir.as_deref().unwrap_or_default()
+    ));
     let inner = outer.inner(files_area);
     frame.render_widget(outer, files_area);
     let [summary, table] =

@@ -69,13 +69,13 @@ fn render_cluster(frame: &mut Frame, area: Rect, o: &Overview) {
             _ => BAD,
         };
         Row::new(vec![
-            Span::raw(n.node_id.clone()),
+            Span::raw(n.report.node_id.clone()),
             Span::styled(n.state.clone(), Style::new().fg(color)),
-            Span::raw(n.connections.to_string()),
-            Span::raw(format!("{:.0}", n.msg_rate_in)),
-            Span::raw(format!("{:.0}%", n.cpu_busy * 100.0)),
-            Span::raw(fmt::bytes(n.rss_bytes)),
-            Span::raw(n.headroom_connections.to_string()),
+            Span::raw(n.report.connections.to_string()),
+            Span::raw(format!("{:.0}", n.report.msg_rate_in)),
+            Span::raw(format!("{:.0}%", n.report.cpu_busy * 100.0)),
+            Span::raw(fmt::bytes(n.report.rss_bytes)),
+            Span::raw(n.report.headroom_connections.to_string()),
             Span::raw(format!("{:.1}", n.score)),
             Span::raw(format!("{:.1}s", n.report_age_ms as f64 / 1000.0)),
         ])

@@ -1,7 +1,8 @@
 //! Admin diagnosis routes: on-demand CPU profiles, per-uid
 //! log filters, the global log level, and the log files with their compaction state.
-//! Shapes are documented in `docs/admin-api.md`; bad input is a 400 naming the parameter
-//! or field.
+//! Shapes are documented in `docs/admin-api.md` and declared in `im_admin_api`; bad input
+//! is a 400 naming the parameter or field (a JSON body is read into its typed request,
+//! which refuses unknown fields).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,9 +16,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use axum::{Json, Router};
 use base64::Engine;
+use im_admin_api::{
+    routes, GlobalLevel, LogFile, LogFilter, LogFilterRemoved, LogWindow, Logs, ProfileBundle,
+    SetLogFilter, SetLogLevel,
+};
+use serde::de::DeserializeOwned;
 
 use super::error;
-use crate::obs::compactor::{self, SystemClock};
+use crate::obs::compactor::{self, FileState, SystemClock};
 use crate::obs::logfiles::{self, LogControl};
 use crate::obs::logfilter::{self, FilterError, FilterInfo, LogFilters};
 use crate::obs::profile::{self, CaptureSlot, Format, ProfileError};
@@ -30,14 +36,11 @@ const TTL_MAX: u64 = 86_400;
 /// The diagnosis routes (merged into the token-protected router).
 pub fn routes() -> Router<Arc<Node>> {
     Router::new()
-        .route("/admin/v1/profile/cpu", get(cpu_profile))
-        .route("/admin/v1/log-filters", get(list_filters))
-        .route(
-            "/admin/v1/log-filters/{uid}",
-            put(set_filter).delete(remove_filter),
-        )
-        .route("/admin/v1/log-level", put(set_level))
-        .route("/admin/v1/logs", get(logs))
+        .route(routes::PROFILE_CPU, get(cpu_profile))
+        .route(routes::LOG_FILTERS, get(list_filters))
+        .route(routes::LOG_FILTER, put(set_filter).delete(remove_filter))
+        .route(routes::LOG_LEVEL, put(set_level))
+        .route(routes::LOGS, get(logs))
 }
 
 /// A refused request, answered as `{"error": ...}` with its status.
@@ -110,15 +113,15 @@ async fn cpu_profile(Query(q): Query<HashMap<String, String>>) -> Result<Respons
             r.pprof_gz.unwrap_or_default(),
         )
             .into_response(),
-        Format::Bundle => Json(serde_json::json!({
-            "seconds": seconds,
-            "frequency": frequency,
-            "samples": r.samples,
-            "top": r.top,
-            "svg": r.svg.unwrap_or_default(),
-            "pprof_gz_base64": base64::engine::general_purpose::STANDARD
+        Format::Bundle => Json(ProfileBundle {
+            seconds: seconds.into(),
+            frequency: frequency.into(),
+            samples: r.samples,
+            top: r.top,
+            svg: r.svg.unwrap_or_default(),
+            pprof_gz_base64: base64::engine::general_purpose::STANDARD
                 .encode(r.pprof_gz.unwrap_or_default()),
-        }))
+        })
         .into_response(),
     })
 }
@@ -134,30 +137,40 @@ fn control() -> Result<Arc<LogControl>, Refused> {
 
 async fn list_filters() -> Result<Response, Refused> {
     let c = control()?;
-    Ok(Json(serde_json::json!({
-        "global_level": c.filters.global_level(),
-        "uid_filters_enabled": c.filters.uid_enabled(),
-        "filters": c.filters.list(),
-    }))
+    Ok(Json(im_admin_api::LogFilters {
+        global_level: c.filters.global_level(),
+        uid_filters_enabled: Some(c.filters.uid_enabled()),
+        filters: c.filters.list().into_iter().map(filter_view).collect(),
+    })
     .into_response())
 }
 
-/// Parses a JSON object body; the error names what is wrong.
-fn object(body: &[u8]) -> Result<serde_json::Map<String, serde_json::Value>, Refused> {
-    match serde_json::from_slice::<serde_json::Value>(body) {
-        Ok(serde_json::Value::Object(m)) => Ok(m),
-        Ok(_) => Err(bad("body: expected a JSON object")),
-        Err(e) => Err(bad(format!("body: not JSON: {e}"))),
-    }
+/// Reads a JSON object body into its typed request. The error names what is wrong: the
+/// field (its path) for a bad or unknown one, `body` when it is not a JSON object.
+fn body<T: DeserializeOwned>(body: &[u8]) -> Result<T, Refused> {
+    let value = match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(v @ serde_json::Value::Object(_)) => v,
+        Ok(_) => return Err(bad("body: expected a JSON object")),
+        Err(e) => return Err(bad(format!("body: not JSON: {e}"))),
+    };
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." {
+            bad(format!("body: {inner}"))
+        } else {
+            bad(format!("{path}: {inner}"))
+        }
+    })
 }
 
-fn only(m: &serde_json::Map<String, serde_json::Value>, allowed: &[&str]) -> Result<(), Refused> {
-    match m.keys().find(|k| !allowed.contains(&k.as_str())) {
-        Some(k) => Err(bad(format!(
-            "{k}: unknown field (expected {})",
-            allowed.join(", ")
-        ))),
-        None => Ok(()),
+/// A filter as the admin API shows it.
+fn filter_view(f: FilterInfo) -> LogFilter {
+    LogFilter {
+        uid: f.uid,
+        level: f.level.to_owned(),
+        ttl_secs: f.ttl_secs,
+        remaining_secs: f.remaining_secs,
     }
 }
 
@@ -165,36 +178,29 @@ async fn set_filter(Path(uid): Path<String>, body: Bytes) -> Result<Response, Re
     let c = control()?;
     let info = put_filter(&c.filters, &uid, &body)?;
     tracing::info!(uid = %uid, level = info.level, ttl_secs = info.ttl_secs, "log filter set");
-    Ok(Json(info).into_response())
+    Ok(Json(filter_view(info)).into_response())
 }
 
 /// `PUT /admin/v1/log-filters/{uid}` applied to `filters`: checks the uid and the JSON
-/// body (`{"level": ..., "ttl_secs": ...}`), then sets the filter (400 or 409 otherwise).
+/// body ([`SetLogFilter`]), then sets the filter (400 or 409 otherwise).
 pub fn put_filter(filters: &LogFilters, uid: &str, body: &[u8]) -> Result<FilterInfo, Refused> {
     if !im_proto::valid_id(uid) {
         return Err(bad(format!(
             "uid {uid:?}: use 1-64 characters of A-Z a-z 0-9 _ . @ -"
         )));
     }
-    let m = object(body)?;
-    only(&m, &["level", "ttl_secs"])?;
+    let req: SetLogFilter = self::body(body)?;
     let levels = logfilter::UID_LEVELS.join(", ");
-    let level = match m.get("level") {
-        Some(serde_json::Value::String(l)) => logfilter::parse_uid_level(l)
-            .ok_or_else(|| bad(format!("level {l:?}: expected one of {levels}")))?,
-        Some(v) => return Err(bad(format!("level {v}: expected one of {levels}"))),
-        None => return Err(bad(format!("level: missing (one of {levels})"))),
-    };
-    let ttl = match m.get("ttl_secs") {
-        None | Some(serde_json::Value::Null) => TTL_DEFAULT,
-        Some(v) => v
-            .as_u64()
-            .filter(|n| (1..=TTL_MAX).contains(n))
-            .ok_or_else(|| {
-                bad(format!(
-                    "ttl_secs {v}: expected a whole number from 1 to {TTL_MAX}"
-                ))
-            })?,
+    let level = logfilter::parse_uid_level(&req.level)
+        .ok_or_else(|| bad(format!("level {:?}: expected one of {levels}", req.level)))?;
+    let ttl = match req.ttl_secs {
+        None => TTL_DEFAULT,
+        Some(n) if (1..=TTL_MAX).contains(&n) => n,
+        Some(n) => {
+            return Err(bad(format!(
+                "ttl_secs {n}: expected a whole number from 1 to {TTL_MAX}"
+            )))
+        }
     };
     filters
         .set(uid, level, Duration::from_secs(ttl))
@@ -209,7 +215,7 @@ async fn remove_filter(Path(uid): Path<String>) -> Result<Response, Refused> {
     let c = control()?;
     if c.filters.remove(&uid) {
         tracing::info!(uid = %uid, "log filter removed");
-        Ok(Json(serde_json::json!({ "removed": uid })).into_response())
+        Ok(Json(LogFilterRemoved { removed: uid }).into_response())
     } else {
         Err(Refused(
             StatusCode::NOT_FOUND,
@@ -222,21 +228,18 @@ async fn set_level(body: Bytes) -> Result<Response, Refused> {
     let c = control()?;
     let shown = put_level(&c.filters, &body)?;
     tracing::info!(level = %shown, "global log level changed");
-    Ok(Json(serde_json::json!({ "global_level": shown })).into_response())
+    Ok(Json(GlobalLevel {
+        global_level: shown,
+    })
+    .into_response())
 }
 
-/// `PUT /admin/v1/log-level` applied to `filters`: checks the JSON body (`{"level": ...}`)
+/// `PUT /admin/v1/log-level` applied to `filters`: checks the JSON body ([`SetLogLevel`])
 /// and sets the global level; returns the level as shown (400 otherwise).
 pub fn put_level(filters: &LogFilters, body: &[u8]) -> Result<String, Refused> {
-    let m = object(body)?;
-    only(&m, &["level"])?;
-    let Some(serde_json::Value::String(level)) = m.get("level") else {
-        return Err(bad(
-            "level: expected a string such as \"debug\" or \"info,im_server::store=debug\"",
-        ));
-    };
+    let req: SetLogLevel = self::body(body)?;
     filters
-        .set_global_level(level)
+        .set_global_level(&req.level)
         .map_err(|e| bad(format!("level: {e}")))
 }
 
@@ -254,19 +257,71 @@ async fn logs() -> Result<Response, Refused> {
     let now = compactor::Clock::now(&SystemClock);
     let s = &c.stats;
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    Ok(Json(serde_json::json!({
-        "dir": c.dir.as_ref().map(|d| d.display().to_string()),
-        "files": files,
-        "window": {"start": c.window.start.to_string(), "end": c.window.end.to_string()},
-        "in_window": c.window.contains(now.time()),
-        "idle": s.idle.load(Ordering::Relaxed),
-        "next_window_start_ms": c.window.next_start(now).timestamp_millis(),
-        "retention_hours": c.retention_hours,
-        "written_bytes_total": load(&s.written),
-        "compressed_bytes_total": load(&s.compressed),
-        "compressed_files_total": load(&s.compressed_files),
-        "deleted_files_total": load(&s.deleted_files),
-        "dropped_lines_total": c.dropped_lines(),
-    }))
+    Ok(Json(Logs {
+        dir: c.dir.as_ref().map(|d| d.display().to_string()),
+        files: files
+            .into_iter()
+            .map(|f| LogFile {
+                name: f.name,
+                size_bytes: f.size_bytes,
+                state: match f.state {
+                    FileState::Active => "active",
+                    FileState::Rotated => "rotated",
+                    FileState::Compressed => "compressed",
+                }
+                .to_owned(),
+                modified_ms: f.modified_ms as i64,
+            })
+            .collect(),
+        window: LogWindow {
+            start: c.window.start.to_string(),
+            end: c.window.end.to_string(),
+        },
+        in_window: c.window.contains(now.time()),
+        idle: s.idle.load(Ordering::Relaxed),
+        next_window_start_ms: Some(c.window.next_start(now).timestamp_millis()),
+        retention_hours: c.retention_hours.into(),
+        written_bytes_total: load(&s.written),
+        compressed_bytes_total: load(&s.compressed),
+        compressed_files_total: load(&s.compressed_files),
+        deleted_files_total: load(&s.deleted_files),
+        dropped_lines_total: c.dropped_lines(),
+    })
     .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::obs::logfilter::LevelSpec;
+
+    fn filters() -> Arc<LogFilters> {
+        LogFilters::new(LevelSpec::parse("info").expect("info parses"), true, 4)
+    }
+
+    #[test]
+    fn bad_bodies_are_refused_naming_the_field() {
+        let f = filters();
+        for (body, name) in [
+            (r#"{"level":"loud"}"#, "level"),
+            (r#"{"level":5}"#, "level"),
+            (r#"{"ttl_secs":5}"#, "level"),
+            (r#"{"level":"debug","ttl_secs":0}"#, "ttl_secs"),
+            (r#"{"level":"debug","ttl_secs":1.5}"#, "ttl_secs"),
+            (r#"{"level":"debug","ttl":5}"#, "ttl"),
+            (r#"["debug", 5]"#, "body"),
+            ("not json", "body"),
+        ] {
+            let r = put_filter(&f, "alice", body.as_bytes()).expect_err(body);
+            assert_eq!(r.0, StatusCode::BAD_REQUEST, "{body}");
+            assert!(r.1.contains(name), "{body}: {}", r.1);
+        }
+        let info = put_filter(&f, "alice", br#"{"level":"debug","ttl_secs":null}"#).unwrap();
+        assert_eq!((info.level, info.ttl_secs), ("debug", TTL_DEFAULT));
+        for body in [r#"{"level":"info","extra":1}"#, r#"{}"#, r#"{"level":3}"#] {
+            let r = put_level(&f, body.as_bytes()).expect_err(body);
+            assert_eq!(r.0, StatusCode::BAD_REQUEST, "{body}");
+        }
+        assert_eq!(put_level(&f, br#"{"level":"debug"}"#).unwrap(), "debug");
+    }
 }

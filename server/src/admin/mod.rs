@@ -2,6 +2,8 @@
 //! `/healthz` and `/readyz` needs `Authorization: Bearer <admin token>`; a missing or
 //! wrong token gets 401 and is counted in `im_admin_unauthorized_total`. JSON shapes are
 //! documented in `docs/admin-api.md` and kept stable: the console is built on them.
+//! Every answer is one of `im_admin_api`'s types and every path one of its
+//! `routes`, so the server, the console and the bench share one declaration.
 
 pub mod diag;
 
@@ -14,7 +16,11 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
-use serde::{Deserialize, Serialize};
+use im_admin_api::{
+    routes, ClusterInfo, ClusterSummary, Connection, ConnectionList, ErrorBody, Group, GroupMember,
+    Kicked, Memory, Overview, Refusals, Revoked, SlowConsumers,
+};
+use serde::Deserialize;
 
 use crate::flow::{CloseReason, ConnState, Outbound};
 use crate::Node;
@@ -22,27 +28,27 @@ use crate::Node;
 /// The admin listener's routes.
 pub fn router(node: Arc<Node>) -> Router {
     let protected = Router::new()
-        .route("/metrics", get(metrics))
-        .route("/admin/v1/overview", get(overview))
-        .route("/admin/v1/connections", get(connections))
-        .route("/admin/v1/connections/{conn_id}", delete(kick))
-        .route("/admin/v1/slow-consumers", get(slow_consumers))
-        .route("/admin/v1/memory", get(memory))
-        .route("/admin/v1/groups/{group_id}", get(group))
-        .route("/admin/v1/users/{uid}/revoke", post(revoke))
+        .route(routes::METRICS, get(metrics))
+        .route(routes::OVERVIEW, get(overview))
+        .route(routes::CONNECTIONS, get(connections))
+        .route(routes::CONNECTION, delete(kick))
+        .route(routes::SLOW_CONSUMERS, get(slow_consumers))
+        .route(routes::MEMORY, get(memory))
+        .route(routes::GROUP, get(group))
+        .route(routes::REVOKE, post(revoke))
         .merge(diag::routes())
         .route_layer(middleware::from_fn_with_state(node.clone(), require_token));
     Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
+        .route(routes::HEALTHZ, get(|| async { "ok" }))
+        .route(routes::READYZ, get(readyz))
         .merge(protected)
-        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route") })
+        .fallback(|| async { error(StatusCode::NOT_FOUND, im_admin_api::NO_SUCH_ROUTE) })
         .with_state(node)
 }
 
-/// A JSON error body: `{"error": "..."}`.
+/// A JSON error body: `{"error": "..."}` ([`ErrorBody`]).
 pub fn error(status: StatusCode, message: impl Into<String>) -> Response {
-    (status, Json(serde_json::json!({ "error": message.into() }))).into_response()
+    (status, Json(ErrorBody::new(message))).into_response()
 }
 
 async fn require_token(State(node): State<Arc<Node>>, req: Request, next: Next) -> Response {
@@ -51,7 +57,7 @@ async fn require_token(State(node): State<Arc<Node>>, req: Request, next: Next) 
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    let metrics_open = node.config.admin_metrics_open && req.uri().path() == "/metrics";
+    let metrics_open = node.config.admin_metrics_open && req.uri().path() == routes::METRICS;
     match given {
         _ if metrics_open => next.run(req).await,
         Some(t) if constant_time_eq(t.as_bytes(), node.secrets.admin_token.as_bytes()) => {
@@ -128,51 +134,44 @@ async fn metrics(State(node): State<Arc<Node>>) -> Response {
     }
 }
 
-async fn overview(State(node): State<Arc<Node>>) -> Response {
+async fn overview(State(node): State<Arc<Node>>) -> Json<Overview> {
+    // The sampler's figures, with the node's own fields and the live counts on top.
     let snap = node.snapshot();
-    let refused: serde_json::Map<String, serde_json::Value> = crate::obs::REFUSED_REASONS
-        .iter()
-        .zip(node.metrics.totals.refused.iter())
-        .map(|(r, n)| (r.to_string(), n.load(Ordering::Relaxed).into()))
-        .collect();
-    Json(serde_json::json!({
-        "node_id": node.node_id,
-        "version": env!("CARGO_PKG_VERSION"),
-        "store": node.store.backend(),
-        "probes": node.metrics.probes_enabled(),
-        "uptime_secs": node.started.elapsed().as_secs(),
-        "connections": node.conns.len(),
-        "max_connections": node.max_connections,
-        "max_connections_per_ip": node.config.limits.max_connections_per_ip,
-        "connections_refused": refused,
-        "draining": node.draining.load(Ordering::Relaxed),
-        "store_refusal": node.pipeline.health.refusal(),
-        "users_online": snap.users_online,
-        "msg_rate_in": snap.msg_rate_in,
-        "msg_rate_out": snap.msg_rate_out,
-        "messages_in_total": snap.messages_in_total,
-        "messages_out_total": snap.messages_out_total,
-        "persist_backlog": node.pipeline.persist.depth(),
-        "persist_queue_capacity": node.pipeline.persist.capacity(),
-        "slow_consumers": snap.slow_consumers,
-        "slow_consumer_disconnects": snap.slow_consumer_disconnects,
-        "outbound_queued_bytes": snap.outbound_queued_bytes,
-        "latency_window_secs": snap.latency_window_secs,
-        "stages": snap.stages,
-        "memory": snap.memory,
-        "process": snap.process,
-        "cpu_busy": snap.cpu_busy,
-        "capacity": snap.capacity,
-        "cluster": cluster_view(&node),
-    }))
-    .into_response()
+    let [node_full, per_ip, draining] = node
+        .metrics
+        .totals
+        .refused
+        .each_ref()
+        .map(|n| n.load(Ordering::Relaxed));
+    Json(Overview {
+        node_id: node.node_id.clone(),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        store: node.store.backend().to_owned(),
+        probes: node.metrics.probes_enabled(),
+        uptime_secs: node.started.elapsed().as_secs(),
+        connections: node.conns.len() as u64,
+        max_connections: node.max_connections as u64,
+        max_connections_per_ip: node.config.limits.max_connections_per_ip.into(),
+        // In the order of `obs::REFUSED_REASONS`.
+        connections_refused: Refusals {
+            node_full,
+            per_ip,
+            draining,
+        },
+        draining: node.draining.load(Ordering::Relaxed),
+        store_refusal: node.pipeline.health.refusal().map(str::to_owned),
+        persist_backlog: node.pipeline.persist.depth() as u64,
+        persist_queue_capacity: node.pipeline.persist.capacity() as u64,
+        cluster: cluster_view(&node),
+        ..snap
+    })
 }
 
 /// The overview's `cluster` object: every node of the registry and a summary (one node,
 /// this one, in single-node mode).
-fn cluster_view(node: &Node) -> serde_json::Value {
+fn cluster_view(node: &Node) -> ClusterInfo {
     let Some(c) = &node.cluster else {
-        return serde_json::json!({ "enabled": false, "nodes": [], "summary": null });
+        return ClusterInfo::default();
     };
     let nodes = c.link.registry.view();
     let healthy: Vec<_> = nodes.iter().filter(|n| n.healthy).collect();
@@ -182,65 +181,45 @@ fn cluster_view(node: &Node) -> serde_json::Value {
     let sum_f = |f: fn(&crate::cluster::registry::LoadReport) -> f64| {
         healthy.iter().map(|n| f(&n.report)).sum::<f64>()
     };
-    serde_json::json!({
-        "enabled": true,
-        "node_id": node.node_id,
-        "ttl_secs": c.link.registry.ttl().as_secs(),
-        "users_on_other_nodes": c.link.presence.len(),
-        "nats_connected": c.link.connected(),
-        "degraded": c.degraded(),
-        "nodes": nodes,
-        "summary": {
-            "nodes": nodes.len(),
-            "healthy": healthy.len(),
-            "connections": sum_u(|r| r.connections),
-            "users_online": sum_u(|r| r.users_online),
-            "msg_rate_in": sum_f(|r| r.msg_rate_in),
-            "msg_rate_out": sum_f(|r| r.msg_rate_out),
-            "rss_bytes": sum_u(|r| r.rss_bytes),
-            "headroom_connections": sum_u(|r| r.headroom_connections),
-        },
-    })
+    let summary = ClusterSummary {
+        nodes: nodes.len() as u64,
+        healthy: healthy.len() as u64,
+        connections: sum_u(|r| r.connections),
+        users_online: sum_u(|r| r.users_online),
+        msg_rate_in: sum_f(|r| r.msg_rate_in),
+        msg_rate_out: sum_f(|r| r.msg_rate_out),
+        rss_bytes: sum_u(|r| r.rss_bytes),
+        headroom_connections: sum_u(|r| r.headroom_connections),
+    };
+    ClusterInfo {
+        enabled: true,
+        node_id: Some(node.node_id.clone()),
+        ttl_secs: Some(c.link.registry.ttl().as_secs()),
+        users_on_other_nodes: Some(c.link.presence.len() as u64),
+        nats_connected: Some(c.link.connected()),
+        degraded: c.degraded().map(str::to_owned),
+        nodes,
+        summary: Some(summary),
+    }
 }
 
 /// One connection as the admin API lists it.
-#[derive(Debug, Serialize)]
-pub struct ConnectionInfo {
-    /// Node-unique id (use it to kick).
-    pub conn_id: u64,
-    /// Logged-in user, or empty before login.
-    pub user_id: String,
-    /// Remote address.
-    pub remote: String,
-    /// Seconds since accept.
-    pub age_secs: f64,
-    /// Bytes queued for writing.
-    pub queued_bytes: u64,
-    /// Frames received.
-    pub msgs_in: u64,
-    /// Frames written.
-    pub msgs_out: u64,
-    /// `handshake`, `active`, `slow` or `closing`.
-    pub state: &'static str,
-}
-
-impl ConnectionInfo {
-    fn of(o: &Outbound) -> Self {
-        ConnectionInfo {
-            conn_id: o.conn_id,
-            user_id: o.user().unwrap_or_default(),
-            remote: o.remote.clone(),
-            age_secs: o.opened.elapsed().as_secs_f64(),
-            queued_bytes: o.queued_bytes() as u64,
-            msgs_in: o.frames_in.load(Ordering::Relaxed),
-            msgs_out: o.frames_out.load(Ordering::Relaxed),
-            state: match o.state() {
-                ConnState::Handshake => "handshake",
-                ConnState::Active => "active",
-                ConnState::Slow => "slow",
-                ConnState::Closing => "closing",
-            },
+fn connection_of(o: &Outbound) -> Connection {
+    Connection {
+        conn_id: o.conn_id,
+        user_id: o.user().unwrap_or_default(),
+        remote: o.remote.clone(),
+        age_secs: o.opened.elapsed().as_secs_f64(),
+        queued_bytes: o.queued_bytes() as u64,
+        msgs_in: o.frames_in.load(Ordering::Relaxed),
+        msgs_out: o.frames_out.load(Ordering::Relaxed),
+        state: match o.state() {
+            ConnState::Handshake => "handshake",
+            ConnState::Active => "active",
+            ConnState::Slow => "slow",
+            ConnState::Closing => "closing",
         }
+        .to_owned(),
     }
 }
 
@@ -260,7 +239,7 @@ fn list(
     node: &Node,
     q: &ListQuery,
     only_slow: bool,
-) -> Result<(Vec<ConnectionInfo>, usize), Box<Response>> {
+) -> Result<(Vec<Connection>, usize), Box<Response>> {
     let limit = match q.limit.as_deref() {
         None => 100,
         Some(l) => match l.parse::<usize>() {
@@ -284,12 +263,12 @@ fn list(
             format!("sort={sort}: expected one of {}", SORT_KEYS.join(", ")),
         )));
     }
-    let mut rows: Vec<ConnectionInfo> = node
+    let mut rows: Vec<Connection> = node
         .conns
         .snapshot()
         .iter()
         .filter(|o| !only_slow || o.state() == ConnState::Slow)
-        .map(|o| ConnectionInfo::of(o))
+        .map(|o| connection_of(o))
         .filter(|c| q.user.as_deref().is_none_or(|u| c.user_id == u))
         .collect();
     let total = rows.len();
@@ -299,7 +278,7 @@ fn list(
         "queued" => rows.sort_by_key(|c| std::cmp::Reverse(c.queued_bytes)),
         "msgs_in" => rows.sort_by_key(|c| std::cmp::Reverse(c.msgs_in)),
         "msgs_out" => rows.sort_by_key(|c| std::cmp::Reverse(c.msgs_out)),
-        "state" => rows.sort_by(|a, b| a.state.cmp(b.state).then(a.conn_id.cmp(&b.conn_id))),
+        "state" => rows.sort_by(|a, b| a.state.cmp(&b.state).then(a.conn_id.cmp(&b.conn_id))),
         _ => rows.sort_by_key(|c| c.conn_id),
     }
     if reverse {
@@ -311,9 +290,11 @@ fn list(
 
 async fn connections(State(node): State<Arc<Node>>, Query(q): Query<ListQuery>) -> Response {
     match list(&node, &q, false) {
-        Ok((rows, total)) => {
-            Json(serde_json::json!({ "total": total, "connections": rows })).into_response()
-        }
+        Ok((rows, total)) => Json(ConnectionList {
+            total: total as u64,
+            connections: rows,
+        })
+        .into_response(),
         Err(r) => *r,
     }
 }
@@ -330,7 +311,7 @@ async fn kick(State(node): State<Arc<Node>>, Path(conn_id): Path<String>) -> Res
         CloseReason::new(CloseReason::KICKED, "kicked by operator"),
     ) {
         tracing::info!(conn_id = id, "connection kicked by operator");
-        Json(serde_json::json!({ "kicked": id })).into_response()
+        Json(Kicked { kicked: id }).into_response()
     } else {
         error(StatusCode::NOT_FOUND, format!("no connection {id}"))
     }
@@ -347,27 +328,27 @@ async fn group(State(node): State<Arc<Node>>, Path(group_id): Path<String>) -> R
         );
     }
     match node.store.group_info(&group_id, GROUP_LIST_MAX).await {
-        Ok(Some(g)) => {
-            let members: Vec<serde_json::Value> = g
+        Ok(Some(g)) => Json(Group {
+            group_id: g.group_id,
+            kind: g.kind.to_owned(),
+            members_can_invite: g.members_can_invite,
+            created_by: g.created_by,
+            created_at_ms: g.created_at,
+            version: g.version,
+            dissolved: g.dissolved,
+            size: g.size.into(),
+            members: g
                 .members
-                .iter()
-                .map(|(u, r)| serde_json::json!({ "user": u, "role": r }))
-                .collect();
-            Json(serde_json::json!({
-                "group_id": g.group_id,
-                "kind": g.kind,
-                "members_can_invite": g.members_can_invite,
-                "created_by": g.created_by,
-                "created_at_ms": g.created_at,
-                "version": g.version,
-                "dissolved": g.dissolved,
-                "size": g.size,
-                "members": members,
-                "banned": g.banned,
-                "listed_max": GROUP_LIST_MAX,
-            }))
-            .into_response()
-        }
+                .into_iter()
+                .map(|(user, role)| GroupMember {
+                    user,
+                    role: role.to_owned(),
+                })
+                .collect(),
+            banned: g.banned,
+            listed_max: GROUP_LIST_MAX,
+        })
+        .into_response(),
         Ok(None) => error(StatusCode::NOT_FOUND, format!("no group {group_id}")),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, format!("store: {e}")),
     }
@@ -396,7 +377,12 @@ async fn revoke(State(node): State<Arc<Node>>, Path(uid): Path<String>) -> Respo
         c.link.revoked(&uid, at).await;
     }
     tracing::info!(user = %uid, revoked_at = at, closed, "tokens revoked by operator");
-    Json(serde_json::json!({ "user": uid, "revoked_at": at, "closed": closed })).into_response()
+    Json(Revoked {
+        user: uid,
+        revoked_at: at,
+        closed: closed as u64,
+    })
+    .into_response()
 }
 
 async fn slow_consumers(State(node): State<Arc<Node>>, Query(q): Query<ListQuery>) -> Response {
@@ -407,15 +393,15 @@ async fn slow_consumers(State(node): State<Arc<Node>>, Query(q): Query<ListQuery
     match list(&node, &q, true) {
         Ok((rows, total)) => {
             let t = &node.metrics.totals;
-            Json(serde_json::json!({
-                "total": total,
-                "soft_mark_bytes": node.config.flow.soft_mark_bytes,
-                "hard_mark_bytes": node.config.flow.hard_mark_bytes,
-                "write_timeout_secs": node.config.flow.write_timeout_secs,
-                "marked_total": t.slow_marked.load(Ordering::Relaxed),
-                "disconnects_total": t.slow_disconnects.load(Ordering::Relaxed),
-                "slow_consumers": rows,
-            }))
+            Json(SlowConsumers {
+                total: total as u64,
+                soft_mark_bytes: node.config.flow.soft_mark_bytes,
+                hard_mark_bytes: node.config.flow.hard_mark_bytes,
+                write_timeout_secs: node.config.flow.write_timeout_secs.into(),
+                marked_total: t.slow_marked.load(Ordering::Relaxed),
+                disconnects_total: t.slow_disconnects.load(Ordering::Relaxed),
+                slow_consumers: rows,
+            })
             .into_response()
         }
         Err(r) => *r,
@@ -430,19 +416,19 @@ async fn memory(State(node): State<Arc<Node>>) -> Response {
             "allocator stats unavailable",
         );
     };
-    Json(serde_json::json!({
-        "allocated": m.allocated,
-        "active": m.active,
-        "resident": m.resident,
-        "mapped": m.mapped,
-        "retained": m.retained,
-        "metadata": m.metadata,
-        "fragmentation": m.active.saturating_sub(m.allocated),
-        "dirty": m.resident.saturating_sub(m.active + m.metadata),
-        "rss": snap.process.rss_bytes,
-        "connections": node.conns.len(),
-        "per_connection_bytes": snap.capacity.per_connection_bytes,
-        "per_connection_measured": snap.capacity.per_connection_measured,
-    }))
+    Json(Memory {
+        allocated: m.allocated,
+        active: m.active,
+        resident: m.resident,
+        mapped: m.mapped,
+        retained: m.retained,
+        metadata: m.metadata,
+        fragmentation: m.active.saturating_sub(m.allocated),
+        dirty: m.resident.saturating_sub(m.active + m.metadata),
+        rss: snap.process.rss_bytes,
+        connections: node.conns.len() as u64,
+        per_connection_bytes: snap.capacity.per_connection_bytes,
+        per_connection_measured: snap.capacity.per_connection_measured,
+    })
     .into_response()
 }

@@ -16,60 +16,13 @@ use std::collections::HashMap;
 use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
+/// What a node publishes about itself every `cluster.report_interval_ms`: the admin
+/// API's type, since the overview shows each node's last report as it is.
+pub use im_admin_api::NodeReport as LoadReport;
 
-/// What a node publishes about itself every `cluster.report_interval_ms`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct LoadReport {
-    /// The node's id.
-    pub node_id: String,
-    /// WebSocket URL clients use to reach it.
-    pub ws_url: String,
-    /// Its admin listener, `http://IP:PORT`.
-    pub admin_url: String,
-    /// Live connections.
-    pub connections: u64,
-    /// Distinct users online.
-    pub users_online: u64,
-    /// Sends accepted per second.
-    pub msg_rate_in: f64,
-    /// Message copies queued per second.
-    pub msg_rate_out: f64,
-    /// Resident memory.
-    pub rss_bytes: u64,
-    /// CPU busy ratio of the node's cores (0..1).
-    pub cpu_busy: f64,
-    /// More connections it can take (capacity headroom).
-    pub headroom_connections: u64,
-    /// The resource that limits the headroom.
-    pub limiting_resource: String,
-    /// Shutting down: out of rotation, still delivering to its clients.
-    pub draining: bool,
-    /// Seconds since it started.
-    pub uptime_secs: u64,
-    /// im-server version.
-    pub version: String,
-    /// The node process's identity: random per start. A report naming a live node with
-    /// another identity is ignored until that node's report expires.
-    pub instance: String,
-}
-
-/// One node as the admin overview shows it.
-#[derive(Debug, Clone, Serialize)]
-pub struct NodeView {
-    /// The last report.
-    #[serde(flatten)]
-    pub report: LoadReport,
-    /// Age of that report, ms.
-    pub report_age_ms: u64,
-    /// Report younger than the staleness limit (a few report intervals): routable.
-    pub healthy: bool,
-    /// `up`, `draining` or `down`.
-    pub state: &'static str,
-    /// The routing score (lower is chosen first).
-    pub score: f64,
-}
+/// One node as the admin overview shows it: its last report, the report's age,
+/// `healthy`, `state` and the routing score.
+pub use im_admin_api::ClusterNode as NodeView;
 
 struct Seen {
     report: LoadReport,
@@ -254,7 +207,8 @@ impl Registry {
                                 (false, _) => "down",
                                 (true, true) => "draining",
                                 (true, false) => "up",
-                            },
+                            }
+                            .to_owned(),
                             score: score(&s.report, s.pending, self.cpu_weight),
                         }
                     })
@@ -395,13 +349,19 @@ mod tests {
         assert_eq!(r.choose_at(now, &[]).unwrap().node_id, "busy");
         assert_eq!(r.choose_at(now, &["busy"]).unwrap().node_id, "full");
         assert!(r.choose_at(now, &["busy", "full"]).is_none());
-        let states: Vec<(String, &str)> = r
+        let states: Vec<(String, String)> = r
             .view_at(now)
             .into_iter()
             .map(|v| (v.report.node_id, v.state))
             .collect();
-        assert!(states.contains(&("old".into(), "down")), "{states:?}");
-        assert!(states.contains(&("drain".into(), "draining")), "{states:?}");
+        assert!(
+            states.contains(&("old".into(), "down".into())),
+            "{states:?}"
+        );
+        assert!(
+            states.contains(&("drain".into(), "draining".into())),
+            "{states:?}"
+        );
         r.remove("busy");
         assert_eq!(r.view_at(now).len(), 3);
     }
@@ -438,8 +398,8 @@ mod tests {
         // Still alive (within the TTL): pushes go on; but not healthy in the view.
         assert!(r.alive("a"));
         let view = r.view_at(t2);
-        assert_eq!((view[0].healthy, view[0].state), (false, "down"));
-        assert_eq!((view[1].healthy, view[1].state), (true, "up"));
+        assert_eq!((view[0].healthy, view[0].state.as_str()), (false, "down"));
+        assert_eq!((view[1].healthy, view[1].state.as_str()), (true, "up"));
         // Named lost once.
         assert_eq!(
             r.sweep_at(t2),

@@ -1,37 +1,19 @@
 //! Allocator stats from jemalloc (`tikv-jemalloc-ctl`): the epoch is advanced before
 //! each read, since jemalloc caches its statistics.
 
-use serde::Serialize;
+/// jemalloc's figures, bytes: the admin API's type (`overview.memory`).
+pub use im_admin_api::AllocStats;
 
-/// jemalloc's figures, bytes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct AllocStats {
-    /// Bytes allocated by the application.
-    pub allocated: u64,
-    /// Bytes in active pages (allocated plus fragmentation).
-    pub active: u64,
-    /// Bytes in physically resident pages.
-    pub resident: u64,
-    /// Bytes in mapped extents.
-    pub mapped: u64,
-    /// Bytes retained (unmapped from use but kept for reuse).
-    pub retained: u64,
-    /// Bytes of allocator metadata.
-    pub metadata: u64,
-}
-
-impl AllocStats {
-    /// `(kind, value)` pairs for the `im_alloc_bytes{kind}` gauge.
-    pub fn kinds(&self) -> [(&'static str, u64); 6] {
-        [
-            ("allocated", self.allocated),
-            ("active", self.active),
-            ("resident", self.resident),
-            ("mapped", self.mapped),
-            ("retained", self.retained),
-            ("metadata", self.metadata),
-        ]
-    }
+/// `(kind, value)` pairs of `m` for the `im_alloc_bytes{kind}` gauge.
+pub fn kinds(m: &AllocStats) -> [(&'static str, u64); 6] {
+    [
+        ("allocated", m.allocated),
+        ("active", m.active),
+        ("resident", m.resident),
+        ("mapped", m.mapped),
+        ("retained", m.retained),
+        ("metadata", m.metadata),
+    ]
 }
 
 /// Reads fresh stats; `None` if jemalloc does not answer.

@@ -2,8 +2,6 @@
 //! second this node can take before its first resource runs out. Pure arithmetic over
 //! measured inputs; the formula is documented in `runbooks/capacity-headroom.md`.
 
-use serde::Serialize;
-
 /// Memory use the node should stay under, as a share of the limit.
 pub const MEMORY_TARGET: f64 = 0.90;
 /// File descriptors the node should stay under, as a share of RLIMIT_NOFILE.
@@ -60,30 +58,8 @@ impl Disk {
     }
 }
 
-/// The headroom figures.
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
-pub struct Headroom {
-    /// Memory per connection, bytes (measured, or the estimate).
-    pub per_connection_bytes: u64,
-    /// Whether `per_connection_bytes` was measured.
-    pub per_connection_measured: bool,
-    /// More connections the node can take (the smallest over resources).
-    pub headroom_connections: u64,
-    /// More messages per second it can take, from CPU (`None`: too idle to tell).
-    pub headroom_msgs_per_sec: Option<f64>,
-    /// Free share per resource (1 - used/limit).
-    pub ratio_memory: f64,
-    /// Free share of fds.
-    pub ratio_fds: f64,
-    /// Free share of CPU.
-    pub ratio_cpu: f64,
-    /// Free share of the store's disk above the floor (`None`: not measured).
-    pub ratio_disk: Option<f64>,
-    /// Free bytes on the store's disk (`None`: not measured).
-    pub disk_free_bytes: Option<u64>,
-    /// The resource that limits `headroom_connections`.
-    pub limiting_resource: &'static str,
-}
+/// The headroom, as the overview shows it (`capacity`): the admin API's type.
+pub use im_admin_api::Capacity as Headroom;
 
 /// Computes the headroom.
 pub fn compute(i: &Inputs) -> Headroom {
@@ -140,7 +116,7 @@ pub fn compute(i: &Inputs) -> Headroom {
             ratio(used as f64, usable as f64)
         }),
         disk_free_bytes: i.disk.map(|d| d.free_bytes),
-        limiting_resource: limiting.0,
+        limiting_resource: limiting.0.to_owned(),
     }
 }
 
@@ -180,7 +156,10 @@ mod tests {
             ..i.disk.unwrap_or_default()
         });
         let h = compute(&i);
-        assert_eq!((h.limiting_resource, h.headroom_connections), ("disk", 0));
+        assert_eq!(
+            (h.limiting_resource.as_str(), h.headroom_connections),
+            ("disk", 0)
+        );
         assert_eq!(h.ratio_disk, Some(0.0));
         assert_eq!(h.disk_free_bytes, Some(50 << 20));
     }

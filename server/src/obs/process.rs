@@ -1,26 +1,8 @@
 //! Process and host figures read from the OS: CPU seconds, RSS, open fds and their
 //! limit, the memory limit (cgroup v2/v1, else physical memory) and the core count.
 
-use serde::Serialize;
-
-/// One reading of the process's resource use.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct ProcessStats {
-    /// User + system CPU time, seconds.
-    pub cpu_seconds: f64,
-    /// Resident set size, bytes.
-    pub rss_bytes: u64,
-    /// Open file descriptors.
-    pub open_fds: u64,
-    /// RLIMIT_NOFILE soft limit.
-    pub max_fds: u64,
-    /// The memory the process may use: cgroup limit, else physical memory.
-    pub memory_limit_bytes: u64,
-    /// Where the memory limit came from: `cgroup`, `physical`.
-    pub memory_limit_source: &'static str,
-    /// CPU cores available.
-    pub cores: u32,
-}
+/// One reading of the process's resource use: the admin API's type (`overview.process`).
+pub use im_admin_api::ProcessStats;
 
 /// Reads the current figures (zeros where the OS does not tell).
 pub fn read() -> ProcessStats {
@@ -51,7 +33,7 @@ pub fn read() -> ProcessStats {
         open_fds,
         max_fds: max_fds(),
         memory_limit_bytes,
-        memory_limit_source,
+        memory_limit_source: memory_limit_source.to_owned(),
         cores: std::thread::available_parallelism()
             .map(|n| n.get() as u32)
             .unwrap_or(1),

@@ -12,8 +12,6 @@ use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use serde::Serialize;
-
 /// Seconds a capture may last.
 pub const SECONDS: std::ops::RangeInclusive<u32> = 1..=300;
 /// Sampling frequencies, Hz.
@@ -81,16 +79,8 @@ impl Format {
     }
 }
 
-/// One function's share of a profile.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct TopFunction {
-    /// Demangled name, without the hash suffix.
-    pub function: String,
-    /// Samples with this function at the top of the stack.
-    pub self_samples: u64,
-    /// Samples with this function anywhere on the stack.
-    pub total_samples: u64,
-}
+/// One function's share of a profile: the admin API's type (`top[]` of a bundle).
+pub use im_admin_api::TopFunction;
 
 /// A rendered profile; fields present per the requested [`Format`].
 #[derive(Debug, Default)]

@@ -9,12 +9,11 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge};
-use serde::Serialize;
 
-use super::alloc::{self, AllocStats};
-use super::capacity::{self, Headroom};
+use super::alloc;
+use super::capacity;
 use super::latency::Counts;
-use super::process::{self, ProcessStats};
+use super::process;
 use super::{Metrics, Stage};
 
 /// Window over which the overview's stage percentiles are computed.
@@ -41,61 +40,12 @@ pub trait Live: Send + Sync {
     }
 }
 
-/// Latency of one stage over the window.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct StageLatency {
-    /// Stage label.
-    pub stage: &'static str,
-    /// Samples in the window.
-    pub count: u64,
-    /// Median, microseconds.
-    pub p50_us: f64,
-    /// 99th percentile, microseconds.
-    pub p99_us: f64,
-    /// 99.9th percentile, microseconds.
-    pub p999_us: f64,
-}
+/// Latency of one stage over the window: the admin API's type (`overview.stages[]`).
+pub use im_admin_api::StageLatency;
 
-/// One sample of the node, as `GET /admin/v1/overview` shows it.
-#[derive(Debug, Clone, Serialize, Default)]
-pub struct Snapshot {
-    /// Seconds since start.
-    pub uptime_secs: u64,
-    /// Live connections.
-    pub connections: u64,
-    /// Distinct users online.
-    pub users_online: u64,
-    /// Sends accepted per second (last interval).
-    pub msg_rate_in: f64,
-    /// Message copies queued to recipients per second (last interval).
-    pub msg_rate_out: f64,
-    /// Sends accepted since start.
-    pub messages_in_total: u64,
-    /// Message copies queued since start.
-    pub messages_out_total: u64,
-    /// Persistence queue depth.
-    pub persist_backlog: u64,
-    /// Persistence queue capacity.
-    pub persist_queue_capacity: u64,
-    /// Connections above the soft mark.
-    pub slow_consumers: u64,
-    /// Slow-consumer disconnects since start.
-    pub slow_consumer_disconnects: u64,
-    /// Bytes queued across connections.
-    pub outbound_queued_bytes: u64,
-    /// Window of the stage percentiles, seconds.
-    pub latency_window_secs: u64,
-    /// Per-stage latency over the window, in path order.
-    pub stages: Vec<StageLatency>,
-    /// jemalloc stats (`None` if unavailable).
-    pub memory: Option<AllocStats>,
-    /// Process figures.
-    pub process: ProcessStats,
-    /// CPU busy ratio over the last interval (of all available cores).
-    pub cpu_busy: f64,
-    /// Capacity headroom.
-    pub capacity: Headroom,
-}
+/// One sample of the node: the figures of `GET /admin/v1/overview` that the sampler
+/// measures (the route fills in the node's own fields: id, version, caps, cluster).
+pub type Snapshot = im_admin_api::Overview;
 
 /// Sampler state between ticks.
 pub struct Sampler {
@@ -164,7 +114,7 @@ impl Sampler {
         let mut proc = process::read();
         if proc.memory_limit_source == "physical" && self.memory_limit_override > 0 {
             proc.memory_limit_bytes = self.memory_limit_override;
-            proc.memory_limit_source = "config";
+            proc.memory_limit_source = "config".to_owned();
         }
         let (rate_in, rate_out, busy) = match self.last {
             Some((t, i, o, cpu)) => {
@@ -195,7 +145,7 @@ impl Sampler {
             .map(|(stage, (now_c, then_c))| {
                 let w = now_c.since(then_c);
                 StageLatency {
-                    stage: stage.name(),
+                    stage: stage.name().to_owned(),
                     count: w.total(),
                     p50_us: w.quantile_us(0.5),
                     p99_us: w.quantile_us(0.99),
@@ -225,7 +175,7 @@ impl Sampler {
 
         // Gauges.
         if let Some(m) = &memory {
-            for (kind, v) in m.kinds() {
+            for (kind, v) in alloc::kinds(m) {
                 gauge!("im_alloc_bytes", "kind" => kind).set(v as f64);
             }
         }
@@ -274,6 +224,7 @@ impl Sampler {
             process: proc,
             cpu_busy: busy,
             capacity: headroom,
+            ..Snapshot::default()
         }
     }
 }

@@ -1,0 +1,66 @@
+//! The routes' paths, in axum's syntax (`{name}` for a path parameter), so the server's
+//! router and the clients name each route once. [`segments`] fills the parameters in.
+
+/// `GET`: `200 ok` while the process runs (no token).
+pub const HEALTHZ: &str = "/healthz";
+/// `GET`: `200 ready` or `503 not ready: <reason>` (no token).
+pub const READYZ: &str = "/readyz";
+/// `GET`: Prometheus text format.
+pub const METRICS: &str = "/metrics";
+/// `GET`: [`crate::Overview`].
+pub const OVERVIEW: &str = "/admin/v1/overview";
+/// `GET ?sort=&limit=&user=`: [`crate::ConnectionList`].
+pub const CONNECTIONS: &str = "/admin/v1/connections";
+/// `DELETE`: kicks one connection, [`crate::Kicked`].
+pub const CONNECTION: &str = "/admin/v1/connections/{conn_id}";
+/// `GET ?sort=&limit=&user=`: [`crate::SlowConsumers`].
+pub const SLOW_CONSUMERS: &str = "/admin/v1/slow-consumers";
+/// `GET`: [`crate::Memory`].
+pub const MEMORY: &str = "/admin/v1/memory";
+/// `GET`: [`crate::Group`].
+pub const GROUP: &str = "/admin/v1/groups/{group_id}";
+/// `POST`: revokes a user's tokens, [`crate::Revoked`].
+pub const REVOKE: &str = "/admin/v1/users/{uid}/revoke";
+/// `GET ?seconds=&frequency=&format=`: an SVG, a pprof file or a [`crate::ProfileBundle`].
+pub const PROFILE_CPU: &str = "/admin/v1/profile/cpu";
+/// `GET`: [`crate::LogFilters`].
+pub const LOG_FILTERS: &str = "/admin/v1/log-filters";
+/// `PUT` [`crate::SetLogFilter`]: [`crate::LogFilter`]; `DELETE`: [`crate::LogFilterRemoved`].
+pub const LOG_FILTER: &str = "/admin/v1/log-filters/{uid}";
+/// `PUT` [`crate::SetLogLevel`]: [`crate::GlobalLevel`].
+pub const LOG_LEVEL: &str = "/admin/v1/log-level";
+/// `GET`: [`crate::Logs`].
+pub const LOGS: &str = "/admin/v1/logs";
+/// `GET ?avoid=ID,ID` on the client listener (no token): [`crate::RouteAnswer`].
+pub const ROUTE: &str = "/v1/route";
+
+/// The path segments of `route` with its `{name}` parameters replaced by `args`, in order
+/// (a parameter without an argument stays as written). The caller percent-encodes them.
+pub fn segments<'a>(route: &'a str, args: &[&'a str]) -> Vec<&'a str> {
+    let mut args = args.iter();
+    route
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            if s.starts_with('{') && s.ends_with('}') {
+                args.next().copied().unwrap_or(s)
+            } else {
+                s
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameters_are_filled_in_order() {
+        assert_eq!(segments(OVERVIEW, &[]), ["admin", "v1", "overview"]);
+        assert_eq!(
+            segments(REVOKE, &["a/b"]),
+            ["admin", "v1", "users", "a/b", "revoke"]
+        );
+    }
+}
