@@ -28,7 +28,7 @@ fn arg(name: &str, default: u64) -> u64 {
 }
 
 async fn login(url: &str, user: &str) -> anyhow::Result<RawConn> {
-    let token = im_server::auth::TokenKeys::new(SECRET.as_bytes())
+    let token = im_token::TokenKeys::new(SECRET.as_bytes())
         .issue(user, Duration::from_secs(24 * 3600))
         .context("token")?;
     let mut c = RawConn::connect(url).await.context("connect")?;

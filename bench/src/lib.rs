@@ -10,7 +10,7 @@
 //!
 //! Module map: [`scenarios`] (one module per traffic shape, plus what they share),
 //! [`target`] (the server under test: resolve, mint tokens, spawn, open sessions from
-//! spread loopback source addresses), [`conn`] (the bench's WebSocket connection),
+//! spread loopback source addresses, as `im_client::RawConn`s with small buffers),
 //! [`spawn`] (running an `im-server` child process), [`admin`] (the server's own figures
 //! from its admin API), [`outbox`] (un-acked sends, retries, pacing), [`wire`]
 //! (allocation-light frame encoding for the hot path, malformed frames), [`stats`]
@@ -23,7 +23,6 @@
 pub mod admin;
 pub mod check;
 pub mod config;
-pub mod conn;
 pub mod outbox;
 pub mod report;
 pub mod scenarios;

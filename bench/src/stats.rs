@@ -1,13 +1,13 @@
 //! Measurement plumbing: latency histograms sharded across tasks (HdrHistogram,
-//! microseconds, 3 significant digits), error counters by code, and the percentile
-//! summaries the reports print.
+//! microseconds, 3 significant digits), event counters, error counters by code, and the
+//! percentile summaries the reports print.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use hdrhistogram::Histogram;
-use im_proto::ErrorCode;
+use im_proto::{Body, ErrorCode, Frame};
 use serde::Serialize;
 
 /// Highest latency a histogram tracks exactly (60 s); larger values are clamped to it.
@@ -60,6 +60,32 @@ impl LatencyRecorder {
             }
         }
         all
+    }
+}
+
+/// One run-wide event count, bumped by many tasks (relaxed: only totals are read).
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    /// Counts one.
+    pub fn inc(&self) {
+        self.add(1);
+    }
+
+    /// Counts `n`.
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Takes `n` back (for a gauge such as open connections).
+    pub fn sub(&self, n: u64) {
+        self.0.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    /// The count now.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
     }
 }
 
@@ -163,6 +189,16 @@ impl ErrorCounts {
     /// Counts a failure seen by the bench.
     pub fn local(&self, e: LocalError) {
         self.counts[SERVER_CODES + 1 + e as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a frame the scenario had no use for: an `Error` by its code, a `Pong`
+    /// not at all, anything else as [`LocalError::Unexpected`].
+    pub fn stray(&self, f: &Frame) {
+        match &f.body {
+            Some(Body::Error(e)) => self.server(e.code),
+            Some(Body::Pong(_)) => {}
+            _ => self.local(LocalError::Unexpected),
+        }
     }
 
     /// Sum over all kinds.

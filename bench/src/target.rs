@@ -1,6 +1,7 @@
 //! The server under test: where it listens, how to mint tokens for it, its admin API
-//! and (with `--spawn`) the child process that runs it. Connections are opened here,
-//! logged in and handed to the scenario's tasks.
+//! and (with `--spawn`) the child process that runs it. Connections are opened here
+//! (`im_client::RawConn` with the bench's [`conn_options`]), logged in and handed to the
+//! scenario's tasks.
 //!
 //! Against a loopback server, connection `i` binds local address
 //! `127.0.0.(2 + i % sources)` before connecting (`--sources`, default 254, so
@@ -13,15 +14,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use im_client::ClientError;
-use im_server::auth::TokenKeys;
+use im_client::{ClientError, RawConn, RawConnOptions};
+use im_token::TokenKeys;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::http::Uri;
 
 use crate::admin::AdminClient;
-use crate::conn::{Conn, ConnectOpts, LOGIN_TIMEOUT};
 use crate::scenarios::ServerArgs;
 use crate::spawn::{ServerLog, SpawnedServer};
 
@@ -33,12 +33,29 @@ const CONNECT_CONCURRENCY: usize = 64;
 const TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
 /// Most loopback source addresses (127.0.0.2..=127.0.0.255).
 pub const MAX_SOURCES: u32 = 254;
+/// How long a login waits for `LoginOk`.
+pub const LOGIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// WebSocket read buffer of a bench connection (grows for larger messages): tungstenite's
+/// default of 128 KiB, allocated up front, would cost 2.4 GiB at 19,000 connections.
+pub const READ_BUFFER: usize = 8 * 1024;
+/// WebSocket write buffer of a bench connection.
+pub const WRITE_BUFFER: usize = 4 * 1024;
+
+/// How the bench opens a connection to `addr`: from `local_ip` when set, small buffers,
+/// WebSocket pongs surfaced (for heartbeat round trips).
+pub fn conn_options(addr: SocketAddr, local_ip: Option<IpAddr>) -> RawConnOptions {
+    RawConnOptions::new()
+        .addr(addr)
+        .bind(local_ip)
+        .buffers(READ_BUFFER, WRITE_BUFFER)
+        .ws_pongs(true)
+}
 
 /// A logged-in connection and the heartbeat interval the server asked for.
 #[derive(Debug)]
 pub struct Session {
     /// The connection, past `LoginOk`.
-    pub conn: Conn,
+    pub conn: RawConn,
     /// `LoginOk.heartbeat_secs` as a duration (at least one second).
     pub heartbeat: Duration,
 }
@@ -246,14 +263,14 @@ impl Dialer {
     /// Connects connection number `idx` (from its source address) and logs in with
     /// `token`; returns the session and how long each half took.
     pub async fn open(&self, idx: usize, token: &str) -> Result<(Session, OpenTimes), ClientError> {
-        let opts = ConnectOpts {
-            local_ip: (!self.sources.is_empty()).then(|| self.sources[idx % self.sources.len()]),
-            ..ConnectOpts::default()
-        };
+        let local_ip = (!self.sources.is_empty()).then(|| self.sources[idx % self.sources.len()]);
+        let opts = conn_options(self.addr, local_ip);
         let t0 = Instant::now();
-        let mut conn = Conn::connect(self.addr, &self.url, &opts).await?;
+        let mut conn = RawConn::connect_with(&self.url, &opts).await?;
         let t1 = Instant::now();
-        let ok = conn.login(token, "im-bench", false, LOGIN_TIMEOUT).await?;
+        let ok = conn
+            .login_with(1, token, "im-bench", false, LOGIN_TIMEOUT)
+            .await?;
         let t2 = Instant::now();
         let heartbeat = Duration::from_secs(u64::from(ok.heartbeat_secs.max(1)));
         Ok((

@@ -369,6 +369,8 @@ impl Driver {
                         self.last_rx = Instant::now();
                         self.handle_frame(conn, f).await
                     }
+                    // Never sent: the SDK does not ask for pongs.
+                    Ok(RawEvent::WsPong(_)) => Ok(()),
                     Ok(RawEvent::Closed { code, reason }) => Err(Stop::Lost(match code {
                         Some(code) => format!("closed by server (code {code}): {reason}"),
                         None => format!("connection closed: {reason}"),

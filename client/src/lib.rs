@@ -27,4 +27,4 @@ pub use client::{Client, Event, Target};
 pub use config::{ClientConfig, TokenProvider};
 pub use error::ClientError;
 pub use im_proto as proto;
-pub use raw::{RawConn, RawEvent};
+pub use raw::{RawConn, RawConnOptions, RawEvent};

@@ -2,14 +2,25 @@
 //!
 //! One binary WebSocket message is one encoded `Frame`. Received `Batch` frames are
 //! unwrapped into their inner frames (returned one by one, in order); WebSocket-level
-//! pings and pongs are answered and skipped. It is also the transport under [`crate::Client`].
+//! pings are answered and skipped, and so are pongs unless asked for. It is also the
+//! transport under [`crate::Client`].
+//!
+//! [`RawConnOptions`] are what a load generator holding tens of thousands of sockets
+//! needs (the bench uses them): a chosen source address (`TcpSocket::bind` before
+//! `connect`, so connections can be spread over many loopback addresses and their number
+//! is not capped by one address's ephemeral port range), small WebSocket buffers
+//! (tungstenite allocates the read buffer eagerly: 128 KiB by default), WebSocket pings
+//! whose pongs come back as [`RawEvent::WsPong`], and an abrupt kill ([`RawConn::abort`]).
 
 use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use im_proto::{Body, Frame, Login, LoginOk, Message as _};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::{self, Message};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
@@ -20,11 +31,74 @@ const LOGIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long [`RawConn::close`] waits for the server's close reply.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// How [`RawConn::connect_with`] opens its connection; the defaults are those of
+/// [`RawConn::connect`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RawConnOptions {
+    addr: Option<SocketAddr>,
+    local_ip: Option<IpAddr>,
+    buffers: Option<(usize, usize)>,
+    ws_pongs: bool,
+}
+
+impl RawConnOptions {
+    /// The defaults: resolve the URL's host, let the OS pick the source address,
+    /// tungstenite's buffers, pongs skipped.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Connects to `addr` instead of resolving the URL's host (the handshake still
+    /// names the URL's host).
+    pub fn addr(mut self, addr: SocketAddr) -> Self {
+        self.addr = Some(addr);
+        self
+    }
+
+    /// Binds the socket to `ip` (any port) before connecting (`None`: the OS chooses).
+    pub fn bind(mut self, ip: Option<IpAddr>) -> Self {
+        self.local_ip = ip;
+        self
+    }
+
+    /// WebSocket read and write buffer sizes in bytes (the read buffer is allocated
+    /// up front and grows for larger messages).
+    pub fn buffers(mut self, read: usize, write: usize) -> Self {
+        self.buffers = Some((read, write));
+        self
+    }
+
+    /// Returns the pongs to [`RawConn::ws_ping`] as [`RawEvent::WsPong`] (by default
+    /// pongs are skipped).
+    pub fn ws_pongs(mut self, on: bool) -> Self {
+        self.ws_pongs = on;
+        self
+    }
+
+    /// Whether anything differs from [`RawConn::connect`]'s way of connecting.
+    fn custom_socket(&self) -> bool {
+        self.addr.is_some() || self.local_ip.is_some()
+    }
+
+    /// The WebSocket configuration, if the buffers are set.
+    fn ws_config(&self) -> Option<WebSocketConfig> {
+        self.buffers.map(|(read, write)| {
+            WebSocketConfig::default()
+                .read_buffer_size(read)
+                .write_buffer_size(write)
+                .max_write_buffer_size(usize::MAX)
+        })
+    }
+}
+
 /// What [`RawConn::recv`] yields.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RawEvent {
     /// One frame from the server (batches already unwrapped).
     Frame(Frame),
+    /// The pong to a [`RawConn::ws_ping`], with the ping's payload (only with
+    /// [`RawConnOptions::ws_pongs`]).
+    WsPong(u64),
     /// The connection closed: a close frame (with its code) or the transport ended.
     Closed {
         /// The WebSocket close code, when the server sent a close frame.
@@ -38,6 +112,7 @@ pub enum RawEvent {
 pub struct RawConn {
     ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
     queue: VecDeque<Frame>,
+    ws_pongs: bool,
 }
 
 impl std::fmt::Debug for RawConn {
@@ -51,10 +126,50 @@ impl std::fmt::Debug for RawConn {
 impl RawConn {
     /// Opens a WebSocket to `url` (e.g. `ws://127.0.0.1:7070/ws`) with TCP_NODELAY set.
     pub async fn connect(url: &str) -> Result<RawConn, ClientError> {
-        let (ws, _resp) = tokio_tungstenite::connect_async_with_config(url, None, true).await?;
+        Self::connect_with(url, &RawConnOptions::default()).await
+    }
+
+    /// As [`RawConn::connect`], with `opts`: a given server address, a source
+    /// address, buffer sizes, pongs surfaced.
+    pub async fn connect_with(url: &str, opts: &RawConnOptions) -> Result<RawConn, ClientError> {
+        let config = opts.ws_config();
+        let ws = if opts.custom_socket() {
+            let request = url.into_client_request()?;
+            // No TLS here (the crate is built without it, as `connect` is): ws:// only.
+            if request.uri().scheme_str() == Some("wss") {
+                return Err(tungstenite::Error::Url(
+                    tungstenite::error::UrlError::TlsFeatureNotEnabled,
+                )
+                .into());
+            }
+            let addr = match opts.addr {
+                Some(a) => a,
+                None => resolve(request.uri()).await?,
+            };
+            let socket = if addr.is_ipv4() {
+                TcpSocket::new_v4()
+            } else {
+                TcpSocket::new_v6()
+            }
+            .map_err(io_error)?;
+            if let Some(ip) = opts.local_ip {
+                socket.bind(SocketAddr::new(ip, 0)).map_err(io_error)?;
+            }
+            let stream = socket.connect(addr).await.map_err(io_error)?;
+            stream.set_nodelay(true).map_err(io_error)?;
+            let plain = MaybeTlsStream::Plain(stream);
+            tokio_tungstenite::client_async_with_config(request, plain, config)
+                .await?
+                .0
+        } else {
+            tokio_tungstenite::connect_async_with_config(url, config, true)
+                .await?
+                .0
+        };
         Ok(RawConn {
             ws,
             queue: VecDeque::new(),
+            ws_pongs: opts.ws_pongs,
         })
     }
 
@@ -67,6 +182,14 @@ impl RawConn {
     /// Sends raw bytes as one binary message (for bad-input tests).
     pub async fn send_bytes(&mut self, bytes: Vec<u8>) -> Result<(), ClientError> {
         self.ws.send(Message::Binary(bytes.into())).await?;
+        Ok(())
+    }
+
+    /// Sends a WebSocket-level ping carrying `payload`; with
+    /// [`RawConnOptions::ws_pongs`] its pong comes back as [`RawEvent::WsPong`].
+    pub async fn ws_ping(&mut self, payload: u64) -> Result<(), ClientError> {
+        let data = payload.to_le_bytes().to_vec();
+        self.ws.send(Message::Ping(data.into())).await?;
         Ok(())
     }
 
@@ -122,6 +245,11 @@ impl RawConn {
                         },
                     })
                 }
+                Message::Pong(p) if self.ws_pongs => {
+                    if let Ok(head) = <[u8; 8]>::try_from(p.as_ref()) {
+                        return Ok(RawEvent::WsPong(u64::from_le_bytes(head)));
+                    }
+                }
                 // tungstenite queues the pong reply itself and flushes it on the next read.
                 Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => {}
                 Message::Text(t) => {
@@ -153,8 +281,8 @@ impl RawConn {
             .await
     }
 
-    /// `login` with an explicit request id and timeout (used by the SDK).
-    pub(crate) async fn login_with(
+    /// [`RawConn::login`] with an explicit request id and timeout.
+    pub async fn login_with(
         &mut self,
         req_id: u64,
         token: &str,
@@ -181,6 +309,7 @@ impl RawConn {
                 RawEvent::Closed { code, reason } => {
                     break Err(ClientError::Closed { code, reason })
                 }
+                RawEvent::WsPong(_) => {}
                 RawEvent::Frame(f) => match f.body {
                     Some(Body::LoginOk(ok)) => break Ok(ok),
                     Some(Body::Error(e)) if f.req_id == req_id || f.req_id == 0 => {
@@ -214,6 +343,15 @@ impl RawConn {
         Ok(())
     }
 
+    /// Kills the connection the way a dying client or network does: no close frame,
+    /// and a TCP reset instead of an orderly FIN (on a plain TCP connection).
+    pub fn abort(self) {
+        if let MaybeTlsStream::Plain(tcp) = self.ws.get_ref() {
+            let _ = tcp.set_zero_linger();
+        }
+        drop(self);
+    }
+
     /// Queues a decoded frame, flattening batches (recursively) in order.
     fn push(&mut self, frame: Frame) {
         match frame.body {
@@ -225,6 +363,29 @@ impl RawConn {
             _ => self.queue.push_back(frame),
         }
     }
+}
+
+fn io_error(e: std::io::Error) -> ClientError {
+    ClientError::from(tungstenite::Error::Io(e))
+}
+
+/// The first address of a `ws://` / `wss://` URL's host and port.
+async fn resolve(uri: &tungstenite::http::Uri) -> Result<SocketAddr, ClientError> {
+    let no_host = || tungstenite::Error::Url(tungstenite::error::UrlError::NoHostName);
+    let host = uri
+        .host()
+        .ok_or_else(no_host)?
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let port = uri.port_u16().unwrap_or(match uri.scheme_str() {
+        Some("wss") => 443,
+        _ => 80,
+    });
+    tokio::net::lookup_host((host, port))
+        .await
+        .map_err(io_error)?
+        .next()
+        .ok_or_else(|| no_host().into())
 }
 
 /// Maps a read error: a dropped transport is a `Closed` event, anything else an error.

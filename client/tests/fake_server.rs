@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use im_client::proto::{self, Body, ChatMessage, ErrorCode, Frame, Message as _};
-use im_client::{Client, ClientConfig, ClientError, Event, RawConn, RawEvent, Target};
+use im_client::{
+    Client, ClientConfig, ClientError, Event, RawConn, RawConnOptions, RawEvent, Target,
+};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -241,6 +243,56 @@ async fn raw_conn_rejects_undecodable_server_bytes() {
     drop(server.await);
     assert!(matches!(
         RawConn::connect("ws://127.0.0.1:1/ws").await,
+        Err(ClientError::WebSocket(_))
+    ));
+}
+
+#[tokio::test]
+async fn raw_conn_options_bind_size_buffers_and_surface_pongs() {
+    let (url, mut peers) = fake_server().await;
+    let addr: std::net::SocketAddr = url
+        .trim_start_matches("ws://")
+        .trim_end_matches("/ws")
+        .parse()
+        .expect("addr");
+    let source: std::net::IpAddr = "127.0.0.2".parse().expect("ip");
+    let opts = RawConnOptions::new()
+        .addr(addr)
+        .bind(Some(source))
+        .buffers(8 * 1024, 4 * 1024)
+        .ws_pongs(true);
+    let (raw, peer) = tokio::join!(RawConn::connect_with(&url, &opts), next_peer(&mut peers));
+    let mut raw = raw.expect("connect with options");
+    let mut peer = peer;
+    assert_eq!(
+        peer.ws.get_ref().peer_addr().expect("peer").ip(),
+        source,
+        "the connection comes from the bound source address"
+    );
+    // The fake server answers pings while it reads.
+    let server = tokio::spawn(async move { while peer.recv().await.is_some() {} });
+    raw.ws_ping(42).await.expect("ping");
+    assert_eq!(
+        raw.recv_timeout(WAIT).await.expect("pong"),
+        RawEvent::WsPong(42)
+    );
+    // Without the option, pongs are skipped.
+    let (plain, peer) = tokio::join!(RawConn::connect(&url), next_peer(&mut peers));
+    let mut plain = plain.expect("connect");
+    let server2 = tokio::spawn(async move {
+        let mut peer = peer;
+        while peer.recv().await.is_some() {}
+    });
+    plain.ws_ping(7).await.expect("ping");
+    assert!(matches!(
+        plain.recv_timeout(Duration::from_millis(300)).await,
+        Err(ClientError::Timeout)
+    ));
+    raw.abort();
+    let _ = plain.close().await;
+    let _ = tokio::join!(server, server2);
+    assert!(matches!(
+        RawConn::connect_with("wss://127.0.0.1:1/ws", &RawConnOptions::new().addr(addr)).await,
         Err(ClientError::WebSocket(_))
     ));
 }

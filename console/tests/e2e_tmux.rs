@@ -169,7 +169,7 @@ async fn client_task(
                 }
             }
             ev = conn.recv() => match ev {
-                Ok(RawEvent::Frame(_)) => {}
+                Ok(RawEvent::Frame(_) | RawEvent::WsPong(_)) => {}
                 Ok(RawEvent::Closed { code, .. }) => break code,
                 Err(_) => break None,
             },

@@ -1,32 +1,28 @@
-//! Auth: HS256 client tokens (claims `sub` = user id, `exp`, `iat`), the revocation
-//! table (a user's tokens issued at or before a revocation are refused) and the node's
-//! secrets.
+//! Auth: the node's secrets, and the client tokens they sign. The tokens themselves
+//! (HS256, claims `sub` = user id, `exp`, `iat`; the revocation table: a user's tokens
+//! issued at or before a revocation are refused) are the `im-token` crate's, re-exported
+//! here so that the server's API stays `im_server::auth::TokenKeys`.
 //!
 //! With no `jwt_secret` / `admin_token` configured, random ones are created in the data
 //! dir on first start (mode 0600) and reused; a secret file readable by group or world
 //! is refused. Secrets never reach logs: only their file paths do.
 
-use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use rand::RngCore;
-use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
+
+pub use im_token::{Claims, Revocations, TokenError, TokenKeys};
 
 /// Errors from token handling and secret files.
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
-    /// The token is malformed, badly signed, expired, or names no valid user.
-    #[error("invalid token: {0}")]
-    InvalidToken(String),
-    /// The token was issued at or before its user's revocation.
-    #[error("token revoked: issued at or before the revocation of {0}")]
-    Revoked(String),
+    /// Minting or verifying a token failed (its text is the token error's).
+    #[error(transparent)]
+    Token(#[from] TokenError),
     /// A secret file could not be read or written.
     #[error("secret file {path}: {source}")]
     Io {
@@ -43,128 +39,6 @@ pub enum AuthError {
         /// Its mode bits.
         mode: u32,
     },
-    /// Token signing failed.
-    #[error("cannot sign token: {0}")]
-    Sign(String),
-}
-
-/// A verified token's claims.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Claims {
-    /// The user id.
-    pub sub: String,
-    /// Expiry, unix seconds.
-    pub exp: u64,
-    /// Issued at, unix seconds (0 for tokens that carry none: revoked by any revocation).
-    #[serde(default)]
-    pub iat: u64,
-}
-
-/// Revocations: user -> unix second at or before which their tokens are refused.
-/// Shared by every clone of [`TokenKeys`]; filled from the store at start, by the
-/// admin API and by other nodes' notices.
-#[derive(Debug, Default)]
-pub struct Revocations {
-    users: RwLock<HashMap<String, i64>>,
-}
-
-impl Revocations {
-    /// Records a revocation (the later one wins).
-    pub fn revoke(&self, user: &str, at: i64) {
-        if let Ok(mut m) = self.users.write() {
-            let e = m.entry(user.to_string()).or_insert(at);
-            *e = (*e).max(at);
-        }
-    }
-
-    /// Whether a token of `user` issued at `iat` is revoked.
-    pub fn is_revoked(&self, user: &str, iat: u64) -> bool {
-        self.users
-            .read()
-            .ok()
-            .and_then(|m| m.get(user).copied())
-            .is_some_and(|at| iat as i64 <= at)
-    }
-}
-
-/// Signs and verifies client tokens with one HS256 secret.
-#[derive(Clone)]
-pub struct TokenKeys {
-    encoding: EncodingKey,
-    decoding: DecodingKey,
-    validation: Validation,
-    /// Revoked users.
-    pub revocations: Arc<Revocations>,
-}
-
-impl std::fmt::Debug for TokenKeys {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("TokenKeys(<redacted>)")
-    }
-}
-
-impl TokenKeys {
-    /// Keys from a shared secret, allowing 5 s of clock skew.
-    pub fn new(secret: &[u8]) -> Self {
-        Self::with_leeway(secret, 5)
-    }
-
-    /// Keys from a shared secret, allowing `leeway_secs` of clock skew on `exp`.
-    pub fn with_leeway(secret: &[u8], leeway_secs: u32) -> Self {
-        let mut validation = Validation::new(Algorithm::HS256);
-        validation.leeway = leeway_secs as u64;
-        validation.set_required_spec_claims(&["exp", "sub"]);
-        TokenKeys {
-            encoding: EncodingKey::from_secret(secret),
-            decoding: DecodingKey::from_secret(secret),
-            validation,
-            revocations: Arc::new(Revocations::default()),
-        }
-    }
-
-    /// Issues a token for `user` valid for `ttl`.
-    pub fn issue(&self, user: &str, ttl: Duration) -> Result<String, AuthError> {
-        if !im_proto::valid_id(user) {
-            return Err(AuthError::Sign(format!(
-                "user id {user:?} is not valid: use 1-64 characters of A-Z a-z 0-9 _ . @ -"
-            )));
-        }
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        jsonwebtoken::encode(
-            &Header::new(Algorithm::HS256),
-            &Claims {
-                sub: user.to_string(),
-                exp: now.saturating_add(ttl).as_secs(),
-                iat: now.as_secs(),
-            },
-            &self.encoding,
-        )
-        .map_err(|e| AuthError::Sign(e.to_string()))
-    }
-
-    /// Verifies a token (signature, `exp` within the leeway, not revoked) and returns
-    /// its user id.
-    pub fn verify(&self, token: &str) -> Result<String, AuthError> {
-        self.verify_claims(token).map(|c| c.sub)
-    }
-
-    /// As [`TokenKeys::verify`], returning every claim.
-    pub fn verify_claims(&self, token: &str) -> Result<Claims, AuthError> {
-        let data = jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation)
-            .map_err(|e| AuthError::InvalidToken(e.to_string()))?;
-        if !im_proto::valid_id(&data.claims.sub) {
-            return Err(AuthError::InvalidToken("sub is not a valid user id".into()));
-        }
-        if self
-            .revocations
-            .is_revoked(&data.claims.sub, data.claims.iat)
-        {
-            return Err(AuthError::Revoked(data.claims.sub));
-        }
-        Ok(data.claims)
-    }
 }
 
 /// The node's resolved secrets.
@@ -287,25 +161,6 @@ pub fn parse_ttl(text: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn tokens_round_trip_and_reject_tampering() {
-        let keys = TokenKeys::new(b"secret");
-        let t = keys.issue("alice", Duration::from_secs(60)).unwrap();
-        assert_eq!(keys.verify(&t).unwrap(), "alice");
-        assert!(TokenKeys::new(b"other").verify(&t).is_err());
-        assert!(keys.verify("not.a.token").is_err());
-        assert!(keys.issue("bad:id", Duration::from_secs(60)).is_err());
-        let c = keys.verify_claims(&t).unwrap();
-        assert!(c.iat > 0 && c.exp >= c.iat + 59);
-        keys.revocations.revoke("alice", c.iat as i64);
-        assert!(matches!(keys.verify(&t), Err(AuthError::Revoked(_))));
-        keys.revocations.revoke("alice", c.iat as i64 - 10);
-        assert!(
-            keys.verify(&t).is_err(),
-            "an earlier revocation does not undo a later one"
-        );
-    }
 
     #[test]
     fn secret_files_are_private_and_reused() {

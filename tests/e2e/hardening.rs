@@ -125,6 +125,7 @@ async fn sigterm_drain_acks_every_read_send_and_stores_every_acked_one() {
                         }
                     }
                     Ok(RawEvent::Closed { code, reason }) => break (code, reason),
+                    Ok(RawEvent::WsPong(_)) => {}
                     Err(e) => break (None, e.to_string()),
                 }
             };

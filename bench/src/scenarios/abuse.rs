@@ -20,23 +20,21 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use base64::Engine as _;
 use clap::Args;
+use im_client::{RawConn, RawEvent};
 use im_proto::{frame, group_op, Batch, Body, Cursor, DeliverAck, Frame, GroupOp, SyncRequest};
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinSet;
 
 use super::chat::{self, ChatArgs, ChatReport};
-use super::{finish, run_tag};
-use crate::conn::{Conn, ConnectOpts, Event};
-use crate::report::{line, server_log_lines, summary_line};
-use crate::spawn::ServerLog;
-use crate::target::Target;
+use super::{finish, run_tag, Absent, Disconnects, Report, ReportBody, Tail};
+use crate::report::{line, summary_line};
+use crate::target::{conn_options, Target, LOGIN_TIMEOUT};
 use crate::Outcome;
 
 /// Flags of `im-bench abuse`.
@@ -74,55 +72,45 @@ pub struct AbuseArgs {
     pub max_p99_ratio: f64,
 }
 
-/// What the attackers did, counted.
-#[derive(Debug, Default)]
-struct Counts {
-    slowloris_opened: AtomicU64,
-    slowloris_closed: AtomicU64,
-    flood_batches: AtomicU64,
-    backlog_pages: AtomicU64,
-    backlog_rounds: AtomicU64,
-    bad_logins: AtomicU64,
-    bad_logins_refused: AtomicU64,
-    never_read_opened: AtomicU64,
-    /// Attacker connections ended by the server, by close code and reason.
-    closes: Mutex<BTreeMap<String, u64>>,
-}
-
-impl Counts {
-    fn closed(&self, why: String) {
-        if let Ok(mut c) = self.closes.lock() {
-            *c.entry(why).or_default() += 1;
-        }
+counters! {
+    /// What the attackers did, counted.
+    pub struct AttackCounts => AttackTotals {
+        /// Half-sent requests opened.
+        slowloris_opened,
+        /// ... of which the server closed (header timeout or refusal).
+        slowloris_closed,
+        /// Flooding `Batch` frames written.
+        flood_batches,
+        /// Backlog sync pages read.
+        backlog_pages,
+        /// Complete passes over the backlog.
+        backlog_rounds,
+        /// Logins tried with expired or forged tokens.
+        bad_logins,
+        /// ... refused by the server.
+        bad_logins_refused,
+        /// Never-reading connections opened.
+        never_read_opened,
     }
 }
 
 /// The attack's figures in the report.
 #[derive(Debug, Clone, Serialize)]
 pub struct AttackFigures {
-    /// Half-sent requests opened.
-    pub slowloris_opened: u64,
-    /// ... of which the server closed (header timeout or refusal).
-    pub slowloris_closed: u64,
-    /// Flooding `Batch` frames written.
-    pub flood_batches: u64,
-    /// Backlog sync pages read.
-    pub backlog_pages: u64,
-    /// Complete passes over the backlog.
-    pub backlog_rounds: u64,
-    /// Logins tried with expired or forged tokens.
-    pub bad_logins: u64,
-    /// ... refused by the server.
-    pub bad_logins_refused: u64,
-    /// Never-reading connections opened.
-    pub never_read_opened: u64,
+    /// The attackers' counts.
+    #[serde(flatten)]
+    pub counts: AttackTotals,
     /// Attacker connections the server closed, by close code and reason.
     pub closes: BTreeMap<String, u64>,
 }
 
-/// The final report of an abuse run.
+/// The final report of an abuse run: no delivery check of its own (each phase has
+/// one) and no end-of-run server figures.
+pub type AbuseReport = Report<AbuseBody>;
+
+/// The abuse report's own fields.
 #[derive(Debug, Clone, Serialize)]
-pub struct AbuseReport {
+pub struct AbuseBody {
     /// Always `"abuse"`.
     pub scenario: &'static str,
     /// The honest traffic alone.
@@ -135,15 +123,15 @@ pub struct AbuseReport {
     pub max_p99_ratio: f64,
     /// What the attackers did.
     pub attack: AttackFigures,
-    /// Both phases delivered every acked message once, in order, and the ratio held.
-    pub passed: bool,
-    /// With `--spawn`: what the server logged at WARN/ERROR level.
-    pub server_log: Option<ServerLog>,
-    /// With `--spawn`: whether the server exited during the run.
-    pub server_exited: bool,
 }
 
-impl_report!(AbuseReport);
+impl ReportBody for AbuseBody {
+    type Correctness = Absent;
+    type Server = Absent;
+    fn render(r: &AbuseReport) -> String {
+        render(r)
+    }
+}
 
 /// Runs the abuse scenario.
 pub async fn run(args: AbuseArgs) -> anyhow::Result<Outcome> {
@@ -158,7 +146,9 @@ struct Attack {
     addr: SocketAddr,
     url: Arc<str>,
     stop: Arc<AtomicBool>,
-    counts: Arc<Counts>,
+    counts: Arc<AttackCounts>,
+    /// Attacker connections ended by the server, by close code and reason.
+    closes: Arc<Disconnects>,
     secret: Arc<str>,
     victim: Arc<str>,
     tag: Arc<str>,
@@ -166,16 +156,21 @@ struct Attack {
 }
 
 impl Attack {
+    /// Counts an attacker connection the server ended.
+    fn closed(&self, why: String) {
+        self.closes.add(why);
+    }
+
     fn stopped(&self) -> bool {
         self.stop.load(Ordering::Relaxed)
     }
 
     /// A logged-in attacker connection (from the default source address).
-    async fn login(&self, token: &str) -> Option<Conn> {
-        let mut c = Conn::connect(self.addr, &self.url, &ConnectOpts::default())
+    async fn login(&self, token: &str) -> Option<RawConn> {
+        let mut c = RawConn::connect_with(&self.url, &conn_options(self.addr, None))
             .await
             .ok()?;
-        c.login(token, "abuse", false, Duration::from_secs(10))
+        c.login_with(1, token, "abuse", false, LOGIN_TIMEOUT)
             .await
             .ok()?;
         Some(c)
@@ -183,17 +178,16 @@ impl Attack {
 
     /// Reads what the server sent until `quiet` passes with nothing; false when the
     /// connection ended (counted by reason).
-    async fn drain(&self, c: &mut Conn, quiet: Duration) -> bool {
+    async fn drain(&self, c: &mut RawConn, quiet: Duration) -> bool {
         loop {
             match tokio::time::timeout(quiet, c.recv()).await {
                 Err(_) => return true,
-                Ok(Ok(Event::Closed { code, reason })) => {
-                    self.counts
-                        .closed(format!("close {}: {reason}", code.unwrap_or(0)));
+                Ok(Ok(RawEvent::Closed { code, reason })) => {
+                    self.closed(format!("close {}: {reason}", code.unwrap_or(0)));
                     return false;
                 }
                 Ok(Err(e)) => {
-                    self.counts.closed(format!("transport: {e}"));
+                    self.closed(format!("transport: {e}"));
                     return false;
                 }
                 Ok(Ok(_)) => {}
@@ -208,7 +202,8 @@ async fn run_against(args: &AbuseArgs, target: &mut Target) -> anyhow::Result<Ab
         addr: target.addr,
         url: target.url.clone().into(),
         stop: Arc::new(AtomicBool::new(false)),
-        counts: Arc::new(Counts::default()),
+        counts: Arc::new(AttackCounts::default()),
+        closes: Arc::new(Disconnects::default()),
         secret: args.chat.server.secret.clone().into(),
         victim: format!("abuse-victim-{tag}").into(),
         tag: tag.clone().into(),
@@ -259,28 +254,20 @@ async fn run_against(args: &AbuseArgs, target: &mut Target) -> anyhow::Result<Ab
 
     let base = baseline.send_to_ack_us.p99.max(1) as f64;
     let p99_ratio = attacked.send_to_ack_us.p99 as f64 / base;
-    let c = &attack.counts;
-    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    Ok(AbuseReport {
-        scenario: "abuse",
-        passed: baseline.passed && attacked.passed && p99_ratio <= args.max_p99_ratio,
-        p99_ratio,
-        max_p99_ratio: args.max_p99_ratio,
-        attack: AttackFigures {
-            slowloris_opened: load(&c.slowloris_opened),
-            slowloris_closed: load(&c.slowloris_closed),
-            flood_batches: load(&c.flood_batches),
-            backlog_pages: load(&c.backlog_pages),
-            backlog_rounds: load(&c.backlog_rounds),
-            bad_logins: load(&c.bad_logins),
-            bad_logins_refused: load(&c.bad_logins_refused),
-            never_read_opened: load(&c.never_read_opened),
-            closes: c.closes.lock().map(|m| m.clone()).unwrap_or_default(),
+    let passed = baseline.tail.passed && attacked.tail.passed && p99_ratio <= args.max_p99_ratio;
+    Ok(Report {
+        body: AbuseBody {
+            scenario: "abuse",
+            p99_ratio,
+            max_p99_ratio: args.max_p99_ratio,
+            attack: AttackFigures {
+                counts: attack.counts.snapshot(),
+                closes: attack.closes.snapshot(),
+            },
+            baseline,
+            attacked,
         },
-        baseline,
-        attacked,
-        server_log: None,
-        server_exited: false,
+        tail: Tail::new(Absent, passed, Absent),
     })
 }
 
@@ -313,7 +300,7 @@ async fn prepare_backlog(target: &Target, a: &Attack, n: u32, bytes: usize) -> a
         while !open.is_empty() {
             let ev = tokio::time::timeout(Duration::from_secs(30), c.recv()).await;
             let f = match ev {
-                Ok(Ok(Event::Frame(f))) => f,
+                Ok(Ok(RawEvent::Frame(f))) => f,
                 Ok(Ok(_)) => continue,
                 other => anyhow::bail!("the backlog sender lost its connection: {other:?}"),
             };
@@ -345,7 +332,7 @@ async fn slowloris(a: Attack, i: u32) {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
-        a.counts.slowloris_opened.fetch_add(1, Ordering::Relaxed);
+        a.counts.slowloris_opened.inc();
         if s.write_all(b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgr")
             .await
             .is_err()
@@ -359,7 +346,7 @@ async fn slowloris(a: Attack, i: u32) {
                 Ok(_) => {}
             }
         }
-        a.counts.slowloris_closed.fetch_add(1, Ordering::Relaxed);
+        a.counts.slowloris_closed.inc();
     }
 }
 
@@ -407,7 +394,7 @@ async fn flooder(a: Attack, user: String, token: String, kind: u8) {
             {
                 break;
             }
-            a.counts.flood_batches.fetch_add(1, Ordering::Relaxed);
+            a.counts.flood_batches.inc();
             if !a.drain(&mut c, Duration::from_millis(5)).await {
                 break;
             }
@@ -443,15 +430,15 @@ async fn backlog_syncer(a: Attack, token: String) {
             loop {
                 let ev = tokio::time::timeout(Duration::from_secs(30), c.recv()).await;
                 match ev {
-                    Ok(Ok(Event::Frame(f))) if f.req_id == req => match f.body {
+                    Ok(Ok(RawEvent::Frame(f))) if f.req_id == req => match f.body {
                         Some(Body::SyncResp(r)) => {
-                            a.counts.backlog_pages.fetch_add(1, Ordering::Relaxed);
+                            a.counts.backlog_pages.inc();
                             for m in &r.messages {
                                 let s = cursors.entry(m.conversation_id.clone()).or_default();
                                 *s = (*s).max(m.seq);
                             }
                             if !r.more || r.messages.is_empty() {
-                                a.counts.backlog_rounds.fetch_add(1, Ordering::Relaxed);
+                                a.counts.backlog_rounds.inc();
                                 cursors.clear();
                             }
                             continue 'pages;
@@ -463,9 +450,8 @@ async fn backlog_syncer(a: Attack, token: String) {
                         }
                         _ => {}
                     },
-                    Ok(Ok(Event::Closed { code, reason })) => {
-                        a.counts
-                            .closed(format!("close {}: {reason}", code.unwrap_or(0)));
+                    Ok(Ok(RawEvent::Closed { code, reason })) => {
+                        a.closed(format!("close {}: {reason}", code.unwrap_or(0)));
                         break 'pages;
                     }
                     Ok(Ok(_)) => {}
@@ -484,7 +470,7 @@ async fn never_read(a: Attack, token: String) {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
-        a.counts.never_read_opened.fetch_add(1, Ordering::Relaxed);
+        a.counts.never_read_opened.inc();
         for r in 0..50u64 {
             let sync = SyncRequest {
                 cursors: vec![],
@@ -504,26 +490,27 @@ async fn never_read(a: Attack, token: String) {
     }
 }
 
-/// A token for `user` signed with `secret` and expired an hour ago (HS256, made by hand:
-/// the server's token API only issues live ones).
+/// A token for `user` signed with `secret` and expired an hour ago (empty if it cannot
+/// be signed: the login is refused all the same).
 fn expired_token(secret: &str, user: &str) -> String {
-    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
     let exp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
         .saturating_sub(3600);
-    let head = b64.encode(br#"{"alg":"HS256","typ":"JWT"}"#);
-    let claims = b64.encode(format!(r#"{{"sub":"{user}","exp":{exp}}}"#));
-    let signed = format!("{head}.{claims}");
-    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret.as_bytes());
-    let sig = b64.encode(ring::hmac::sign(&key, signed.as_bytes()).as_ref());
-    format!("{signed}.{sig}")
+    let claims = im_token::Claims {
+        sub: user.to_string(),
+        exp,
+        iat: 0,
+    };
+    im_token::TokenKeys::new(secret.as_bytes())
+        .sign(&claims)
+        .unwrap_or_default()
 }
 
 /// Logins with expired and forged tokens at `per_sec`.
 async fn bad_logins(a: Attack, per_sec: u32) {
-    let forged = im_server::auth::TokenKeys::new(b"not-the-server-secret-at-all-0000")
+    let forged = im_token::TokenKeys::new(b"not-the-server-secret-at-all-0000")
         .issue("mallory", Duration::from_secs(3600))
         .unwrap_or_default();
     let expired = expired_token(&a.secret, "mallory");
@@ -539,16 +526,16 @@ async fn bad_logins(a: Attack, per_sec: u32) {
         };
         let a = a.clone();
         tokio::spawn(async move {
-            let Ok(mut c) = Conn::connect(a.addr, &a.url, &ConnectOpts::default()).await else {
+            let Ok(mut c) = RawConn::connect_with(&a.url, &conn_options(a.addr, None)).await else {
                 return;
             };
-            a.counts.bad_logins.fetch_add(1, Ordering::Relaxed);
+            a.counts.bad_logins.inc();
             let refused = c
-                .login(&token, "abuse", false, Duration::from_secs(5))
+                .login_with(1, &token, "abuse", false, Duration::from_secs(5))
                 .await
                 .is_err();
             if refused {
-                a.counts.bad_logins_refused.fetch_add(1, Ordering::Relaxed);
+                a.counts.bad_logins_refused.inc();
             }
             c.abort();
         });
@@ -574,7 +561,7 @@ fn render(r: &AbuseReport) -> String {
             r.baseline.acked_per_sec, r.attacked.acked_per_sec
         ),
     );
-    let a = &r.attack;
+    let a = &r.attack.counts;
     line(
         &mut s,
         "attack",
@@ -590,7 +577,7 @@ fn render(r: &AbuseReport) -> String {
             a.never_read_opened
         ),
     );
-    for (why, n) in &a.closes {
+    for (why, n) in &r.attack.closes {
         let _ = writeln!(s, "  attacker closed {n}x: {why}");
     }
     for (label, c) in [("baseline", &r.baseline), ("attacked", &r.attacked)] {
@@ -599,15 +586,19 @@ fn render(r: &AbuseReport) -> String {
             label,
             format!(
                 "{}: {} acked, missing {}, duplicates {}, not increasing {}",
-                if c.passed { "PASS" } else { "FAIL" },
-                c.correctness.acked,
-                c.correctness.missing,
-                c.correctness.duplicates,
-                c.correctness.not_increasing
+                if c.tail.passed { "PASS" } else { "FAIL" },
+                c.tail.correctness.acked,
+                c.tail.correctness.missing,
+                c.tail.correctness.duplicates,
+                c.tail.correctness.not_increasing
             ),
         );
     }
-    server_log_lines(&mut s, r.server_log.as_ref(), r.server_exited);
-    line(&mut s, "result", if r.passed { "PASS" } else { "FAIL" });
+    r.tail.server_log_lines(&mut s);
+    line(
+        &mut s,
+        "result",
+        if r.tail.passed { "PASS" } else { "FAIL" },
+    );
     s
 }

@@ -29,27 +29,27 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use im_client::ClientError;
-use im_proto::{group_op, Body, DeliverAck, Frame, GroupOp, MessageType, SendAck};
+use im_client::{ClientError, RawConn, RawEvent};
+use im_proto::{group_op, Body, DeliverAck, GroupOp, MessageType};
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::follow::{Follower, Via};
-use super::sender::{self, Hooks};
-use super::{figures_near_end, finish, run_tag, Clock, Disconnects, RunArgs, ServerArgs};
+use super::sender::{self, RunCounts, SendCounts, ToOne};
+use super::{
+    figures_near_end, finish, ping, run_tag, Clock, Disconnects, Report, ReportBody, RunArgs,
+    ServerArgs, Tail,
+};
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
-use crate::conn::{Conn, Event};
-use crate::outbox::{Outbox, Pacer, Pending, Refused, SendSpec, Target as To};
+use crate::outbox::{Outbox, Pacer, SendSpec, Target as To};
 use crate::report::{self, p99_text, Rate};
-use crate::spawn::ServerLog;
 use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
 use crate::target::{Session, Target};
 use crate::util::parse_duration;
 use crate::{wire, Outcome};
-
 /// Histogram shards.
 const SHARDS: usize = 64;
 /// How long group creation may take.
@@ -127,28 +127,35 @@ struct Ctx {
     deliver_ack_every: Option<Duration>,
     ack_latency: LatencyRecorder,
     delivery_latency: LatencyRecorder,
-    sent: AtomicU64,
-    retries: AtomicU64,
-    acked_all: AtomicU64,
-    acked_measured: AtomicU64,
-    duplicate_acks: AtomicU64,
-    late_acks: AtomicU64,
-    unacked_at_end: AtomicU64,
-    rate_skipped: AtomicU64,
-    deliveries: AtomicU64,
-    deliveries_measured: AtomicU64,
-    pushed: AtomicU64,
-    synced: AtomicU64,
-    syncs: AtomicU64,
-    hints: AtomicU64,
-    deliver_acks: AtomicU64,
+    send: SendCounts,
+    count: Counts,
     errors: ErrorCounts,
     disconnects: Disconnects,
 }
 
+counters! {
+    /// What the members count.
+    struct Counts => Totals {
+        deliveries, deliveries_measured, pushed, synced, syncs, hints, deliver_acks,
+    }
+}
+
+impl Ctx {
+    fn counts(&self) -> RunCounts<'_> {
+        RunCounts {
+            send: &self.send,
+            errors: &self.errors,
+            disconnects: &self.disconnects,
+        }
+    }
+}
+
 /// The final report of a broadcast run.
+pub type BroadcastReport = Report<BroadcastBody>;
+
+/// The broadcast report's own fields.
 #[derive(Debug, Clone, Serialize)]
-pub struct BroadcastReport {
+pub struct BroadcastBody {
     /// Always `"broadcast"`.
     pub scenario: &'static str,
     /// The client endpoint used.
@@ -213,19 +220,16 @@ pub struct BroadcastReport {
     pub errors: BTreeMap<String, u64>,
     /// Connections that ended during the run, by reason.
     pub disconnects: BTreeMap<String, u64>,
-    /// The delivery check (one conversation per member).
-    pub correctness: Verdict,
-    /// Whether it passed.
-    pub passed: bool,
-    /// The server's figures near the end of the measured window.
-    pub server: Option<ServerFigures>,
-    /// With `--spawn`: what the server logged at WARN/ERROR level.
-    pub server_log: Option<ServerLog>,
-    /// With `--spawn`: whether the server exited during the run.
-    pub server_exited: bool,
 }
 
-impl_report!(BroadcastReport);
+impl ReportBody for BroadcastBody {
+    /// The delivery check (one conversation per member).
+    type Correctness = Verdict;
+    type Server = Option<ServerFigures>;
+    fn render(r: &BroadcastReport) -> String {
+        render(r)
+    }
+}
 
 /// Runs the broadcast scenario.
 pub async fn run(args: BroadcastArgs) -> anyhow::Result<Outcome> {
@@ -245,7 +249,7 @@ const GROUP_OP_BYTES: usize = 32 * 1024;
 /// Creates group `id` with `members` from the sender's connection (its owner): `CREATE`
 /// with the first members, then `ADD`s with the rest, each frame well under the frame
 /// limit. Returns the group's version (the seq of its last membership event).
-async fn create_group(conn: &mut Conn, id: &str, members: Vec<String>) -> anyhow::Result<u64> {
+async fn create_group(conn: &mut RawConn, id: &str, members: Vec<String>) -> anyhow::Result<u64> {
     let want = members.len();
     let mut chunks: Vec<Vec<String>> = vec![Vec::new()];
     let mut bytes = 0;
@@ -277,7 +281,7 @@ async fn create_group(conn: &mut Conn, id: &str, members: Vec<String>) -> anyhow
 /// Sends one GroupOp and waits for its GroupOpOk (again after RATE_LIMITED, once the
 /// server's retry_after_ms has passed); returns the member count and the version.
 async fn group_op(
-    conn: &mut Conn,
+    conn: &mut RawConn,
     id: &str,
     op: group_op::Op,
     members: Vec<String>,
@@ -301,9 +305,9 @@ async fn group_op(
                 .with_context(|| format!("no GroupOpOk for {id} within {GROUP_OP_TIMEOUT:?}"))?
                 .with_context(|| format!("GroupOp {op:?} {id}"))?;
             let f = match ev {
-                Event::Frame(f) => f,
-                Event::WsPong(_) => continue,
-                Event::Closed { code, reason } => {
+                RawEvent::Frame(f) => f,
+                RawEvent::WsPong(_) => continue,
+                RawEvent::Closed { code, reason } => {
                     bail!("connection closed during GroupOp {op:?} {id}: {code:?} {reason}")
                 }
             };
@@ -374,21 +378,8 @@ async fn run_against(args: &BroadcastArgs, target: &mut Target) -> anyhow::Resul
         deliver_ack_every: (!args.deliver_ack_every.is_zero()).then_some(args.deliver_ack_every),
         ack_latency: LatencyRecorder::new(SHARDS),
         delivery_latency: LatencyRecorder::new(SHARDS),
-        sent: AtomicU64::new(0),
-        retries: AtomicU64::new(0),
-        acked_all: AtomicU64::new(0),
-        acked_measured: AtomicU64::new(0),
-        duplicate_acks: AtomicU64::new(0),
-        late_acks: AtomicU64::new(0),
-        unacked_at_end: AtomicU64::new(0),
-        rate_skipped: AtomicU64::new(0),
-        deliveries: AtomicU64::new(0),
-        deliveries_measured: AtomicU64::new(0),
-        pushed: AtomicU64::new(0),
-        synced: AtomicU64::new(0),
-        syncs: AtomicU64::new(0),
-        hints: AtomicU64::new(0),
-        deliver_acks: AtomicU64::new(0),
+        send: SendCounts::default(),
+        count: Counts::default(),
         errors: ErrorCounts::default(),
         disconnects: Disconnects::default(),
     });
@@ -408,9 +399,9 @@ async fn run_against(args: &BroadcastArgs, target: &mut Target) -> anyhow::Resul
         report::spawn_progress(clock, move |dt| {
             format!(
                 "sent {:>6.0} msg/s  deliveries {:>9.0}/s  syncs {:>7.0}/s  errors {:>5}  p99 delivery {}",
-                a.per_sec(ctx.acked_all.load(Ordering::Relaxed), dt),
-                d.per_sec(ctx.deliveries.load(Ordering::Relaxed), dt),
-                sy.per_sec(ctx.syncs.load(Ordering::Relaxed), dt),
+                a.per_sec(ctx.send.acked_all.get(), dt),
+                d.per_sec(ctx.count.deliveries.get(), dt),
+                sy.per_sec(ctx.count.syncs.get(), dt),
                 ctx.errors.total(),
                 p99_text(&ctx.delivery_latency.snapshot()),
             )
@@ -436,10 +427,9 @@ async fn run_against(args: &BroadcastArgs, target: &mut Target) -> anyhow::Resul
     let server = figures.await.ok().flatten();
 
     let secs = clock.measured_secs();
-    let per_sec = |n: u64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
-    let acked = ctx.acked_measured.load(Ordering::Relaxed);
-    let deliveries = ctx.deliveries_measured.load(Ordering::Relaxed);
-    Ok(BroadcastReport {
+    let (t, c) = (ctx.send.snapshot(), ctx.count.snapshot());
+    let (acked, deliveries) = (t.acked_measured, c.deliveries_measured);
+    let body = BroadcastBody {
         scenario: "broadcast",
         url: target.url.clone(),
         groups: args.groups,
@@ -456,108 +446,32 @@ async fn run_against(args: &BroadcastArgs, target: &mut Target) -> anyhow::Resul
         deliver_ack_every_secs: args.deliver_ack_every.as_secs_f64(),
         duration_secs: secs,
         warmup_secs: args.run.warmup.as_secs_f64(),
-        sent_frames: ctx.sent.load(Ordering::Relaxed),
-        retries: ctx.retries.load(Ordering::Relaxed),
+        sent_frames: t.sent,
+        retries: t.retries,
         acked,
-        acked_per_sec: per_sec(acked),
+        acked_per_sec: clock.per_sec(acked),
         deliveries,
-        deliveries_per_sec: per_sec(deliveries),
-        deliveries_total: ctx.deliveries.load(Ordering::Relaxed),
-        pushed: ctx.pushed.load(Ordering::Relaxed),
-        synced: ctx.synced.load(Ordering::Relaxed),
-        sync_requests: ctx.syncs.load(Ordering::Relaxed),
-        hints: ctx.hints.load(Ordering::Relaxed),
-        deliver_acks: ctx.deliver_acks.load(Ordering::Relaxed),
-        unacked_at_end: ctx.unacked_at_end.load(Ordering::Relaxed),
-        late_acks: ctx.late_acks.load(Ordering::Relaxed),
-        duplicate_acks: ctx.duplicate_acks.load(Ordering::Relaxed),
-        rate_skipped: ctx.rate_skipped.load(Ordering::Relaxed),
+        deliveries_per_sec: clock.per_sec(deliveries),
+        deliveries_total: c.deliveries,
+        pushed: c.pushed,
+        synced: c.synced,
+        sync_requests: c.syncs,
+        hints: c.hints,
+        deliver_acks: c.deliver_acks,
+        unacked_at_end: t.unacked_at_end,
+        late_acks: t.late_acks,
+        duplicate_acks: t.duplicate_acks,
+        rate_skipped: t.rate_skipped,
         send_to_ack_us: Summary::of(&ctx.ack_latency.snapshot()),
         delivery_us: Summary::of(&ctx.delivery_latency.snapshot()),
         errors: ctx.errors.by_name(),
         disconnects: ctx.disconnects.snapshot(),
-        passed: verdict.passed(),
-        correctness: verdict,
-        server,
-        server_log: None,
-        server_exited: false,
+    };
+    let passed = verdict.passed();
+    Ok(Report {
+        body,
+        tail: Tail::new(verdict, passed, server),
     })
-}
-
-/// The group sender's view of the sending loop.
-struct GroupHooks<'a> {
-    ctx: &'a Ctx,
-    g: usize,
-    spec: SendSpec,
-    acked: Vec<u64>,
-    max_acked: u64,
-}
-
-impl Hooks for GroupHooks<'_> {
-    fn next(&mut self) -> Option<SendSpec> {
-        Some(self.spec.clone())
-    }
-
-    fn written(&mut self, retry: bool) {
-        self.ctx.sent.fetch_add(1, Ordering::Relaxed);
-        if retry {
-            self.ctx.retries.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    fn acked(&mut self, ack: &SendAck, pending: Option<Pending>, now: Instant) {
-        let ctx = self.ctx;
-        ctx.acked_all.fetch_add(1, Ordering::Relaxed);
-        if ctx.clock.measured(now) {
-            ctx.acked_measured.fetch_add(1, Ordering::Relaxed);
-        }
-        if ack.duplicate {
-            ctx.duplicate_acks.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.acked.push(ack.seq);
-        }
-        self.max_acked = self.max_acked.max(ack.seq);
-        match pending {
-            Some(p) if ctx.clock.measured(p.first_sent) => {
-                let us = now.saturating_duration_since(p.first_sent).as_micros() as u64;
-                ctx.ack_latency.record(self.g, us);
-            }
-            Some(_) => {}
-            None => {
-                ctx.late_acks.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    }
-
-    fn refused(&mut self, e: &im_proto::Error, _outcome: Refused) {
-        self.ctx.errors.server(e.code);
-    }
-
-    fn timed_out(&mut self, _p: Pending) {
-        self.ctx.errors.local(LocalError::AckTimeout);
-    }
-
-    fn other(&mut self, f: Frame, _now: Instant) -> Vec<Vec<u8>> {
-        match f.body {
-            Some(Body::Error(e)) => self.ctx.errors.server(e.code),
-            Some(Body::Pong(_)) => {}
-            // The group's own membership events (SYSTEM), pushed to its creator.
-            Some(Body::Deliver(d))
-                if d.messages
-                    .iter()
-                    .all(|m| m.r#type == MessageType::System as i32) => {}
-            _ => self.ctx.errors.local(LocalError::Unexpected),
-        }
-        Vec::new()
-    }
-
-    fn write_failed(&mut self, _e: &ClientError) {
-        self.ctx.errors.local(LocalError::Transport);
-    }
-
-    fn ended(&mut self, ev: Result<Event, ClientError>) {
-        self.ctx.disconnects.record(&self.ctx.errors, ev);
-    }
 }
 
 /// Group `g`'s sender: sends at the group's rate until the end, drains, then tells the
@@ -579,18 +493,13 @@ async fn group_sender(
         let offset = Duration::from_secs_f64(g as f64 / (groups as f64 * ctx.rate));
         Pacer::new(ctx.rate, clock.base + offset)
     });
-    let mut hooks = GroupHooks {
-        ctx: &ctx,
-        g,
-        spec: SendSpec {
-            target: To::Group(group.id.as_str().into()),
-            msg_type: MessageType::Text,
-            payload_len: ctx.payload,
-            tag: 0,
-        },
-        acked: Vec::with_capacity(1024),
-        max_acked: 0,
+    let spec = SendSpec {
+        target: To::Group(group.id.as_str().into()),
+        msg_type: MessageType::Text,
+        payload_len: ctx.payload,
+        tag: 0,
     };
+    let mut hooks = ToOne::new(ctx.counts(), clock, &ctx.ack_latency, g, spec).with_system_pushes();
     let cfg = sender::Loop {
         clock,
         window: ctx.window,
@@ -600,11 +509,7 @@ async fn group_sender(
         kill: None,
     };
     sender::run(&mut conn, &mut outbox, cfg, &mut hooks).await;
-    if let Some(p) = &pacer {
-        ctx.rate_skipped.fetch_add(p.skipped(), Ordering::Relaxed);
-    }
-    ctx.unacked_at_end
-        .fetch_add(outbox.len() as u64, Ordering::Relaxed);
+    ctx.send.sender_done(pacer.as_ref(), &outbox);
     group.max_acked.store(hooks.max_acked, Ordering::Release);
     group.done.send_replace(true);
     let _ = conn.close().await;
@@ -638,7 +543,7 @@ async fn member(
                 ctx.errors.local(LocalError::Transport);
                 break;
             }
-            ctx.syncs.fetch_add(1, Ordering::Relaxed);
+            ctx.count.syncs.inc();
             last_tx = Instant::now();
         }
         if follower.settled() && group.caught_up(follower.last()) {
@@ -652,8 +557,8 @@ async fn member(
             biased;
             ev = conn.recv() => {
                 let f = match ev {
-                    Ok(Event::Frame(f)) => f,
-                    Ok(Event::WsPong(_)) => continue,
+                    Ok(RawEvent::Frame(f)) => f,
+                    Ok(RawEvent::WsPong(_)) => continue,
                     other => {
                         ctx.disconnects.record(&ctx.errors, other);
                         break;
@@ -662,13 +567,13 @@ async fn member(
                 let now_us = clock.now_us();
                 let hints = follower.hints;
                 let mine = follower.on_frame(&f, |m, via| {
-                    ctx.deliveries.fetch_add(1, Ordering::Relaxed);
+                    ctx.count.deliveries.inc();
                     match via {
-                        Via::Push => ctx.pushed.fetch_add(1, Ordering::Relaxed),
-                        Via::Sync => ctx.synced.fetch_add(1, Ordering::Relaxed),
-                    };
+                        Via::Push => ctx.count.pushed.inc(),
+                        Via::Sync => ctx.count.synced.inc(),
+                    }
                     if clock.measured_us(now_us) {
-                        ctx.deliveries_measured.fetch_add(1, Ordering::Relaxed);
+                        ctx.count.deliveries_measured.inc();
                     }
                     if let Some(sent_us) = wire::payload_timestamp(&m.payload) {
                         if clock.measured_us(sent_us) {
@@ -676,13 +581,9 @@ async fn member(
                         }
                     }
                 });
-                ctx.hints.fetch_add(follower.hints - hints, Ordering::Relaxed);
+                ctx.count.hints.add(follower.hints - hints);
                 if !mine {
-                    match f.body {
-                        Some(Body::Error(e)) => ctx.errors.server(e.code),
-                        Some(Body::Pong(_)) => {}
-                        _ => ctx.errors.local(LocalError::Unexpected),
-                    }
+                    ctx.errors.stray(&f);
                 }
             }
             _ = done_rx.changed(), if !*done_rx.borrow() => {}
@@ -703,12 +604,12 @@ async fn member(
                             ctx.errors.local(LocalError::Transport);
                             break;
                         }
-                        ctx.deliver_acks.fetch_add(1, Ordering::Relaxed);
+                        ctx.count.deliver_acks.inc();
                         last_tx = now;
                     }
                 }
                 if now >= last_tx + heartbeat / 2 {
-                    if super::chat::ping(&mut conn).await.is_err() {
+                    if ping(&mut conn).await.is_err() {
                         ctx.errors.local(LocalError::Transport);
                         break;
                     }
@@ -772,10 +673,8 @@ pub fn render(r: &BroadcastReport) -> String {
         );
     }
     report::errors_lines(&mut s, &r.errors, &r.disconnects);
-    report::verdict_lines(
+    r.tail.verdict_lines(
         &mut s,
-        &r.correctness,
-        r.passed,
         &format!(
             "{} unacked at end, {} late acks, {} duplicate acks{}",
             r.unacked_at_end,
@@ -788,8 +687,8 @@ pub fn render(r: &BroadcastReport) -> String {
             }
         ),
     );
-    report::server_lines(&mut s, r.server.as_ref());
-    report::server_log_lines(&mut s, r.server_log.as_ref(), r.server_exited);
+    r.tail.server_lines(&mut s);
+    r.tail.server_log_lines(&mut s);
     s
 }
 

@@ -34,14 +34,14 @@
 //! that could not reconnect, or on a storm victim that had not recovered by the end.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
 use futures_util::FutureExt;
-use im_client::ClientError;
+use im_client::{ClientError, RawConn, RawEvent};
 use im_proto::{Body, ErrorCode, Frame, MessageType, SendAck, SyncRequest};
 use rand::seq::index::sample;
 use serde::Serialize;
@@ -50,20 +50,20 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::follow::Follower;
-use super::sender::{self, Ended, Hooks};
-use super::{figures_near_end, finish, run_tag, Clock, Disconnects, RunArgs, ServerArgs};
+use super::sender::{self, Ended, Hooks, RunCounts, SendCounts};
+use super::{
+    figures_near_end, finish, ping, run_tag, Clock, Disconnects, Pair, Report, ReportBody, RunArgs,
+    ServerArgs, Tail,
+};
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
-use crate::conn::{Conn, Event};
 use crate::outbox::{Outbox, Pacer, Pending, Refused, SendSpec, Target as To};
 use crate::report::{self, p99_text, Rate};
-use crate::spawn::ServerLog;
 use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
 use crate::target::{Dialer, Session, Target};
 use crate::util::{fmt_us, max_open_files, parse_duration};
 use crate::wire::{self, BadFrame};
 use crate::Outcome;
-
 /// Histogram shards.
 const SHARDS: usize = 16;
 /// First req_id of malformed frames that carry one (far from message numbers).
@@ -168,37 +168,34 @@ struct Ctx {
     storm_at: OnceLock<Instant>,
     storm_reconnect: LatencyRecorder,
     storm_recover: LatencyRecorder,
-    storm_reconnected: AtomicU64,
-    storm_recovered: AtomicU64,
-    storm_skipped: AtomicU64,
-    storm_resent: AtomicU64,
     ack_latency: LatencyRecorder,
     deliver_latency: LatencyRecorder,
     reconnect_latency: LatencyRecorder,
     recover_latency: LatencyRecorder,
-    acked_all: AtomicU64,
-    acked_measured: AtomicU64,
-    sent: AtomicU64,
-    retries: AtomicU64,
-    resent: AtomicU64,
-    duplicate_acks: AtomicU64,
-    delivered: AtomicU64,
-    unacked_at_end: AtomicU64,
-    kills_requested: AtomicU64,
-    kills_done: AtomicU64,
-    kills_ignored: AtomicU64,
-    reconnect_failures: AtomicU64,
-    never_reconnected: AtomicU64,
-    unexpected_disconnects: AtomicU64,
-    bad_sent: AtomicU64,
-    bad_answered: AtomicU64,
-    bad_killed: AtomicU64,
-    bad_unanswered: AtomicU64,
+    send: SendCounts,
+    count: Counts,
     errors: ErrorCounts,
     disconnects: Disconnects,
 }
 
+counters! {
+    /// What chaos counts besides the senders' [`SendCounts`].
+    struct Counts => Totals {
+        storm_reconnected, storm_recovered, storm_skipped, storm_resent, resent, delivered,
+        kills_requested, kills_done, kills_ignored, reconnect_failures, never_reconnected,
+        unexpected_disconnects, bad_sent, bad_answered, bad_killed, bad_unanswered,
+    }
+}
+
 impl Ctx {
+    fn counts(&self) -> RunCounts<'_> {
+        RunCounts {
+            send: &self.send,
+            errors: &self.errors,
+            disconnects: &self.disconnects,
+        }
+    }
+
     fn sender_name(&self, i: usize) -> String {
         format!("c{}-s{i}", self.tag)
     }
@@ -229,20 +226,20 @@ impl Ctx {
         self.recover_latency.record(idx, us);
         if kill.storm {
             self.storm_recover.record(idx, us);
-            self.storm_recovered.fetch_add(1, Ordering::Relaxed);
+            self.count.storm_recovered.inc();
         }
     }
 
     /// A connection ended unexpectedly (`ev`: the close or the error):
     /// counted by reason and as an unexpected disconnect.
-    fn lost(&self, ev: Result<Event, ClientError>) {
+    fn lost(&self, ev: Result<RawEvent, ClientError>) {
         self.disconnects.record(&self.errors, ev);
-        self.unexpected_disconnects.fetch_add(1, Ordering::Relaxed);
+        self.count.unexpected_disconnects.inc();
     }
 
     /// Connection `idx` is gone (killed or lost): drops its socket and reconnects it as
     /// `user` (`conn` is `None` if it never came back); returns the kill it recovers from.
-    async fn replace(&self, idx: usize, user: &str, conn: &mut Option<Conn>) -> Kill {
+    async fn replace(&self, idx: usize, user: &str, conn: &mut Option<RawConn>) -> Kill {
         let kill = self.killed(idx);
         if let Some(old) = conn.take() {
             old.abort();
@@ -254,7 +251,7 @@ impl Ctx {
     /// Reconnects connection `idx` as `user` after `kill`: waits the reconnect delay
     /// (none after the storm), retries until the drain is over. `None`: it never came
     /// back.
-    async fn reconnect(&self, idx: usize, user: &str, kill: Kill) -> Option<Conn> {
+    async fn reconnect(&self, idx: usize, user: &str, kill: Kill) -> Option<RawConn> {
         if !kill.storm {
             tokio::time::sleep(self.reconnect_delay).await;
         }
@@ -267,22 +264,22 @@ impl Ctx {
                     self.reconnect_latency.record(idx, us);
                     if kill.storm {
                         self.storm_reconnect.record(idx, us);
-                        self.storm_reconnected.fetch_add(1, Ordering::Relaxed);
+                        self.count.storm_reconnected.inc();
                     }
                     // Kills that landed while reconnecting are dropped, not stored.
                     if self.kills[idx].notified().now_or_never().is_some() {
-                        self.kills_ignored.fetch_add(1, Ordering::Relaxed);
+                        self.count.kills_ignored.inc();
                         if self.storm_victim[idx].swap(false, Ordering::AcqRel) {
-                            self.storm_skipped.fetch_add(1, Ordering::Relaxed);
+                            self.count.storm_skipped.inc();
                         }
                     }
                     return Some(session.conn);
                 }
                 Err(e) => {
-                    self.reconnect_failures.fetch_add(1, Ordering::Relaxed);
+                    self.count.reconnect_failures.inc();
                     self.disconnects.add(format!("reconnect failed: {e}"));
                     if Instant::now() >= give_up {
-                        self.never_reconnected.fetch_add(1, Ordering::Relaxed);
+                        self.count.never_reconnected.inc();
                         return None;
                     }
                     tokio::time::sleep(RETRY_CONNECT).await;
@@ -296,7 +293,7 @@ impl Ctx {
             Ok(t) => Some(t),
             Err(e) => {
                 self.disconnects.add(format!("token: {e:#}"));
-                self.never_reconnected.fetch_add(1, Ordering::Relaxed);
+                self.count.never_reconnected.inc();
                 None
             }
         }
@@ -310,22 +307,12 @@ struct Kill {
     storm: bool,
 }
 
-/// What a sender tells its receiver about the end of the run.
-#[derive(Default)]
-struct Pair {
-    max_acked: AtomicU64,
-    sender_done: AtomicBool,
-}
-
-impl Pair {
-    fn caught_up(&self, last: u64) -> bool {
-        self.sender_done.load(Ordering::Acquire) && last >= self.max_acked.load(Ordering::Acquire)
-    }
-}
-
 /// The final report of a chaos run.
+pub type ChaosReport = Report<ChaosBody>;
+
+/// The chaos report's own fields.
 #[derive(Debug, Clone, Serialize)]
-pub struct ChaosReport {
+pub struct ChaosBody {
     /// Always `"chaos"`.
     pub scenario: &'static str,
     /// The client endpoint used.
@@ -398,16 +385,15 @@ pub struct ChaosReport {
     pub errors: BTreeMap<String, u64>,
     /// Connections that ended, by reason (kills not included).
     pub disconnects: BTreeMap<String, u64>,
-    /// The delivery check over all pairs.
-    pub correctness: Verdict,
-    /// Whether the check and the injection checks passed.
-    pub passed: bool,
-    /// The server's figures near the end of the measured window.
-    pub server: Option<ServerFigures>,
-    /// With `--spawn`: what the server logged at WARN/ERROR level.
-    pub server_log: Option<ServerLog>,
-    /// With `--spawn`: whether the server exited during the run.
-    pub server_exited: bool,
+}
+
+impl ReportBody for ChaosBody {
+    /// The delivery check over all pairs; `passed` also needs the injection checks.
+    type Correctness = Verdict;
+    type Server = Option<ServerFigures>;
+    fn render(r: &ChaosReport) -> String {
+        render(r)
+    }
 }
 
 /// The reconnect storm's figures.
@@ -443,8 +429,6 @@ pub struct StormReport {
     /// Whether every victim reconnected and recovered.
     pub passed: bool,
 }
-
-impl_report!(ChaosReport);
 
 /// Runs the chaos scenario.
 pub async fn run(args: ChaosArgs) -> anyhow::Result<Outcome> {
@@ -517,32 +501,12 @@ async fn run_against(args: &ChaosArgs, target: &mut Target) -> anyhow::Result<Ch
         storm_at: OnceLock::new(),
         storm_reconnect: LatencyRecorder::new(SHARDS),
         storm_recover: LatencyRecorder::new(SHARDS),
-        storm_reconnected: AtomicU64::new(0),
-        storm_recovered: AtomicU64::new(0),
-        storm_skipped: AtomicU64::new(0),
-        storm_resent: AtomicU64::new(0),
         ack_latency: LatencyRecorder::new(SHARDS),
         deliver_latency: LatencyRecorder::new(SHARDS),
         reconnect_latency: LatencyRecorder::new(SHARDS),
         recover_latency: LatencyRecorder::new(SHARDS),
-        acked_all: AtomicU64::new(0),
-        acked_measured: AtomicU64::new(0),
-        sent: AtomicU64::new(0),
-        retries: AtomicU64::new(0),
-        resent: AtomicU64::new(0),
-        duplicate_acks: AtomicU64::new(0),
-        delivered: AtomicU64::new(0),
-        unacked_at_end: AtomicU64::new(0),
-        kills_requested: AtomicU64::new(0),
-        kills_done: AtomicU64::new(0),
-        kills_ignored: AtomicU64::new(0),
-        reconnect_failures: AtomicU64::new(0),
-        never_reconnected: AtomicU64::new(0),
-        unexpected_disconnects: AtomicU64::new(0),
-        bad_sent: AtomicU64::new(0),
-        bad_answered: AtomicU64::new(0),
-        bad_killed: AtomicU64::new(0),
-        bad_unanswered: AtomicU64::new(0),
+        send: SendCounts::default(),
+        count: Counts::default(),
         errors: ErrorCounts::default(),
         disconnects: Disconnects::default(),
     });
@@ -575,11 +539,11 @@ async fn run_against(args: &ChaosArgs, target: &mut Target) -> anyhow::Result<Ch
         report::spawn_progress(clock, move |dt| {
             format!(
                 "acked {:>8.0} msg/s  kills {:>5}  storm back {:>5}/{:<5}  bad frames {:>5}  errors {:>6}  p99 recover {}  p99 send->ack {}",
-                rate.per_sec(ctx.acked_all.load(Ordering::Relaxed), dt),
-                ctx.kills_done.load(Ordering::Relaxed),
-                ctx.storm_recovered.load(Ordering::Relaxed),
-                ctx.storm_reconnected.load(Ordering::Relaxed),
-                ctx.bad_sent.load(Ordering::Relaxed),
+                rate.per_sec(ctx.send.acked_all.get(), dt),
+                ctx.count.kills_done.get(),
+                ctx.count.storm_recovered.get(),
+                ctx.count.storm_reconnected.get(),
+                ctx.count.bad_sent.get(),
                 ctx.errors.total(),
                 p99_text(&ctx.recover_latency.snapshot()),
                 p99_text(&ctx.ack_latency.snapshot()),
@@ -614,18 +578,19 @@ async fn run_against(args: &ChaosArgs, target: &mut Target) -> anyhow::Result<Ch
     progress.abort();
     let server = figures.await.ok().flatten();
 
-    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    let never = load(&ctx.never_reconnected);
-    let unexpected = load(&ctx.unexpected_disconnects);
-    let unanswered = load(&ctx.bad_unanswered);
+    let (t, c) = (ctx.send.snapshot(), ctx.count.snapshot());
+    let (never, unexpected, unanswered) = (
+        c.never_reconnected,
+        c.unexpected_disconnects,
+        c.bad_unanswered,
+    );
     let secs = clock.measured_secs();
-    let acked = load(&ctx.acked_measured);
+    let acked = t.acked_measured;
     let storm = (args.storm_fraction > 0.0).then(|| {
         let (senders_hit, receivers_hit, idle_hit) = storm_victims.unwrap_or_default();
         let victims = senders_hit + receivers_hit + idle_hit;
-        let skipped = load(&ctx.storm_skipped);
-        let reconnected = load(&ctx.storm_reconnected);
-        let recovered = load(&ctx.storm_recovered);
+        let (skipped, reconnected, recovered) =
+            (c.storm_skipped, c.storm_reconnected, c.storm_recovered);
         StormReport {
             fraction: args.storm_fraction,
             at_secs: storm_offset.as_secs_f64(),
@@ -637,14 +602,14 @@ async fn run_against(args: &ChaosArgs, target: &mut Target) -> anyhow::Result<Ch
             skipped,
             reconnected,
             recovered,
-            resent: load(&ctx.storm_resent),
+            resent: c.storm_resent,
             reconnect_us: Summary::of(&ctx.storm_reconnect.snapshot()),
             recover_us: Summary::of(&ctx.storm_recover.snapshot()),
             passed: victims > 0 && reconnected + skipped == victims && recovered == reconnected,
         }
     });
     let storm_ok = storm.as_ref().is_none_or(|s| s.passed);
-    Ok(ChaosReport {
+    let body = ChaosBody {
         scenario: "chaos",
         url: target.url.clone(),
         senders: args.senders,
@@ -657,35 +622,35 @@ async fn run_against(args: &ChaosArgs, target: &mut Target) -> anyhow::Result<Ch
         kill_percent: args.kill_percent,
         kill_every_secs: args.kill_every.as_secs_f64(),
         bad_percent: args.bad_percent,
-        kills_requested: load(&ctx.kills_requested),
-        kills: load(&ctx.kills_done),
-        kills_ignored: load(&ctx.kills_ignored),
-        reconnect_failures: load(&ctx.reconnect_failures),
+        kills_requested: c.kills_requested,
+        kills: c.kills_done,
+        kills_ignored: c.kills_ignored,
+        reconnect_failures: c.reconnect_failures,
         never_reconnected: never,
         unexpected_disconnects: unexpected,
         reconnect_us: Summary::of(&ctx.reconnect_latency.snapshot()),
         recover_us: Summary::of(&ctx.recover_latency.snapshot()),
-        resent: load(&ctx.resent),
-        duplicate_acks: load(&ctx.duplicate_acks),
-        bad_frames_sent: load(&ctx.bad_sent),
-        bad_frames_answered: load(&ctx.bad_answered),
-        bad_frames_killed: load(&ctx.bad_killed),
+        resent: c.resent,
+        duplicate_acks: t.duplicate_acks,
+        bad_frames_sent: c.bad_sent,
+        bad_frames_answered: c.bad_answered,
+        bad_frames_killed: c.bad_killed,
         bad_frames_unanswered: unanswered,
         acked,
-        acked_per_sec: if secs > 0.0 { acked as f64 / secs } else { 0.0 },
-        sent_frames: load(&ctx.sent),
-        retries: load(&ctx.retries),
-        delivered: load(&ctx.delivered),
-        unacked_at_end: load(&ctx.unacked_at_end),
+        acked_per_sec: clock.per_sec(acked),
+        sent_frames: t.sent,
+        retries: t.retries,
+        delivered: c.delivered,
+        unacked_at_end: t.unacked_at_end,
         send_to_ack_us: Summary::of(&ctx.ack_latency.snapshot()),
         send_to_deliver_us: Summary::of(&ctx.deliver_latency.snapshot()),
         errors: ctx.errors.by_name(),
         disconnects: ctx.disconnects.snapshot(),
-        passed: verdict.passed() && never == 0 && unexpected == 0 && unanswered == 0 && storm_ok,
-        correctness: verdict,
-        server,
-        server_log: None,
-        server_exited: false,
+    };
+    let passed = verdict.passed() && never == 0 && unexpected == 0 && unanswered == 0 && storm_ok;
+    Ok(Report {
+        body,
+        tail: Tail::new(verdict, passed, server),
     })
 }
 
@@ -707,8 +672,7 @@ async fn killer(ctx: Arc<Ctx>, percent: f64, every: Duration) {
         for v in victims.iter() {
             ctx.kills[v].notify_one();
         }
-        ctx.kills_requested
-            .fetch_add(per_round as u64, Ordering::Relaxed);
+        ctx.count.kills_requested.add(per_round as u64);
     }
 }
 
@@ -727,8 +691,7 @@ async fn storm(ctx: Arc<Ctx>, at: Instant, fraction: f64) -> (u64, u64, u64) {
     for &v in &victims {
         ctx.kills[v].notify_one();
     }
-    ctx.kills_requested
-        .fetch_add(size as u64, Ordering::Relaxed);
+    ctx.count.kills_requested.add(size as u64);
     let n = ctx.senders;
     let count =
         |r: std::ops::Range<usize>| victims.iter().filter(|&&v| r.contains(&v)).count() as u64;
@@ -769,15 +732,12 @@ impl ChaosHooks<'_> {
 }
 
 impl Hooks for ChaosHooks<'_> {
-    fn next(&mut self) -> Option<SendSpec> {
-        Some(self.spec.clone())
+    fn counts(&self) -> RunCounts<'_> {
+        self.ctx.counts()
     }
 
-    fn written(&mut self, retry: bool) {
-        self.ctx.sent.fetch_add(1, Ordering::Relaxed);
-        if retry {
-            self.ctx.retries.fetch_add(1, Ordering::Relaxed);
-        }
+    fn next(&mut self) -> Option<SendSpec> {
+        Some(self.spec.clone())
     }
 
     fn after_send(&mut self) -> Option<Vec<u8>> {
@@ -790,19 +750,13 @@ impl Hooks for ChaosHooks<'_> {
         self.next_bad += 1;
         self.bad_on_conn += 1;
         self.bad_outstanding += 1;
-        ctx.bad_sent.fetch_add(1, Ordering::Relaxed);
+        ctx.count.bad_sent.inc();
         Some(wire::bad_frame(kind, req_id))
     }
 
     fn acked(&mut self, ack: &SendAck, pending: Option<Pending>, now: Instant) {
         let ctx = self.ctx;
-        ctx.acked_all.fetch_add(1, Ordering::Relaxed);
-        if ctx.clock.measured(now) {
-            ctx.acked_measured.fetch_add(1, Ordering::Relaxed);
-        }
-        if ack.duplicate {
-            ctx.duplicate_acks.fetch_add(1, Ordering::Relaxed);
-        }
+        ctx.send.acked(&ctx.clock, now, ack.duplicate);
         let Some(p) = pending else { return };
         // A duplicate ack answers a resend whose first ack died with a killed
         // connection: its seq is the original one, recorded now for the first time.
@@ -828,27 +782,15 @@ impl Hooks for ChaosHooks<'_> {
     }
 
     fn other(&mut self, f: Frame, _now: Instant) -> Vec<Vec<u8>> {
-        match f.body {
-            Some(Body::Error(e)) => {
-                self.ctx.errors.server(e.code);
-                let injected = f.req_id == 0 || f.req_id >= BAD_REQ_BASE;
-                if e.code == ErrorCode::BadFrame as i32 && injected && self.bad_outstanding > 0 {
-                    self.bad_outstanding -= 1;
-                    self.ctx.bad_answered.fetch_add(1, Ordering::Relaxed);
-                }
+        self.ctx.errors.stray(&f);
+        if let Some(Body::Error(e)) = &f.body {
+            let injected = f.req_id == 0 || f.req_id >= BAD_REQ_BASE;
+            if e.code == ErrorCode::BadFrame as i32 && injected && self.bad_outstanding > 0 {
+                self.bad_outstanding -= 1;
+                self.ctx.count.bad_answered.inc();
             }
-            Some(Body::Pong(_)) => {}
-            _ => self.ctx.errors.local(LocalError::Unexpected),
         }
         Vec::new()
-    }
-
-    fn write_failed(&mut self, _e: &ClientError) {
-        self.ctx.errors.local(LocalError::Transport);
-    }
-
-    fn ended(&mut self, ev: Result<Event, ClientError>) {
-        self.ctx.disconnects.record(&self.ctx.errors, ev);
     }
 }
 
@@ -899,21 +841,17 @@ async fn chaos_sender(
         match ended {
             Ended::Finished => {
                 wait_bad_replies(&mut c, &mut hooks).await;
-                ctx.bad_unanswered
-                    .fetch_add(hooks.bad_outstanding, Ordering::Relaxed);
+                ctx.count.bad_unanswered.add(hooks.bad_outstanding);
                 let _ = c.close().await;
                 break;
             }
             Ended::Killed => {
                 c.abort();
-                ctx.kills_done.fetch_add(1, Ordering::Relaxed);
+                ctx.count.kills_done.inc();
             }
-            Ended::Disconnected => {
-                ctx.unexpected_disconnects.fetch_add(1, Ordering::Relaxed);
-            }
+            Ended::Disconnected => ctx.count.unexpected_disconnects.inc(),
         }
-        ctx.bad_killed
-            .fetch_add(hooks.bad_outstanding, Ordering::Relaxed);
+        ctx.count.bad_killed.add(hooks.bad_outstanding);
         hooks.bad_outstanding = 0;
         hooks.bad_on_conn = 0;
         let waiting: Vec<u64> = outbox.pending().iter().map(|p| p.n).collect();
@@ -928,35 +866,33 @@ async fn chaos_sender(
                 ok = false;
                 break;
             }
-            ctx.resent.fetch_add(1, Ordering::Relaxed);
+            ctx.count.resent.inc();
             if kill.storm {
-                ctx.storm_resent.fetch_add(1, Ordering::Relaxed);
+                ctx.count.storm_resent.inc();
             }
-            ctx.sent.fetch_add(1, Ordering::Relaxed);
+            ctx.send.sent.inc();
         }
         hooks.check_recovered();
         if !ok {
-            ctx.unexpected_disconnects.fetch_add(1, Ordering::Relaxed);
+            ctx.count.unexpected_disconnects.inc();
         }
         conn = Some(fresh);
     }
-    ctx.unacked_at_end
-        .fetch_add(outbox.len() as u64, Ordering::Relaxed);
-    pair.max_acked.store(hooks.max_acked, Ordering::Release);
-    pair.sender_done.store(true, Ordering::Release);
+    ctx.send.unacked_at_end.add(outbox.len() as u64);
+    pair.sender_finished(hooks.max_acked);
     (i, hooks.acked)
 }
 
 /// After the last ack: reads until every malformed frame of this connection has its
 /// BAD_FRAME (or a short timeout).
-async fn wait_bad_replies(conn: &mut Conn, hooks: &mut ChaosHooks<'_>) {
+async fn wait_bad_replies(conn: &mut RawConn, hooks: &mut ChaosHooks<'_>) {
     let deadline = Instant::now() + BAD_REPLY_WAIT;
     while hooks.bad_outstanding > 0 {
         match tokio::time::timeout_at(deadline, conn.recv()).await {
-            Ok(Ok(Event::Frame(f))) => {
+            Ok(Ok(RawEvent::Frame(f))) => {
                 hooks.other(f, Instant::now());
             }
-            Ok(Ok(Event::WsPong(_))) => {}
+            Ok(Ok(RawEvent::WsPong(_))) => {}
             _ => return,
         }
     }
@@ -996,15 +932,15 @@ async fn receiver(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) ->
         let lost = tokio::select! {
             biased;
             () = ctx.kills[idx].notified() => {
-                ctx.kills_done.fetch_add(1, Ordering::Relaxed);
+                ctx.count.kills_done.inc();
                 true
             }
             ev = c.recv() => {
                 match ev {
-                    Ok(Event::Frame(f)) => {
+                    Ok(RawEvent::Frame(f)) => {
                         let now_us = clock.now_us();
                         let mine = follower.on_frame(&f, |m, _via| {
-                            ctx.delivered.fetch_add(1, Ordering::Relaxed);
+                            ctx.count.delivered.inc();
                             if let Some(sent_us) = wire::payload_timestamp(&m.payload) {
                                 if clock.measured_us(sent_us) {
                                     ctx.deliver_latency.record(idx, now_us.saturating_sub(sent_us));
@@ -1012,15 +948,11 @@ async fn receiver(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) ->
                             }
                         });
                         if !mine {
-                            match f.body {
-                                Some(Body::Error(e)) => ctx.errors.server(e.code),
-                                Some(Body::Pong(_)) => {}
-                                _ => ctx.errors.local(LocalError::Unexpected),
-                            }
+                            ctx.errors.stray(&f);
                         }
                         false
                     }
-                    Ok(Event::WsPong(_)) => false,
+                    Ok(RawEvent::WsPong(_)) => false,
                     other => {
                         ctx.lost(other);
                         true
@@ -1033,7 +965,7 @@ async fn receiver(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) ->
                     break;
                 }
                 if now.saturating_duration_since(last_tx) >= heartbeat / 2 {
-                    if super::chat::ping(c).await.is_err() {
+                    if ping(c).await.is_err() {
                         ctx.errors.local(LocalError::Transport);
                     }
                     last_tx = now;
@@ -1071,11 +1003,11 @@ async fn idle_conn(ctx: Arc<Ctx>, j: usize, session: Session, mut stop: watch::R
         let lost = tokio::select! {
             biased;
             () = ctx.kills[idx].notified() => {
-                ctx.kills_done.fetch_add(1, Ordering::Relaxed);
+                ctx.count.kills_done.inc();
                 true
             }
             ev = c.recv() => match ev {
-                Ok(Event::Frame(f)) => {
+                Ok(RawEvent::Frame(f)) => {
                     match f.body {
                         Some(Body::SyncResp(r)) if f.req_id == IDLE_SYNC_REQ => {
                             // An idle user has no conversations: nothing to page through.
@@ -1100,7 +1032,7 @@ async fn idle_conn(ctx: Arc<Ctx>, j: usize, session: Session, mut stop: watch::R
                     }
                     false
                 }
-                Ok(Event::WsPong(_)) => false,
+                Ok(RawEvent::WsPong(_)) => false,
                 other => {
                     ctx.lost(other);
                     true
@@ -1113,7 +1045,7 @@ async fn idle_conn(ctx: Arc<Ctx>, j: usize, session: Session, mut stop: watch::R
                     break;
                 }
                 next_ping = now + heartbeat / 2;
-                if super::chat::ping(c).await.is_err() {
+                if ping(c).await.is_err() {
                     ctx.errors.local(LocalError::Transport);
                 }
                 false
@@ -1203,12 +1135,8 @@ pub fn render(r: &ChaosReport) -> String {
         ),
     );
     report::errors_lines(&mut s, &r.errors, &r.disconnects);
-    report::verdict_lines(
-        &mut s,
-        &r.correctness,
-        r.passed,
-        &format!("{} unacked at end", r.unacked_at_end),
-    );
+    r.tail
+        .verdict_lines(&mut s, &format!("{} unacked at end", r.unacked_at_end));
     if r.never_reconnected > 0 || r.unexpected_disconnects > 0 || r.bad_frames_unanswered > 0 {
         report::line(
             &mut s,
@@ -1223,8 +1151,8 @@ pub fn render(r: &ChaosReport) -> String {
             "FAIL: the storm did not hit, or not every victim reconnected and recovered",
         );
     }
-    report::server_lines(&mut s, r.server.as_ref());
-    report::server_log_lines(&mut s, r.server_log.as_ref(), r.server_exited);
+    r.tail.server_lines(&mut s);
+    r.tail.server_log_lines(&mut s);
     s
 }
 

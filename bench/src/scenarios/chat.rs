@@ -19,26 +19,26 @@
 //! rarely contend. The sending loop is [`super::sender`], shared with other scenarios.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use im_proto::{Body, Frame, MessageType, Ping, SendAck};
+use im_client::RawEvent;
+use im_proto::{Body, MessageType};
 use serde::Serialize;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::sender::{self, Hooks};
-use super::{figures_near_end, finish, Clock, Disconnects, RunArgs, ServerArgs};
-use crate::admin::ServerFigures;
+use super::sender::{self, RunCounts, SendCounts, ToOne};
+use super::{
+    figures_near_end, finish, ping, Clock, Disconnects, Pair, Report, ReportBody, RunArgs,
+    ServerArgs, Tail,
+};
 use crate::check::{check, Verdict};
-use crate::conn::{Conn, Event};
-use crate::outbox::{Outbox, Pacer, Pending, Refused, SendSpec, Target as To};
+use crate::outbox::{Outbox, Pacer, SendSpec, Target as To};
 use crate::report::{self, p99_text, Rate};
-use crate::spawn::ServerLog;
-use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
+use crate::stats::{Counter, ErrorCounts, LatencyRecorder, LocalError, Summary};
 use crate::target::{Session, Target};
 use crate::util::{fmt_us, parse_duration};
 use crate::Outcome;
@@ -89,47 +89,29 @@ struct Ctx {
     run_id: u64,
     ack_latency: LatencyRecorder,
     deliver_latency: LatencyRecorder,
-    /// Acks received at any time (progress line).
-    acked_all: AtomicU64,
-    /// Acks received in the measured window (throughput).
-    acked_measured: AtomicU64,
-    /// Send frames written, retries included.
-    sent: AtomicU64,
-    /// OVERLOADED / RATE_LIMITED retries.
-    retries: AtomicU64,
-    /// SendAcks with duplicate=true.
-    duplicate_acks: AtomicU64,
-    /// Acks that came after their send was given up on.
-    late_acks: AtomicU64,
-    /// Sends still un-acked when the drain ended.
-    unacked_at_end: AtomicU64,
-    /// Scheduled sends dropped because a sender was more than a second behind `--rate`.
-    rate_skipped: AtomicU64,
+    send: SendCounts,
     /// Messages received by receivers.
-    delivered: AtomicU64,
+    delivered: Counter,
     errors: ErrorCounts,
     disconnects: Disconnects,
 }
 
-/// What a sender tells its receiver about the end of the run.
-#[derive(Default)]
-struct Pair {
-    /// Highest seq acked to the sender.
-    max_acked: AtomicU64,
-    /// The sender has stopped (drained or failed): `max_acked` is final.
-    sender_done: AtomicBool,
-}
-
-impl Pair {
-    /// Whether a receiver whose highest delivered seq is `last` has everything it waits for.
-    fn caught_up(&self, last: u64) -> bool {
-        self.sender_done.load(Ordering::Acquire) && last >= self.max_acked.load(Ordering::Acquire)
+impl Ctx {
+    fn counts(&self) -> RunCounts<'_> {
+        RunCounts {
+            send: &self.send,
+            errors: &self.errors,
+            disconnects: &self.disconnects,
+        }
     }
 }
 
 /// The final report of a chat run (printed as text, or as JSON with `--json`).
+pub type ChatReport = Report<ChatBody>;
+
+/// The chat report's own fields.
 #[derive(Debug, Clone, Serialize)]
-pub struct ChatReport {
+pub struct ChatBody {
     /// Always `"chat"`.
     pub scenario: &'static str,
     /// The client endpoint used.
@@ -172,19 +154,15 @@ pub struct ChatReport {
     pub errors: BTreeMap<String, u64>,
     /// Connections that ended during the run, by close code and reason (or error).
     pub disconnects: BTreeMap<String, u64>,
-    /// The delivery check over all pairs.
-    pub correctness: Verdict,
-    /// Whether the check passed.
-    pub passed: bool,
-    /// The server's figures at the end of the measured window (admin API).
-    pub server: Option<ServerFigures>,
-    /// With `--spawn`: what the server logged at WARN/ERROR level.
-    pub server_log: Option<ServerLog>,
-    /// With `--spawn`: whether the server exited during the run (a failure).
-    pub server_exited: bool,
 }
 
-impl_report!(ChatReport);
+impl ReportBody for ChatBody {
+    type Correctness = Verdict;
+    type Server = Option<crate::admin::ServerFigures>;
+    fn render(r: &ChatReport) -> String {
+        render(r)
+    }
+}
 
 /// Runs the chat scenario.
 pub async fn run(args: ChatArgs) -> anyhow::Result<Outcome> {
@@ -221,15 +199,8 @@ pub(crate) async fn run_against(
         run_id: rand::random(),
         ack_latency: LatencyRecorder::new(SHARDS),
         deliver_latency: LatencyRecorder::new(SHARDS),
-        acked_all: AtomicU64::new(0),
-        acked_measured: AtomicU64::new(0),
-        sent: AtomicU64::new(0),
-        retries: AtomicU64::new(0),
-        duplicate_acks: AtomicU64::new(0),
-        late_acks: AtomicU64::new(0),
-        unacked_at_end: AtomicU64::new(0),
-        rate_skipped: AtomicU64::new(0),
-        delivered: AtomicU64::new(0),
+        send: SendCounts::default(),
+        delivered: Counter::default(),
         errors: ErrorCounts::default(),
         disconnects: Disconnects::default(),
     });
@@ -249,7 +220,7 @@ pub(crate) async fn run_against(
         report::spawn_progress(clock, move |dt| {
             format!(
                 "acked {:>9.0} msg/s  errors {:>6}  p99 send->ack {}",
-                rate.per_sec(ctx.acked_all.load(Ordering::Relaxed), dt),
+                rate.per_sec(ctx.send.acked_all.get(), dt),
                 ctx.errors.total(),
                 p99_text(&ctx.ack_latency.snapshot())
             )
@@ -271,8 +242,9 @@ pub(crate) async fn run_against(
     let server = figures.await.ok().flatten();
 
     let secs = clock.measured_secs();
-    let acked = ctx.acked_measured.load(Ordering::Relaxed);
-    Ok(ChatReport {
+    let t = ctx.send.snapshot();
+    let acked = t.acked_measured;
+    let body = ChatBody {
         scenario: "chat",
         url: target.url.clone(),
         senders: args.senders,
@@ -282,96 +254,24 @@ pub(crate) async fn run_against(
         duration_secs: secs,
         warmup_secs: args.run.warmup.as_secs_f64(),
         acked,
-        acked_per_sec: if secs > 0.0 { acked as f64 / secs } else { 0.0 },
-        sent_frames: ctx.sent.load(Ordering::Relaxed),
-        delivered: ctx.delivered.load(Ordering::Relaxed),
-        retries: ctx.retries.load(Ordering::Relaxed),
-        duplicate_acks: ctx.duplicate_acks.load(Ordering::Relaxed),
-        late_acks: ctx.late_acks.load(Ordering::Relaxed),
-        unacked_at_end: ctx.unacked_at_end.load(Ordering::Relaxed),
-        rate_skipped: ctx.rate_skipped.load(Ordering::Relaxed),
+        acked_per_sec: clock.per_sec(acked),
+        sent_frames: t.sent,
+        delivered: ctx.delivered.get(),
+        retries: t.retries,
+        duplicate_acks: t.duplicate_acks,
+        late_acks: t.late_acks,
+        unacked_at_end: t.unacked_at_end,
+        rate_skipped: t.rate_skipped,
         send_to_ack_us: Summary::of(&ctx.ack_latency.snapshot()),
         send_to_deliver_us: Summary::of(&ctx.deliver_latency.snapshot()),
         errors: ctx.errors.by_name(),
         disconnects: ctx.disconnects.snapshot(),
-        passed: verdict.passed(),
-        correctness: verdict,
-        server,
-        server_log: None,
-        server_exited: false,
+    };
+    let passed = verdict.passed();
+    Ok(Report {
+        body,
+        tail: Tail::new(verdict, passed, server),
     })
-}
-
-/// The chat sender's view of the sending loop: counts, latencies, acked seqs.
-struct ChatHooks<'a> {
-    ctx: &'a Ctx,
-    i: usize,
-    spec: SendSpec,
-    acked: Vec<u64>,
-    max_acked: u64,
-}
-
-impl Hooks for ChatHooks<'_> {
-    fn next(&mut self) -> Option<SendSpec> {
-        Some(self.spec.clone())
-    }
-
-    fn written(&mut self, retry: bool) {
-        self.ctx.sent.fetch_add(1, Ordering::Relaxed);
-        if retry {
-            self.ctx.retries.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    fn acked(&mut self, ack: &SendAck, pending: Option<Pending>, now: Instant) {
-        let ctx = self.ctx;
-        ctx.acked_all.fetch_add(1, Ordering::Relaxed);
-        if ctx.clock.measured(now) {
-            ctx.acked_measured.fetch_add(1, Ordering::Relaxed);
-        }
-        if ack.duplicate {
-            ctx.duplicate_acks.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.acked.push(ack.seq);
-        }
-        self.max_acked = self.max_acked.max(ack.seq);
-        match pending {
-            Some(p) => {
-                if ctx.clock.measured(p.first_sent) {
-                    let us = now.saturating_duration_since(p.first_sent);
-                    ctx.ack_latency.record(self.i, us.as_micros() as u64);
-                }
-            }
-            None => {
-                ctx.late_acks.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    }
-
-    fn refused(&mut self, e: &im_proto::Error, _outcome: Refused) {
-        self.ctx.errors.server(e.code);
-    }
-
-    fn timed_out(&mut self, _p: Pending) {
-        self.ctx.errors.local(LocalError::AckTimeout);
-    }
-
-    fn other(&mut self, f: Frame, _now: Instant) -> Vec<Vec<u8>> {
-        match f.body {
-            Some(Body::Error(e)) => self.ctx.errors.server(e.code),
-            Some(Body::Pong(_)) => {}
-            _ => self.ctx.errors.local(LocalError::Unexpected),
-        }
-        Vec::new()
-    }
-
-    fn write_failed(&mut self, _e: &im_client::ClientError) {
-        self.ctx.errors.local(LocalError::Transport);
-    }
-
-    fn ended(&mut self, ev: Result<Event, im_client::ClientError>) {
-        self.ctx.disconnects.record(&self.ctx.errors, ev);
-    }
 }
 
 /// Sender `s{i}`: keeps up to `window` sends in flight (at `--rate`, if set) until the
@@ -388,18 +288,13 @@ async fn sender(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) -> (
         let offset = Duration::from_secs_f64(i as f64 / (ctx.senders as f64 * r));
         Pacer::new(r, clock.base + offset)
     });
-    let mut hooks = ChatHooks {
-        ctx: &ctx,
-        i,
-        spec: SendSpec {
-            target: To::User(format!("r{i}").into()),
-            msg_type: MessageType::Text,
-            payload_len: ctx.payload,
-            tag: 0,
-        },
-        acked: Vec::with_capacity(1024),
-        max_acked: 0,
+    let spec = SendSpec {
+        target: To::User(format!("r{i}").into()),
+        msg_type: MessageType::Text,
+        payload_len: ctx.payload,
+        tag: 0,
     };
+    let mut hooks = ToOne::new(ctx.counts(), clock, &ctx.ack_latency, i, spec);
     let cfg = sender::Loop {
         clock,
         window: ctx.window,
@@ -409,26 +304,11 @@ async fn sender(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) -> (
         kill: None,
     };
     sender::run(&mut conn, &mut outbox, cfg, &mut hooks).await;
-    let ChatHooks {
-        acked, max_acked, ..
-    } = hooks;
-
-    if let Some(p) = &pacer {
-        ctx.rate_skipped.fetch_add(p.skipped(), Ordering::Relaxed);
-    }
-    ctx.unacked_at_end
-        .fetch_add(outbox.len() as u64, Ordering::Relaxed);
-    pair.max_acked.store(max_acked, Ordering::Release);
-    pair.sender_done.store(true, Ordering::Release);
+    let (acked, max_acked) = (hooks.acked, hooks.max_acked);
+    ctx.send.sender_done(pacer.as_ref(), &outbox);
+    pair.sender_finished(max_acked);
     let _ = conn.close().await;
     (i, acked)
-}
-
-/// Sends a protocol Ping (the server answers Pong, and counts it as activity).
-pub async fn ping(conn: &mut Conn) -> Result<(), im_client::ClientError> {
-    let client_time = im_proto::now_ms();
-    conn.send(&im_proto::frame(0, Body::Ping(Ping { client_time })))
-        .await
 }
 
 /// Receiver `r{i}`: records every delivered seq (arrival order) and send-to-deliver
@@ -460,8 +340,8 @@ async fn receiver(
             biased;
             ev = conn.recv() => {
                 let f = match ev {
-                    Ok(Event::Frame(f)) => f,
-                    Ok(Event::WsPong(_)) => continue,
+                    Ok(RawEvent::Frame(f)) => f,
+                    Ok(RawEvent::WsPong(_)) => continue,
                     other => {
                         ctx.disconnects.record(&ctx.errors, other);
                         break;
@@ -483,14 +363,12 @@ async fn receiver(
                                 }
                             }
                         }
-                        ctx.delivered.fetch_add(d.messages.len() as u64, Ordering::Relaxed);
+                        ctx.delivered.add(d.messages.len() as u64);
                         if pair.caught_up(last) {
                             break;
                         }
                     }
-                    Some(Body::Error(e)) => ctx.errors.server(e.code),
-                    Some(Body::Pong(_)) => {}
-                    _ => ctx.errors.local(LocalError::Unexpected),
+                    _ => ctx.errors.stray(&f),
                 }
             }
             _ = tick.tick() => {
@@ -557,17 +435,15 @@ pub fn render(r: &ChatReport) -> String {
         ),
     );
     report::errors_lines(&mut s, &r.errors, &r.disconnects);
-    report::verdict_lines(
+    r.tail.verdict_lines(
         &mut s,
-        &r.correctness,
-        r.passed,
         &format!(
             "{} unacked at end, {} late acks, {} duplicate acks",
             r.unacked_at_end, r.late_acks, r.duplicate_acks
         ),
     );
-    report::server_lines(&mut s, r.server.as_ref());
-    report::server_log_lines(&mut s, r.server_log.as_ref(), r.server_exited);
+    r.tail.server_lines(&mut s);
+    r.tail.server_log_lines(&mut s);
     s
 }
 
@@ -618,15 +494,5 @@ mod tests {
             "p"
         ])
         .is_err());
-    }
-
-    #[test]
-    fn pair_is_caught_up_only_after_the_sender_is_done() {
-        let p = Pair::default();
-        p.max_acked.store(5, Ordering::Release);
-        assert!(!p.caught_up(5));
-        p.sender_done.store(true, Ordering::Release);
-        assert!(!p.caught_up(4));
-        assert!(p.caught_up(5));
     }
 }

@@ -20,12 +20,13 @@
 //! duplicate.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
+use im_client::RawEvent;
 use im_proto::{Body, MessageType};
 use rand::Rng;
 use serde::Serialize;
@@ -34,13 +35,13 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::peers::{self, Expect, Ledger};
-use super::{finish, run_tag, Clock, Disconnects, ServerArgs};
+use super::{
+    finish, ping, run_tag, Absent, Clock, Disconnects, Report, ReportBody, ServerArgs, Tail,
+};
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
-use crate::conn::Event;
 use crate::outbox::{Outbox, SendSpec, Target as To};
 use crate::report::{self, fmt_bytes, p99_text, Rate};
-use crate::spawn::ServerLog;
 use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
 use crate::target::{Dialer, Target};
 use crate::util::{fmt_us, max_open_files, parse_duration, self_rss_bytes};
@@ -139,24 +140,23 @@ struct Ctx {
     drain: Duration,
     phase: watch::Receiver<Phase>,
     online: Vec<AtomicBool>,
-    online_now: AtomicU64,
-    established: AtomicU64,
-    failed: AtomicU64,
-    dropped: AtomicU64,
     connect_latency: LatencyRecorder,
     login_latency: LatencyRecorder,
     ping_rtt: LatencyRecorder,
     ack_latency: LatencyRecorder,
     deliver_latency: LatencyRecorder,
-    pings: AtomicU64,
-    pongs: AtomicU64,
-    sent: AtomicU64,
-    acked: AtomicU64,
-    delivered: AtomicU64,
-    unacked_at_end: AtomicU64,
+    count: Counts,
     expect: Expect,
     errors: ErrorCounts,
     disconnects: Disconnects,
+}
+
+counters! {
+    /// What the connections count.
+    struct Counts => Totals {
+        online_now, established, failed, dropped, pings, pongs, sent, acked, delivered,
+        unacked_at_end,
+    }
 }
 
 impl Ctx {
@@ -173,7 +173,7 @@ impl Ctx {
     }
 
     fn settled(&self) -> u64 {
-        self.established.load(Ordering::Relaxed) + self.failed.load(Ordering::Relaxed)
+        self.count.established.get() + self.count.failed.get()
     }
 }
 
@@ -192,9 +192,12 @@ pub struct Checkpoint {
     pub bench_rss_bytes: Option<u64>,
 }
 
-/// The final report of an idle run.
+/// The final report of an idle run (its server figures are `after_hold`, in the body).
+pub type IdleReport = Report<IdleBody>;
+
+/// The idle report's own fields.
 #[derive(Debug, Clone, Serialize)]
-pub struct IdleReport {
+pub struct IdleBody {
     /// Always `"idle"`.
     pub scenario: &'static str,
     /// The client endpoint used.
@@ -255,17 +258,16 @@ pub struct IdleReport {
     pub errors: BTreeMap<String, u64>,
     /// Connections that failed or ended, by reason.
     pub disconnects: BTreeMap<String, u64>,
-    /// The delivery check.
-    pub correctness: Verdict,
-    /// Whether every connection stayed up and the check passed.
-    pub passed: bool,
-    /// With `--spawn`: what the server logged at WARN/ERROR level.
-    pub server_log: Option<ServerLog>,
-    /// With `--spawn`: whether the server exited during the run.
-    pub server_exited: bool,
 }
 
-impl_report!(IdleReport);
+impl ReportBody for IdleBody {
+    /// The delivery check; `passed` also needs every connection to have stayed up.
+    type Correctness = Verdict;
+    type Server = Absent;
+    fn render(r: &IdleReport) -> String {
+        render(r)
+    }
+}
 
 /// Runs the idle scenario.
 pub async fn run(args: IdleArgs) -> anyhow::Result<Outcome> {
@@ -357,21 +359,12 @@ async fn run_against(args: &IdleArgs, target: &mut Target) -> anyhow::Result<Idl
         drain: args.drain,
         phase: phase_rx,
         online: (0..n).map(|_| AtomicBool::new(false)).collect(),
-        online_now: AtomicU64::new(0),
-        established: AtomicU64::new(0),
-        failed: AtomicU64::new(0),
-        dropped: AtomicU64::new(0),
         connect_latency: LatencyRecorder::new(SHARDS),
         login_latency: LatencyRecorder::new(SHARDS),
         ping_rtt: LatencyRecorder::new(SHARDS),
         ack_latency: LatencyRecorder::new(SHARDS),
         deliver_latency: LatencyRecorder::new(SHARDS),
-        pings: AtomicU64::new(0),
-        pongs: AtomicU64::new(0),
-        sent: AtomicU64::new(0),
-        acked: AtomicU64::new(0),
-        delivered: AtomicU64::new(0),
-        unacked_at_end: AtomicU64::new(0),
+        count: Counts::default(),
         expect: Expect::new(n),
         errors: ErrorCounts::default(),
         disconnects: Disconnects::default(),
@@ -386,12 +379,12 @@ async fn run_against(args: &IdleArgs, target: &mut Target) -> anyhow::Result<Idl
             Phase::Stop => "drain",
         };
         report::spawn_progress_phased(clock, label, move |dt| {
-            let online = ctx.online_now.load(Ordering::Relaxed);
+            let online = ctx.count.online_now.get();
             format!(
                 "conns {online:>6}/{n} ({:>6.0}/s)  heartbeats {:>6.0}/s  msgs {:>5.0}/s  errors {:>5}  p99 connect {}  p99 heartbeat {}",
-                conns.per_sec(ctx.established.load(Ordering::Relaxed), dt),
-                pings.per_sec(ctx.pongs.load(Ordering::Relaxed), dt),
-                acked.per_sec(ctx.acked.load(Ordering::Relaxed), dt),
+                conns.per_sec(ctx.count.established.get(), dt),
+                pings.per_sec(ctx.count.pongs.get(), dt),
+                acked.per_sec(ctx.count.acked.get(), dt),
                 ctx.errors.total(),
                 p99_text(&ctx.connect_latency.snapshot()),
                 p99_text(&ctx.ping_rtt.snapshot()),
@@ -423,7 +416,7 @@ async fn run_against(args: &IdleArgs, target: &mut Target) -> anyhow::Result<Idl
                 tokio::time::sleep(POLL).await;
             }
             tokio::time::sleep(args.settle).await;
-            let open = ctx.online_now.load(Ordering::Relaxed);
+            let open = ctx.count.online_now.get();
             let r = reading(target, open, baseline.as_ref()).await;
             eprintln!(
                 "im-bench idle: checkpoint at {open} connections: {}",
@@ -438,7 +431,7 @@ async fn run_against(args: &IdleArgs, target: &mut Target) -> anyhow::Result<Idl
     }
     let ramp_actual = ramp_start.elapsed().saturating_sub(paused);
     tokio::time::sleep(args.settle).await;
-    let open = ctx.online_now.load(Ordering::Relaxed);
+    let open = ctx.count.online_now.get();
     let at_n = reading(target, open, baseline.as_ref()).await;
     eprintln!(
         "im-bench idle: at {open} connections: {}",
@@ -472,11 +465,10 @@ async fn run_against(args: &IdleArgs, target: &mut Target) -> anyhow::Result<Idl
         );
     }
 
-    let failed = ctx.failed.load(Ordering::Relaxed);
-    let dropped = ctx.dropped.load(Ordering::Relaxed);
-    let established = ctx.established.load(Ordering::Relaxed);
+    let c = ctx.count.snapshot();
+    let (failed, dropped, established) = (c.failed, c.dropped, c.established);
     let ramp_secs = ramp_actual.as_secs_f64();
-    Ok(IdleReport {
+    let body = IdleBody {
         scenario: "idle",
         url: target.url.clone(),
         connections: args.connections,
@@ -497,24 +489,25 @@ async fn run_against(args: &IdleArgs, target: &mut Target) -> anyhow::Result<Idl
         connect_us: Summary::of(&ctx.connect_latency.snapshot()),
         login_us: Summary::of(&ctx.login_latency.snapshot()),
         ping_rtt_us: Summary::of(&ctx.ping_rtt.snapshot()),
-        pings: ctx.pings.load(Ordering::Relaxed),
-        pongs: ctx.pongs.load(Ordering::Relaxed),
+        pings: c.pings,
+        pongs: c.pongs,
         baseline,
         checkpoints: readings,
         memory_per_connection_bytes,
         after_hold,
-        messages_sent: ctx.sent.load(Ordering::Relaxed),
-        messages_acked: ctx.acked.load(Ordering::Relaxed),
-        messages_delivered: ctx.delivered.load(Ordering::Relaxed),
-        unacked_at_end: ctx.unacked_at_end.load(Ordering::Relaxed),
+        messages_sent: c.sent,
+        messages_acked: c.acked,
+        messages_delivered: c.delivered,
+        unacked_at_end: c.unacked_at_end,
         send_to_ack_us: Summary::of(&ctx.ack_latency.snapshot()),
         send_to_deliver_us: Summary::of(&ctx.deliver_latency.snapshot()),
         errors: ctx.errors.by_name(),
         disconnects: ctx.disconnects.snapshot(),
-        passed: verdict.passed() && failed == 0 && dropped == 0,
-        correctness: verdict,
-        server_log: None,
-        server_exited: false,
+    };
+    let passed = verdict.passed() && failed == 0 && dropped == 0;
+    Ok(Report {
+        body,
+        tail: Tail::new(verdict, passed, Absent),
     })
 }
 
@@ -531,7 +524,7 @@ async fn connection(
         Ok(s) => s,
         Err(e) => {
             drop(permit);
-            ctx.failed.fetch_add(1, Ordering::Relaxed);
+            ctx.count.failed.inc();
             ctx.errors.local(LocalError::Transport);
             ctx.disconnects.add(format!("connect/login failed: {e}"));
             ctx.expect.absent();
@@ -543,9 +536,9 @@ async fn connection(
         .record(idx, times.connect.as_micros() as u64);
     ctx.login_latency
         .record(idx, times.login.as_micros() as u64);
-    ctx.established.fetch_add(1, Ordering::Relaxed);
+    ctx.count.established.inc();
     ctx.online[idx].store(true, Ordering::Relaxed);
-    ctx.online_now.fetch_add(1, Ordering::Relaxed);
+    ctx.count.online_now.inc();
 
     let me = ctx.user(idx);
     let clock = ctx.clock;
@@ -567,8 +560,7 @@ async fn connection(
         }
         if let Some(stop) = stopped_at {
             if !published && (outbox.is_empty() || now >= stop + ctx.drain) {
-                ctx.unacked_at_end
-                    .fetch_add(outbox.len() as u64, Ordering::Relaxed);
+                ctx.count.unacked_at_end.add(outbox.len() as u64);
                 ledger.publish(&ctx.expect);
                 published = true;
             }
@@ -589,14 +581,14 @@ async fn connection(
             biased;
             ev = conn.recv() => {
                 let f = match ev {
-                    Ok(Event::Frame(f)) => f,
-                    Ok(Event::WsPong(sent_us)) => {
-                        ctx.pongs.fetch_add(1, Ordering::Relaxed);
+                    Ok(RawEvent::Frame(f)) => f,
+                    Ok(RawEvent::WsPong(sent_us)) => {
+                        ctx.count.pongs.inc();
                         ctx.ping_rtt.record(idx, clock.now_us().saturating_sub(sent_us));
                         continue;
                     }
                     other => {
-                        ctx.dropped.fetch_add(1, Ordering::Relaxed);
+                        ctx.count.dropped.inc();
                         ctx.disconnects.record(&ctx.errors, other);
                         break;
                     }
@@ -604,13 +596,13 @@ async fn connection(
                 let now = Instant::now();
                 match f.body {
                     Some(Body::Pong(_)) => {
-                        ctx.pongs.fetch_add(1, Ordering::Relaxed);
+                        ctx.count.pongs.inc();
                         if let Some(t) = ping_sent.take() {
                             ctx.ping_rtt.record(idx, (now - t).as_micros() as u64);
                         }
                     }
                     Some(Body::SendAck(ack)) => {
-                        ctx.acked.fetch_add(1, Ordering::Relaxed);
+                        ctx.count.acked.inc();
                         if let Some(p) = outbox.take(f.req_id) {
                             ctx.ack_latency.record(idx, (now - p.first_sent).as_micros() as u64);
                             if !ack.duplicate {
@@ -622,7 +614,7 @@ async fn connection(
                         let now_us = clock.us(now);
                         for m in &d.messages {
                             if ledger.delivered(&me, m) {
-                                ctx.delivered.fetch_add(1, Ordering::Relaxed);
+                                ctx.count.delivered.inc();
                                 if let Some(sent_us) = wire::payload_timestamp(&m.payload) {
                                     ctx.deliver_latency.record(idx, now_us.saturating_sub(sent_us));
                                 }
@@ -647,14 +639,14 @@ async fn connection(
                     let sent = match ctx.ping_kind {
                         PingKind::Protocol => {
                             ping_sent = Some(now);
-                            super::chat::ping(&mut conn).await
+                            ping(&mut conn).await
                         }
                         PingKind::Ws => conn.ws_ping(clock.us(now)).await,
                     };
                     if sent.is_err() {
                         ctx.errors.local(LocalError::Transport);
                     }
-                    ctx.pings.fetch_add(1, Ordering::Relaxed);
+                    ctx.count.pings.inc();
                     if phase == Phase::Hold && rand::random::<f64>() < ctx.send_prob {
                         if let Some(peer) = ctx.random_peer(idx) {
                             let spec = SendSpec {
@@ -665,7 +657,7 @@ async fn connection(
                             };
                             let frame = outbox.start(spec, now, clock.us(now));
                             if conn.send_bytes(frame).await.is_ok() {
-                                ctx.sent.fetch_add(1, Ordering::Relaxed);
+                                ctx.count.sent.inc();
                             }
                         }
                     }
@@ -680,12 +672,11 @@ async fn connection(
         }
     }
     if !published {
-        ctx.unacked_at_end
-            .fetch_add(outbox.len() as u64, Ordering::Relaxed);
+        ctx.count.unacked_at_end.add(outbox.len() as u64);
         ledger.publish(&ctx.expect);
     }
     ctx.online[idx].store(false, Ordering::Relaxed);
-    ctx.online_now.fetch_sub(1, Ordering::Relaxed);
+    ctx.count.online_now.sub(1);
     let _ = conn.close().await;
     (idx, ledger)
 }
@@ -784,12 +775,8 @@ pub fn render(r: &IdleReport) -> String {
         ),
     );
     report::errors_lines(&mut s, &r.errors, &r.disconnects);
-    report::verdict_lines(
-        &mut s,
-        &r.correctness,
-        r.passed,
-        &format!("{} unacked at end", r.unacked_at_end),
-    );
+    r.tail
+        .verdict_lines(&mut s, &format!("{} unacked at end", r.unacked_at_end));
     if r.failed > 0 || r.dropped > 0 {
         report::line(
             &mut s,
@@ -801,7 +788,7 @@ pub fn render(r: &IdleReport) -> String {
         );
     }
     report::server_lines(&mut s, r.after_hold.as_ref());
-    report::server_log_lines(&mut s, r.server_log.as_ref(), r.server_exited);
+    r.tail.server_log_lines(&mut s);
     s
 }
 

@@ -19,12 +19,12 @@
 //! to its recipient.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
+use im_client::RawEvent;
 use im_proto::{Body, MessageType};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -34,14 +34,15 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::peers::{self, Expect, Ledger};
-use super::{figures_near_end, finish, run_tag, Clock, Disconnects, RunArgs, ServerArgs};
+use super::{
+    figures_near_end, finish, ping, run_tag, Clock, Disconnects, Report, ReportBody, RunArgs,
+    ServerArgs, Tail,
+};
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
-use crate::conn::Event;
 use crate::outbox::{Outbox, Pacer, SendSpec, Target as To};
 use crate::report::{self, fmt_bytes, p99_text, Rate};
-use crate::spawn::ServerLog;
-use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
+use crate::stats::{Counter, ErrorCounts, LatencyRecorder, LocalError, Summary};
 use crate::target::{Session, Target};
 use crate::util::{parse_duration, Zipf};
 use crate::{wire, Outcome};
@@ -159,9 +160,9 @@ pub struct MixArgs {
 struct ClassStats {
     ack: LatencyRecorder,
     deliver: LatencyRecorder,
-    sent: AtomicU64,
-    acked: AtomicU64,
-    acked_bytes: AtomicU64,
+    sent: Counter,
+    acked: Counter,
+    acked_bytes: Counter,
 }
 
 /// A send the dispatcher hands to a user connection.
@@ -182,17 +183,18 @@ struct Ctx {
     drain: Duration,
     classes: Vec<SizeClass>,
     stats: Vec<ClassStats>,
-    acked_all: AtomicU64,
-    acked_measured: AtomicU64,
-    delivered: AtomicU64,
-    dispatched: AtomicU64,
-    skipped_queue: AtomicU64,
-    skipped_window: AtomicU64,
-    retries: AtomicU64,
-    unacked_at_end: AtomicU64,
+    count: Counts,
     expect: Expect,
     errors: ErrorCounts,
     disconnects: Disconnects,
+}
+
+counters! {
+    /// What the dispatcher and the users count.
+    struct Counts => Totals {
+        acked_all, acked_measured, delivered, dispatched, skipped_queue, skipped_window,
+        retries, unacked_at_end,
+    }
 }
 
 fn user_name(tag: &str, idx: usize) -> String {
@@ -226,8 +228,11 @@ pub struct ClassReport {
 }
 
 /// The final report of a mix run.
+pub type MixReport = Report<MixBody>;
+
+/// The mix report's own fields.
 #[derive(Debug, Clone, Serialize)]
-pub struct MixReport {
+pub struct MixBody {
     /// Always `"mix"`.
     pub scenario: &'static str,
     /// The client endpoint used.
@@ -272,19 +277,15 @@ pub struct MixReport {
     pub errors: BTreeMap<String, u64>,
     /// Connections that ended during the run, by reason.
     pub disconnects: BTreeMap<String, u64>,
-    /// The delivery check.
-    pub correctness: Verdict,
-    /// Whether it passed.
-    pub passed: bool,
-    /// The server's figures near the end of the measured window.
-    pub server: Option<ServerFigures>,
-    /// With `--spawn`: what the server logged at WARN/ERROR level.
-    pub server_log: Option<ServerLog>,
-    /// With `--spawn`: whether the server exited during the run.
-    pub server_exited: bool,
 }
 
-impl_report!(MixReport);
+impl ReportBody for MixBody {
+    type Correctness = Verdict;
+    type Server = Option<ServerFigures>;
+    fn render(r: &MixReport) -> String {
+        render(r)
+    }
+}
 
 /// Runs the mix scenario.
 pub async fn run(args: MixArgs) -> anyhow::Result<Outcome> {
@@ -335,20 +336,13 @@ async fn run_against(args: &MixArgs, target: &mut Target) -> anyhow::Result<MixR
             .map(|_| ClassStats {
                 ack: LatencyRecorder::new(SHARDS),
                 deliver: LatencyRecorder::new(SHARDS),
-                sent: AtomicU64::new(0),
-                acked: AtomicU64::new(0),
-                acked_bytes: AtomicU64::new(0),
+                sent: Counter::default(),
+                acked: Counter::default(),
+                acked_bytes: Counter::default(),
             })
             .collect(),
         classes,
-        acked_all: AtomicU64::new(0),
-        acked_measured: AtomicU64::new(0),
-        delivered: AtomicU64::new(0),
-        dispatched: AtomicU64::new(0),
-        skipped_queue: AtomicU64::new(0),
-        skipped_window: AtomicU64::new(0),
-        retries: AtomicU64::new(0),
-        unacked_at_end: AtomicU64::new(0),
+        count: Counts::default(),
         expect: Expect::new(n),
         errors: ErrorCounts::default(),
         disconnects: Disconnects::default(),
@@ -370,9 +364,9 @@ async fn run_against(args: &MixArgs, target: &mut Target) -> anyhow::Result<MixR
         report::spawn_progress(clock, move |dt| {
             format!(
                 "acked {:>8.0} msg/s  errors {:>5}  skipped {:>6}  p99 send->ack text {} / image {}",
-                rate.per_sec(ctx.acked_all.load(Ordering::Relaxed), dt),
+                rate.per_sec(ctx.count.acked_all.get(), dt),
                 ctx.errors.total(),
-                ctx.skipped_queue.load(Ordering::Relaxed) + ctx.skipped_window.load(Ordering::Relaxed),
+                ctx.count.skipped_queue.get() + ctx.count.skipped_window.get(),
                 ctx.stats.first().map_or("-".into(), |s| p99_text(&s.ack.snapshot())),
                 ctx.stats.get(1).map_or("-".into(), |s| p99_text(&s.ack.snapshot())),
             )
@@ -395,9 +389,9 @@ async fn run_against(args: &MixArgs, target: &mut Target) -> anyhow::Result<MixR
     let total: u64 = sorted.iter().sum();
     let top10: u64 = sorted.iter().take(10).sum();
     let secs = clock.measured_secs();
-    let per_sec = |x: u64| if secs > 0.0 { x as f64 / secs } else { 0.0 };
-    let acked = ctx.acked_measured.load(Ordering::Relaxed);
-    Ok(MixReport {
+    let t = ctx.count.snapshot();
+    let acked = t.acked_measured;
+    let body = MixBody {
         scenario: "mix",
         url: target.url.clone(),
         users: args.users,
@@ -412,39 +406,34 @@ async fn run_against(args: &MixArgs, target: &mut Target) -> anyhow::Result<MixR
         rate: args.rate,
         duration_secs: secs,
         warmup_secs: args.run.warmup.as_secs_f64(),
-        dispatched: ctx.dispatched.load(Ordering::Relaxed),
-        skipped_queue: ctx.skipped_queue.load(Ordering::Relaxed),
-        skipped_window: ctx.skipped_window.load(Ordering::Relaxed),
-        retries: ctx.retries.load(Ordering::Relaxed),
+        dispatched: t.dispatched,
+        skipped_queue: t.skipped_queue,
+        skipped_window: t.skipped_window,
+        retries: t.retries,
         acked,
-        acked_per_sec: per_sec(acked),
-        acked_bytes_per_sec: per_sec(
-            ctx.stats
-                .iter()
-                .map(|s| s.acked_bytes.load(Ordering::Relaxed))
-                .sum(),
-        ),
-        delivered: ctx.delivered.load(Ordering::Relaxed),
-        unacked_at_end: ctx.unacked_at_end.load(Ordering::Relaxed),
+        acked_per_sec: clock.per_sec(acked),
+        acked_bytes_per_sec: clock.per_sec(ctx.stats.iter().map(|s| s.acked_bytes.get()).sum()),
+        delivered: t.delivered,
+        unacked_at_end: t.unacked_at_end,
         classes: ctx
             .classes
             .iter()
             .zip(&ctx.stats)
             .map(|(c, s)| ClassReport {
                 class: c.clone(),
-                sent: s.sent.load(Ordering::Relaxed),
-                acked: s.acked.load(Ordering::Relaxed),
+                sent: s.sent.get(),
+                acked: s.acked.get(),
                 send_to_ack_us: Summary::of(&s.ack.snapshot()),
                 send_to_deliver_us: Summary::of(&s.deliver.snapshot()),
             })
             .collect(),
         errors: ctx.errors.by_name(),
         disconnects: ctx.disconnects.snapshot(),
-        passed: verdict.passed(),
-        correctness: verdict,
-        server,
-        server_log: None,
-        server_exited: false,
+    };
+    let passed = verdict.passed();
+    Ok(Report {
+        body,
+        tail: Tail::new(verdict, passed, server),
     })
 }
 
@@ -489,10 +478,10 @@ async fn dispatch(
             match queues[from as usize].try_send(job) {
                 Ok(()) => {
                     counts[k] += 1;
-                    ctx.dispatched.fetch_add(1, Ordering::Relaxed);
+                    ctx.count.dispatched.inc();
                 }
                 Err(_) => {
-                    ctx.skipped_queue.fetch_add(1, Ordering::Relaxed);
+                    ctx.count.skipped_queue.inc();
                 }
             }
         }
@@ -530,8 +519,7 @@ async fn user(
         }
         if let Some(stop) = stopped_at {
             if !published && (outbox.is_empty() || now >= stop + ctx.drain) {
-                ctx.unacked_at_end
-                    .fetch_add(outbox.len() as u64, Ordering::Relaxed);
+                ctx.count.unacked_at_end.add(outbox.len() as u64);
                 ledger.publish(&ctx.expect);
                 published = true;
             }
@@ -544,7 +532,7 @@ async fn user(
                 ctx.errors.local(LocalError::Transport);
                 break;
             }
-            ctx.retries.fetch_add(1, Ordering::Relaxed);
+            ctx.count.retries.inc();
             last_tx = now;
         }
         let mut wake = next_housekeeping;
@@ -555,8 +543,8 @@ async fn user(
             biased;
             ev = conn.recv() => {
                 let f = match ev {
-                    Ok(Event::Frame(f)) => f,
-                    Ok(Event::WsPong(_)) => continue,
+                    Ok(RawEvent::Frame(f)) => f,
+                    Ok(RawEvent::WsPong(_)) => continue,
                     other => {
                         ctx.disconnects.record(&ctx.errors, other);
                         break;
@@ -565,7 +553,7 @@ async fn user(
                 let now = Instant::now();
                 match f.body {
                     Some(Body::SendAck(ack)) => {
-                        ctx.acked_all.fetch_add(1, Ordering::Relaxed);
+                        ctx.count.acked_all.inc();
                         let Some(p) = outbox.take(f.req_id) else { continue };
                         if !ack.duplicate {
                             ledger.acked(p.spec.tag, &ack.conversation_id, ack.seq);
@@ -573,9 +561,9 @@ async fn user(
                         let Some(class) = ctx.class_of(p.spec.msg_type as i32) else { continue };
                         let st = &ctx.stats[class];
                         if clock.measured(now) {
-                            ctx.acked_measured.fetch_add(1, Ordering::Relaxed);
-                            st.acked.fetch_add(1, Ordering::Relaxed);
-                            st.acked_bytes.fetch_add(p.spec.payload_len as u64, Ordering::Relaxed);
+                            ctx.count.acked_measured.inc();
+                            st.acked.inc();
+                            st.acked_bytes.add(p.spec.payload_len as u64);
                         }
                         if clock.measured(p.first_sent) {
                             st.ack.record(idx, (now - p.first_sent).as_micros() as u64);
@@ -587,7 +575,7 @@ async fn user(
                             if !ledger.delivered(&me, m) {
                                 continue;
                             }
-                            ctx.delivered.fetch_add(1, Ordering::Relaxed);
+                            ctx.count.delivered.inc();
                             let (Some(class), Some(sent_us)) =
                                 (ctx.class_of(m.r#type), wire::payload_timestamp(&m.payload))
                             else {
@@ -612,7 +600,7 @@ async fn user(
                     continue;
                 };
                 if outbox.len() >= ctx.window {
-                    ctx.skipped_window.fetch_add(1, Ordering::Relaxed);
+                    ctx.count.skipped_window.inc();
                     continue;
                 }
                 let class = &ctx.classes[job.class as usize];
@@ -628,7 +616,7 @@ async fn user(
                     ctx.errors.local(LocalError::Transport);
                     break;
                 }
-                ctx.stats[job.class as usize].sent.fetch_add(1, Ordering::Relaxed);
+                ctx.stats[job.class as usize].sent.inc();
                 last_tx = t;
             }
             () = tokio::time::sleep_until(wake) => {
@@ -639,7 +627,7 @@ async fn user(
                         ctx.errors.local(LocalError::AckTimeout);
                     }
                     if now.saturating_duration_since(last_tx) >= heartbeat / 2 {
-                        if super::chat::ping(&mut conn).await.is_err() {
+                        if ping(&mut conn).await.is_err() {
                             ctx.errors.local(LocalError::Transport);
                             break;
                         }
@@ -650,8 +638,7 @@ async fn user(
         }
     }
     if !published {
-        ctx.unacked_at_end
-            .fetch_add(outbox.len() as u64, Ordering::Relaxed);
+        ctx.count.unacked_at_end.add(outbox.len() as u64);
         ledger.publish(&ctx.expect);
     }
     let _ = conn.close().await;
@@ -703,14 +690,10 @@ pub fn render(r: &MixReport) -> String {
         report::summary_line(&mut s, "  send->deliver", &c.send_to_deliver_us);
     }
     report::errors_lines(&mut s, &r.errors, &r.disconnects);
-    report::verdict_lines(
-        &mut s,
-        &r.correctness,
-        r.passed,
-        &format!("{} unacked at end", r.unacked_at_end),
-    );
-    report::server_lines(&mut s, r.server.as_ref());
-    report::server_log_lines(&mut s, r.server_log.as_ref(), r.server_exited);
+    r.tail
+        .verdict_lines(&mut s, &format!("{} unacked at end", r.unacked_at_end));
+    r.tail.server_lines(&mut s);
+    r.tail.server_log_lines(&mut s);
     s
 }
 

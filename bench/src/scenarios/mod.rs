@@ -1,7 +1,9 @@
 //! Scenarios, one module per traffic shape, and what they share: where the server is
 //! ([`ServerArgs`]), how long to measure ([`RunArgs`]), the run's timeline ([`Clock`]),
-//! how connections that ended are counted ([`Disconnects`]) and how a finished report is
-//! printed ([`finish`]).
+//! run-wide counters (`counters!`), how connections that ended are counted
+//! ([`Disconnects`]), the protocol heartbeat ([`ping`]), a one-to-one pair's end of run
+//! ([`Pair`]), and the report skeleton: every report is a [`Report`] of the scenario's
+//! own fields ([`ReportBody`]) and one shared [`Tail`], printed by [`finish`].
 //!
 //! - [`chat`]: one-to-one durable chat, N sender/receiver pairs (closed loop or `--rate`).
 //! - [`idle`]: a connect ramp to N idle connections with heartbeats; memory per
@@ -19,20 +21,44 @@
 //! Every scenario checks delivery while it loads ([`crate::check`]) and fails (exit 1)
 //! on any loss, duplicate, reordering, or a server that exited during the run.
 
-/// `impl Report` for a scenario's report: every report has `passed`, `server_log` and
-/// `server_exited` fields, and its module a `render(&Report) -> String` function.
-macro_rules! impl_report {
-    ($report:ty) => {
-        impl $crate::scenarios::Report for $report {
-            fn passed(&self) -> bool {
-                self.passed
-            }
-            fn render(&self) -> String {
-                render(self)
-            }
-            fn set_server(&mut self, log: Option<$crate::spawn::ServerLog>, exited: bool) {
-                self.server_log = log;
-                self.server_exited = exited;
+/// Declares a scenario's run-wide counters: a `#[derive(Default)]` struct of
+/// [`crate::stats::Counter`]s that every task bumps, and a plain `Copy` struct of the
+/// same names holding their totals (serializable, e.g. flattened into a report), taken
+/// with `snapshot()`.
+///
+/// ```ignore
+/// counters! {
+///     /// What chat's tasks count.
+///     struct Counts => Totals {
+///         /// Messages received by receivers.
+///         delivered,
+///     }
+/// }
+/// ```
+macro_rules! counters {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident => $totals:ident {
+            $( $(#[$fmeta:meta])* $field:ident ),* $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Default)]
+        $vis struct $name {
+            $( $(#[$fmeta])* pub $field: $crate::stats::Counter, )*
+        }
+
+        /// Totals of the counters, at one instant.
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+        $vis struct $totals {
+            $( $(#[$fmeta])* pub $field: u64, )*
+        }
+
+        impl $name {
+            /// Every counter's total now.
+            #[allow(dead_code)]
+            pub fn snapshot(&self) -> $totals {
+                $totals { $( $field: self.$field.get(), )* }
             }
         }
     };
@@ -51,22 +77,24 @@ pub mod sender;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use im_client::ClientError;
+use im_client::{ClientError, RawConn, RawEvent};
+use im_proto::Ping;
 use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::admin::ServerFigures;
-use crate::conn::Event;
+use crate::check::Verdict;
+use crate::report;
 use crate::spawn::ServerLog;
 use crate::stats::{ErrorCounts, LocalError};
 use crate::target::Target;
 use crate::util::{parse_duration, parse_key_val};
 use crate::Outcome;
-
 /// JWT secret a spawned server is given, and the default `--secret`.
 pub const DEFAULT_SECRET: &str = "im-bench-secret-of-at-least-32-bytes";
 
@@ -224,6 +252,16 @@ impl Clock {
     pub fn measured_secs(&self) -> f64 {
         (self.end - self.warmup_end).as_secs_f64()
     }
+
+    /// `n` per measured second (0 for an empty window).
+    pub fn per_sec(&self, n: u64) -> f64 {
+        let secs = self.measured_secs();
+        if secs > 0.0 {
+            n as f64 / secs
+        } else {
+            0.0
+        }
+    }
 }
 
 /// Connections that ended unexpectedly, by close code and reason (or transport error).
@@ -235,16 +273,16 @@ pub struct Disconnects {
 impl Disconnects {
     /// Counts a connection that ended (`ev` is the close event or the receive error) in
     /// `errors` (as `connection_closed` or `transport`) and by reason.
-    pub fn record(&self, errors: &ErrorCounts, ev: Result<Event, ClientError>) {
+    pub fn record(&self, errors: &ErrorCounts, ev: Result<RawEvent, ClientError>) {
         let (kind, why) = match ev {
-            Ok(Event::Closed { code, reason }) => (
+            Ok(RawEvent::Closed { code, reason }) => (
                 LocalError::Closed,
                 match code {
                     Some(c) => format!("close {c}: {reason}"),
                     None => format!("closed: {reason}"),
                 },
             ),
-            Ok(Event::Frame(_) | Event::WsPong(_)) => return,
+            Ok(RawEvent::Frame(_) | RawEvent::WsPong(_)) => return,
             Err(e) => (LocalError::Transport, format!("transport: {e}")),
         };
         errors.local(kind);
@@ -264,21 +302,114 @@ impl Disconnects {
     }
 }
 
-/// What [`finish`] needs from a scenario's report.
-pub trait Report: Serialize {
-    /// Whether every correctness check passed.
-    fn passed(&self) -> bool;
-    /// The text form.
-    fn render(&self) -> String;
-    /// Attaches what the spawned server logged, and whether it exited during the run.
-    fn set_server(&mut self, log: Option<ServerLog>, exited: bool);
+/// A report field that some scenarios have and others leave out of their JSON.
+pub trait Slot: Serialize {
+    /// Whether the field is left out.
+    fn absent(&self) -> bool {
+        false
+    }
+}
+
+/// A [`Tail`] field this scenario's report does not have (not serialized).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Absent;
+
+impl Slot for Absent {
+    fn absent(&self) -> bool {
+        true
+    }
+}
+
+impl Slot for Verdict {}
+
+impl Slot for Option<ServerFigures> {}
+
+/// What every report ends with (flattened into its JSON after the scenario's own
+/// fields): the delivery check, the verdict, the server's figures near the end of the
+/// measured window, and, with `--spawn`, what the server logged and whether it exited.
+/// A scenario without a check or without end-of-run figures sets `C` or `S` to
+/// [`Absent`].
+#[derive(Debug, Clone, Serialize)]
+pub struct Tail<C: Slot = Verdict, S: Slot = Option<ServerFigures>> {
+    /// The delivery check.
+    #[serde(skip_serializing_if = "Slot::absent")]
+    pub correctness: C,
+    /// Whether every check passed.
+    pub passed: bool,
+    /// The server's figures near the end of the measured window (admin API).
+    #[serde(skip_serializing_if = "Slot::absent")]
+    pub server: S,
+    /// With `--spawn`: what the server logged at WARN/ERROR level.
+    pub server_log: Option<ServerLog>,
+    /// With `--spawn`: whether the server exited during the run (a failure).
+    pub server_exited: bool,
+}
+
+impl<C: Slot, S: Slot> Tail<C, S> {
+    /// A tail before [`finish`] has looked at the spawned server.
+    pub fn new(correctness: C, passed: bool, server: S) -> Self {
+        Tail {
+            correctness,
+            passed,
+            server,
+            server_log: None,
+            server_exited: false,
+        }
+    }
+
+    /// The spawned server's lines of the text report.
+    pub fn server_log_lines(&self, s: &mut String) {
+        report::server_log_lines(s, self.server_log.as_ref(), self.server_exited);
+    }
+}
+
+impl<S: Slot> Tail<Verdict, S> {
+    /// The verdict lines of the text report (`extra`: scenario figures for the info line).
+    pub fn verdict_lines(&self, s: &mut String, extra: &str) {
+        report::verdict_lines(s, &self.correctness, self.passed, extra);
+    }
+}
+
+impl<C: Slot> Tail<C, Option<ServerFigures>> {
+    /// The server's figures in the text report.
+    pub fn server_lines(&self, s: &mut String) {
+        report::server_lines(s, self.server.as_ref());
+    }
+}
+
+/// A scenario's own report fields, which come before the shared [`Tail`].
+pub trait ReportBody: Serialize + Sized {
+    /// The tail's `correctness`: [`Verdict`], or [`Absent`].
+    type Correctness: Slot;
+    /// The tail's `server`: `Option<ServerFigures>`, or [`Absent`].
+    type Server: Slot;
+    /// The text form of the whole report.
+    fn render(r: &Report<Self>) -> String;
+}
+
+/// A scenario's final report: its own fields, then the shared tail (one JSON object).
+#[derive(Debug, Clone, Serialize)]
+pub struct Report<B: ReportBody> {
+    /// The scenario's own fields.
+    #[serde(flatten)]
+    pub body: B,
+    /// The verdict and the server's fate.
+    #[serde(flatten)]
+    pub tail: Tail<B::Correctness, B::Server>,
+}
+
+impl<B: ReportBody> std::ops::Deref for Report<B> {
+    type Target = B;
+    fn deref(&self) -> &B {
+        &self.body
+    }
 }
 
 /// Stops the target, completes the report and prints it (text, or JSON with `json`);
 /// the outcome is a failure if a check failed or the spawned server exited early.
-pub async fn finish<R: Report>(
+pub async fn finish<B: ReportBody>(
     mut target: Target,
-    result: anyhow::Result<R>,
+    result: anyhow::Result<Report<B>>,
     json: bool,
 ) -> anyhow::Result<Outcome> {
     let exited = !target.server_alive();
@@ -287,17 +418,55 @@ pub async fn finish<R: Report>(
     }
     let log = target.close().await;
     let mut report = result?;
-    report.set_server(log, exited);
+    report.tail.server_log = log;
+    report.tail.server_exited = exited;
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", report.render());
+        print!("{}", B::render(&report));
     }
-    Ok(if report.passed() && !exited {
+    Ok(if report.tail.passed && !exited {
         Outcome::Pass
     } else {
         Outcome::Fail
     })
+}
+
+/// Sends a protocol Ping (the server answers Pong, and counts it as activity).
+pub async fn ping(conn: &mut RawConn) -> Result<(), ClientError> {
+    let client_time = im_proto::now_ms();
+    conn.send(&im_proto::frame(
+        0,
+        im_proto::Body::Ping(Ping { client_time }),
+    ))
+    .await
+}
+
+/// What a one-to-one sender tells its receiver about the end of the run.
+#[derive(Debug, Default)]
+pub struct Pair {
+    /// Highest seq acked to the sender.
+    pub max_acked: AtomicU64,
+    /// The sender has stopped (drained or failed): `max_acked` is final.
+    pub sender_done: AtomicBool,
+}
+
+impl Pair {
+    /// The sender is done and its highest acked seq was `max_acked`.
+    pub fn sender_finished(&self, max_acked: u64) {
+        self.max_acked.store(max_acked, Ordering::Release);
+        self.sender_done.store(true, Ordering::Release);
+    }
+
+    /// Whether the sender is done.
+    pub fn done(&self) -> bool {
+        self.sender_done.load(Ordering::Acquire)
+    }
+
+    /// Whether a receiver whose highest delivered seq is `last` has everything it waits for.
+    pub fn caught_up(&self, last: u64) -> bool {
+        self.sender_done.load(Ordering::Acquire) && last >= self.max_acked.load(Ordering::Acquire)
+    }
 }
 
 /// Reads the server's figures (if it has a known admin API) shortly before the end of
@@ -321,4 +490,93 @@ pub fn figures_near_end(
 /// against the same server never share conversations.
 pub fn run_tag(run_id: u64) -> String {
     format!("{:08x}", (run_id >> 32) as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    counters! {
+        /// Test counters.
+        struct Counts => Totals {
+            /// One.
+            a,
+            /// Two.
+            b,
+        }
+    }
+
+    #[derive(Debug, Clone, Serialize)]
+    struct Body {
+        scenario: &'static str,
+        n: u64,
+    }
+
+    impl ReportBody for Body {
+        type Correctness = Verdict;
+        type Server = Absent;
+        fn render(r: &Report<Self>) -> String {
+            format!("{} {}", r.scenario, r.tail.passed)
+        }
+    }
+
+    #[derive(Debug, Clone, Serialize)]
+    struct Bare;
+
+    impl ReportBody for Bare {
+        type Correctness = Absent;
+        type Server = Option<ServerFigures>;
+        fn render(_: &Report<Self>) -> String {
+            String::new()
+        }
+    }
+
+    #[test]
+    fn the_tail_follows_the_body_and_leaves_out_absent_fields() {
+        let r = Report {
+            body: Body {
+                scenario: "x",
+                n: 1,
+            },
+            tail: Tail::new(Verdict::default(), true, Absent),
+        };
+        let json = serde_json::to_string(&r).unwrap();
+        assert!(
+            json.starts_with(r#"{"scenario":"x","n":1,"correctness":{"#),
+            "{json}"
+        );
+        assert!(
+            json.ends_with(r#"},"passed":true,"server_log":null,"server_exited":false}"#),
+            "{json}"
+        );
+        assert_eq!(Body::render(&r), "x true");
+        let bare = Report {
+            body: Bare,
+            tail: Tail::new(Absent, false, None),
+        };
+        assert_eq!(
+            serde_json::to_string(&bare).unwrap(),
+            r#"{"passed":false,"server":null,"server_log":null,"server_exited":false}"#
+        );
+    }
+
+    #[test]
+    fn counters_snapshot_their_totals() {
+        let c = Counts::default();
+        c.a.inc();
+        c.b.add(5);
+        c.b.sub(2);
+        assert_eq!(c.snapshot(), Totals { a: 1, b: 3 });
+    }
+
+    #[test]
+    fn pair_is_caught_up_only_after_the_sender_is_done() {
+        let p = Pair::default();
+        p.max_acked.store(5, Ordering::Release);
+        assert!(!p.caught_up(5));
+        p.sender_finished(5);
+        assert!(p.done());
+        assert!(!p.caught_up(4));
+        assert!(p.caught_up(5));
+    }
 }

@@ -18,24 +18,25 @@
 //! not counted.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
+use im_client::{RawConn, RawEvent};
 use im_proto::{Body, DeliverAck, MessageType, SyncRequest};
 use serde::Serialize;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::{figures_near_end, finish, run_tag, Clock, Disconnects, RunArgs, ServerArgs};
+use super::{
+    figures_near_end, finish, ping, run_tag, Clock, Disconnects, Pair, Report, ReportBody, RunArgs,
+    ServerArgs, Tail,
+};
 use crate::admin::ServerFigures;
 use crate::check::{check, Verdict};
-use crate::conn::{Conn, Event};
 use crate::outbox::{Outbox, SendSpec, Target as To};
 use crate::report::{self, p99_text, Rate};
-use crate::spawn::ServerLog;
 use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
 use crate::target::{Session, Target};
 use crate::util::parse_duration;
@@ -92,12 +93,16 @@ struct Ctx {
     deliver_ack: LatencyRecorder,
     reply_deliver: LatencyRecorder,
     round_trip: LatencyRecorder,
-    exchanges: AtomicU64,
-    exchanges_measured: AtomicU64,
-    abandoned: AtomicU64,
-    deliver_acks: AtomicU64,
+    count: Counts,
     errors: ErrorCounts,
     disconnects: Disconnects,
+}
+
+counters! {
+    /// What both sides count.
+    struct Counts => Totals {
+        exchanges, exchanges_measured, abandoned, deliver_acks,
+    }
 }
 
 impl Ctx {
@@ -109,13 +114,11 @@ impl Ctx {
     }
 }
 
-/// The two sides' end-of-run handshake.
+/// The two sides' end-of-run handshake: each is the other's sender.
 #[derive(Default)]
-struct Pair {
-    a_max_acked: AtomicU64,
-    a_done: AtomicBool,
-    b_max_acked: AtomicU64,
-    b_done: AtomicBool,
+struct Ends {
+    a: Pair,
+    b: Pair,
 }
 
 /// What one side saw: seqs it was acked, seqs delivered to it, misrouted deliveries.
@@ -127,8 +130,11 @@ struct Side {
 }
 
 /// The final report of a roundtrip run.
+pub type RoundtripReport = Report<RoundtripBody>;
+
+/// The roundtrip report's own fields.
 #[derive(Debug, Clone, Serialize)]
-pub struct RoundtripReport {
+pub struct RoundtripBody {
     /// Always `"roundtrip"`.
     pub scenario: &'static str,
     /// The client endpoint used.
@@ -171,19 +177,16 @@ pub struct RoundtripReport {
     pub errors: BTreeMap<String, u64>,
     /// Connections that ended during the run, by reason.
     pub disconnects: BTreeMap<String, u64>,
-    /// The delivery check (both directions of every pair).
-    pub correctness: Verdict,
-    /// Whether it passed.
-    pub passed: bool,
-    /// The server's figures near the end of the measured window.
-    pub server: Option<ServerFigures>,
-    /// With `--spawn`: what the server logged at WARN/ERROR level.
-    pub server_log: Option<ServerLog>,
-    /// With `--spawn`: whether the server exited during the run.
-    pub server_exited: bool,
 }
 
-impl_report!(RoundtripReport);
+impl ReportBody for RoundtripBody {
+    /// The delivery check (both directions of every pair).
+    type Correctness = Verdict;
+    type Server = Option<ServerFigures>;
+    fn render(r: &RoundtripReport) -> String {
+        render(r)
+    }
+}
 
 /// Runs the roundtrip scenario.
 pub async fn run(args: RoundtripArgs) -> anyhow::Result<Outcome> {
@@ -233,14 +236,11 @@ async fn run_against(args: &RoundtripArgs, target: &mut Target) -> anyhow::Resul
         deliver_ack: LatencyRecorder::new(SHARDS),
         reply_deliver: LatencyRecorder::new(SHARDS),
         round_trip: LatencyRecorder::new(SHARDS),
-        exchanges: AtomicU64::new(0),
-        exchanges_measured: AtomicU64::new(0),
-        abandoned: AtomicU64::new(0),
-        deliver_acks: AtomicU64::new(0),
+        count: Counts::default(),
         errors: ErrorCounts::default(),
         disconnects: Disconnects::default(),
     });
-    let pairs: Vec<Arc<Pair>> = (0..n).map(|_| Arc::new(Pair::default())).collect();
+    let pairs: Vec<Arc<Ends>> = (0..n).map(|_| Arc::new(Ends::default())).collect();
     let mut tasks = JoinSet::new();
     for (i, s) in b_sessions.into_iter().enumerate() {
         tasks.spawn(side_b(ctx.clone(), pairs[i].clone(), i, s));
@@ -254,7 +254,7 @@ async fn run_against(args: &RoundtripArgs, target: &mut Target) -> anyhow::Resul
         report::spawn_progress(clock, move |dt| {
             format!(
                 "exchanges {:>7.0}/s  errors {:>5}  p99 round trip {}",
-                rate.per_sec(ctx.exchanges.load(Ordering::Relaxed), dt),
+                rate.per_sec(ctx.count.exchanges.get(), dt),
                 ctx.errors.total(),
                 p99_text(&ctx.round_trip.snapshot())
             )
@@ -286,8 +286,9 @@ async fn run_against(args: &RoundtripArgs, target: &mut Target) -> anyhow::Resul
     };
 
     let secs = clock.measured_secs();
-    let exchanges = ctx.exchanges_measured.load(Ordering::Relaxed);
-    Ok(RoundtripReport {
+    let c = ctx.count.snapshot();
+    let exchanges = c.exchanges_measured;
+    let body = RoundtripBody {
         scenario: "roundtrip",
         url: target.url.clone(),
         pairs: args.pairs,
@@ -296,13 +297,9 @@ async fn run_against(args: &RoundtripArgs, target: &mut Target) -> anyhow::Resul
         duration_secs: secs,
         warmup_secs: args.run.warmup.as_secs_f64(),
         exchanges,
-        exchanges_per_sec: if secs > 0.0 {
-            exchanges as f64 / secs
-        } else {
-            0.0
-        },
-        abandoned: ctx.abandoned.load(Ordering::Relaxed),
-        deliver_acks: ctx.deliver_acks.load(Ordering::Relaxed),
+        exchanges_per_sec: clock.per_sec(exchanges),
+        abandoned: c.abandoned,
+        deliver_acks: c.deliver_acks,
         send_to_ack_us: Summary::of(&ctx.ack.snapshot()),
         send_to_deliver_us: Summary::of(&ctx.deliver.snapshot()),
         send_to_deliver_ack_us: Summary::of(&ctx.deliver_ack.snapshot()),
@@ -313,11 +310,11 @@ async fn run_against(args: &RoundtripArgs, target: &mut Target) -> anyhow::Resul
         cursor_lag_messages: lag,
         errors: ctx.errors.by_name(),
         disconnects: ctx.disconnects.snapshot(),
-        passed: verdict.passed(),
-        correctness: verdict,
-        server,
-        server_log: None,
-        server_exited: false,
+    };
+    let passed = verdict.passed();
+    Ok(Report {
+        body,
+        tail: Tail::new(verdict, passed, server),
     })
 }
 
@@ -350,7 +347,7 @@ async fn cursor_check(
                     .await
                     .context("no SyncResponse to the cursor check")??;
                 match ev {
-                    Event::Frame(f) => match f.body {
+                    RawEvent::Frame(f) => match f.body {
                         // The user's own messages are not delivered to it, so no
                         // DeliverAck covers them: only the others' count.
                         Some(Body::SyncResp(r)) if f.req_id == CHECK_REQ => {
@@ -358,8 +355,8 @@ async fn cursor_check(
                         }
                         _ => {}
                     },
-                    Event::WsPong(_) => {}
-                    Event::Closed { code, reason } => {
+                    RawEvent::WsPong(_) => {}
+                    RawEvent::Closed { code, reason } => {
                         anyhow::bail!("closed during the cursor check: {code:?} {reason}")
                     }
                 }
@@ -380,7 +377,7 @@ async fn cursor_check(
 
 /// Writes a DeliverAck for `seq` in `conversation`.
 async fn deliver_ack(
-    conn: &mut Conn,
+    conn: &mut RawConn,
     conversation: &str,
     seq: u64,
 ) -> Result<(), im_client::ClientError> {
@@ -396,7 +393,7 @@ async fn deliver_ack(
 
 /// Side `a{i}`: runs exchanges until the end, then waits for `b` to finish and for
 /// every reply `b` was acked.
-async fn side_a(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) -> (usize, bool, Side) {
+async fn side_a(ctx: Arc<Ctx>, pair: Arc<Ends>, i: usize, session: Session) -> (usize, bool, Side) {
     let Session {
         mut conn,
         heartbeat,
@@ -425,7 +422,7 @@ async fn side_a(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) -> (
         let now = Instant::now();
         if let Some((t0, _, _)) = current {
             if now - t0 >= ctx.timeout {
-                ctx.abandoned.fetch_add(1, Ordering::Relaxed);
+                ctx.count.abandoned.inc();
                 current = None;
                 next_start = now;
             }
@@ -440,23 +437,18 @@ async fn side_a(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) -> (
             last_tx = now;
         }
         let a_finished = now >= clock.end && (current.is_none() || now >= drain_deadline);
-        if a_finished && !pair.a_done.load(Ordering::Acquire) {
-            pair.a_max_acked.store(max_acked, Ordering::Release);
-            pair.a_done.store(true, Ordering::Release);
+        if a_finished && !pair.a.done() {
+            pair.a.sender_finished(max_acked);
         }
-        if a_finished
-            && ((pair.b_done.load(Ordering::Acquire)
-                && last_reply >= pair.b_max_acked.load(Ordering::Acquire))
-                || now >= hard_deadline)
-        {
+        if a_finished && (pair.b.caught_up(last_reply) || now >= hard_deadline) {
             break;
         }
         tokio::select! {
             biased;
             ev = conn.recv() => {
                 let f = match ev {
-                    Ok(Event::Frame(f)) => f,
-                    Ok(Event::WsPong(_)) => continue,
+                    Ok(RawEvent::Frame(f)) => f,
+                    Ok(RawEvent::WsPong(_)) => continue,
                     other => {
                         ctx.disconnects.record(&ctx.errors, other);
                         break;
@@ -495,7 +487,7 @@ async fn side_a(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) -> (
                             if deliver_ack(&mut conn, &conv, m.seq).await.is_err() {
                                 ctx.errors.local(LocalError::Transport);
                             }
-                            ctx.deliver_acks.fetch_add(1, Ordering::Relaxed);
+                            ctx.count.deliver_acks.inc();
                             last_tx = now;
                             if let Some(c) = current.as_mut() {
                                 c.2 = true;
@@ -511,9 +503,9 @@ async fn side_a(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) -> (
                 }
                 if let Some((t0, true, true)) = current {
                     current = None;
-                    ctx.exchanges.fetch_add(1, Ordering::Relaxed);
+                    ctx.count.exchanges.inc();
                     if clock.measured(t0) {
-                        ctx.exchanges_measured.fetch_add(1, Ordering::Relaxed);
+                        ctx.count.exchanges_measured.inc();
                         ctx.round_trip.record(i, (now - t0).as_micros() as u64);
                     }
                     next_start = now + ctx.think;
@@ -527,7 +519,7 @@ async fn side_a(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) -> (
                 }
                 outbox.expired(now);
                 if now.saturating_duration_since(last_tx) >= heartbeat / 2 {
-                    if super::chat::ping(&mut conn).await.is_err() {
+                    if ping(&mut conn).await.is_err() {
                         ctx.errors.local(LocalError::Transport);
                         break;
                     }
@@ -536,9 +528,8 @@ async fn side_a(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) -> (
             }
         }
     }
-    if !pair.a_done.load(Ordering::Acquire) {
-        pair.a_max_acked.store(max_acked, Ordering::Release);
-        pair.a_done.store(true, Ordering::Release);
+    if !pair.a.done() {
+        pair.a.sender_finished(max_acked);
     }
     let _ = conn.close().await;
     (i, true, side)
@@ -546,7 +537,7 @@ async fn side_a(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) -> (
 
 /// Side `b{i}`: DeliverAcks each message from `a` and replies to it; ends once `a` is
 /// done, it has what `a` was acked and its own replies are acked.
-async fn side_b(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) -> (usize, bool, Side) {
+async fn side_b(ctx: Arc<Ctx>, pair: Arc<Ends>, i: usize, session: Session) -> (usize, bool, Side) {
     let Session {
         mut conn,
         heartbeat,
@@ -569,18 +560,15 @@ async fn side_b(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) -> (
 
     loop {
         let now = Instant::now();
-        let a_done = pair.a_done.load(Ordering::Acquire);
-        if (a_done && last >= pair.a_max_acked.load(Ordering::Acquire) && outbox.is_empty())
-            || now >= hard_deadline
-        {
+        if (pair.a.caught_up(last) && outbox.is_empty()) || now >= hard_deadline {
             break;
         }
         tokio::select! {
             biased;
             ev = conn.recv() => {
                 let f = match ev {
-                    Ok(Event::Frame(f)) => f,
-                    Ok(Event::WsPong(_)) => continue,
+                    Ok(RawEvent::Frame(f)) => f,
+                    Ok(RawEvent::WsPong(_)) => continue,
                     other => {
                         ctx.disconnects.record(&ctx.errors, other);
                         break;
@@ -605,7 +593,7 @@ async fn side_b(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) -> (
                                 ctx.errors.local(LocalError::Transport);
                                 continue;
                             }
-                            ctx.deliver_acks.fetch_add(1, Ordering::Relaxed);
+                            ctx.count.deliver_acks.inc();
                             let t3 = Instant::now();
                             if let Some(sent_us) = sent_us.filter(|&t| clock.measured_us(t)) {
                                 ctx.deliver_ack.record(i, clock.us(t3).saturating_sub(sent_us));
@@ -641,7 +629,7 @@ async fn side_b(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) -> (
                     ctx.errors.local(LocalError::AckTimeout);
                 }
                 if now.saturating_duration_since(last_tx) >= heartbeat / 2 {
-                    if super::chat::ping(&mut conn).await.is_err() {
+                    if ping(&mut conn).await.is_err() {
                         ctx.errors.local(LocalError::Transport);
                         break;
                     }
@@ -650,8 +638,7 @@ async fn side_b(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) -> (
             }
         }
     }
-    pair.b_max_acked.store(max_acked, Ordering::Release);
-    pair.b_done.store(true, Ordering::Release);
+    pair.b.sender_finished(max_acked);
     let _ = conn.close().await;
     (i, false, side)
 }
@@ -689,8 +676,8 @@ pub fn render(r: &RoundtripReport) -> String {
         );
     }
     report::errors_lines(&mut s, &r.errors, &r.disconnects);
-    report::verdict_lines(&mut s, &r.correctness, r.passed, "");
-    report::server_lines(&mut s, r.server.as_ref());
-    report::server_log_lines(&mut s, r.server_log.as_ref(), r.server_exited);
+    r.tail.verdict_lines(&mut s, "");
+    r.tail.server_lines(&mut s);
+    r.tail.server_log_lines(&mut s);
     s
 }

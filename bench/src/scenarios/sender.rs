@@ -5,30 +5,100 @@
 //! measured window and drain the acks. What each frame means to the scenario (latency,
 //! the checker's seqs, counters) is left to its [`Hooks`].
 //!
+//! [`SendCounts`] are the counters every such sender keeps; the hooks' default methods
+//! count in them and in the run's errors and disconnects ([`RunCounts`]).
+//!
 //! The loop also returns early when its connection ends or, for disconnect injection,
 //! when the `kill` notification fires; the caller reconnects and calls it again with the
 //! same [`Outbox`] (after [`Outbox::resend_all`]).
 
 use std::time::Duration;
 
-use im_client::ClientError;
-use im_proto::{Body, Frame, SendAck};
+use im_client::{ClientError, RawConn, RawEvent};
+use im_proto::{Body, Frame, MessageType, SendAck};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::Clock;
-use crate::conn::{Conn, Event};
+use super::{Clock, Disconnects};
 use crate::outbox::{Outbox, Pacer, Pending, Refused, SendSpec};
+use crate::stats::{ErrorCounts, LatencyRecorder, LocalError};
+
+counters! {
+    /// What every sender of the loop counts (`chat`, `broadcast`, `chaos`).
+    pub struct SendCounts => SendTotals {
+        /// Send frames written, retries (and resends after a reconnect) included.
+        sent,
+        /// OVERLOADED / RATE_LIMITED retries.
+        retries,
+        /// Acks received at any time (progress line).
+        acked_all,
+        /// Acks received in the measured window (throughput).
+        acked_measured,
+        /// SendAcks with duplicate=true.
+        duplicate_acks,
+        /// Acks that came after their send was given up on.
+        late_acks,
+        /// Sends still un-acked when the drain ended.
+        unacked_at_end,
+        /// Scheduled sends dropped because a sender was more than a second behind its rate.
+        rate_skipped,
+    }
+}
+
+impl SendCounts {
+    /// [`Hooks::written`]: a frame was written (`retry`: a resend the server asked for).
+    pub fn written(&self, retry: bool) {
+        self.sent.inc();
+        if retry {
+            self.retries.inc();
+        }
+    }
+
+    /// A SendAck arrived at `now` (counted in the window when `now` is measured).
+    pub fn acked(&self, clock: &Clock, now: Instant, duplicate: bool) {
+        self.acked_all.inc();
+        if clock.measured(now) {
+            self.acked_measured.inc();
+        }
+        if duplicate {
+            self.duplicate_acks.inc();
+        }
+    }
+
+    /// A sender stopped: what its pacer skipped and its outbox still holds.
+    pub fn sender_done(&self, pacer: Option<&Pacer>, outbox: &Outbox) {
+        if let Some(p) = pacer {
+            self.rate_skipped.add(p.skipped());
+        }
+        self.unacked_at_end.add(outbox.len() as u64);
+    }
+}
 
 /// How often the loop checks ack timeouts and heartbeats.
 const HOUSEKEEPING: Duration = Duration::from_millis(250);
 
-/// What the scenario does with the loop's events. All calls are synchronous.
+/// The run-wide counters a sender's default hooks count in.
+#[derive(Debug, Clone, Copy)]
+pub struct RunCounts<'a> {
+    /// The senders' counters.
+    pub send: &'a SendCounts,
+    /// Errors by code.
+    pub errors: &'a ErrorCounts,
+    /// Connections that ended, by reason.
+    pub disconnects: &'a Disconnects,
+}
+
+/// What the scenario does with the loop's events. All calls are synchronous. The
+/// defaults count in [`Hooks::counts`].
 pub trait Hooks {
+    /// The run's counters.
+    fn counts(&self) -> RunCounts<'_>;
     /// The next message to send, or `None` to send nothing now.
     fn next(&mut self) -> Option<SendSpec>;
     /// A frame was written (`retry`: a resend after OVERLOADED / RATE_LIMITED).
-    fn written(&mut self, retry: bool);
+    fn written(&mut self, retry: bool) {
+        self.counts().send.written(retry);
+    }
     /// After a new send is written: another frame to write right after it (the chaos
     /// scenario's malformed frames). None by default.
     fn after_send(&mut self) -> Option<Vec<u8>> {
@@ -37,16 +107,112 @@ pub trait Hooks {
     /// A SendAck arrived; `pending` is its send (`None`: it had been given up on).
     fn acked(&mut self, ack: &SendAck, pending: Option<Pending>, now: Instant);
     /// An Error arrived, and what it did to its send.
-    fn refused(&mut self, e: &im_proto::Error, outcome: Refused);
+    fn refused(&mut self, e: &im_proto::Error, _outcome: Refused) {
+        self.counts().errors.server(e.code);
+    }
     /// A send got neither an ack nor an error within the ack timeout.
-    fn timed_out(&mut self, p: Pending);
+    fn timed_out(&mut self, _p: Pending) {
+        self.counts().errors.local(LocalError::AckTimeout);
+    }
     /// Any other frame (Pong, Deliver, BAD_FRAME for injected frames, ...). Returns
     /// frames to write in reply, if any.
-    fn other(&mut self, f: Frame, now: Instant) -> Vec<Vec<u8>>;
+    fn other(&mut self, f: Frame, _now: Instant) -> Vec<Vec<u8>> {
+        self.counts().errors.stray(&f);
+        Vec::new()
+    }
     /// Writing failed (the connection is gone).
-    fn write_failed(&mut self, e: &ClientError);
+    fn write_failed(&mut self, _e: &ClientError) {
+        self.counts().errors.local(LocalError::Transport);
+    }
     /// The connection ended (`ev` is the close event or the receive error).
-    fn ended(&mut self, ev: Result<Event, ClientError>);
+    fn ended(&mut self, ev: Result<RawEvent, ClientError>) {
+        let c = self.counts();
+        c.disconnects.record(c.errors, ev);
+    }
+}
+
+/// The hooks of a sender whose every message goes to one target (`chat`,
+/// `broadcast`): counts, the send-to-ack latency of measured sends, and the acked seqs
+/// for the checker.
+pub struct ToOne<'a> {
+    counts: RunCounts<'a>,
+    clock: Clock,
+    latency: &'a LatencyRecorder,
+    shard: usize,
+    spec: SendSpec,
+    system_pushes: bool,
+    /// Seqs acked (duplicates left out), in ack order.
+    pub acked: Vec<u64>,
+    /// The highest seq acked.
+    pub max_acked: u64,
+}
+
+impl<'a> ToOne<'a> {
+    /// Hooks that send `spec` again and again, recording send-to-ack latency in shard
+    /// `shard` of `latency`.
+    pub fn new(
+        counts: RunCounts<'a>,
+        clock: Clock,
+        latency: &'a LatencyRecorder,
+        shard: usize,
+        spec: SendSpec,
+    ) -> Self {
+        ToOne {
+            counts,
+            clock,
+            latency,
+            shard,
+            spec,
+            system_pushes: false,
+            acked: Vec::with_capacity(1024),
+            max_acked: 0,
+        }
+    }
+
+    /// Pushed SYSTEM messages (a group's membership events, pushed to its creator) are
+    /// expected, not counted as unexpected frames.
+    pub fn with_system_pushes(mut self) -> Self {
+        self.system_pushes = true;
+        self
+    }
+}
+
+impl Hooks for ToOne<'_> {
+    fn counts(&self) -> RunCounts<'_> {
+        self.counts
+    }
+
+    fn next(&mut self) -> Option<SendSpec> {
+        Some(self.spec.clone())
+    }
+
+    fn acked(&mut self, ack: &SendAck, pending: Option<Pending>, now: Instant) {
+        self.counts.send.acked(&self.clock, now, ack.duplicate);
+        if !ack.duplicate {
+            self.acked.push(ack.seq);
+        }
+        self.max_acked = self.max_acked.max(ack.seq);
+        match pending {
+            Some(p) if self.clock.measured(p.first_sent) => {
+                let us = now.saturating_duration_since(p.first_sent).as_micros() as u64;
+                self.latency.record(self.shard, us);
+            }
+            Some(_) => {}
+            None => self.counts.send.late_acks.inc(),
+        }
+    }
+
+    fn other(&mut self, f: Frame, _now: Instant) -> Vec<Vec<u8>> {
+        match &f.body {
+            Some(Body::Deliver(d))
+                if self.system_pushes
+                    && d.messages
+                        .iter()
+                        .all(|m| m.r#type == MessageType::System as i32) => {}
+            _ => self.counts.errors.stray(&f),
+        }
+        Vec::new()
+    }
 }
 
 /// How the loop ended.
@@ -79,7 +245,7 @@ pub struct Loop<'a> {
 /// Runs the sending loop on `conn` until the run is over, the connection ends, or a
 /// kill.
 pub async fn run(
-    conn: &mut Conn,
+    conn: &mut RawConn,
     outbox: &mut Outbox,
     mut cfg: Loop<'_>,
     hooks: &mut impl Hooks,
@@ -148,8 +314,8 @@ pub async fn run(
             () = kill.notified() => return Ended::Killed,
             ev = conn.recv() => {
                 let f = match ev {
-                    Ok(Event::Frame(f)) => f,
-                    Ok(Event::WsPong(_)) => continue,
+                    Ok(RawEvent::Frame(f)) => f,
+                    Ok(RawEvent::WsPong(_)) => continue,
                     other => {
                         hooks.ended(other);
                         return Ended::Disconnected;
@@ -186,7 +352,7 @@ pub async fn run(
                         hooks.timed_out(p);
                     }
                     if now.saturating_duration_since(last_tx) >= cfg.heartbeat / 2 {
-                        if let Err(e) = super::chat::ping(conn).await {
+                        if let Err(e) = super::ping(conn).await {
                             hooks.write_failed(&e);
                             return Ended::Disconnected;
                         }

@@ -460,6 +460,7 @@ pub async fn until_closed(c: &mut RawConn) -> (Option<u16>, String, Vec<Frame>) 
         match c.recv_timeout(left).await {
             Ok(RawEvent::Frame(f)) => frames.push(f),
             Ok(RawEvent::Closed { code, reason }) => return (code, reason, frames),
+            Ok(RawEvent::WsPong(_)) => {}
             Err(e) => panic!("expected close, got error {e} after {frames:?}"),
         }
     }
