@@ -10,8 +10,6 @@
 //! `#[serde(deny_unknown_fields)]`, so a misspelt field is refused by name.
 //! Shapes and meanings: `docs/admin-api.md`.
 
-#![warn(missing_docs)]
-
 use serde::{Deserialize, Deserializer, Serialize};
 
 pub mod diag;

@@ -82,7 +82,7 @@ async fn victim(c: &mut RawConn, secs: u64, tag: &str) -> anyhow::Result<Vec<u64
         loop {
             match c.recv_timeout(Duration::from_secs(60)).await? {
                 im_client::RawEvent::Frame(f) if f.req_id == i => break,
-                im_client::RawEvent::Frame(_) => continue,
+                im_client::RawEvent::Frame(_) => {}
                 other => bail!("victim connection ended: {other:?}"),
             }
         }
@@ -180,7 +180,7 @@ async fn main() -> anyhow::Result<()> {
                         }
                         break;
                     }
-                    Ok(im_client::RawEvent::Frame(_)) => continue,
+                    Ok(im_client::RawEvent::Frame(_)) => {}
                     _ => return (ok, limited, other, slowest),
                 }
             }

@@ -81,7 +81,7 @@ impl ServerFigures {
 impl AdminClient {
     /// A client for the admin API at `base` (`http://HOST:PORT`) with bearer `token`.
     pub fn new(base: &str, token: &str) -> anyhow::Result<AdminClient> {
-        let api = client::AdminClient::new(base, Some(token.to_string()), REQUEST_TIMEOUT)
+        let api = client::AdminClient::new(base, Some(token.to_owned()), REQUEST_TIMEOUT)
             .context("building the admin HTTP client")?;
         Ok(AdminClient { api })
     }

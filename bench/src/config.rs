@@ -89,7 +89,7 @@ pub fn expand_with(argv: Vec<OsString>, text: &str) -> anyhow::Result<Vec<OsStri
         match value {
             toml::Value::Table(t) if flag == "--server-env" => {
                 for (k, v) in t {
-                    flags.push("--server-env".to_string());
+                    flags.push("--server-env".to_owned());
                     flags.push(format!("{k}={}", scalar(k, v)?));
                 }
             }

@@ -18,8 +18,6 @@
 //! delivery checker), [`report`] (text report pieces and the progress line),
 //! [`config`] (TOML scenario files), [`util`] (flag parsers and formatting).
 
-#![warn(missing_docs)]
-
 pub mod admin;
 pub mod check;
 pub mod config;

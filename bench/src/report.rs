@@ -45,7 +45,7 @@ pub fn errors_lines(
     disconnects: &BTreeMap<String, u64>,
 ) {
     let text = if errors.is_empty() {
-        "none".to_string()
+        "none".to_owned()
     } else {
         errors
             .iter()
@@ -272,7 +272,7 @@ impl Rate {
 /// p99 of a histogram for a progress line (`-` when empty).
 pub fn p99_text(h: &hdrhistogram::Histogram<u64>) -> String {
     if h.is_empty() {
-        "-".to_string()
+        "-".to_owned()
     } else {
         fmt_us(h.value_at_quantile(0.99))
     }
@@ -291,7 +291,7 @@ mod tests {
         errors_lines(
             &mut s,
             &BTreeMap::new(),
-            &BTreeMap::from([("close 4001: idle".to_string(), 2)]),
+            &BTreeMap::from([("close 4001: idle".to_owned(), 2)]),
         );
         assert!(s.starts_with("errors           none\n"), "{s:?}");
         assert!(s.contains("disconnected 2x: close 4001: idle"));

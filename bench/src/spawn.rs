@@ -47,7 +47,7 @@ impl ServerLog {
         };
         *level += 1;
         if self.samples.len() < KEPT_LINES {
-            self.samples.push(line.to_string());
+            self.samples.push(line.to_owned());
         }
     }
 }
@@ -137,7 +137,7 @@ impl SpawnedServer {
             child,
             client_addr: started.0,
             admin_addr: started.1,
-            admin_token: admin_token.to_string(),
+            admin_token: admin_token.to_owned(),
             log,
             _data_dir: data_dir,
         })

@@ -217,12 +217,12 @@ impl ErrorCounts {
             }
             let name = if idx < SERVER_CODES {
                 ErrorCode::try_from(idx as i32)
-                    .map(|c| c.as_str_name().to_string())
+                    .map(|c| c.as_str_name().to_owned())
                     .unwrap_or_else(|_| format!("code_{idx}"))
             } else if idx == SERVER_CODES {
-                "UNKNOWN_CODE".to_string()
+                "UNKNOWN_CODE".to_owned()
             } else {
-                LocalError::ALL[idx - SERVER_CODES - 1].name().to_string()
+                LocalError::ALL[idx - SERVER_CODES - 1].name().to_owned()
             };
             out.insert(name, n);
         }

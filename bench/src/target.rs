@@ -92,7 +92,7 @@ pub fn host_port(url: &str) -> anyhow::Result<(String, u16)> {
         .with_context(|| format!("URL {url:?} has no host"))?
         .trim_start_matches('[')
         .trim_end_matches(']')
-        .to_string();
+        .to_owned();
     let port = match (uri.port_u16(), uri.scheme_str()) {
         (Some(p), _) => p,
         (None, Some("wss")) => 443,

@@ -28,7 +28,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 /// Parses a `KEY=VALUE` flag (the key must be non-empty; the value may be empty).
 pub fn parse_key_val(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
-        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
         _ => Err(format!("expected KEY=VALUE, got {text:?}")),
     }
 }

@@ -262,7 +262,7 @@ impl Client {
             loop {
                 match self.next_event().await {
                     Some(Event::Message(m)) => return Ok(m),
-                    Some(_) => continue,
+                    Some(_) => {}
                     None => return Err(ClientError::Disconnected),
                 }
             }

@@ -230,7 +230,7 @@ impl Driver {
         tokio::spawn(async move {
             let r = match tokio::time::timeout(timeout, provider()).await {
                 Ok(r) => r,
-                Err(_) => Err("token provider timed out".to_string()),
+                Err(_) => Err("token provider timed out".to_owned()),
             };
             let _ = tx.send(r);
         });

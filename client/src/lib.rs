@@ -12,8 +12,6 @@
 //! background task), `tracker` (dedup and cursors), `backoff` (reconnect and retry
 //! timing), `route` (asks `GET /v1/route` which node to connect to), `config`, `error`.
 
-#![warn(missing_docs)]
-
 mod backoff;
 mod client;
 mod config;

@@ -71,7 +71,7 @@ async fn ask(base: &str, avoid: Option<&str>) -> Result<Route, ClientError> {
     if host.is_empty() || host.contains('/') {
         return Err(err("route URLs must be http://HOST:PORT".into()));
     }
-    let mut path = "/v1/route".to_string();
+    let mut path = "/v1/route".to_owned();
     if let Some(a) = avoid.filter(|a| im_proto::valid_id(a)) {
         path.push_str("?avoid=");
         path.push_str(a);
@@ -103,7 +103,7 @@ fn parse_answer(buf: &[u8]) -> Result<Route, String> {
         .split_whitespace()
         .nth(1)
         .ok_or("no HTTP status")?
-        .to_string();
+        .to_owned();
     let body = &buf[split + 4..];
     if status != "200" {
         return Err(format!(
@@ -160,7 +160,7 @@ mod tests {
                 .await
                 .unwrap();
         });
-        let dead = "http://127.0.0.1:1".to_string();
+        let dead = "http://127.0.0.1:1".to_owned();
         let r = resolve(&[dead, good], 0, Some("a"), Duration::from_secs(5))
             .await
             .unwrap();

@@ -219,7 +219,7 @@ mod tests {
         let a = t.arrive(m("c", 3));
         assert!(a.gap && a.ready.is_empty());
         assert_eq!(t.arrive(m("c", 3)), Arrival::default(), "held: a duplicate");
-        assert_eq!(t.holes(), vec![("c".to_string(), 1, 3)]);
+        assert_eq!(t.holes(), vec![("c".to_owned(), 1, 3)]);
         // Seq 2 releases 3 with it; then 4 follows 3, never the other way round.
         assert_eq!(seqs(&t.arrive(m("c", 2))), vec![2, 3]);
         assert_eq!(seqs(&t.arrive(m("c", 4))), vec![4]);
@@ -269,7 +269,7 @@ mod tests {
         }
         t.arrive(m("b", 2)); // above a hole: nothing to ack
         assert!(t.has_dirty());
-        assert_eq!(t.take_acks(), vec![("a".to_string(), 5)]);
+        assert_eq!(t.take_acks(), vec![("a".to_owned(), 5)]);
         assert!(!t.has_dirty());
         assert!(t.take_acks().is_empty());
         t.arrive(m("a", 7)); // held: the ack stays at 5
@@ -278,11 +278,11 @@ mod tests {
         t.arrive(m("a", 6));
         assert_eq!(
             t.take_acks(),
-            vec![("a".to_string(), 7), ("b".to_string(), 2)]
+            vec![("a".to_owned(), 7), ("b".to_owned(), 2)]
         );
         // A duplicate means the server's cursor lags: ack again.
         assert_eq!(t.arrive(m("a", 3)), Arrival::default());
-        assert_eq!(t.take_acks(), vec![("a".to_string(), 7)]);
+        assert_eq!(t.take_acks(), vec![("a".to_owned(), 7)]);
     }
 
     #[test]

@@ -47,7 +47,7 @@ impl Peer {
         loop {
             let f = self.recv().await.expect("connection closed");
             match f.body {
-                Some(Body::Ping(_)) | Some(Body::DeliverAck(_)) => {}
+                Some(Body::Ping(_) | Body::DeliverAck(_)) => {}
                 _ => return f,
             }
         }
@@ -425,7 +425,7 @@ async fn deliveries_are_deduped_gaps_synced_and_acked() {
     let Some(Body::Sync(req)) = f.body else {
         panic!("expected SyncRequest, got {f:?}")
     };
-    assert_eq!(cursors_of(&req), vec![(conv.to_string(), 2)]);
+    assert_eq!(cursors_of(&req), vec![(conv.to_owned(), 2)]);
     assert_eq!(req.limit, 500);
     let page = proto::SyncResponse {
         messages: vec![msg(conv, 3), msg(conv, 4)],
@@ -480,7 +480,7 @@ async fn sync_pages_with_explicit_cursors_and_returns_only_new() {
         .sort_by(|a, b| a.conversation_id.cmp(&b.conversation_id));
     assert_eq!(
         cursors_of(&req),
-        vec![("g:a".to_string(), 2), ("u:alice:bob".to_string(), 1)]
+        vec![("g:a".to_owned(), 2), ("u:alice:bob".to_owned(), 1)]
     );
     let page = proto::SyncResponse {
         messages: vec![msg("u:alice:bob", 2)],
@@ -684,7 +684,7 @@ async fn own_messages_are_not_emitted_and_server_cursors_fast_forward() {
     assert_eq!(seq_of(&next_event(&client).await), 6);
     assert_eq!(seq_of(&next_event(&client).await), 10);
 
-    let mut acks = std::collections::BTreeMap::new();
+    let mut acks = BTreeMap::new();
     while acks.get(conv) != Some(&6) || acks.get("g:x") != Some(&10) {
         let f = peer.recv().await.expect("ack");
         if let Some(Body::DeliverAck(a)) = f.body {
@@ -707,7 +707,7 @@ struct FakeStore {
 impl FakeStore {
     /// Commits `conv` up to seq `upto`.
     fn commit(&mut self, conv: &str, upto: u64) {
-        let list = self.messages.entry(conv.to_string()).or_default();
+        let list = self.messages.entry(conv.to_owned()).or_default();
         for seq in list.len() as u64 + 1..=upto {
             list.push(msg(conv, seq));
         }
@@ -907,7 +907,7 @@ async fn a_hole_in_a_group_left_meanwhile_is_given_up_in_order() {
     let Some(Body::Sync(req)) = f.body else {
         panic!("expected SyncRequest, got {f:?}")
     };
-    assert_eq!(cursors_of(&req), vec![(conv.to_string(), 1)]);
+    assert_eq!(cursors_of(&req), vec![(conv.to_owned(), 1)]);
     peer.send(proto::error_frame(
         f.req_id,
         ErrorCode::NotMember,
@@ -954,7 +954,7 @@ async fn a_hole_below_our_own_message_is_filled_by_a_housekeeping_sync() {
     let started = std::time::Instant::now();
     let sync = store.next_sync(&mut peer).await;
     assert!(started.elapsed() >= Duration::from_millis(500));
-    assert_eq!(cursors_of(&sync.1), vec![(conv.to_string(), 1)]);
+    assert_eq!(cursors_of(&sync.1), vec![(conv.to_owned(), 1)]);
     store.serve_sync(&mut peer, sync).await;
     assert_eq!(seq_of(&next_event(&client).await), 2);
     store.pump(&mut peer, Duration::from_millis(200)).await;

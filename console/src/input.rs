@@ -91,16 +91,12 @@ pub fn map_key(key: KeyEvent, mode: &Mode) -> Option<Action> {
     match mode {
         Mode::Normal => normal(key, ctrl),
         Mode::Help => match key.code {
-            KeyCode::Char('?') | KeyCode::Char('q') | KeyCode::Esc | KeyCode::Enter => {
-                Some(Action::ToggleHelp)
-            }
+            KeyCode::Char('?' | 'q') | KeyCode::Esc | KeyCode::Enter => Some(Action::ToggleHelp),
             _ => None,
         },
         Mode::ConfirmKick { .. } | Mode::ConfirmRevoke { .. } => match key.code {
-            KeyCode::Char('y') | KeyCode::Char('Y') | KeyCode::Enter => Some(Action::Confirm),
-            KeyCode::Char('n') | KeyCode::Char('N') | KeyCode::Esc | KeyCode::Char('q') => {
-                Some(Action::Cancel)
-            }
+            KeyCode::Char('y' | 'Y') | KeyCode::Enter => Some(Action::Confirm),
+            KeyCode::Char('n' | 'N' | 'q') | KeyCode::Esc => Some(Action::Cancel),
             _ => None,
         },
         Mode::NodePicker { .. } => match key.code {
@@ -109,7 +105,7 @@ pub fn map_key(key: KeyEvent, mode: &Mode) -> Option<Action> {
             KeyCode::Char('g') | KeyCode::Home => Some(Action::Top),
             KeyCode::Char('G') | KeyCode::End => Some(Action::Bottom),
             KeyCode::Enter => Some(Action::Submit),
-            KeyCode::Esc | KeyCode::Char('n') | KeyCode::Char('q') => Some(Action::Cancel),
+            KeyCode::Esc | KeyCode::Char('n' | 'q') => Some(Action::Cancel),
             KeyCode::Char(c @ '1'..='9') => Some(Action::PickNode(c as usize - '1' as usize)),
             _ => None,
         },
@@ -149,7 +145,7 @@ fn normal(key: KeyEvent, ctrl: bool) -> Option<Action> {
         KeyCode::Char('t') => Action::ToggleScale,
         KeyCode::Char('r') => Action::Refresh,
         KeyCode::Char('x') | KeyCode::Delete => Action::Delete,
-        KeyCode::Char('a') | KeyCode::Char('c') => Action::Add,
+        KeyCode::Char('a' | 'c') => Action::Add,
         KeyCode::Char('L') => Action::GlobalLevel,
         KeyCode::Char('R') => Action::Revoke,
         KeyCode::Enter => Action::Submit,

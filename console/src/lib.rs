@@ -4,8 +4,6 @@
 //! key actions, [`view`] renders it (and only it), [`input`] maps keys to [`action`]s,
 //! [`api`] talks HTTP to the nodes, [`app`] runs the loop and the background pollers.
 
-#![warn(missing_docs)]
-
 pub mod action;
 pub mod api;
 pub mod app;

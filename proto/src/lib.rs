@@ -2,8 +2,6 @@
 //! and the console. It owns the generated prost types, the conversation id format and
 //! the few encoding helpers every side needs (frame builders, zero-copy batching).
 
-#![warn(missing_docs)]
-
 /// Generated types of package `im.v1` (see `proto/im/v1/im.proto`).
 #[allow(missing_docs, clippy::all)]
 pub mod v1 {

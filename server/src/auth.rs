@@ -79,7 +79,7 @@ pub fn secret_file(path: &Path) -> Result<String, AuthError> {
     match std::fs::read_to_string(path) {
         Ok(text) => {
             check_mode(path)?;
-            let secret = text.trim().to_string();
+            let secret = text.trim().to_owned();
             if secret.is_empty() {
                 return Err(io(std::io::Error::new(
                     std::io::ErrorKind::InvalidData,

@@ -8,8 +8,6 @@
 //! [`Node::start`] wires them together. Which module may call which is in
 //! ARCHITECTURE.md, checked by `tests/modules.rs`.
 
-#![warn(missing_docs)]
-
 pub mod admin;
 pub mod auth;
 pub mod cluster;
@@ -551,7 +549,7 @@ fn load_report(node: &Arc<Node>, ws_url: String, admin_url: String) -> cluster::
             limiting_resource: s.capacity.limiting_resource.to_string(),
             draining: node.draining.load(Ordering::Relaxed),
             uptime_secs: node.started.elapsed().as_secs(),
-            version: env!("CARGO_PKG_VERSION").to_string(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
             instance: instance.clone(),
         }
     })
@@ -567,10 +565,7 @@ fn snapshot_of(node: &Node) -> Arc<RwLock<obs::sampler::Snapshot>> {
 fn start_log_tasks(
     config: &Config,
     snapshot: Arc<RwLock<obs::sampler::Snapshot>>,
-) -> (
-    tokio::task::JoinHandle<()>,
-    Option<obs::compactor::CompactorHandle>,
-) {
+) -> (JoinHandle<()>, Option<obs::compactor::CompactorHandle>) {
     let Some(logs) = obs::logfiles::control() else {
         return (tokio::spawn(async {}), None);
     };
@@ -659,8 +654,8 @@ fn bind(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
 fn default_node_id() -> String {
     let host = std::fs::read_to_string("/etc/hostname")
         .ok()
-        .map(|h| h.trim().to_string())
+        .map(|h| h.trim().to_owned())
         .filter(|h| im_proto::valid_id(h))
-        .unwrap_or_else(|| "node".to_string());
+        .unwrap_or_else(|| "node".to_owned());
     host
 }

@@ -26,7 +26,10 @@ pub struct RouteApi {
 /// `GET /v1/route[?avoid=ID,ID]`: the least-loaded healthy node for a new connection.
 pub fn router(state: RouteApi) -> axum::Router {
     axum::Router::new()
-        .route(im_admin_api::routes::ROUTE, axum::routing::get(route_handler))
+        .route(
+            im_admin_api::routes::ROUTE,
+            axum::routing::get(route_handler),
+        )
         .with_state(state)
 }
 

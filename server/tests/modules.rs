@@ -25,7 +25,7 @@ fn modules(src: &Path) -> BTreeSet<String> {
             .file_stem()
             .and_then(|n| n.to_str())
             .unwrap_or_default()
-            .to_string();
+            .to_owned();
         let module_dir = path.is_dir() && path.join("mod.rs").is_file();
         let module_file =
             path.extension().is_some_and(|e| e == "rs") && name != "lib" && name != "main";
@@ -168,7 +168,7 @@ fn actual_calls(src: &Path) -> Graph {
             let to = if mods.contains(&name) {
                 name
             } else {
-                ROOT.to_string()
+                ROOT.to_owned()
             };
             if to != from {
                 graph.get_mut(from).expect("a known module").insert(to);
@@ -213,17 +213,17 @@ fn declared_calls(map: &str, mods: &BTreeSet<String>) -> Result<Graph, String> {
         let sentence = &sentence[..end];
         let mut set = BTreeSet::new();
         if sentence.contains(ROOT) {
-            set.insert(ROOT.to_string());
+            set.insert(ROOT.to_owned());
         }
         for (i, quoted) in sentence.split('`').enumerate() {
             if i % 2 == 1 {
                 let first = quoted.split("::").next().unwrap_or_default();
                 if mods.contains(first) && first != name {
-                    set.insert(first.to_string());
+                    set.insert(first.to_owned());
                 }
             }
         }
-        if out.insert(name.to_string(), set).is_some() {
+        if out.insert(name.to_owned(), set).is_some() {
             return Err(format!(
                 "module `{name}` has two paragraphs in ARCHITECTURE.md"
             ));
@@ -242,13 +242,13 @@ fn find_cycle(graph: &Graph) -> Option<Vec<String>> {
     ) -> Option<Vec<String>> {
         if let Some(i) = stack.iter().position(|n| n == node) {
             let mut cycle = stack[i..].to_vec();
-            cycle.push(node.to_string());
+            cycle.push(node.to_owned());
             return Some(cycle);
         }
         if done.contains(node) {
             return None;
         }
-        stack.push(node.to_string());
+        stack.push(node.to_owned());
         for next in graph.get(node).into_iter().flatten() {
             if next == ROOT {
                 continue;
@@ -258,7 +258,7 @@ fn find_cycle(graph: &Graph) -> Option<Vec<String>> {
             }
         }
         stack.pop();
-        done.insert(node.to_string());
+        done.insert(node.to_owned());
         None
     }
     let mut done = BTreeSet::new();

@@ -14,7 +14,7 @@ use im_server::store::{
 
 fn pg_url() -> String {
     std::env::var("IM_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string())
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
 /// A store of each backend, freshly created.
@@ -72,13 +72,13 @@ fn msg(conv: &str, sender: &str, cmid: &str, body: &str) -> NewMessage {
     let direct = conv
         .strip_prefix("u:")
         .and_then(|r| r.split_once(':'))
-        .map(|(a, b)| (a.to_string(), b.to_string()));
+        .map(|(a, b)| (a.to_owned(), b.to_owned()));
     NewMessage {
         conversation_id: conv.into(),
         sender: sender.into(),
         client_msg_id: cmid.into(),
         msg_type: 0,
-        payload: Bytes::from(body.to_string()),
+        payload: Bytes::from(body.to_owned()),
         msg_id: uuid::Uuid::now_v7().simple().to_string(),
         direct,
     }
@@ -326,7 +326,7 @@ async fn groups_roles_events_and_membership_intervals() {
             .await
             .unwrap();
         // c reads from its join event (seq 4), even when asking from 0.
-        for cursors in [vec![], vec![("g:g1".to_string(), 0)]] {
+        for cursors in [vec![], vec![("g:g1".to_owned(), 0)]] {
             let (c_sees, _) = s.sync("c", &cursors, 100).await.unwrap();
             assert_eq!(
                 c_sees.iter().map(|m| m.seq).collect::<Vec<_>>(),
@@ -335,7 +335,7 @@ async fn groups_roles_events_and_membership_intervals() {
                 s.backend()
             );
         }
-        let (b_sees, _) = s.sync("b", &[("g:g1".to_string(), 0)], 100).await.unwrap();
+        let (b_sees, _) = s.sync("b", &[("g:g1".to_owned(), 0)], 100).await.unwrap();
         assert_eq!(b_sees.len(), 5);
 
         assert!(matches!(
@@ -354,7 +354,7 @@ async fn groups_roles_events_and_membership_intervals() {
             .await
             .unwrap();
         change(Op::Add, "a", &["c"], 10).await.unwrap();
-        let (c_sees, _) = s.sync("c", &[("g:g1".to_string(), 0)], 100).await.unwrap();
+        let (c_sees, _) = s.sync("c", &[("g:g1".to_owned(), 0)], 100).await.unwrap();
         assert_eq!(
             c_sees.iter().map(|m| m.seq).collect::<Vec<_>>(),
             [4, 5, 6, 8],
@@ -398,7 +398,7 @@ async fn revocations_persist() {
         s.revoke("u2", 7).await.unwrap();
         let mut r = s.revocations().await.unwrap();
         r.sort();
-        assert_eq!(r, [("u1".to_string(), 100), ("u2".to_string(), 7)]);
+        assert_eq!(r, [("u1".to_owned(), 100), ("u2".to_owned(), 7)]);
     }
 }
 

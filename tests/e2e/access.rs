@@ -368,7 +368,7 @@ async fn membership_events_arrive_in_seq_order_for_every_member() {
     .map(|(o, u)| {
         (
             o,
-            "ev-a".to_string(),
+            "ev-a".to_owned(),
             u.into_iter().map(String::from).collect(),
         )
     })

@@ -284,7 +284,7 @@ async fn every_frame_kind_is_rate_limited_one_by_one_inside_a_batch() {
         (
             "acker",
             Body::DeliverAck(proto::DeliverAck {
-                conversation_id: im_client::proto::direct_conversation("acker", "peer"),
+                conversation_id: proto::direct_conversation("acker", "peer"),
                 seq: 1,
             }),
             "deliver_ack",
@@ -355,7 +355,7 @@ async fn every_frame_kind_is_rate_limited_one_by_one_inside_a_batch() {
 async fn a_deliver_ack_for_a_made_up_conversation_or_seq_writes_nothing() {
     let server = TestServer::start();
     backlog(&server, "amy", "ben", 3, 10).await;
-    let real = im_client::proto::direct_conversation("amy", "ben");
+    let real = proto::direct_conversation("amy", "ben");
     let mut ben = server.raw("ben").await;
     let ack = |conv: &str, seq: u64| {
         frame(
@@ -367,7 +367,7 @@ async fn a_deliver_ack_for_a_made_up_conversation_or_seq_writes_nothing() {
         )
     };
     for (conv, seq) in [
-        (im_client::proto::direct_conversation("ben", "ghost"), 5),
+        (proto::direct_conversation("ben", "ghost"), 5),
         (real.clone(), 4),
         (real.clone(), 0),
     ] {
@@ -395,7 +395,7 @@ async fn a_deliver_ack_for_a_made_up_conversation_or_seq_writes_nothing() {
         assert!(Instant::now() < end, "the valid ack was not stored");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let ghost = im_client::proto::direct_conversation("ben", "ghost");
+    let ghost = proto::direct_conversation("ben", "ghost");
     assert_eq!(store.cursor("ben", &ghost).await.unwrap(), 0);
     assert_eq!(store.last_seq(&ghost).await.unwrap(), None);
 }
@@ -554,11 +554,11 @@ async fn under_a_cluster_key_forged_reports_and_envelopes_are_ignored() {
     let forged = Envelope {
         from: "n0".into(),
         users: vec!["bob".into()],
-        frame: im_client::proto::encode(&frame(
+        frame: proto::encode(&frame(
             0,
             Body::Deliver(proto::Deliver {
                 messages: vec![proto::ChatMessage {
-                    conversation_id: im_client::proto::direct_conversation("alice", "bob"),
+                    conversation_id: proto::direct_conversation("alice", "bob"),
                     sender: "alice".into(),
                     payload: b"forged".to_vec().into(),
                     seq: 2,

@@ -144,7 +144,7 @@ async fn users_on_three_nodes_get_every_message_once_in_order() {
     let mut tasks = Vec::new();
     for u in users {
         for target in [
-            Target::User(partner(u).to_string()),
+            Target::User(partner(u).to_owned()),
             Target::Group("crew".into()),
         ] {
             let client = clients[u].clone();
@@ -491,7 +491,7 @@ fn cluster_mode_without_postgres_fails_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();
     let out = std::process::Command::new(server_bin())
         .env("IM_DATA_DIR", dir.path())
-        .env("IM_NATS_URL", crate::support::cluster::nats_url())
+        .env("IM_NATS_URL", cluster::nats_url())
         .env("IM_LISTEN", "127.0.0.1:0")
         .env("IM_ADMIN_LISTEN", "127.0.0.1:0")
         .output()

@@ -93,7 +93,7 @@ fn dashboard_exprs() -> Vec<Expr> {
                         p["title"].as_str().unwrap_or("?"),
                         t["refId"].as_str().unwrap_or("?")
                     ),
-                    promql: promql.to_string(),
+                    promql: promql.to_owned(),
                 });
             }
         }
@@ -108,7 +108,7 @@ fn dashboard_exprs() -> Vec<Expr> {
                 );
                 out.push(Expr {
                     origin: format!("{file} variable {}", v["name"].as_str().unwrap_or("?")),
-                    promql: q.to_string(),
+                    promql: q.to_owned(),
                 });
             }
         }
@@ -170,7 +170,7 @@ fn alert_rules(text: &str) -> Vec<Rule> {
             });
         }
         if let Some(rule) = rules.last_mut() {
-            rule.fields.insert(key.to_string(), value);
+            rule.fields.insert(key.to_owned(), value);
         }
     }
     rules
@@ -183,7 +183,7 @@ fn unquote(v: &str) -> String {
             return v[1..v.len() - 1].to_string();
         }
     }
-    v.to_string()
+    v.to_owned()
 }
 
 fn alert_exprs(rules: &[Rule]) -> Vec<Expr> {
@@ -334,7 +334,7 @@ impl Exported {
             if let Some(rest) = line.strip_prefix("# TYPE ") {
                 let mut it = rest.split_whitespace();
                 if let (Some(name), Some("histogram")) = (it.next(), it.next()) {
-                    histograms.insert(name.to_string());
+                    histograms.insert(name.to_owned());
                 }
                 continue;
             }
@@ -362,12 +362,12 @@ impl Exported {
     /// The exported name a metric reference stands for, if any.
     fn resolve(&self, metric: &str) -> Option<String> {
         if self.samples.contains_key(metric) {
-            return Some(metric.to_string());
+            return Some(metric.to_owned());
         }
         for suffix in ["_bucket", "_count", "_sum"] {
             if let Some(base) = metric.strip_suffix(suffix) {
                 if self.histograms.contains(base) {
-                    return Some(metric.to_string());
+                    return Some(metric.to_owned());
                 }
             }
         }
@@ -391,14 +391,14 @@ fn literal_values(op: &str, value: &str) -> Option<Vec<String>> {
         return None;
     }
     match op {
-        "=" | "!=" => Some(vec![value.to_string()]),
+        "=" | "!=" => Some(vec![value.to_owned()]),
         "=~" | "!~" => {
             let plain = value.split('|').all(|p| {
                 !p.is_empty()
                     && p.chars()
                         .all(|c| c.is_ascii_alphanumeric() || " _-".contains(c))
             });
-            plain.then(|| value.split('|').map(str::to_string).collect())
+            plain.then(|| value.split('|').map(str::to_owned).collect())
         }
         _ => None,
     }
@@ -490,7 +490,7 @@ async fn every_metric_in_dashboards_and_alerts_is_exported() {
     })
     .await;
     // The cluster metrics exist only in cluster mode: add a one-node cluster's scrape.
-    let cluster = crate::support::cluster::TestCluster::start(1, &[]).await;
+    let cluster = cluster::TestCluster::start(1, &[]).await;
     let scrape = format!("{}\n{}", server.metrics(), cluster.nodes[0].metrics());
     cluster.cleanup().await;
     let exported = Exported::parse(&scrape);

@@ -224,8 +224,8 @@ fn debug_events(data_dir: &Path) -> Vec<(String, String)> {
         .filter(|v| v["level"] == "DEBUG")
         .map(|v| {
             (
-                v["span"]["uid"].as_str().unwrap_or("").to_string(),
-                v["fields"]["message"].as_str().unwrap_or("").to_string(),
+                v["span"]["uid"].as_str().unwrap_or("").to_owned(),
+                v["fields"]["message"].as_str().unwrap_or("").to_owned(),
             )
         })
         .collect()

@@ -93,7 +93,7 @@ async fn a_stalled_reader_is_marked_slow_then_closed_and_others_get_everything()
     let end = Instant::now() + WAIT;
     while Instant::now() < end {
         match stalled.recv_timeout(WAIT).await {
-            Ok(im_client::RawEvent::Frame(_) | im_client::RawEvent::WsPong(_)) => continue,
+            Ok(im_client::RawEvent::Frame(_) | im_client::RawEvent::WsPong(_)) => {}
             Ok(im_client::RawEvent::Closed { code: c, .. }) => {
                 code = c;
                 break;

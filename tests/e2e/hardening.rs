@@ -253,14 +253,14 @@ async fn secrets_stay_out_of_logs_and_the_admin_api() {
         logged.contains("logged in") || logged.contains("TRACE"),
         "the run logged at trace level"
     );
-    let signature = |t: &str| t.rsplit('.').next().unwrap_or_default().to_string();
+    let signature = |t: &str| t.rsplit('.').next().unwrap_or_default().to_owned();
     for (what, secret) in [
-        ("the JWT secret", SECRET.to_string()),
-        ("the admin token", ADMIN_TOKEN.to_string()),
+        ("the JWT secret", SECRET.to_owned()),
+        ("the admin token", ADMIN_TOKEN.to_owned()),
         ("a client token", token.clone()),
         ("a client token's signature", signature(&token)),
         ("a forged token", forged.clone()),
-        ("a garbage token", "not-a-jwt-GARBAGE-TOKEN".to_string()),
+        ("a garbage token", "not-a-jwt-GARBAGE-TOKEN".to_owned()),
     ] {
         let leak = logged.lines().find(|l| l.contains(&secret));
         assert!(leak.is_none(), "{what} is in the logs: {leak:?}");

@@ -81,7 +81,7 @@ async fn offline_user_syncs_everything_on_reconnect() {
         .iter()
         .map(|m| (m.conversation_id.clone(), m.seq))
         .collect();
-    let expected: Vec<(String, u64)> = (21..=30).map(|s| ("u:alice:bob".to_string(), s)).collect();
+    let expected: Vec<(String, u64)> = (21..=30).map(|s| ("u:alice:bob".to_owned(), s)).collect();
     assert_eq!(seqs, expected, "nothing lost, nothing twice");
 }
 

@@ -5,8 +5,6 @@
 //! It owns nothing else: the server keeps where secrets come from (config or files in
 //! the data dir), the bench and the tests only mint tokens with a known secret.
 
-#![warn(missing_docs)]
-
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -52,7 +50,7 @@ impl Revocations {
     /// Records a revocation (the later one wins).
     pub fn revoke(&self, user: &str, at: i64) {
         if let Ok(mut m) = self.users.write() {
-            let e = m.entry(user.to_string()).or_insert(at);
+            let e = m.entry(user.to_owned()).or_insert(at);
             *e = (*e).max(at);
         }
     }
@@ -115,7 +113,7 @@ impl TokenKeys {
         jsonwebtoken::encode(
             &Header::new(Algorithm::HS256),
             &Claims {
-                sub: user.to_string(),
+                sub: user.to_owned(),
                 exp: now.saturating_add(ttl).as_secs(),
                 iat: now.as_secs(),
             },

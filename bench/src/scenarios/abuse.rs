@@ -499,7 +499,7 @@ fn expired_token(secret: &str, user: &str) -> String {
         .unwrap_or(0)
         .saturating_sub(3600);
     let claims = im_token::Claims {
-        sub: user.to_string(),
+        sub: user.to_owned(),
         exp,
         iat: 0,
     };

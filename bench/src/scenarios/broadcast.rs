@@ -292,7 +292,7 @@ async fn group_op(
             GROUP_OP_REQ,
             Body::GroupOp(GroupOp {
                 op: op as i32,
-                group_id: id.to_string(),
+                group_id: id.to_owned(),
                 members: members.clone(),
                 ..Default::default()
             }),
@@ -634,7 +634,7 @@ pub fn render(r: &BroadcastReport) -> String {
         if r.rate_per_group > 0.0 {
             format!("{} msg/s", r.rate_per_group)
         } else {
-            "as fast as acks allow".to_string()
+            "as fast as acks allow".to_owned()
         },
         r.window,
         r.payload_bytes,

@@ -683,7 +683,7 @@ async fn connection(
 
 fn checkpoint_text(c: &Checkpoint) -> String {
     let Some(s) = &c.server else {
-        return "no server figures".to_string();
+        return "no server figures".to_owned();
     };
     format!(
         "server rss {}, {} per connection over the baseline (heap {}), server's own estimate {}, headroom {} connections ({}); bench rss {}",
@@ -715,7 +715,7 @@ pub fn render(r: &IdleReport) -> String {
             PingKind::Ws => "websocket",
         },
         if r.ping_interval_secs < 0.0 {
-            "heartbeat_secs".to_string()
+            "heartbeat_secs".to_owned()
         } else {
             format!("{:.1}s", r.ping_interval_secs)
         },
@@ -759,7 +759,7 @@ pub fn render(r: &IdleReport) -> String {
                 "{} of server RSS per idle connection ((RSS at N - RSS at 0) / N)",
                 fmt_bytes(b.max(0.0) as u64)
             ),
-            None => "unknown (no admin API)".to_string(),
+            None => "unknown (no admin API)".to_owned(),
         },
     );
     report::line(

@@ -111,7 +111,7 @@ pub fn parse_mix(text: &str) -> Result<Mix, String> {
             ));
         }
         out.push(SizeClass {
-            name: name.to_string(),
+            name: name.to_owned(),
             weight,
             min,
             max,

@@ -28,10 +28,10 @@ pub struct Ledger {
 impl Ledger {
     /// Records a SendAck of a message to recipient `to` in `conversation`.
     pub fn acked(&mut self, to: u32, conversation: &str, seq: u64) {
-        match self.acked.get_mut(&(to, conversation.to_string())) {
+        match self.acked.get_mut(&(to, conversation.to_owned())) {
             Some(v) => v.push(seq),
             None => {
-                self.acked.insert((to, conversation.to_string()), vec![seq]);
+                self.acked.insert((to, conversation.to_owned()), vec![seq]);
             }
         }
     }

@@ -384,7 +384,7 @@ async fn deliver_ack(
     conn.send(&im_proto::frame(
         0,
         Body::DeliverAck(DeliverAck {
-            conversation_id: conversation.to_string(),
+            conversation_id: conversation.to_owned(),
             seq,
         }),
     ))

@@ -33,7 +33,7 @@ fn sort_label(state: &AppState, key: SortKey, name: &str) -> String {
 }
 
 /// Draws the connections table of `node`.
-pub fn render_connections(frame: &mut Frame, area: Rect, state: &AppState, node: &NodeState) {
+pub fn render_connections(frame: &mut Frame<'_>, area: Rect, state: &AppState, node: &NodeState) {
     let [summary, table] =
         Layout::vertical([Constraint::Length(1), Constraint::Min(3)]).areas(area);
     if let Some(p) = problem(&node.connections, "connections") {
@@ -103,6 +103,9 @@ pub fn render_connections(frame: &mut Frame, area: Rect, state: &AppState, node:
     super::table::render(frame, t, table, rows.len(), state.cursor());
 }
 
+// `growth`: `None` leaves the column out (connections view); `Some(None)` shows it with no
+// figure yet (a slow consumer seen once).
+#[allow(clippy::option_option)]
 fn conn_row<'a>(c: &Connection, growth: Option<Option<f64>>, hard_mark: Option<u64>) -> Row<'a> {
     let mut cells = vec![
         Cell::from(c.conn_id.to_string()),
@@ -155,7 +158,7 @@ fn conn_row<'a>(c: &Connection, growth: Option<Option<f64>>, hard_mark: Option<u
 }
 
 /// Draws the slow consumers of `node`.
-pub fn render_slow(frame: &mut Frame, area: Rect, state: &AppState, node: &NodeState) {
+pub fn render_slow(frame: &mut Frame<'_>, area: Rect, state: &AppState, node: &NodeState) {
     let slow = &node.slow;
     let [summary, table, events] = Layout::vertical([
         Constraint::Length(6),
@@ -279,7 +282,7 @@ pub fn render_slow(frame: &mut Frame, area: Rect, state: &AppState, node: &NodeS
     super::table::render(frame, t, table, rows.len(), state.cursor());
 
     let height = events.height.saturating_sub(2) as usize;
-    let ev: Vec<Line> = if slow.events.is_empty() {
+    let ev: Vec<Line<'_>> = if slow.events.is_empty() {
         vec![Line::from(Span::styled(
             " nothing yet: marks, departures and disconnects seen between polls show here",
             Style::new().fg(DIM),

@@ -144,7 +144,7 @@ fn bar(s: &StageLatency, scale: &Scale) -> Vec<Span<'static>> {
 }
 
 /// Draws the per-stage distribution of `node`.
-pub fn render(frame: &mut Frame, area: Rect, state: &AppState, node: &NodeState) {
+pub fn render(frame: &mut Frame<'_>, area: Rect, state: &AppState, node: &NodeState) {
     let Some(o) = node.overview.data.as_ref() else {
         return;
     };

@@ -24,7 +24,7 @@ fn secs_of(v: f64) -> String {
 }
 
 /// Draws the logs view of `node`.
-pub fn render(frame: &mut Frame, area: Rect, state: &AppState, node: &NodeState) {
+pub fn render(frame: &mut Frame<'_>, area: Rect, state: &AppState, node: &NodeState) {
     let [filters_area, files_area] =
         Layout::vertical([Constraint::Percentage(45), Constraint::Min(8)]).areas(area);
 

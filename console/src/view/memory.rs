@@ -19,7 +19,7 @@ fn tail(series: &VecDeque<u64>, width: u16) -> Vec<u64> {
 }
 
 /// Draws the memory view of `node`.
-pub fn render(frame: &mut Frame, area: Rect, _state: &AppState, node: &NodeState) {
+pub fn render(frame: &mut Frame<'_>, area: Rect, _state: &AppState, node: &NodeState) {
     let [top, bottom] = Layout::vertical([Constraint::Length(14), Constraint::Min(5)]).areas(area);
     let [stats, right] =
         Layout::horizontal([Constraint::Length(72), Constraint::Min(30)]).areas(top);
@@ -40,7 +40,7 @@ pub fn render(frame: &mut Frame, area: Rect, _state: &AppState, node: &NodeState
                 let n = (v as f64 / scale as f64 * 16.0).round() as usize;
                 "▇".repeat(n.min(16))
             };
-            let rows: Vec<Row> = [
+            let rows: Vec<Row<'_>> = [
                 ("allocated", m.allocated, "live allocations"),
                 ("active", m.active, "pages in use"),
                 ("resident", m.resident, "physically resident"),

@@ -32,7 +32,7 @@ const WARN: Color = Color::Yellow;
 const BAD: Color = Color::Red;
 
 /// Draws the whole console.
-pub fn render(frame: &mut Frame, state: &AppState) {
+pub fn render(frame: &mut Frame<'_>, state: &AppState) {
     let area = frame.area();
     let cluster_rows = u16::from(state.nodes.len() > 1);
     let [header, cluster, tabs, body, status] = Layout::vertical([
@@ -69,7 +69,7 @@ pub fn render(frame: &mut Frame, state: &AppState) {
     }
 }
 
-fn render_header(frame: &mut Frame, area: Rect, state: &AppState) {
+fn render_header(frame: &mut Frame<'_>, area: Rect, state: &AppState) {
     let mut spans = vec![Span::styled(
         " im-console ",
         Style::new().bold().fg(Color::Black).bg(ACCENT),
@@ -133,7 +133,7 @@ fn health_span(h: &Health) -> Span<'static> {
     }
 }
 
-fn render_cluster(frame: &mut Frame, area: Rect, state: &AppState) {
+fn render_cluster(frame: &mut Frame<'_>, area: Rect, state: &AppState) {
     let c = state.cluster();
     let down = c.nodes - c.up;
     let mut spans = vec![
@@ -162,7 +162,7 @@ fn render_cluster(frame: &mut Frame, area: Rect, state: &AppState) {
     frame.render_widget(Line::from(spans), area);
 }
 
-fn render_tabs(frame: &mut Frame, area: Rect, state: &AppState) {
+fn render_tabs(frame: &mut Frame<'_>, area: Rect, state: &AppState) {
     let titles = View::ALL
         .iter()
         .enumerate()
@@ -180,7 +180,7 @@ fn render_tabs(frame: &mut Frame, area: Rect, state: &AppState) {
     frame.render_widget(tabs, area);
 }
 
-fn render_status(frame: &mut Frame, area: Rect, state: &AppState) {
+fn render_status(frame: &mut Frame<'_>, area: Rect, state: &AppState) {
     let hint = match &state.mode {
         Mode::Filter => " enter: keep · esc: clear ",
         Mode::Form(_) => " tab: next field · enter: submit · esc: cancel ",
@@ -224,7 +224,7 @@ fn render_status(frame: &mut Frame, area: Rect, state: &AppState) {
     );
 }
 
-fn render_body(frame: &mut Frame, area: Rect, state: &AppState, node: &NodeState) {
+fn render_body(frame: &mut Frame<'_>, area: Rect, state: &AppState, node: &NodeState) {
     let banner = node_banner(state, node);
     let [banner_area, view_area] = Layout::vertical([
         Constraint::Length(u16::from(banner.is_some())),
@@ -288,7 +288,7 @@ fn token_hint(error: &str) -> &'static str {
     }
 }
 
-fn render_no_data(frame: &mut Frame, area: Rect, node: &NodeState) {
+fn render_no_data(frame: &mut Frame<'_>, area: Rect, node: &NodeState) {
     let (title, detail) = match &node.health {
         Health::Connecting => ("waiting for the first answer", String::new()),
         Health::Unreachable { error, .. } => ("node unreachable", error.clone()),
@@ -383,7 +383,7 @@ pub(crate) fn centered(area: Rect, w: u16, h: u16) -> Rect {
     r
 }
 
-fn render_help(frame: &mut Frame, area: Rect) {
+fn render_help(frame: &mut Frame<'_>, area: Rect) {
     let mut lines = Vec::new();
     for (group, keys) in HELP {
         lines.push(Line::from(Span::styled(
@@ -406,7 +406,7 @@ fn render_help(frame: &mut Frame, area: Rect) {
     );
 }
 
-fn render_confirm(frame: &mut Frame, area: Rect, node: &str, c: &crate::api::Connection) {
+fn render_confirm(frame: &mut Frame<'_>, area: Rect, node: &str, c: &crate::api::Connection) {
     let r = centered(area, 80, 8);
     frame.render_widget(Clear, r);
     let text = vec![
@@ -439,7 +439,7 @@ fn render_confirm(frame: &mut Frame, area: Rect, node: &str, c: &crate::api::Con
     );
 }
 
-fn render_confirm_revoke(frame: &mut Frame, area: Rect, node: &str, user: &str) {
+fn render_confirm_revoke(frame: &mut Frame<'_>, area: Rect, node: &str, user: &str) {
     let r = centered(area, 80, 8);
     frame.render_widget(Clear, r);
     let text = vec![
@@ -466,7 +466,7 @@ fn render_confirm_revoke(frame: &mut Frame, area: Rect, node: &str, user: &str) 
     );
 }
 
-fn render_picker(frame: &mut Frame, area: Rect, state: &AppState, cursor: usize) {
+fn render_picker(frame: &mut Frame<'_>, area: Rect, state: &AppState, cursor: usize) {
     let h = state.nodes.len() as u16 + 5;
     let r = centered(area, 120, h);
     frame.render_widget(Clear, r);
@@ -474,7 +474,7 @@ fn render_picker(frame: &mut Frame, area: Rect, state: &AppState, cursor: usize)
         "#", "node", "url", "health", "conns", "in/s", "out/s", "backlog", "slow", "headroom",
     ])
     .style(header_style());
-    let mut rows: Vec<Row> = state
+    let mut rows: Vec<Row<'_>> = state
         .nodes
         .iter()
         .enumerate()
@@ -536,7 +536,7 @@ fn render_picker(frame: &mut Frame, area: Rect, state: &AppState, cursor: usize)
     );
 }
 
-fn render_form(frame: &mut Frame, area: Rect, form: &Form) {
+fn render_form(frame: &mut Frame<'_>, area: Rect, form: &Form) {
     let title = match form.kind {
         crate::state::FormKind::LogFilter => "add per-uid log filter",
         crate::state::FormKind::Profile => "capture CPU profile",

@@ -15,7 +15,7 @@ use crate::fmt;
 use crate::state::{AppState, NodeState, HISTORY_LEN};
 
 /// Draws the overview of `node`.
-pub fn render(frame: &mut Frame, area: Rect, _state: &AppState, node: &NodeState) {
+pub fn render(frame: &mut Frame<'_>, area: Rect, _state: &AppState, node: &NodeState) {
     let Some(o) = node.overview.data.as_ref() else {
         return;
     };
@@ -49,14 +49,14 @@ pub fn render(frame: &mut Frame, area: Rect, _state: &AppState, node: &NodeState
 }
 
 /// The cluster's nodes as this node's registry sees them, and the total.
-fn render_cluster(frame: &mut Frame, area: Rect, o: &Overview) {
+fn render_cluster(frame: &mut Frame<'_>, area: Rect, o: &Overview) {
     let c = &o.cluster;
     let title = match &c.summary {
         Some(s) => format!(
             "Cluster: {}/{} healthy, {} connections, {:.0} msg/s in, headroom {} conns",
             s.healthy, s.nodes, s.connections, s.msg_rate_in, s.headroom_connections
         ),
-        None => "Cluster".to_string(),
+        None => "Cluster".to_owned(),
     };
     let header = Row::new([
         "node", "state", "conns", "msg/s in", "cpu", "rss", "headroom", "score", "age",
@@ -105,7 +105,7 @@ fn kv(label: &str, value: String, note: String) -> Line<'static> {
     ])
 }
 
-fn render_info(frame: &mut Frame, area: Rect, o: &Overview) {
+fn render_info(frame: &mut Frame<'_>, area: Rect, o: &Overview) {
     let backlog_style =
         if o.persist_queue_capacity > 0 && o.persist_backlog * 2 > o.persist_queue_capacity {
             Style::new().fg(BAD).bold()
@@ -195,7 +195,7 @@ type Series<'a> = (
     ratatui::style::Color,
 );
 
-fn render_sparks(frame: &mut Frame, area: Rect, node: &NodeState) {
+fn render_sparks(frame: &mut Frame<'_>, area: Rect, node: &NodeState) {
     let h = &node.history;
     let minutes = (h.connections.len() as f64 / 60.0).ceil().max(1.0) as u64;
     let outer = block(format!(
@@ -215,7 +215,7 @@ fn render_sparks(frame: &mut Frame, area: Rect, node: &NodeState) {
     };
     let top = cols(rows[0]);
     let bottom = cols(rows[1]);
-    let series: [Series; 6] = [
+    let series: [Series<'_>; 6] = [
         ("connections", &h.connections, |v| v.to_string(), ACCENT),
         (
             "msgs in/s",
@@ -272,7 +272,7 @@ fn render_sparks(frame: &mut Frame, area: Rect, node: &NodeState) {
     }
 }
 
-fn render_capacity(frame: &mut Frame, area: Rect, o: &Overview) {
+fn render_capacity(frame: &mut Frame<'_>, area: Rect, o: &Overview) {
     let c = &o.capacity;
     let outer = block("capacity headroom (free share of each resource)");
     let inner = outer.inner(area);
@@ -371,7 +371,7 @@ fn render_capacity(frame: &mut Frame, area: Rect, o: &Overview) {
     );
 }
 
-fn render_stages(frame: &mut Frame, area: Rect, o: &Overview) {
+fn render_stages(frame: &mut Frame<'_>, area: Rect, o: &Overview) {
     let slowest = super::latency::slowest_stage(&o.stages);
     let max_p99 = o.stages.iter().map(|s| s.p99_us).fold(0.0, f64::max);
     let header = Row::new([

@@ -12,7 +12,7 @@ use crate::fmt;
 use crate::state::{AppState, NodeState, ProfileState};
 
 /// Draws the profile view of `node`.
-pub fn render(frame: &mut Frame, area: Rect, state: &AppState, node: &NodeState) {
+pub fn render(frame: &mut Frame<'_>, area: Rect, state: &AppState, node: &NodeState) {
     let [head, table] = Layout::vertical([Constraint::Length(7), Constraint::Min(4)]).areas(area);
     let outer = block(format!("CPU profile of {}", node.name()));
     let inner = outer.inner(head);

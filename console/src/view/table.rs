@@ -24,7 +24,13 @@ pub(crate) fn selectable<'a>(
 }
 
 /// Draws `table` into `area` with row `cursor` selected, or none when it has no rows.
-pub(crate) fn render(frame: &mut Frame, table: Table<'_>, area: Rect, rows: usize, cursor: usize) {
+pub(crate) fn render(
+    frame: &mut Frame<'_>,
+    table: Table<'_>,
+    area: Rect,
+    rows: usize,
+    cursor: usize,
+) {
     let mut ts = TableState::default().with_selected((rows > 0).then_some(cursor));
     frame.render_stateful_widget(table, area, &mut ts);
 }

@@ -212,14 +212,14 @@ impl Link {
     pub fn user_up(&self, user: &str) {
         let _ = self
             .presence_tx
-            .send(PresenceOp::Set(user.to_string(), true));
+            .send(PresenceOp::Set(user.to_owned(), true));
     }
 
     /// `user` has no connection here any more.
     pub fn user_down(&self, user: &str) {
         let _ = self
             .presence_tx
-            .send(PresenceOp::Set(user.to_string(), false));
+            .send(PresenceOp::Set(user.to_owned(), false));
     }
 
     /// The cross-node part of a delivery to `users`: `None` when no other live node has
@@ -280,7 +280,7 @@ impl Link {
                     return true;
                 }
                 Ok(Err(e)) => Some(e.to_string()),
-                Err(_) => Some("timed out".to_string()),
+                Err(_) => Some("timed out".to_owned()),
             }
         } else {
             None
@@ -302,7 +302,7 @@ impl Link {
     pub async fn group_changed(&self, group_id: &str, version: u64) {
         self.broadcast(Envelope {
             from: self.node_id.clone(),
-            group_changed: group_id.to_string(),
+            group_changed: group_id.to_owned(),
             group_version: version,
             ..Default::default()
         })
@@ -313,7 +313,7 @@ impl Link {
     pub async fn revoked(&self, user: &str, at: i64) {
         self.broadcast(Envelope {
             from: self.node_id.clone(),
-            revoked_user: user.to_string(),
+            revoked_user: user.to_owned(),
             revoked_at: at,
             ..Default::default()
         })
@@ -403,7 +403,7 @@ pub type RevokedFn = Arc<dyn Fn(&str, i64) + Send + Sync>;
 impl Cluster {
     /// Connects to NATS and opens (or creates) the registry and presence buckets.
     pub async fn connect(config: &Config, node_id: &str) -> Result<Cluster, ClusterError> {
-        let url = config.nats_url.trim().to_string();
+        let url = config.nats_url.trim().to_owned();
         let c = &config.cluster;
         let health = Arc::new(Health::new());
         let events = health.clone();
@@ -432,7 +432,7 @@ impl Cluster {
         let (presence_tx, presence_rx) = mpsc::unbounded_channel();
         let report_interval = Duration::from_millis(c.report_interval_ms as u64);
         let link = Arc::new(Link {
-            node_id: node_id.to_string(),
+            node_id: node_id.to_owned(),
             subject_prefix: format!("{}.node.", c.prefix),
             all_subject: format!("{}.all", c.prefix),
             client,
@@ -583,7 +583,7 @@ impl Buckets {
     ) -> Result<Buckets, ClusterError> {
         let [(nodes, nodes_age), (presence, presence_age)] = bucket_specs(prefix, ttl);
         Ok(Buckets {
-            prefix: prefix.to_string(),
+            prefix: prefix.to_owned(),
             ttl,
             nodes: RwLock::new(open_bucket(js, &nodes, nodes_age).await?.0),
             presence: RwLock::new(open_bucket(js, &presence, presence_age).await?.0),
@@ -637,7 +637,7 @@ async fn open_bucket(
 ) -> Result<(kv::Store, bool), ClusterError> {
     use jetstream::stream;
     let err = |message: String| ClusterError::Bucket {
-        bucket: bucket.to_string(),
+        bucket: bucket.to_owned(),
         message,
     };
     let name = format!("KV_{bucket}");
@@ -700,7 +700,7 @@ async fn put_report(kv: &kv::Store, link: &Link, report: &LoadReport) -> Result<
     match tokio::time::timeout(PUBLISH_TIMEOUT * 5, kv.put(&link.node_id, value.into())).await {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("timed out".to_string()),
+        Err(_) => Err("timed out".to_owned()),
     }
 }
 
@@ -906,7 +906,7 @@ async fn watch_registry(buckets: Arc<Buckets>, link: Arc<Link>) {
                         }
                     },
                     Some(Err(e)) => break e.to_string(),
-                    None => break "the watch ended".to_string(),
+                    None => break "the watch ended".to_owned(),
                 }
             },
             Err(e) => e.to_string(),
@@ -940,7 +940,7 @@ async fn watch_presence(buckets: Arc<Buckets>, link: Arc<Link>) {
                         }
                     }
                     Some(Err(e)) => break e.to_string(),
-                    None => break "the watch ended".to_string(),
+                    None => break "the watch ended".to_owned(),
                 }
             },
             Err(e) => e.to_string(),

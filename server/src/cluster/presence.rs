@@ -63,7 +63,7 @@ impl PresenceMap {
     /// `user` has a connection on `node`.
     pub fn put(&self, node: &str, user: &str) {
         if let Ok(mut u) = self.users.write() {
-            let nodes = u.entry(user.to_string()).or_default();
+            let nodes = u.entry(user.to_owned()).or_default();
             if !nodes.iter().any(|n| &**n == node) {
                 nodes.push(node.into());
             }
@@ -108,7 +108,7 @@ impl PresenceMap {
             for node in u.get(user).into_iter().flatten() {
                 let ok = *live.entry(node.clone()).or_insert_with(|| alive(node));
                 if ok {
-                    out.entry(node.clone()).or_default().push(user.to_string());
+                    out.entry(node.clone()).or_default().push(user.to_owned());
                 }
             }
         }
@@ -140,7 +140,7 @@ mod tests {
             let k = key(n, u);
             assert_eq!(k.matches('.').count(), 1, "{k}");
             assert!(!k.contains('@'), "{k}");
-            assert_eq!(parse_key(&k), Some((n.to_string(), u.to_string())));
+            assert_eq!(parse_key(&k), Some((n.to_owned(), u.to_owned())));
             assert!(k.starts_with(&node_prefix(n)));
         }
         assert_eq!(parse_key("nodot"), None);
@@ -165,6 +165,6 @@ mod tests {
         p.put("d", "u3");
         let by = p.by_node(["u1", "u3", "u4"].into_iter(), |n| n != "d");
         assert_eq!(by.len(), 1);
-        assert_eq!(by[&Arc::<str>::from("b")], vec!["u1".to_string()]);
+        assert_eq!(by[&Arc::<str>::from("b")], vec!["u1".to_owned()]);
     }
 }

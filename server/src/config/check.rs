@@ -14,7 +14,7 @@ pub(super) fn invalid(
     ConfigError::Invalid {
         key,
         value: value.to_string(),
-        message: message.to_string(),
+        message: message.to_owned(),
     }
 }
 

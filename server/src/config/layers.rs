@@ -66,7 +66,7 @@ pub(super) fn apply_env(
             raw.split(',')
                 .map(str::trim)
                 .filter(|v| !v.is_empty())
-                .map(|v| toml::Value::String(v.to_string()))
+                .map(|v| toml::Value::String(v.to_owned()))
                 .collect(),
         ),
         _ => toml::Value::String(raw.clone()),

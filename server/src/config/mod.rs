@@ -235,7 +235,7 @@ impl Config {
             let from_file: toml::Value =
                 toml::from_str(&text).map_err(|e| ConfigError::Syntax {
                     path: path.to_owned(),
-                    message: e.message().to_string(),
+                    message: e.message().to_owned(),
                 })?;
             merge(&mut tree, from_file);
         }
@@ -346,7 +346,7 @@ impl Config {
         if url.is_empty() {
             Ok(Database::Sqlite(self.data_dir.join("im.db")))
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            Ok(Database::Postgres(url.to_string()))
+            Ok(Database::Postgres(url.to_owned()))
         } else if let Some(path) = url
             .strip_prefix("sqlite://")
             .or(url.strip_prefix("sqlite:"))

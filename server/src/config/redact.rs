@@ -14,12 +14,12 @@ pub(super) fn redacted(s: &str) -> &'static str {
 /// replaced by `***`, for logs and error messages.
 pub fn redact_url(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else {
-        return url.to_string();
+        return url.to_owned();
     };
     let rest = &url[scheme_end + 3..];
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let Some(at) = rest[..authority_end].rfind('@') else {
-        return url.to_string();
+        return url.to_owned();
     };
     match rest[..at].find(':') {
         Some(colon) => format!(
@@ -28,6 +28,6 @@ pub fn redact_url(url: &str) -> String {
             &rest[..colon],
             &rest[at..]
         ),
-        None => url.to_string(),
+        None => url.to_owned(),
     }
 }

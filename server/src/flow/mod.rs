@@ -298,7 +298,7 @@ impl Outbound {
     /// Records the logged-in user.
     pub fn set_user(&self, user: &str) {
         if let Ok(mut u) = self.user.lock() {
-            *u = Some(user.to_string());
+            *u = Some(user.to_owned());
         }
         self.logged_in.store(true, Relaxed);
     }

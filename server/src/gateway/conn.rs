@@ -66,7 +66,7 @@ async fn serve_conn(gw: Arc<Gateway>, socket: WebSocket, conn_id: u64, remote: S
     let reason = out
         .close_reason()
         .unwrap_or(CloseReason::new(1000, "closed"));
-    let user = protocol.user().map(str::to_string);
+    let user = protocol.user().map(str::to_owned);
     protocol.end();
     if tokio::time::timeout(write_timeout + Duration::from_secs(1), writer)
         .await

@@ -396,7 +396,7 @@ impl Protocol {
     /// A Login on a logged-in connection: a fresh token of the same user extends the
     /// session to its `exp`; any other token is refused and closes the connection.
     fn relogin(&mut self, req_id: u64, token: &str) -> Step {
-        let user = self.user().unwrap_or_default().to_string();
+        let user = self.user().unwrap_or_default().to_owned();
         match self.gw.keys.verify_claims(token) {
             Ok(c) if c.sub == user => {
                 self.token_exp = self.token_exp.max(c.exp);

@@ -582,8 +582,8 @@ mod tests {
         assert_eq!(
             r.compressed,
             vec![
-                "im-server.2026-03-01-01.log".to_string(),
-                "im-server.2026-03-01-02.log".to_string()
+                "im-server.2026-03-01-01.log".to_owned(),
+                "im-server.2026-03-01-02.log".to_owned()
             ]
         );
         assert_eq!(

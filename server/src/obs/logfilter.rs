@@ -245,7 +245,7 @@ impl LevelSpec {
             .parse::<Targets>()
             .map_err(|e| format!("{:?}: {e}", text.trim()))?;
         Ok(LevelSpec {
-            text: text.trim().to_string(),
+            text: text.trim().to_owned(),
             targets,
         })
     }
@@ -404,13 +404,13 @@ impl LogFilters {
 
     /// The global level spec in force.
     pub fn global_level(&self) -> String {
-        self.global().as_str().to_string()
+        self.global().as_str().to_owned()
     }
 
     /// Replaces the global level at runtime; the error says what does not parse.
     pub fn set_global_level(&self, text: &str) -> Result<String, String> {
         let spec = LevelSpec::parse(text)?;
-        let shown = spec.as_str().to_string();
+        let shown = spec.as_str().to_owned();
         self.verbose
             .store(spec.max() > LevelFilter::INFO, Ordering::Relaxed);
         match self.global.write() {
@@ -455,7 +455,7 @@ impl LogFilters {
             rebuild();
         }
         Ok(FilterInfo {
-            uid: uid.to_string(),
+            uid: uid.to_owned(),
             level: level_name(level),
             ttl_secs: ttl.as_secs(),
             remaining_secs: ttl.as_secs_f64(),

@@ -539,8 +539,8 @@ pub struct EndToEnd {
 
 impl EndToEnd {
     /// A probe started at `started`, holding one count for its creator.
-    pub fn new(started: Instant) -> std::sync::Arc<Self> {
-        std::sync::Arc::new(EndToEnd {
+    pub fn new(started: Instant) -> Arc<Self> {
+        Arc::new(EndToEnd {
             started,
             pending: AtomicUsize::new(1),
         })

@@ -537,7 +537,7 @@ impl Pipeline {
             if m.len() >= LAST_SEQS_MAX {
                 m.clear();
             }
-            m.insert(conversation_id.to_string(), last);
+            m.insert(conversation_id.to_owned(), last);
         }
         Ok(seq <= last)
     }

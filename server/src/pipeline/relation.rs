@@ -165,7 +165,7 @@ impl Relations {
             }
         }
         if let Some(tx) = self.changes.get() {
-            let _ = tx.send((group_id.to_string(), version));
+            let _ = tx.send((group_id.to_owned(), version));
         }
     }
 
@@ -173,7 +173,7 @@ impl Relations {
     pub fn dissolved(&self, group_id: &str, version: u64) {
         self.insert(group_id, Vec::new().into(), version, true);
         if let Some(tx) = self.changes.get() {
-            let _ = tx.send((group_id.to_string(), version));
+            let _ = tx.send((group_id.to_owned(), version));
         }
     }
 
@@ -225,7 +225,7 @@ impl Relations {
             }
         }
         g.insert(
-            group_id.to_string(),
+            group_id.to_owned(),
             Entry {
                 members: members.clone(),
                 version,

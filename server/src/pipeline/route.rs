@@ -88,7 +88,7 @@ pub struct Router {
     sessions: RwLock<HashMap<String, Vec<Arc<Outbound>>>>,
     metrics: Metrics,
     notify_threshold: usize,
-    hint: bytes::Bytes,
+    hint: Bytes,
     hints: metrics::Counter,
     link: Option<Arc<dyn Peers>>,
 }
@@ -168,7 +168,7 @@ impl Router {
     pub fn try_register(&self, user: &str, out: Arc<Outbound>, max: usize) -> bool {
         let first = match self.sessions.write() {
             Ok(mut s) => {
-                let list = s.entry(user.to_string()).or_default();
+                let list = s.entry(user.to_owned()).or_default();
                 if max > 0 && list.len() >= max {
                     return false;
                 }
@@ -262,7 +262,7 @@ impl Router {
     fn push_users<'a>(
         &self,
         users: impl Iterator<Item = &'a str>,
-        bytes: &bytes::Bytes,
+        bytes: &Bytes,
         critical: bool,
         origin_conn: u64,
         e2e: Option<&Arc<EndToEnd>>,
@@ -286,7 +286,7 @@ impl Router {
 
     /// Delivers an envelope from another node to this node's sessions of `users`: the
     /// encoded frame, or a sync hint when `frame` is empty.
-    pub fn deliver_remote(&self, users: &[String], frame: &bytes::Bytes, direct: bool) {
+    pub fn deliver_remote(&self, users: &[String], frame: &Bytes, direct: bool) {
         let t = Instant::now();
         if frame.is_empty() {
             self.hint_members(users, 0);

@@ -88,11 +88,11 @@ pub fn decide(
     actor: Role,
     targets: &[Target],
 ) -> Result<Plan, StoreError> {
-    let not_member = || StoreError::NotMember(group_id.to_string());
+    let not_member = || StoreError::NotMember(group_id.to_owned());
     let is_member = actor != Role::None;
     let manager = actor >= Role::Admin;
     match req.op {
-        Op::Create => Err(StoreError::GroupExists(group_id.to_string())),
+        Op::Create => Err(StoreError::GroupExists(group_id.to_owned())),
         Op::Info => {
             if !is_member && group.kind != Kind::Public {
                 return Err(not_member());

@@ -93,4 +93,4 @@ impl PgStore {
     }
 }
 
-sql_store_impl!(PgStore, sqlx::Postgres, "postgres");
+sql_store_impl!(PgStore, Postgres, "postgres");

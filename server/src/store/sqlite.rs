@@ -118,4 +118,4 @@ async fn outside_transaction(conn: &mut sqlx::SqliteConnection) -> Result<bool, 
     Ok(autocommit != 0)
 }
 
-sql_store_impl!(SqliteStore, sqlx::Sqlite, "sqlite");
+sql_store_impl!(SqliteStore, Sqlite, "sqlite");

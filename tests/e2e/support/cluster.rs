@@ -15,12 +15,12 @@ use super::{TestServer, WAIT};
 /// The Postgres the cluster tests use.
 pub fn pg_url() -> String {
     std::env::var("IM_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string())
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
 /// The NATS (with JetStream) the cluster tests use.
 pub fn nats_url() -> String {
-    std::env::var("IM_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_string())
+    std::env::var("IM_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
 }
 
 /// Nodes `n0`, `n1`, ... of one cluster.
@@ -88,7 +88,7 @@ impl TestCluster {
             prefix,
             ttl,
             report_interval,
-            nats: nats.to_string(),
+            nats: nats.to_owned(),
         };
         for i in 0..n {
             c.wait_for(i, &format!("node {i} to see {n} healthy nodes"), |o| {
@@ -175,7 +175,7 @@ impl TestCluster {
         }
         assert_eq!(status, 200, "{body}");
         let v: serde_json::Value = serde_json::from_str(&body).expect("route JSON");
-        v["node_id"].as_str().map(str::to_string)
+        v["node_id"].as_str().map(str::to_owned)
     }
 
     /// Every stored message of this cluster: (conversation, seq, msg_id), by

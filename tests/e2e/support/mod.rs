@@ -425,7 +425,7 @@ pub fn http(addr: SocketAddr, method: &str, path: &str, token: Option<&str>) -> 
     {
         dechunk(body)
     } else {
-        body.to_string()
+        body.to_owned()
     };
     (status, body)
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 /// The nats-server binary (`IM_TEST_NATS_SERVER`, default `/usr/sbin/nats-server`).
 pub fn nats_server_bin() -> PathBuf {
     std::env::var("IM_TEST_NATS_SERVER")
-        .unwrap_or_else(|_| "/usr/sbin/nats-server".to_string())
+        .unwrap_or_else(|_| "/usr/sbin/nats-server".to_owned())
         .into()
 }
 
