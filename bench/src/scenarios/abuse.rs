@@ -32,10 +32,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinSet;
 
 use super::chat::{self, ChatArgs, ChatReport};
-use super::{finish, run_tag, Absent, Disconnects, Report, ReportBody, Tail};
+use super::{run_tag, Absent, Disconnects, Report, Tail};
 use crate::report::{line, summary_line};
 use crate::target::{conn_options, Target, LOGIN_TIMEOUT};
-use crate::Outcome;
 
 /// Flags of `im-bench abuse`.
 #[derive(Debug, Clone, Args)]
@@ -125,19 +124,10 @@ pub struct AbuseBody {
     pub attack: AttackFigures,
 }
 
-impl ReportBody for AbuseBody {
-    type Correctness = Absent;
-    type Server = Absent;
-    fn render(r: &AbuseReport) -> String {
-        render(r)
-    }
-}
-
-/// Runs the abuse scenario.
-pub async fn run(args: AbuseArgs) -> anyhow::Result<Outcome> {
-    let mut target = Target::open(&args.chat.server).await?;
-    let result = run_against(&args, &mut target).await;
-    finish(target, result, args.chat.run.json).await
+scenario! {
+    "abuse", AbuseArgs => AbuseBody,
+    correctness: Absent, server: Absent,
+    target: chat.server, json: chat.run.json,
 }
 
 /// Everything an attacker task needs.

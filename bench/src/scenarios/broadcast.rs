@@ -39,8 +39,7 @@ use tokio::time::Instant;
 use super::follow::{Follower, Via};
 use super::sender::{self, RunCounts, SendCounts, ToOne};
 use super::{
-    figures_near_end, finish, ping, run_tag, Clock, Disconnects, Report, ReportBody, RunArgs,
-    ServerArgs, Tail,
+    figures_near_end, ping, run_tag, Clock, Disconnects, Report, RunArgs, ServerArgs, Tail,
 };
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
@@ -49,7 +48,7 @@ use crate::report::{self, p99_text, Rate};
 use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
 use crate::target::{Session, Target};
 use crate::util::parse_duration;
-use crate::{wire, Outcome};
+use crate::wire;
 /// Histogram shards.
 const SHARDS: usize = 64;
 /// How long group creation may take.
@@ -222,20 +221,10 @@ pub struct BroadcastBody {
     pub disconnects: BTreeMap<String, u64>,
 }
 
-impl ReportBody for BroadcastBody {
-    /// The delivery check (one conversation per member).
-    type Correctness = Verdict;
-    type Server = Option<ServerFigures>;
-    fn render(r: &BroadcastReport) -> String {
-        render(r)
-    }
-}
-
-/// Runs the broadcast scenario.
-pub async fn run(args: BroadcastArgs) -> anyhow::Result<Outcome> {
-    let mut target = Target::open(&args.server).await?;
-    let result = run_against(&args, &mut target).await;
-    finish(target, result, args.run.json).await
+scenario! {
+    "broadcast", BroadcastArgs => BroadcastBody,
+    correctness: Verdict, server: Option<ServerFigures>,
+    target: server, json: run.json,
 }
 
 fn user(tag: &str, g: usize, k: usize) -> String {

@@ -52,8 +52,7 @@ use tokio::time::Instant;
 use super::follow::Follower;
 use super::sender::{self, Ended, Hooks, RunCounts, SendCounts};
 use super::{
-    figures_near_end, finish, ping, run_tag, Clock, Disconnects, Pair, Report, ReportBody, RunArgs,
-    ServerArgs, Tail,
+    figures_near_end, ping, run_tag, Clock, Disconnects, Pair, Report, RunArgs, ServerArgs, Tail,
 };
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
@@ -63,7 +62,6 @@ use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
 use crate::target::{Dialer, Session, Target};
 use crate::util::{fmt_us, max_open_files, parse_duration};
 use crate::wire::{self, BadFrame};
-use crate::Outcome;
 /// Histogram shards.
 const SHARDS: usize = 16;
 /// First req_id of malformed frames that carry one (far from message numbers).
@@ -387,15 +385,6 @@ pub struct ChaosBody {
     pub disconnects: BTreeMap<String, u64>,
 }
 
-impl ReportBody for ChaosBody {
-    /// The delivery check over all pairs; `passed` also needs the injection checks.
-    type Correctness = Verdict;
-    type Server = Option<ServerFigures>;
-    fn render(r: &ChaosReport) -> String {
-        render(r)
-    }
-}
-
 /// The reconnect storm's figures.
 #[derive(Debug, Clone, Serialize)]
 pub struct StormReport {
@@ -430,11 +419,10 @@ pub struct StormReport {
     pub passed: bool,
 }
 
-/// Runs the chaos scenario.
-pub async fn run(args: ChaosArgs) -> anyhow::Result<Outcome> {
-    let mut target = Target::open(&args.server).await?;
-    let result = run_against(&args, &mut target).await;
-    finish(target, result, args.run.json).await
+scenario! {
+    "chaos", ChaosArgs => ChaosBody,
+    correctness: Verdict, server: Option<ServerFigures>,
+    target: server, json: run.json,
 }
 
 async fn run_against(args: &ChaosArgs, target: &mut Target) -> anyhow::Result<ChaosReport> {

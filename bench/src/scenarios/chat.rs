@@ -31,17 +31,13 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::sender::{self, RunCounts, SendCounts, ToOne};
-use super::{
-    figures_near_end, finish, ping, Clock, Disconnects, Pair, Report, ReportBody, RunArgs,
-    ServerArgs, Tail,
-};
+use super::{figures_near_end, ping, Clock, Disconnects, Pair, Report, RunArgs, ServerArgs, Tail};
 use crate::check::{check, Verdict};
 use crate::outbox::{Outbox, Pacer, SendSpec, Target as To};
 use crate::report::{self, p99_text, Rate};
 use crate::stats::{Counter, ErrorCounts, LatencyRecorder, LocalError, Summary};
 use crate::target::{Session, Target};
 use crate::util::{fmt_us, parse_duration};
-use crate::Outcome;
 
 /// Histogram shards per latency kind.
 const SHARDS: usize = 16;
@@ -156,19 +152,10 @@ pub struct ChatBody {
     pub disconnects: BTreeMap<String, u64>,
 }
 
-impl ReportBody for ChatBody {
-    type Correctness = Verdict;
-    type Server = Option<crate::admin::ServerFigures>;
-    fn render(r: &ChatReport) -> String {
-        render(r)
-    }
-}
-
-/// Runs the chat scenario.
-pub async fn run(args: ChatArgs) -> anyhow::Result<Outcome> {
-    let mut target = Target::open(&args.server).await?;
-    let result = run_against(&args, &mut target).await;
-    finish(target, result, args.run.json).await
+scenario! {
+    "chat", ChatArgs => ChatBody,
+    correctness: Verdict, server: Option<crate::admin::ServerFigures>,
+    target: server, json: run.json,
 }
 
 /// One chat run against an open target (also the honest traffic of `abuse`).

@@ -35,9 +35,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::peers::{self, Expect, Ledger};
-use super::{
-    finish, ping, run_tag, Absent, Clock, Disconnects, Report, ReportBody, ServerArgs, Tail,
-};
+use super::{ping, run_tag, Absent, Clock, Disconnects, Report, ServerArgs, Tail};
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
 use crate::outbox::{Outbox, SendSpec, Target as To};
@@ -45,7 +43,7 @@ use crate::report::{self, fmt_bytes, p99_text, Rate};
 use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
 use crate::target::{Dialer, Target};
 use crate::util::{fmt_us, max_open_files, parse_duration, self_rss_bytes};
-use crate::{wire, Outcome};
+use crate::wire;
 
 /// Histogram shards per latency kind.
 const SHARDS: usize = 32;
@@ -260,20 +258,10 @@ pub struct IdleBody {
     pub disconnects: BTreeMap<String, u64>,
 }
 
-impl ReportBody for IdleBody {
-    /// The delivery check; `passed` also needs every connection to have stayed up.
-    type Correctness = Verdict;
-    type Server = Absent;
-    fn render(r: &IdleReport) -> String {
-        render(r)
-    }
-}
-
-/// Runs the idle scenario.
-pub async fn run(args: IdleArgs) -> anyhow::Result<Outcome> {
-    let mut target = Target::open(&args.server).await?;
-    let result = run_against(&args, &mut target).await;
-    finish(target, result, args.json).await
+scenario! {
+    "idle", IdleArgs => IdleBody,
+    correctness: Verdict, server: Absent,
+    target: server, json: json,
 }
 
 fn per_connection(now: u64, base: u64, conns: u64) -> Option<f64> {

@@ -35,8 +35,7 @@ use tokio::time::Instant;
 
 use super::peers::{self, Expect, Ledger};
 use super::{
-    figures_near_end, finish, ping, run_tag, Clock, Disconnects, Report, ReportBody, RunArgs,
-    ServerArgs, Tail,
+    figures_near_end, ping, run_tag, Clock, Disconnects, Report, RunArgs, ServerArgs, Tail,
 };
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
@@ -45,7 +44,7 @@ use crate::report::{self, fmt_bytes, p99_text, Rate};
 use crate::stats::{Counter, ErrorCounts, LatencyRecorder, LocalError, Summary};
 use crate::target::{Session, Target};
 use crate::util::{parse_duration, Zipf};
-use crate::{wire, Outcome};
+use crate::wire;
 
 /// Histogram shards per class and kind.
 const SHARDS: usize = 16;
@@ -279,19 +278,10 @@ pub struct MixBody {
     pub disconnects: BTreeMap<String, u64>,
 }
 
-impl ReportBody for MixBody {
-    type Correctness = Verdict;
-    type Server = Option<ServerFigures>;
-    fn render(r: &MixReport) -> String {
-        render(r)
-    }
-}
-
-/// Runs the mix scenario.
-pub async fn run(args: MixArgs) -> anyhow::Result<Outcome> {
-    let mut target = Target::open(&args.server).await?;
-    let result = run_against(&args, &mut target).await;
-    finish(target, result, args.run.json).await
+scenario! {
+    "mix", MixArgs => MixBody,
+    correctness: Verdict, server: Option<ServerFigures>,
+    target: server, json: run.json,
 }
 
 async fn run_against(args: &MixArgs, target: &mut Target) -> anyhow::Result<MixReport> {

@@ -64,6 +64,33 @@ macro_rules! counters {
     };
 }
 
+/// Wires a scenario module: its [`ReportBody`] (which parts of the shared tail its report
+/// carries; the text form is the module's `render`) and its entry point `run` (open the
+/// target, the module's `run_against`, then [`finish`]). `target` and `json` name where in
+/// the module's args the target options and the `--json` flag are.
+macro_rules! scenario {
+    (
+        $what:literal, $args:ty => $body:ty,
+        correctness: $correctness:ty, server: $server:ty,
+        target: $($target:ident).+, json: $($json:ident).+ $(,)?
+    ) => {
+        impl $crate::scenarios::ReportBody for $body {
+            type Correctness = $correctness;
+            type Server = $server;
+            fn render(r: &$crate::scenarios::Report<Self>) -> String {
+                render(r)
+            }
+        }
+
+        #[doc = concat!("Runs the ", $what, " scenario.")]
+        pub async fn run(args: $args) -> anyhow::Result<$crate::Outcome> {
+            let mut target = $crate::target::Target::open(&args.$($target).+).await?;
+            let result = run_against(&args, &mut target).await;
+            $crate::scenarios::finish(target, result, args.$($json).+).await
+        }
+    };
+}
+
 pub mod abuse;
 pub mod broadcast;
 pub mod chaos;

@@ -30,8 +30,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::{
-    figures_near_end, finish, ping, run_tag, Clock, Disconnects, Pair, Report, ReportBody, RunArgs,
-    ServerArgs, Tail,
+    figures_near_end, ping, run_tag, Clock, Disconnects, Pair, Report, RunArgs, ServerArgs, Tail,
 };
 use crate::admin::ServerFigures;
 use crate::check::{check, Verdict};
@@ -40,7 +39,7 @@ use crate::report::{self, p99_text, Rate};
 use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
 use crate::target::{Session, Target};
 use crate::util::parse_duration;
-use crate::{wire, Outcome};
+use crate::wire;
 
 /// Histogram shards.
 const SHARDS: usize = 16;
@@ -179,20 +178,10 @@ pub struct RoundtripBody {
     pub disconnects: BTreeMap<String, u64>,
 }
 
-impl ReportBody for RoundtripBody {
-    /// The delivery check (both directions of every pair).
-    type Correctness = Verdict;
-    type Server = Option<ServerFigures>;
-    fn render(r: &RoundtripReport) -> String {
-        render(r)
-    }
-}
-
-/// Runs the roundtrip scenario.
-pub async fn run(args: RoundtripArgs) -> anyhow::Result<Outcome> {
-    let mut target = Target::open(&args.server).await?;
-    let result = run_against(&args, &mut target).await;
-    finish(target, result, args.run.json).await
+scenario! {
+    "roundtrip", RoundtripArgs => RoundtripBody,
+    correctness: Verdict, server: Option<ServerFigures>,
+    target: server, json: run.json,
 }
 
 async fn run_against(args: &RoundtripArgs, target: &mut Target) -> anyhow::Result<RoundtripReport> {
