@@ -37,7 +37,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::follow::{Follower, Via};
-use super::sender::{self, RunCounts, SendCounts, ToOne};
+use super::sender::{self, SendCounts, ToOne};
 use super::{
     figures_near_end, ping, run_tag, Clock, Disconnects, Report, RunArgs, ServerArgs, Tail,
 };
@@ -139,15 +139,7 @@ counters! {
     }
 }
 
-impl Ctx {
-    fn counts(&self) -> RunCounts<'_> {
-        RunCounts {
-            send: &self.send,
-            errors: &self.errors,
-            disconnects: &self.disconnects,
-        }
-    }
-}
+sender::run_counts!(Ctx);
 
 /// The final report of a broadcast run.
 pub type BroadcastReport = Report<BroadcastBody>;

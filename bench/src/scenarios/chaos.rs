@@ -185,15 +185,9 @@ counters! {
     }
 }
 
-impl Ctx {
-    fn counts(&self) -> RunCounts<'_> {
-        RunCounts {
-            send: &self.send,
-            errors: &self.errors,
-            disconnects: &self.disconnects,
-        }
-    }
+sender::run_counts!(Ctx);
 
+impl Ctx {
     fn sender_name(&self, i: usize) -> String {
         format!("c{}-s{i}", self.tag)
     }

@@ -30,7 +30,7 @@ use serde::Serialize;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::sender::{self, RunCounts, SendCounts, ToOne};
+use super::sender::{self, SendCounts, ToOne};
 use super::{figures_near_end, ping, Clock, Disconnects, Pair, Report, RunArgs, ServerArgs, Tail};
 use crate::check::{check, Verdict};
 use crate::outbox::{Outbox, Pacer, SendSpec, Target as To};
@@ -92,15 +92,7 @@ struct Ctx {
     disconnects: Disconnects,
 }
 
-impl Ctx {
-    fn counts(&self) -> RunCounts<'_> {
-        RunCounts {
-            send: &self.send,
-            errors: &self.errors,
-            disconnects: &self.disconnects,
-        }
-    }
-}
+sender::run_counts!(Ctx);
 
 /// The final report of a chat run (printed as text, or as JSON with `--json`).
 pub type ChatReport = Report<ChatBody>;

@@ -88,6 +88,23 @@ pub struct RunCounts<'a> {
     pub disconnects: &'a Disconnects,
 }
 
+/// `fn counts(&self) -> RunCounts` for a scenario context with `send`, `errors` and
+/// `disconnects` fields.
+macro_rules! run_counts {
+    ($ctx:ty) => {
+        impl $ctx {
+            fn counts(&self) -> $crate::scenarios::sender::RunCounts<'_> {
+                $crate::scenarios::sender::RunCounts {
+                    send: &self.send,
+                    errors: &self.errors,
+                    disconnects: &self.disconnects,
+                }
+            }
+        }
+    };
+}
+pub(crate) use run_counts;
+
 /// What the scenario does with the loop's events. All calls are synchronous. The
 /// defaults count in [`Hooks::counts`].
 pub trait Hooks {
