@@ -22,7 +22,6 @@
 //! the measured window), send-to-ack latency, the server's figures. Every acked message
 //! must reach every member exactly once, in order.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,7 +38,8 @@ use tokio::time::Instant;
 use super::follow::{Follower, Via};
 use super::sender::{self, SendCounts, ToOne};
 use super::{
-    figures_near_end, ping, run_tag, Clock, Disconnects, Report, RunArgs, ServerArgs, Tail,
+    figures_near_end, ping, run_tag, Clock, Disconnects, Problems, Report, RunArgs, ServerArgs,
+    Tail,
 };
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
@@ -207,10 +207,9 @@ pub struct BroadcastBody {
     pub send_to_ack_us: Summary,
     /// Send to each member's receipt (µs), messages sent in the measured window.
     pub delivery_us: Summary,
-    /// Errors by code.
-    pub errors: BTreeMap<String, u64>,
-    /// Connections that ended during the run, by reason.
-    pub disconnects: BTreeMap<String, u64>,
+    /// Errors by code and connections that ended during the run, by reason.
+    #[serde(flatten)]
+    pub problems: Problems,
 }
 
 scenario! {
@@ -445,8 +444,7 @@ async fn run_against(args: &BroadcastArgs, target: &mut Target) -> anyhow::Resul
         rate_skipped: t.rate_skipped,
         send_to_ack_us: Summary::of(&ctx.ack_latency.snapshot()),
         delivery_us: Summary::of(&ctx.delivery_latency.snapshot()),
-        errors: ctx.errors.by_name(),
-        disconnects: ctx.disconnects.snapshot(),
+        problems: Problems::of(&ctx.errors, &ctx.disconnects),
     };
     let passed = verdict.passed();
     Ok(Report {
@@ -653,7 +651,7 @@ pub fn render(r: &BroadcastReport) -> String {
             ),
         );
     }
-    report::errors_lines(&mut s, &r.errors, &r.disconnects);
+    r.problems.lines(&mut s);
     r.tail.verdict_lines(
         &mut s,
         &format!(

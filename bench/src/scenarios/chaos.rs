@@ -33,7 +33,6 @@
 //! sees them), on a BAD_FRAME missing, on a connection the server closed, on a victim
 //! that could not reconnect, or on a storm victim that had not recovered by the end.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -52,7 +51,8 @@ use tokio::time::Instant;
 use super::follow::Follower;
 use super::sender::{self, Ended, Hooks, RunCounts, SendCounts};
 use super::{
-    figures_near_end, ping, run_tag, Clock, Disconnects, Pair, Report, RunArgs, ServerArgs, Tail,
+    figures_near_end, ping, run_tag, Clock, Disconnects, Pair, Problems, Report, RunArgs,
+    ServerArgs, Tail,
 };
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
@@ -373,10 +373,10 @@ pub struct ChaosBody {
     pub send_to_ack_us: Summary,
     /// Send-to-receipt latency (µs), push or sync.
     pub send_to_deliver_us: Summary,
-    /// Errors by code (BAD_FRAME includes the injected ones).
-    pub errors: BTreeMap<String, u64>,
-    /// Connections that ended, by reason (kills not included).
-    pub disconnects: BTreeMap<String, u64>,
+    /// Errors by code (BAD_FRAME includes the injected ones); connections that ended, by
+    /// reason (kills not included).
+    #[serde(flatten)]
+    pub problems: Problems,
 }
 
 /// The reconnect storm's figures.
@@ -626,8 +626,7 @@ async fn run_against(args: &ChaosArgs, target: &mut Target) -> anyhow::Result<Ch
         unacked_at_end: t.unacked_at_end,
         send_to_ack_us: Summary::of(&ctx.ack_latency.snapshot()),
         send_to_deliver_us: Summary::of(&ctx.deliver_latency.snapshot()),
-        errors: ctx.errors.by_name(),
-        disconnects: ctx.disconnects.snapshot(),
+        problems: Problems::of(&ctx.errors, &ctx.disconnects),
     };
     let passed = verdict.passed() && never == 0 && unexpected == 0 && unanswered == 0 && storm_ok;
     Ok(Report {
@@ -1116,7 +1115,7 @@ pub fn render(r: &ChaosReport) -> String {
             r.bad_frames_sent, r.bad_frames_answered, r.bad_frames_killed, r.bad_frames_unanswered
         ),
     );
-    report::errors_lines(&mut s, &r.errors, &r.disconnects);
+    r.problems.lines(&mut s);
     r.tail
         .verdict_lines(&mut s, &format!("{} unacked at end", r.unacked_at_end));
     if r.never_reconnected > 0 || r.unexpected_disconnects > 0 || r.bad_frames_unanswered > 0 {

@@ -18,7 +18,6 @@
 //! is the outbox and a vector of seqs for the checker; histograms are sharded so tasks
 //! rarely contend. The sending loop is [`super::sender`], shared with other scenarios.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,7 +30,9 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::sender::{self, SendCounts, ToOne};
-use super::{figures_near_end, ping, Clock, Disconnects, Pair, Report, RunArgs, ServerArgs, Tail};
+use super::{
+    figures_near_end, ping, Clock, Disconnects, Pair, Problems, Report, RunArgs, ServerArgs, Tail,
+};
 use crate::check::{check, Verdict};
 use crate::outbox::{Outbox, Pacer, SendSpec, Target as To};
 use crate::report::{self, p99_text, Rate};
@@ -138,10 +139,10 @@ pub struct ChatBody {
     pub send_to_ack_us: Summary,
     /// Send-to-Deliver latency (µs) of messages first sent in the measured window.
     pub send_to_deliver_us: Summary,
-    /// Errors by code (server codes upper case, bench-side ones lower case).
-    pub errors: BTreeMap<String, u64>,
-    /// Connections that ended during the run, by close code and reason (or error).
-    pub disconnects: BTreeMap<String, u64>,
+    /// Errors by code (server codes upper case, bench-side ones lower case); connections
+    /// that ended during the run, by close code and reason (or error).
+    #[serde(flatten)]
+    pub problems: Problems,
 }
 
 scenario! {
@@ -243,8 +244,7 @@ pub(crate) async fn run_against(
         rate_skipped: t.rate_skipped,
         send_to_ack_us: Summary::of(&ctx.ack_latency.snapshot()),
         send_to_deliver_us: Summary::of(&ctx.deliver_latency.snapshot()),
-        errors: ctx.errors.by_name(),
-        disconnects: ctx.disconnects.snapshot(),
+        problems: Problems::of(&ctx.errors, &ctx.disconnects),
     };
     let passed = verdict.passed();
     Ok(Report {
@@ -413,7 +413,7 @@ pub fn render(r: &ChatReport) -> String {
             d.count
         ),
     );
-    report::errors_lines(&mut s, &r.errors, &r.disconnects);
+    r.problems.lines(&mut s);
     r.tail.verdict_lines(
         &mut s,
         &format!(

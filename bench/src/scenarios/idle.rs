@@ -19,7 +19,6 @@
 //! to connect or is dropped during the run fails the scenario, as does any loss or
 //! duplicate.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,7 +34,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::peers::{self, Expect, Ledger};
-use super::{ping, run_tag, Absent, Clock, Disconnects, Report, ServerArgs, Tail};
+use super::{ping, run_tag, Absent, Clock, Disconnects, Problems, Report, ServerArgs, Tail};
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
 use crate::outbox::{Outbox, SendSpec, Target as To};
@@ -252,10 +251,9 @@ pub struct IdleBody {
     pub send_to_ack_us: Summary,
     /// Send-to-deliver latency of those messages (µs).
     pub send_to_deliver_us: Summary,
-    /// Errors by code.
-    pub errors: BTreeMap<String, u64>,
-    /// Connections that failed or ended, by reason.
-    pub disconnects: BTreeMap<String, u64>,
+    /// Errors by code; connections that failed or ended, by reason.
+    #[serde(flatten)]
+    pub problems: Problems,
 }
 
 scenario! {
@@ -489,8 +487,7 @@ async fn run_against(args: &IdleArgs, target: &mut Target) -> anyhow::Result<Idl
         unacked_at_end: c.unacked_at_end,
         send_to_ack_us: Summary::of(&ctx.ack_latency.snapshot()),
         send_to_deliver_us: Summary::of(&ctx.deliver_latency.snapshot()),
-        errors: ctx.errors.by_name(),
-        disconnects: ctx.disconnects.snapshot(),
+        problems: Problems::of(&ctx.errors, &ctx.disconnects),
     };
     let passed = verdict.passed() && failed == 0 && dropped == 0;
     Ok(Report {
@@ -762,7 +759,7 @@ pub fn render(r: &IdleReport) -> String {
             fmt_us(r.send_to_deliver_us.p99)
         ),
     );
-    report::errors_lines(&mut s, &r.errors, &r.disconnects);
+    r.problems.lines(&mut s);
     r.tail
         .verdict_lines(&mut s, &format!("{} unacked at end", r.unacked_at_end));
     if r.failed > 0 || r.dropped > 0 {

@@ -18,7 +18,6 @@
 //! server's figures. Every acked message must be delivered exactly once, in order,
 //! to its recipient.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,7 +34,8 @@ use tokio::time::Instant;
 
 use super::peers::{self, Expect, Ledger};
 use super::{
-    figures_near_end, ping, run_tag, Clock, Disconnects, Report, RunArgs, ServerArgs, Tail,
+    figures_near_end, ping, run_tag, Clock, Disconnects, Problems, Report, RunArgs, ServerArgs,
+    Tail,
 };
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
@@ -272,10 +272,9 @@ pub struct MixBody {
     pub unacked_at_end: u64,
     /// Per class.
     pub classes: Vec<ClassReport>,
-    /// Errors by code.
-    pub errors: BTreeMap<String, u64>,
-    /// Connections that ended during the run, by reason.
-    pub disconnects: BTreeMap<String, u64>,
+    /// Errors by code; connections that ended during the run, by reason.
+    #[serde(flatten)]
+    pub problems: Problems,
 }
 
 scenario! {
@@ -417,8 +416,7 @@ async fn run_against(args: &MixArgs, target: &mut Target) -> anyhow::Result<MixR
                 send_to_deliver_us: Summary::of(&s.deliver.snapshot()),
             })
             .collect(),
-        errors: ctx.errors.by_name(),
-        disconnects: ctx.disconnects.snapshot(),
+        problems: Problems::of(&ctx.errors, &ctx.disconnects),
     };
     let passed = verdict.passed();
     Ok(Report {
@@ -679,7 +677,7 @@ pub fn render(r: &MixReport) -> String {
         report::summary_line(&mut s, "  send->ack", &c.send_to_ack_us);
         report::summary_line(&mut s, "  send->deliver", &c.send_to_deliver_us);
     }
-    report::errors_lines(&mut s, &r.errors, &r.disconnects);
+    r.problems.lines(&mut s);
     r.tail
         .verdict_lines(&mut s, &format!("{} unacked at end", r.unacked_at_end));
     r.tail.server_lines(&mut s);

@@ -329,6 +329,31 @@ impl Disconnects {
     }
 }
 
+/// What went wrong during a run: errors by code and ended connections by reason, the
+/// last fields of every scenario's report body (flattened, so the JSON keeps its shape).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Problems {
+    /// Errors by code.
+    pub errors: BTreeMap<String, u64>,
+    /// Connections that ended during the run, by reason.
+    pub disconnects: BTreeMap<String, u64>,
+}
+
+impl Problems {
+    /// The run's errors and ended connections now.
+    pub fn of(errors: &ErrorCounts, disconnects: &Disconnects) -> Self {
+        Problems {
+            errors: errors.by_name(),
+            disconnects: disconnects.snapshot(),
+        }
+    }
+
+    /// Appends the report's error and disconnect lines to `s`.
+    pub fn lines(&self, s: &mut String) {
+        report::errors_lines(s, &self.errors, &self.disconnects);
+    }
+}
+
 /// A report field that some scenarios have and others leave out of their JSON.
 pub trait Slot: Serialize {
     /// Whether the field is left out.

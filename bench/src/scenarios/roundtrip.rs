@@ -17,7 +17,6 @@
 //! back too (the cursor is per conversation and nothing acks one's own sends); they are
 //! not counted.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,7 +29,8 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::{
-    figures_near_end, ping, run_tag, Clock, Disconnects, Pair, Report, RunArgs, ServerArgs, Tail,
+    figures_near_end, ping, run_tag, Clock, Disconnects, Pair, Problems, Report, RunArgs,
+    ServerArgs, Tail,
 };
 use crate::admin::ServerFigures;
 use crate::check::{check, Verdict};
@@ -172,10 +172,9 @@ pub struct RoundtripBody {
     pub cursor_behind: u64,
     /// Messages the stored-cursor sync returned again.
     pub cursor_lag_messages: u64,
-    /// Errors by code.
-    pub errors: BTreeMap<String, u64>,
-    /// Connections that ended during the run, by reason.
-    pub disconnects: BTreeMap<String, u64>,
+    /// Errors by code; connections that ended during the run, by reason.
+    #[serde(flatten)]
+    pub problems: Problems,
 }
 
 scenario! {
@@ -297,8 +296,7 @@ async fn run_against(args: &RoundtripArgs, target: &mut Target) -> anyhow::Resul
         cursor_checked: checked,
         cursor_behind: behind,
         cursor_lag_messages: lag,
-        errors: ctx.errors.by_name(),
-        disconnects: ctx.disconnects.snapshot(),
+        problems: Problems::of(&ctx.errors, &ctx.disconnects),
     };
     let passed = verdict.passed();
     Ok(Report {
@@ -664,7 +662,7 @@ pub fn render(r: &RoundtripReport) -> String {
             ),
         );
     }
-    report::errors_lines(&mut s, &r.errors, &r.disconnects);
+    r.problems.lines(&mut s);
     r.tail.verdict_lines(&mut s, "");
     r.tail.server_lines(&mut s);
     r.tail.server_log_lines(&mut s);
