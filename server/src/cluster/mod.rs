@@ -42,7 +42,7 @@ pub mod registry;
 pub mod relay;
 pub mod trust;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -200,7 +200,18 @@ pub struct Link {
     drop_group_notices: bool,
     health: Arc<Health>,
     key: ClusterKey,
+    /// Nodes that presence names for a recipient but that looked dead when a delivery
+    /// was planned, so the delivery was not forwarded to them: each gets a resync notice
+    /// as soon as it reports again (a node that was frozen, or whose reports this node
+    /// saw late), whatever the lost/back sweep made of the gap. Bounded by
+    /// [`MAX_OWED_RESYNCS`].
+    owed: Mutex<HashSet<Arc<str>>>,
 }
+
+/// Most nodes remembered as owed a resync (presence names only nodes that wrote to the
+/// cluster's buckets; past this, the oldest knowledge is dropped, not the node's users'
+/// messages, which stay stored and come with their next sync).
+const MAX_OWED_RESYNCS: usize = 1024;
 
 impl Link {
     /// This node's id.
@@ -230,9 +241,16 @@ impl Link {
         frame: &Bytes,
         direct: bool,
     ) -> Option<Forward> {
-        let by = self
-            .presence
-            .by_node(users, |n| n != self.node_id && self.registry.alive(n));
+        let by = self.presence.by_node(users, |n| {
+            if n == self.node_id {
+                return false;
+            }
+            let alive = self.registry.alive(n);
+            if !alive {
+                self.owe_resync(n);
+            }
+            alive
+        });
         if by.is_empty() {
             return None;
         }
@@ -241,6 +259,34 @@ impl Link {
             frame: frame.clone(),
             direct,
         })
+    }
+
+    /// Remembers that `node` missed a forward and needs a resync notice once it is alive.
+    fn owe_resync(&self, node: &str) {
+        if let Ok(mut owed) = self.owed.lock() {
+            if owed.len() >= MAX_OWED_RESYNCS {
+                owed.clear();
+            }
+            if !owed.contains(node) {
+                owed.insert(Arc::from(node));
+            }
+        }
+    }
+
+    /// The owed nodes that are alive again, taken out of the set.
+    fn take_owed_alive(&self) -> Vec<Arc<str>> {
+        let Ok(mut owed) = self.owed.lock() else {
+            return Vec::new();
+        };
+        let back: Vec<Arc<str>> = owed
+            .iter()
+            .filter(|n| self.registry.alive(n))
+            .cloned()
+            .collect();
+        for n in &back {
+            owed.remove(n);
+        }
+        back
     }
 
     fn subject(&self, node: &str) -> String {
@@ -448,6 +494,7 @@ impl Cluster {
             drop_group_notices: c.drop_group_notices,
             health,
             key: ClusterKey::new(&c.key),
+            owed: Mutex::new(HashSet::new()),
         });
         link.forwarded.absolute(0);
         link.publish_errors.absolute(0);
@@ -759,6 +806,18 @@ async fn report_loop(buckets: Arc<Buckets>, link: Arc<Link>, report: ReportFn, e
             tracing::warn!(node = %node, "cluster node back: reporting again");
             // Its users had no pushes while it was out: have them sync.
             link.send_resync(Some(node)).await;
+        }
+        for node in link.take_owed_alive() {
+            if sweep.back.iter().any(|b| **b == *node) {
+                continue; // just notified above
+            }
+            tracing::info!(
+                node = %node,
+                "cluster node reporting again after a delivery skipped it: resync notice"
+            );
+            if !link.send_resync(Some(&node)).await {
+                link.owe_resync(&node);
+            }
         }
         if link.health.missed.swap(false, Relaxed) && !link.send_resync(None).await {
             link.health.missed.store(true, Relaxed);
