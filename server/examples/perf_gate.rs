@@ -244,6 +244,7 @@ fn workload(
                 recipients,
                 origin_conn: sender.out.conn_id,
                 started,
+                hint_only: false,
             });
             assert!(forward.is_none(), "single node: nothing to forward");
         }

@@ -370,6 +370,7 @@ async fn group_committed(
         recipients: Recipients::Group(recipients.into()),
         origin_conn: 0,
         started: Instant::now(),
+        hint_only: false,
     };
     if router.send(vec![delivery]).await.is_err() {
         tracing::warn!("router is gone; the group event will reach members by sync");
@@ -503,7 +504,22 @@ async fn acked(
             }),
         ));
         req.origin.push(ack, true);
-        if !c.duplicate {
+        if c.duplicate {
+            // The first commit of this message may never have been pushed (a commit whose
+            // outcome its node could not know, then a retry): the recipients sync it.
+            deliveries.push(Delivery {
+                message: ChatMessage {
+                    conversation_id: c.conversation_id,
+                    seq: c.seq,
+                    msg_id: c.msg_id,
+                    ..ChatMessage::default()
+                },
+                recipients: req.recipients,
+                origin_conn: req.origin.conn_id,
+                started: req.started,
+                hint_only: true,
+            });
+        } else {
             let m = req.message;
             deliveries.push(Delivery {
                 message: ChatMessage {
@@ -519,6 +535,7 @@ async fn acked(
                 recipients: req.recipients,
                 origin_conn: req.origin.conn_id,
                 started: req.started,
+                hint_only: false,
             });
         }
     }

@@ -51,6 +51,11 @@ pub struct Delivery {
     pub origin_conn: u64,
     /// When its Send frame started decoding.
     pub started: Instant,
+    /// Push no message, only a sync hint to the recipients (here and on other nodes): a
+    /// Send answered as a duplicate, whose first commit may never have been pushed (its
+    /// outcome was unknown to the node that made it, e.g. a COMMIT that timed out after
+    /// the store had applied it). The recipients read the stored message by sync.
+    pub hint_only: bool,
 }
 
 /// The other nodes, as the router sees them (cluster mode; the cluster link implements
@@ -217,6 +222,16 @@ impl Router {
     /// recipient connection here but the sender's own; returns the part for other nodes.
     pub fn deliver(&self, d: Delivery) -> Option<Forward> {
         let t = Instant::now();
+        if d.hint_only {
+            let users: Vec<String> = d.recipients.users().map(str::to_owned).collect();
+            self.hint_members(&users, d.origin_conn);
+            let forward = self
+                .link
+                .as_ref()
+                .and_then(|l| l.plan(&mut users.iter().map(String::as_str), &Bytes::new(), false));
+            self.metrics.stage_since(Stage::Route, t);
+            return forward;
+        }
         if let Recipients::Group(members) = &d.recipients {
             if members.len() > self.notify_threshold {
                 self.hint_members(members, d.origin_conn);
