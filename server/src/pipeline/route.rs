@@ -224,26 +224,11 @@ impl Router {
         let t = Instant::now();
         if d.hint_only {
             let users: Vec<String> = d.recipients.users().map(str::to_owned).collect();
-            self.hint_members(&users, d.origin_conn);
-            let forward = self
-                .link
-                .as_ref()
-                .and_then(|l| l.plan(&mut users.iter().map(String::as_str), &Bytes::new(), false));
-            self.metrics.stage_since(Stage::Route, t);
-            return forward;
+            return self.hint_instead(&users, d.origin_conn, t);
         }
         if let Recipients::Group(members) = &d.recipients {
             if members.len() > self.notify_threshold {
-                self.hint_members(members, d.origin_conn);
-                let forward = self.link.as_ref().and_then(|l| {
-                    l.plan(
-                        &mut members.iter().map(String::as_str),
-                        &Bytes::new(),
-                        false,
-                    )
-                });
-                self.metrics.stage_since(Stage::Route, t);
-                return forward;
+                return self.hint_instead(members, d.origin_conn, t);
             }
         }
         let direct = matches!(d.recipients, Recipients::Direct(..));
@@ -270,6 +255,18 @@ impl Router {
             .and_then(|l| l.plan(&mut d.recipients.users(), &bytes, direct));
         self.metrics.stage_since(Stage::Route, t);
         e2e.done(&self.metrics);
+        forward
+    }
+
+    /// A sync hint instead of the message: to `users`' sessions here but `origin_conn`,
+    /// and (the empty frame of the returned plan) on the nodes that have the others.
+    fn hint_instead(&self, users: &[String], origin_conn: u64, t: Instant) -> Option<Forward> {
+        self.hint_members(users, origin_conn);
+        let forward = self
+            .link
+            .as_ref()
+            .and_then(|l| l.plan(&mut users.iter().map(String::as_str), &Bytes::new(), false));
+        self.metrics.stage_since(Stage::Route, t);
         forward
     }
 
