@@ -117,6 +117,7 @@ fn msg(conv: &str, seq: u64) -> ChatMessage {
         msg_id: format!("id-{conv}-{seq}"),
         client_msg_id: String::new(),
     }
+    ..Default::default()
 }
 
 fn deliver(msgs: Vec<ChatMessage>) -> Frame {
