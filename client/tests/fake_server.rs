@@ -116,8 +116,8 @@ fn msg(conv: &str, seq: u64) -> ChatMessage {
         seq,
         msg_id: format!("id-{conv}-{seq}"),
         client_msg_id: String::new(),
+        ..Default::default()
     }
-    ..Default::default()
 }
 
 fn deliver(msgs: Vec<ChatMessage>) -> Frame {
