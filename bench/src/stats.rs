@@ -191,12 +191,19 @@ impl ErrorCounts {
         self.counts[SERVER_CODES + 1 + e as usize].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Counts a frame the scenario had no use for: an `Error` by its code, a `Pong`
-    /// not at all, anything else as [`LocalError::Unexpected`].
+    /// Counts a frame the scenario had no use for: an `Error` by its code, a `Pong`, a
+    /// `Done` or an app push (read receipt, typing, presence) not at all, anything else
+    /// as [`LocalError::Unexpected`].
     pub fn stray(&self, f: &Frame) {
         match &f.body {
             Some(Body::Error(e)) => self.server(e.code),
-            Some(Body::Pong(_)) => {}
+            Some(
+                Body::Pong(_)
+                | Body::Done(_)
+                | Body::ReadReceipt(_)
+                | Body::Typing(_)
+                | Body::Presence(_),
+            ) => {}
             _ => self.local(LocalError::Unexpected),
         }
     }

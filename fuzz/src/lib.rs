@@ -199,8 +199,29 @@ pub enum FBody {
     Server(u8),
     /// A nested Batch.
     Batch(Vec<FFrame>),
-    /// A Batch packed with `n` copies of one frame kind (`kind` % 5: Send, DeliverAck,
-    /// Sync, Ping, GroupOp), some over `limits.max_batch_frames`.
+    /// MarkRead.
+    MarkRead(Conv, u64),
+    /// ListConversations (after, limit).
+    ListConversations(Str, u32),
+    /// SetConversationFlags (muted, pinned).
+    SetFlags(Conv, bool, bool),
+    /// FetchHistory (before_seq, limit).
+    History(Conv, u64, u32),
+    /// Recall (seq, msg_id, client_msg_id).
+    Recall(Conv, u64, Str, Str),
+    /// Edit (seq, msg_id, payload, client_msg_id).
+    Edit(Conv, u64, Str, Vec<u8>, Str),
+    /// DeleteForMe.
+    DeleteForMe(Conv, u64),
+    /// PresenceSubscribe.
+    Presence(Vec<Name>),
+    /// SetPresence (hidden).
+    SetPresence(bool),
+    /// Typing.
+    Typing(Conv, bool),
+    /// A Batch packed with `n` copies of one frame kind (`kind` % 9: Send, DeliverAck,
+    /// Sync, Ping, GroupOp, MarkRead, Typing, ListConversations, FetchHistory), some
+    /// over `limits.max_batch_frames`.
     Flood {
         /// The frame kind.
         kind: u8,
@@ -284,12 +305,65 @@ impl FFrame {
                 role: *role as i32,
                 members_can_invite: *members_can_invite,
             })),
-            FBody::Server(k) => Some(match k % 6 {
+            FBody::MarkRead(c, seq) => Some(Body::MarkRead(MarkRead {
+                conversation_id: c.get(),
+                seq: *seq,
+            })),
+            FBody::ListConversations(after, limit) => {
+                Some(Body::ListConversations(ListConversations {
+                    after: after.get(),
+                    limit: *limit,
+                }))
+            }
+            FBody::SetFlags(c, muted, pinned) => {
+                Some(Body::SetConversationFlags(SetConversationFlags {
+                    conversation_id: c.get(),
+                    muted: *muted,
+                    pinned: *pinned,
+                }))
+            }
+            FBody::History(c, before_seq, limit) => Some(Body::FetchHistory(FetchHistory {
+                conversation_id: c.get(),
+                before_seq: *before_seq,
+                limit: *limit,
+            })),
+            FBody::Recall(c, seq, msg_id, cmid) => Some(Body::Recall(Recall {
+                conversation_id: c.get(),
+                seq: *seq,
+                msg_id: msg_id.get(),
+                client_msg_id: cmid.get(),
+            })),
+            FBody::Edit(c, seq, msg_id, payload, cmid) => Some(Body::Edit(Edit {
+                conversation_id: c.get(),
+                seq: *seq,
+                msg_id: msg_id.get(),
+                payload: payload.clone().into(),
+                client_msg_id: cmid.get(),
+            })),
+            FBody::DeleteForMe(c, seq) => Some(Body::DeleteForMe(DeleteForMe {
+                conversation_id: c.get(),
+                seq: *seq,
+            })),
+            FBody::Presence(users) => Some(Body::PresenceSubscribe(PresenceSubscribe {
+                users: users.iter().map(Name::get).collect(),
+            })),
+            FBody::SetPresence(hidden) => Some(Body::SetPresence(SetPresence { hidden: *hidden })),
+            FBody::Typing(c, typing) => Some(Body::Typing(Typing {
+                conversation_id: c.get(),
+                typing: *typing,
+                user_id: String::new(),
+            })),
+            FBody::Server(k) => Some(match k % 11 {
                 0 => Body::LoginOk(LoginOk::default()),
                 1 => Body::Pong(Pong::default()),
                 2 => Body::Error(Error::default()),
                 3 => Body::Deliver(Deliver::default()),
                 4 => Body::SendAck(SendAck::default()),
+                5 => Body::ReadReceipt(ReadReceipt::default()),
+                6 => Body::ConversationList(ConversationList::default()),
+                7 => Body::HistoryPage(HistoryPage::default()),
+                8 => Body::Done(Done::default()),
+                9 => Body::Presence(Presence::default()),
                 _ => Body::GroupOpOk(GroupOpOk::default()),
             }),
             FBody::Batch(frames) => Some(Body::Batch(Batch {
@@ -297,7 +371,7 @@ impl FFrame {
             })),
             FBody::Flood { kind, n, conv } => {
                 let one = |i: u64| -> Body {
-                    match kind % 5 {
+                    match kind % 9 {
                         0 => Body::Send(Send {
                             target: Some(send::Target::ToUser(USERS[i as usize % USERS.len()].into())),
                             r#type: 0,
@@ -313,6 +387,24 @@ impl FFrame {
                             limit: 5,
                         }),
                         3 => Body::Ping(Ping { client_time: i as i64 }),
+                        5 => Body::MarkRead(MarkRead {
+                            conversation_id: conv.get(),
+                            seq: i,
+                        }),
+                        6 => Body::Typing(Typing {
+                            conversation_id: conv.get(),
+                            typing: i % 2 == 0,
+                            user_id: String::new(),
+                        }),
+                        7 => Body::ListConversations(ListConversations {
+                            after: String::new(),
+                            limit: 5,
+                        }),
+                        8 => Body::FetchHistory(FetchHistory {
+                            conversation_id: conv.get(),
+                            before_seq: 0,
+                            limit: 5,
+                        }),
                         _ => Body::GroupOp(GroupOp {
                             op: group_op::Op::Join as i32,
                             group_id: GROUPS[i as usize % GROUPS.len()].into(),

@@ -15,7 +15,10 @@
 //! unsolicited `SyncResponse{more: true}` with req_id 0) they sync after their last seq.
 //! `--pull` documents that the run expects notify-and-pull (the report says which mode the
 //! members actually saw); members handle both either way. Every `--deliver-ack-every`
-//! members send a cumulative DeliverAck, as a client's coalesced acks would.
+//! members send a cumulative DeliverAck, as a client's coalesced acks would; with
+//! `--mark-read` they also mark the group read up to it (`MarkRead`), as an app showing
+//! the conversation does: the read receipts' cost is the difference between runs with
+//! and without it.
 //!
 //! Measured, after the warmup: delivery latency (the payload's send time to each
 //! member's receipt, push or sync) P50/P95/P99/P999, deliveries per second (receipts in
@@ -29,7 +32,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Args;
 use im_client::{ClientError, RawConn, RawEvent};
-use im_proto::{group_op, Body, DeliverAck, GroupOp, MessageType};
+use im_proto::{group_op, Body, DeliverAck, GroupOp, MarkRead, MessageType};
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -91,6 +94,9 @@ pub struct BroadcastArgs {
     /// How often members send a cumulative DeliverAck (0: never).
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pub deliver_ack_every: Duration,
+    /// With each DeliverAck, also mark the group read up to the same seq.
+    #[arg(long)]
+    pub mark_read: bool,
     /// A send with neither SendAck nor Error after this long is given up on.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub ack_timeout: Duration,
@@ -124,6 +130,7 @@ struct Ctx {
     ack_timeout: Duration,
     sync_limit: u32,
     deliver_ack_every: Option<Duration>,
+    mark_read: bool,
     ack_latency: LatencyRecorder,
     delivery_latency: LatencyRecorder,
     send: SendCounts,
@@ -136,6 +143,7 @@ counters! {
     /// What the members count.
     struct Counts => Totals {
         deliveries, deliveries_measured, pushed, synced, syncs, hints, deliver_acks,
+        mark_reads,
     }
 }
 
@@ -195,6 +203,8 @@ pub struct BroadcastBody {
     pub hints: u64,
     /// DeliverAcks sent.
     pub deliver_acks: u64,
+    /// MarkReads sent (`--mark-read`).
+    pub mark_reads: u64,
     /// Sends never acked when the drain ended.
     pub unacked_at_end: u64,
     /// Acks that came after their send was given up on.
@@ -356,6 +366,7 @@ async fn run_against(args: &BroadcastArgs, target: &mut Target) -> anyhow::Resul
         ack_timeout: args.ack_timeout,
         sync_limit: args.sync_limit,
         deliver_ack_every: (!args.deliver_ack_every.is_zero()).then_some(args.deliver_ack_every),
+        mark_read: args.mark_read,
         ack_latency: LatencyRecorder::new(SHARDS),
         delivery_latency: LatencyRecorder::new(SHARDS),
         send: SendCounts::default(),
@@ -438,6 +449,7 @@ async fn run_against(args: &BroadcastArgs, target: &mut Target) -> anyhow::Resul
         sync_requests: c.syncs,
         hints: c.hints,
         deliver_acks: c.deliver_acks,
+        mark_reads: c.mark_reads,
         unacked_at_end: t.unacked_at_end,
         late_acks: t.late_acks,
         duplicate_acks: t.duplicate_acks,
@@ -584,6 +596,17 @@ async fn member(
                             break;
                         }
                         ctx.count.deliver_acks.inc();
+                        if ctx.mark_read {
+                            let read = im_proto::frame(0, Body::MarkRead(MarkRead {
+                                conversation_id: group.conversation.clone(),
+                                seq: acked_cursor,
+                            }));
+                            if conn.send(&read).await.is_err() {
+                                ctx.errors.local(LocalError::Transport);
+                                break;
+                            }
+                            ctx.count.mark_reads.inc();
+                        }
                         last_tx = now;
                     }
                 }
@@ -637,8 +660,8 @@ pub fn render(r: &BroadcastReport) -> String {
         &mut s,
         "members",
         format!(
-            "{} received in total: {} pushed, {} by sync ({} sync requests, {} hints); {} DeliverAcks",
-            r.deliveries_total, r.pushed, r.synced, r.sync_requests, r.hints, r.deliver_acks
+            "{} received in total: {} pushed, {} by sync ({} sync requests, {} hints); {} DeliverAcks, {} MarkReads",
+            r.deliveries_total, r.pushed, r.synced, r.sync_requests, r.hints, r.deliver_acks, r.mark_reads
         ),
     );
     if r.expected_mode != r.observed_mode {

@@ -13,10 +13,18 @@
 //! The sending user's connection writes the Send (at most `--window` un-acked; a job
 //! that finds the window full, or the connection's queue full, is skipped and counted).
 //!
+//! Beside the messages, the users act as a chat app does (`--read-share`,
+//! `--typing-share`, `--list-rate`): a receiver marks the conversation read after a share
+//! of the messages it gets (an app on screen does, one in the background does not; the
+//! default 0.6), a share of the sends is preceded by a typing signal (default 0.3), and
+//! users open their conversation list (default one call per 20 messages, at random
+//! users). Read receipts and typing signals pushed back are counted; a refused MarkRead,
+//! Typing or ListConversations fails the run.
+//!
 //! Measured per class: send-to-ack and send-to-deliver latency; overall: acked
-//! messages and payload bytes per second, how concentrated the traffic was, and the
-//! server's figures. Every acked message must be delivered exactly once, in order,
-//! to its recipient.
+//! messages and payload bytes per second, how concentrated the traffic was, the
+//! conversation-list round trip, and the server's figures. Every acked message must be
+//! delivered exactly once, in order, to its recipient.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,7 +32,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Args;
 use im_client::RawEvent;
-use im_proto::{Body, MessageType};
+use im_proto::{Body, ListConversations, MarkRead, MessageType, Typing};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -52,6 +60,9 @@ const SHARDS: usize = 16;
 const JOB_QUEUE: usize = 256;
 /// How often a user connection checks ack timeouts and heartbeats.
 const HOUSEKEEPING: Duration = Duration::from_millis(250);
+/// req_ids of the app actions (MarkRead, Typing, ListConversations) start here, far
+/// above the outbox's message numbers.
+const ACTION_REQ: u64 = 1 << 60;
 /// The default `--mix`.
 pub const DEFAULT_MIX: &str = "text:80:50-200,image:15:10000-50000,file:5:50000-60000";
 
@@ -153,6 +164,23 @@ pub struct MixArgs {
     /// A send with neither SendAck nor Error after this long is given up on.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub ack_timeout: Duration,
+    /// Share of delivered messages after which the receiver marks the conversation read.
+    #[arg(long, default_value_t = 0.6, value_parser = parse_share)]
+    pub read_share: f64,
+    /// Share of sends preceded by a typing signal.
+    #[arg(long, default_value_t = 0.3, value_parser = parse_share)]
+    pub typing_share: f64,
+    /// Conversation-list calls per second over all users (default: --rate / 20; 0: none).
+    #[arg(long)]
+    pub list_rate: Option<f64>,
+}
+
+/// Parses a share between 0 and 1.
+fn parse_share(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!("{text:?} is not a share between 0 and 1")),
+    }
 }
 
 /// Latency and counts of one class.
@@ -164,12 +192,18 @@ struct ClassStats {
     acked_bytes: Counter,
 }
 
-/// A send the dispatcher hands to a user connection.
+/// What the dispatcher hands to a user connection.
 #[derive(Debug, Clone, Copy)]
-struct Job {
-    to: u32,
-    class: u8,
-    size: u32,
+enum Job {
+    /// A message (after a typing signal when `typing`).
+    Send {
+        to: u32,
+        class: u8,
+        size: u32,
+        typing: bool,
+    },
+    /// A conversation-list call.
+    List,
 }
 
 /// Run-wide state shared by every task.
@@ -182,6 +216,8 @@ struct Ctx {
     drain: Duration,
     classes: Vec<SizeClass>,
     stats: Vec<ClassStats>,
+    read_share: f64,
+    list: LatencyRecorder,
     count: Counts,
     expect: Expect,
     errors: ErrorCounts,
@@ -192,7 +228,8 @@ counters! {
     /// What the dispatcher and the users count.
     struct Counts => Totals {
         acked_all, acked_measured, delivered, dispatched, skipped_queue, skipped_window,
-        retries, unacked_at_end,
+        retries, unacked_at_end, reads_sent, receipts_received, typing_sent,
+        typing_received, lists, action_errors,
     }
 }
 
@@ -270,6 +307,20 @@ pub struct MixBody {
     pub delivered: u64,
     /// Sends never acked when the drain ended.
     pub unacked_at_end: u64,
+    /// MarkRead frames sent, and read receipts pushed back.
+    pub reads_sent: u64,
+    /// ReadReceipt pushes received.
+    pub receipts_received: u64,
+    /// Typing signals sent.
+    pub typing_sent: u64,
+    /// Typing pushes received.
+    pub typing_received: u64,
+    /// Conversation-list calls answered.
+    pub lists: u64,
+    /// ListConversations request-to-reply latency (µs), measured window.
+    pub list_us: Summary,
+    /// MarkRead, Typing or ListConversations refused (fails the run).
+    pub action_errors: u64,
     /// Per class.
     pub classes: Vec<ClassReport>,
     /// Errors by code; connections that ended during the run, by reason.
@@ -331,6 +382,8 @@ async fn run_against(args: &MixArgs, target: &mut Target) -> anyhow::Result<MixR
             })
             .collect(),
         classes,
+        read_share: args.read_share,
+        list: LatencyRecorder::new(SHARDS),
         count: Counts::default(),
         expect: Expect::new(n),
         errors: ErrorCounts::default(),
@@ -346,7 +399,12 @@ async fn run_against(args: &MixArgs, target: &mut Target) -> anyhow::Result<MixR
     }
     let zipf = Zipf::new(c, args.zipf);
     let top1 = zipf.top_share(c.div_ceil(100));
-    let dispatcher = tokio::spawn(dispatch(ctx.clone(), queues, pairs, zipf, args.rate));
+    let shape = Shape {
+        rate: args.rate,
+        typing_share: args.typing_share,
+        list_rate: args.list_rate.unwrap_or(args.rate / 20.0).max(0.0),
+    };
+    let dispatcher = tokio::spawn(dispatch(ctx.clone(), queues, pairs, zipf, shape));
     let progress = {
         let ctx = ctx.clone();
         let mut rate = Rate::default();
@@ -404,6 +462,13 @@ async fn run_against(args: &MixArgs, target: &mut Target) -> anyhow::Result<MixR
         acked_bytes_per_sec: clock.per_sec(ctx.stats.iter().map(|s| s.acked_bytes.get()).sum()),
         delivered: t.delivered,
         unacked_at_end: t.unacked_at_end,
+        reads_sent: t.reads_sent,
+        receipts_received: t.receipts_received,
+        typing_sent: t.typing_sent,
+        typing_received: t.typing_received,
+        lists: t.lists,
+        list_us: Summary::of(&ctx.list.snapshot()),
+        action_errors: t.action_errors,
         classes: ctx
             .classes
             .iter()
@@ -418,31 +483,47 @@ async fn run_against(args: &MixArgs, target: &mut Target) -> anyhow::Result<MixR
             .collect(),
         problems: Problems::of(&ctx.errors, &ctx.disconnects),
     };
-    let passed = verdict.passed();
+    let passed = verdict.passed() && t.action_errors == 0;
     Ok(Report {
         body,
         tail: Tail::new(verdict, passed, server),
     })
 }
 
-/// Schedules the run's messages until the end; returns the count per conversation.
+/// The dispatcher's rates and shares.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    rate: f64,
+    typing_share: f64,
+    list_rate: f64,
+}
+
+/// Schedules the run's messages and list calls until the end; returns the count of
+/// messages per conversation.
 async fn dispatch(
     ctx: Arc<Ctx>,
     queues: Vec<mpsc::Sender<Job>>,
     pairs: Vec<(u32, u32)>,
     zipf: Zipf,
-    rate: f64,
+    shape: Shape,
 ) -> Vec<u64> {
     let clock = ctx.clock;
     let mut rng = StdRng::seed_from_u64(ctx.run_id ^ 0x5eed);
     let weights: Vec<f64> = ctx.classes.iter().map(|c| c.weight).collect();
     let total_weight: f64 = weights.iter().sum();
     let mut counts = vec![0u64; pairs.len()];
-    let mut pacer = Pacer::new(rate, clock.base);
+    let mut pacer = Pacer::new(shape.rate, clock.base);
+    let mut lists = (shape.list_rate > 0.0).then(|| Pacer::new(shape.list_rate, clock.base));
     loop {
         let now = Instant::now();
         if now >= clock.end {
             break;
+        }
+        while lists.as_mut().is_some_and(|p| p.take(now)) {
+            let who = rng.gen_range(0..queues.len());
+            if queues[who].try_send(Job::List).is_err() {
+                ctx.count.skipped_queue.inc();
+            }
         }
         while pacer.take(now) {
             let k = zipf.rank(rng.gen::<f64>());
@@ -458,10 +539,11 @@ async fn dispatch(
                 .unwrap_or(weights.len() - 1);
             let c = &ctx.classes[class];
             let size = rng.gen_range(c.min..=c.max) as u32;
-            let job = Job {
+            let job = Job::Send {
                 to,
                 class: class as u8,
                 size,
+                typing: rng.gen::<f64>() < shape.typing_share,
             };
             match queues[from as usize].try_send(job) {
                 Ok(()) => {
@@ -473,7 +555,11 @@ async fn dispatch(
                 }
             }
         }
-        tokio::time::sleep_until(pacer.next_at().min(clock.end)).await;
+        let mut next = pacer.next_at();
+        if let Some(p) = &lists {
+            next = next.min(p.next_at());
+        }
+        tokio::time::sleep_until(next.min(clock.end)).await;
     }
     counts
 }
@@ -499,6 +585,8 @@ async fn user(
     let mut published = false;
     let mut last_tx = Instant::now();
     let mut next_housekeeping = last_tx + HOUSEKEEPING;
+    let mut rng = StdRng::seed_from_u64(ctx.run_id ^ (idx as u64).wrapping_mul(0x9e37_79b9));
+    let mut actions = Actions::default();
 
     loop {
         let now = Instant::now();
@@ -559,11 +647,15 @@ async fn user(
                     }
                     Some(Body::Deliver(d)) => {
                         let now_us = clock.us(now);
+                        let mut read: Option<(&str, u64)> = None;
                         for m in &d.messages {
                             if !ledger.delivered(&me, m) {
                                 continue;
                             }
                             ctx.count.delivered.inc();
+                            if rng.gen::<f64>() < ctx.read_share {
+                                read = Some((m.conversation_id.as_str(), m.seq));
+                            }
                             let (Some(class), Some(sent_us)) =
                                 (ctx.class_of(m.r#type), wire::payload_timestamp(&m.payload))
                             else {
@@ -573,11 +665,40 @@ async fn user(
                                 ctx.stats[class].deliver.record(idx, now_us.saturating_sub(sent_us));
                             }
                         }
+                        if let Some((conversation_id, seq)) = read {
+                            let f = actions.frame(Body::MarkRead(MarkRead {
+                                conversation_id: conversation_id.to_owned(),
+                                seq,
+                            }), None);
+                            if conn.send_bytes(f).await.is_err() {
+                                ctx.errors.local(LocalError::Transport);
+                                break;
+                            }
+                            ctx.count.reads_sent.inc();
+                        }
                     }
                     Some(Body::Error(e)) => {
                         ctx.errors.server(e.code);
-                        outbox.refused(f.req_id, &e, now);
+                        if f.req_id >= ACTION_REQ {
+                            actions.answered(f.req_id);
+                            ctx.count.action_errors.inc();
+                        } else {
+                            outbox.refused(f.req_id, &e, now);
+                        }
                     }
+                    Some(Body::Done(_)) => {
+                        actions.answered(f.req_id);
+                    }
+                    Some(Body::ConversationList(_)) => {
+                        if let Some(at) = actions.answered(f.req_id) {
+                            ctx.count.lists.inc();
+                            if clock.measured(at) {
+                                ctx.list.record(idx, (now - at).as_micros() as u64);
+                            }
+                        }
+                    }
+                    Some(Body::ReadReceipt(_)) => ctx.count.receipts_received.inc(),
+                    Some(Body::Typing(_)) => ctx.count.typing_received.inc(),
                     Some(Body::Pong(_)) => {}
                     _ => ctx.errors.local(LocalError::Unexpected),
                 }
@@ -587,16 +708,48 @@ async fn user(
                     sending = false;
                     continue;
                 };
+                let (to, class, size, typing) = match job {
+                    Job::Send { to, class, size, typing } => (to, class, size, typing),
+                    Job::List => {
+                        let t = Instant::now();
+                        let f = actions.frame(
+                            Body::ListConversations(ListConversations {
+                                after: String::new(),
+                                limit: 20,
+                            }),
+                            Some(t),
+                        );
+                        if conn.send_bytes(f).await.is_err() {
+                            ctx.errors.local(LocalError::Transport);
+                            break;
+                        }
+                        last_tx = t;
+                        continue;
+                    }
+                };
                 if outbox.len() >= ctx.window {
                     ctx.count.skipped_window.inc();
                     continue;
                 }
-                let class = &ctx.classes[job.class as usize];
+                let peer = ctx.user(to as usize);
+                if typing {
+                    let f = actions.frame(Body::Typing(Typing {
+                        conversation_id: im_proto::direct_conversation(&me, &peer),
+                        typing: true,
+                        user_id: String::new(),
+                    }), None);
+                    if conn.send_bytes(f).await.is_err() {
+                        ctx.errors.local(LocalError::Transport);
+                        break;
+                    }
+                    ctx.count.typing_sent.inc();
+                }
+                let class_spec = &ctx.classes[class as usize];
                 let spec = SendSpec {
-                    target: To::User(ctx.user(job.to as usize).into()),
-                    msg_type: class.msg_type,
-                    payload_len: job.size as usize,
-                    tag: job.to,
+                    target: To::User(peer.into()),
+                    msg_type: class_spec.msg_type,
+                    payload_len: size as usize,
+                    tag: to,
                 };
                 let t = Instant::now();
                 let frame = outbox.start(spec, t, clock.us(t));
@@ -604,7 +757,7 @@ async fn user(
                     ctx.errors.local(LocalError::Transport);
                     break;
                 }
-                ctx.stats[job.class as usize].sent.inc();
+                ctx.stats[class as usize].sent.inc();
                 last_tx = t;
             }
             () = tokio::time::sleep_until(wake) => {
@@ -631,6 +784,35 @@ async fn user(
     }
     let _ = conn.close().await;
     (idx, ledger)
+}
+
+/// The app actions a user connection has in flight (req_id -> when a timed one was sent).
+#[derive(Debug, Default)]
+struct Actions {
+    next: u64,
+    timed: Vec<(u64, Instant)>,
+}
+
+impl Actions {
+    /// The encoded frame of a new action; `timed` records when it was sent.
+    fn frame(&mut self, body: Body, timed: Option<Instant>) -> Vec<u8> {
+        self.next += 1;
+        let req_id = ACTION_REQ + self.next;
+        if let Some(at) = timed {
+            // Bounded: an unanswered call is forgotten after 64 newer ones.
+            if self.timed.len() >= 64 {
+                self.timed.remove(0);
+            }
+            self.timed.push((req_id, at));
+        }
+        im_proto::encode(&im_proto::frame(req_id, body)).to_vec()
+    }
+
+    /// An answer to `req_id`: when it was sent, for a timed action.
+    fn answered(&mut self, req_id: u64) -> Option<Instant> {
+        let i = self.timed.iter().position(|(r, _)| *r == req_id)?;
+        Some(self.timed.swap_remove(i).1)
+    }
 }
 
 /// The text form of a report.
@@ -677,6 +859,15 @@ pub fn render(r: &MixReport) -> String {
         report::summary_line(&mut s, "  send->ack", &c.send_to_ack_us);
         report::summary_line(&mut s, "  send->deliver", &c.send_to_deliver_us);
     }
+    report::line(
+        &mut s,
+        "app actions",
+        format!(
+            "{} MarkRead sent, {} receipts received; {} typing sent, {} received; {} list calls; {} refused",
+            r.reads_sent, r.receipts_received, r.typing_sent, r.typing_received, r.lists, r.action_errors
+        ),
+    );
+    report::summary_line(&mut s, "  list round trip", &r.list_us);
     r.problems.lines(&mut s);
     r.tail
         .verdict_lines(&mut s, &format!("{} unacked at end", r.unacked_at_end));
