@@ -248,6 +248,7 @@ macro_rules! sql_store_impl {
                                 seq: seq as u64,
                                 msg_id: r.try_get("msg_id")?,
                                 client_msg_id: cmid.unwrap_or_default(),
+                                ..Default::default()
                             };
                             let size = $crate::store::message_bytes(&m);
                             if !out.is_empty() && bytes.saturating_add(size) > max_bytes {
@@ -322,6 +323,233 @@ macro_rules! sql_store_impl {
 
             fn backend(&self) -> &'static str {
                 $backend
+            }
+
+            async fn sync_device(
+                &self,
+                user_id: &str,
+                device_id: &str,
+                cursors: &[(String, u64)],
+                limit: u32,
+                max_bytes: usize,
+            ) -> Result<(Vec<$crate::store::StoredMessage>, bool), $crate::store::StoreError> {
+                // Every conversation of the user gets an explicit cursor (the device's,
+                // 0 without one), which overrides the user's stored cursor; the
+                // request's own cursors win over both.
+                let stored: Vec<(String, i64)> = sqlx::query_as(
+                    "SELECT c.conversation_id, COALESCE(k.delivered_seq, 0) FROM \
+                     (SELECT conversation_id FROM user_conversations WHERE user_id = $1 \
+                      UNION SELECT 'g:' || group_id FROM group_members WHERE user_id = $1) c \
+                     LEFT JOIN device_cursors k ON k.user_id = $1 AND k.device_id = $2 \
+                     AND k.conversation_id = c.conversation_id",
+                )
+                .bind(user_id)
+                .bind(device_id)
+                .fetch_all(&self.read)
+                .await?;
+                let given: std::collections::HashSet<&str> =
+                    cursors.iter().map(|(c, _)| c.as_str()).collect();
+                let mut all: Vec<(String, u64)> = cursors.to_vec();
+                all.extend(
+                    stored
+                        .into_iter()
+                        .filter(|(c, _)| !given.contains(c.as_str()))
+                        .map(|(c, s)| (c, s.max(0) as u64)),
+                );
+                $crate::store::Store::sync_page(self, user_id, &all, limit, max_bytes).await
+            }
+
+            async fn commit_state(
+                &self,
+                reads: &[$crate::store::ReadUpdate],
+                flags: &[$crate::store::FlagsUpdate],
+            ) -> Result<Vec<$crate::store::ReadMoved>, $crate::store::StoreError> {
+                let mut conn = self.writer().await?;
+                let out = Self::commit_state_on(&mut conn, reads, flags).await;
+                if out.is_err() {
+                    self.discard_writer(conn).await;
+                }
+                out
+            }
+
+            async fn list_conversations(
+                &self,
+                user_id: &str,
+                after: Option<&$crate::store::ListAfter>,
+                limit: u32,
+                preview_bytes: usize,
+            ) -> Result<
+                (Vec<im_proto::ConversationSummary>, Option<$crate::store::ListAfter>),
+                $crate::store::StoreError,
+            > {
+                use sqlx::Row;
+                // The page's keys first (the user's conversations in list order, from
+                // the primary keys and the conversations' last activity), then the
+                // details of those rows only: the visible last message, the bounded
+                // unread count, the group's size, the other party's read cursor.
+                let keyset = if after.is_some() {
+                    " WHERE COALESCE(s.pinned, 0) < $3 OR (COALESCE(s.pinned, 0) = $3 AND \
+                     (v.last_time < $4 OR (v.last_time = $4 AND c.cid > $5)))"
+                } else {
+                    " WHERE $3 = $3 AND $4 = $4 AND $5 = $5"
+                };
+                let sql = format!(
+                    "WITH c AS (\
+                       SELECT conversation_id AS cid, 0 AS grp FROM user_conversations \
+                       WHERE user_id = $1 \
+                       UNION ALL SELECT 'g:' || group_id AS cid, 1 AS grp FROM group_members \
+                       WHERE user_id = $1), \
+                     p AS (SELECT c.cid, c.grp, COALESCE(s.pinned, 0) AS pinned, \
+                       v.last_time, v.last_seq, COALESCE(s.read_seq, 0) AS read_seq, \
+                       COALESCE(s.muted, 0) AS muted \
+                       FROM c JOIN conversations v ON v.conversation_id = c.cid \
+                       LEFT JOIN conversation_state s \
+                       ON s.user_id = $1 AND s.conversation_id = c.cid{keyset} \
+                       ORDER BY 3 DESC, 4 DESC, 1 LIMIT $2), \
+                     q AS (SELECT p.*, CASE WHEN p.grp = 1 THEN COALESCE((\
+                       SELECT MAX(i.joined_seq) FROM group_intervals i \
+                       WHERE i.group_id = substr(p.cid, 3) AND i.user_id = $1 \
+                       AND i.left_seq IS NULL), 0) ELSE 0 END AS lo FROM p) \
+                     SELECT q.cid, q.grp, q.pinned, q.last_time, q.last_seq, q.read_seq, \
+                       q.muted, \
+                       (SELECT g.size FROM chat_groups g \
+                        WHERE q.grp = 1 AND g.group_id = substr(q.cid, 3)) AS size, \
+                       (SELECT MAX(o.read_seq) FROM conversation_state o \
+                        WHERE q.grp = 0 AND o.conversation_id = q.cid AND o.user_id <> $1) \
+                        AS peer, \
+                       (SELECT COUNT(*) FROM messages m WHERE m.conversation_id = q.cid \
+                        AND m.seq > q.read_seq AND m.seq >= q.lo AND m.seq > q.last_seq - $6 \
+                        AND m.sender <> $1 AND m.msg_type < 3) AS unread, \
+                       l.sender, l.payload, l.send_time, l.msg_type, l.seq, l.msg_id, \
+                       l.client_msg_id \
+                     FROM q LEFT JOIN messages l ON l.conversation_id = q.cid AND l.seq = (\
+                       SELECT MAX(m.seq) FROM messages m WHERE m.conversation_id = q.cid \
+                       AND m.seq >= q.lo AND m.seq <= q.last_seq) \
+                     ORDER BY q.pinned DESC, q.last_time DESC, q.cid"
+                );
+                let (ap, at, ac) = match after {
+                    Some(a) => (a.pinned as i32, a.last_time, a.conversation_id.as_str()),
+                    None => (0, 0, ""),
+                };
+                let rows = sqlx::query(&sql)
+                    .bind(user_id)
+                    .bind(limit as i64)
+                    .bind(ap)
+                    .bind(at)
+                    .bind(ac)
+                    .bind($crate::store::UNREAD_CAP as i64)
+                    .fetch_all(&self.read)
+                    .await?;
+                let mut out = Vec::with_capacity(rows.len());
+                for r in &rows {
+                    let cid: String = r.try_get("cid")?;
+                    let grp: i32 = r.try_get("grp")?;
+                    let last_seq: i64 = r.try_get("last_seq")?;
+                    let size: Option<i32> = r.try_get("size")?;
+                    let peer: Option<i64> = r.try_get("peer")?;
+                    let unread: i64 = r.try_get("unread")?;
+                    let seq: Option<i64> = r.try_get("seq")?;
+                    let last_message = match seq {
+                        Some(seq) => {
+                            let mut payload: Vec<u8> = r.try_get("payload")?;
+                            payload.truncate(preview_bytes);
+                            let cmid: Option<String> = r.try_get("client_msg_id")?;
+                            Some(im_proto::ChatMessage {
+                                conversation_id: cid.clone(),
+                                sender: r.try_get("sender")?,
+                                payload: payload.into(),
+                                send_time: r.try_get("send_time")?,
+                                r#type: r.try_get("msg_type")?,
+                                seq: seq as u64,
+                                msg_id: r.try_get("msg_id")?,
+                                client_msg_id: cmid.unwrap_or_default(),
+                                ..Default::default()
+                            })
+                        }
+                        None => None,
+                    };
+                    let (kind, name, size) = match im_proto::parse_conversation(&cid) {
+                        Some(im_proto::ConversationRef::Group(g)) if grp == 1 => (
+                            im_proto::ConversationKind::Group,
+                            g.to_owned(),
+                            size.unwrap_or(0).max(0) as u32,
+                        ),
+                        Some(im_proto::ConversationRef::Direct(a, b)) => (
+                            im_proto::ConversationKind::Direct,
+                            if a == user_id { b.to_owned() } else { a.to_owned() },
+                            2,
+                        ),
+                        _ => (im_proto::ConversationKind::Direct, String::new(), 0),
+                    };
+                    let muted: i32 = r.try_get("muted")?;
+                    let pinned: i32 = r.try_get("pinned")?;
+                    let read_seq: i64 = r.try_get("read_seq")?;
+                    out.push(im_proto::ConversationSummary {
+                        conversation_id: cid,
+                        kind: kind as i32,
+                        name,
+                        size,
+                        last_message,
+                        last_seq: last_seq.max(0) as u64,
+                        last_time: r.try_get("last_time")?,
+                        read_seq: read_seq.max(0) as u64,
+                        unread: (unread.max(0) as u32).min($crate::store::UNREAD_CAP),
+                        muted: muted != 0,
+                        pinned: pinned != 0,
+                        peer_read_seq: peer.unwrap_or(0).max(0) as u64,
+                    });
+                }
+                let next = match out.last() {
+                    Some(last) if out.len() as u32 >= limit => Some($crate::store::ListAfter {
+                        pinned: last.pinned,
+                        last_time: last.last_time,
+                        conversation_id: last.conversation_id.clone(),
+                    }),
+                    _ => None,
+                };
+                Ok((out, next))
+            }
+
+            async fn read_count(
+                &self,
+                conversation_id: &str,
+                seq: u64,
+            ) -> Result<(u32, String), $crate::store::StoreError> {
+                let count: i64 = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM conversation_state \
+                     WHERE conversation_id = $1 AND read_seq >= $2",
+                )
+                .bind(conversation_id)
+                .bind(seq as i64)
+                .fetch_one(&self.read)
+                .await?;
+                let sender: Option<String> = sqlx::query_scalar(
+                    "SELECT sender FROM messages WHERE conversation_id = $1 AND seq = $2",
+                )
+                .bind(conversation_id)
+                .bind(seq as i64)
+                .fetch_optional(&self.read)
+                .await?;
+                Ok((count.clamp(0, u32::MAX as i64) as u32, sender.unwrap_or_default()))
+            }
+
+            async fn device_cursor(
+                &self,
+                user_id: &str,
+                device_id: &str,
+                conversation_id: &str,
+            ) -> Result<(u64, u64), $crate::store::StoreError> {
+                let row: Option<(i64, i64)> = sqlx::query_as(
+                    "SELECT delivered_seq, read_seq FROM device_cursors \
+                     WHERE user_id = $1 AND device_id = $2 AND conversation_id = $3",
+                )
+                .bind(user_id)
+                .bind(device_id)
+                .bind(conversation_id)
+                .fetch_optional(&self.read)
+                .await?;
+                let (d, r) = row.unwrap_or((0, 0));
+                Ok((d.max(0) as u64, r.max(0) as u64))
             }
         }
 
@@ -430,14 +658,15 @@ macro_rules! sql_store_impl {
                 let mut created: Vec<(&str, &str)> = Vec::new();
                 for chunk in counts.chunks(CHUNK) {
                     let mut qb = sqlx::QueryBuilder::<$db>::new(
-                        "INSERT INTO conversations (conversation_id, last_seq) ",
+                        "INSERT INTO conversations (conversation_id, last_seq, last_time) ",
                     );
                     qb.push_values(chunk, |mut b, (conv, n, _)| {
-                        b.push_bind(*conv).push_bind(*n as i64);
+                        b.push_bind(*conv).push_bind(*n as i64).push_bind(now);
                     });
                     qb.push(
                         " ON CONFLICT (conversation_id) DO UPDATE \
-                         SET last_seq = conversations.last_seq + excluded.last_seq \
+                         SET last_seq = conversations.last_seq + excluded.last_seq, \
+                         last_time = excluded.last_time \
                          RETURNING conversation_id, last_seq",
                     );
                     for row in qb.build().fetch_all(&mut *tx).await? {
@@ -548,13 +777,90 @@ macro_rules! sql_store_impl {
                     });
                 }
 
-                // 5. Cursors move forward only.
-                //    (The writer sends each (user, conversation) once per batch; rows are
-                //    locked in (user, conversation) order, against deadlocks across nodes.)
-                let mut cursors: Vec<&$crate::store::CursorUpdate> = cursors.iter().collect();
-                cursors.sort_unstable_by(|a, b| {
-                    (&a.user_id, &a.conversation_id).cmp(&(&b.user_id, &b.conversation_id))
+                // 5. A sender has read their own messages: their read cursor moves to the
+                //    last seq they sent in each conversation (forward only; rows locked
+                //    in (user, conversation) order).
+                let mut own: std::collections::BTreeMap<(&str, &str), i64> =
+                    std::collections::BTreeMap::new();
+                for (m, r) in messages.iter().zip(results.iter()) {
+                    if let Some(c) = r.as_ref().filter(|c| c.seq > 0) {
+                        let e = own
+                            .entry((m.sender.as_str(), m.conversation_id.as_str()))
+                            .or_insert(0);
+                        *e = (*e).max(c.seq as i64);
+                    }
+                }
+                let own: Vec<((&str, &str), i64)> = own.into_iter().collect();
+                for chunk in own.chunks(CHUNK) {
+                    let mut qb = sqlx::QueryBuilder::<$db>::new(
+                        "INSERT INTO conversation_state (user_id, conversation_id, read_seq, \
+                         read_time) ",
+                    );
+                    qb.push_values(chunk, |mut b, ((user, conv), seq)| {
+                        b.push_bind(*user)
+                            .push_bind(*conv)
+                            .push_bind(*seq)
+                            .push_bind(now);
+                    });
+                    qb.push(
+                        " ON CONFLICT (user_id, conversation_id) DO UPDATE \
+                         SET read_seq = excluded.read_seq, read_time = excluded.read_time \
+                         WHERE excluded.read_seq > conversation_state.read_seq",
+                    );
+                    qb.build().execute(&mut *tx).await?;
+                }
+
+                // 6. Cursors move forward only: the device's, and the user's (the furthest
+                //    of their devices). (The writer sends each (user, device,
+                //    conversation) once per batch; rows are locked in key order, against
+                //    deadlocks across nodes.)
+                let mut devices: Vec<&$crate::store::CursorUpdate> = cursors.iter().collect();
+                devices.sort_unstable_by(|a, b| {
+                    (&a.user_id, &a.device_id, &a.conversation_id).cmp(&(
+                        &b.user_id,
+                        &b.device_id,
+                        &b.conversation_id,
+                    ))
                 });
+                devices.dedup_by(|a, b| {
+                    (&a.user_id, &a.device_id, &a.conversation_id)
+                        == (&b.user_id, &b.device_id, &b.conversation_id)
+                });
+                for chunk in devices.chunks(CHUNK) {
+                    let mut qb = sqlx::QueryBuilder::<$db>::new(
+                        "INSERT INTO device_cursors (user_id, device_id, conversation_id, \
+                         delivered_seq) ",
+                    );
+                    qb.push_values(chunk, |mut b, c| {
+                        b.push_bind(c.user_id.as_str())
+                            .push_bind(c.device_id.as_str())
+                            .push_bind(c.conversation_id.as_str())
+                            .push_bind(c.seq as i64);
+                    });
+                    qb.push(
+                        " ON CONFLICT (user_id, device_id, conversation_id) DO UPDATE \
+                         SET delivered_seq = excluded.delivered_seq \
+                         WHERE excluded.delivered_seq > device_cursors.delivered_seq",
+                    );
+                    qb.build().execute(&mut *tx).await?;
+                }
+                let mut furthest: std::collections::BTreeMap<(&str, &str), u64> =
+                    std::collections::BTreeMap::new();
+                for c in cursors {
+                    let e = furthest
+                        .entry((c.user_id.as_str(), c.conversation_id.as_str()))
+                        .or_insert(0);
+                    *e = (*e).max(c.seq);
+                }
+                let cursors: Vec<$crate::store::CursorUpdate> = furthest
+                    .into_iter()
+                    .map(|((user_id, conversation_id), seq)| $crate::store::CursorUpdate {
+                        user_id: user_id.to_owned(),
+                        device_id: String::new(),
+                        conversation_id: conversation_id.to_owned(),
+                        seq,
+                    })
+                    .collect();
                 for chunk in cursors.chunks(CHUNK) {
                     let mut qb = sqlx::QueryBuilder::<$db>::new(
                         "INSERT INTO cursors (user_id, conversation_id, seq) ",
@@ -582,6 +888,114 @@ macro_rules! sql_store_impl {
                         duplicate: false,
                     }))
                     .collect())
+            }
+
+            async fn commit_state_on(
+                conn: &mut sqlx::pool::PoolConnection<$db>,
+                reads: &[$crate::store::ReadUpdate],
+                flags: &[$crate::store::FlagsUpdate],
+            ) -> Result<Vec<$crate::store::ReadMoved>, $crate::store::StoreError> {
+                use std::collections::BTreeMap;
+                use sqlx::Row;
+                use $crate::store::sql::CHUNK;
+
+                let mut tx = sqlx::Connection::begin(&mut **conn).await?;
+                let now = im_proto::now_ms();
+                // One row per key (a multi-row upsert may not touch a row twice), in key
+                // order (the same lock order on every node).
+                let mut users: BTreeMap<(&str, &str), i64> = BTreeMap::new();
+                let mut devices: BTreeMap<(&str, &str, &str), i64> = BTreeMap::new();
+                for r in reads {
+                    let seq = r.seq.min(i64::MAX as u64) as i64;
+                    let u = users
+                        .entry((r.user_id.as_str(), r.conversation_id.as_str()))
+                        .or_insert(0);
+                    *u = (*u).max(seq);
+                    let d = devices
+                        .entry((
+                            r.user_id.as_str(),
+                            r.device_id.as_str(),
+                            r.conversation_id.as_str(),
+                        ))
+                        .or_insert(0);
+                    *d = (*d).max(seq);
+                }
+                let users: Vec<((&str, &str), i64)> = users.into_iter().collect();
+                let mut moved = Vec::new();
+                for chunk in users.chunks(CHUNK) {
+                    let mut qb = sqlx::QueryBuilder::<$db>::new(
+                        "INSERT INTO conversation_state (user_id, conversation_id, read_seq, \
+                         read_time) ",
+                    );
+                    qb.push_values(chunk, |mut b, ((user, conv), seq)| {
+                        b.push_bind(*user)
+                            .push_bind(*conv)
+                            .push_bind(*seq)
+                            .push_bind(now);
+                    });
+                    qb.push(
+                        " ON CONFLICT (user_id, conversation_id) DO UPDATE \
+                         SET read_seq = excluded.read_seq, read_time = excluded.read_time \
+                         WHERE excluded.read_seq > conversation_state.read_seq \
+                         RETURNING user_id, conversation_id, read_seq, read_time",
+                    );
+                    for row in qb.build().fetch_all(&mut *tx).await? {
+                        let seq: i64 = row.try_get(2)?;
+                        moved.push($crate::store::ReadMoved {
+                            user_id: row.try_get(0)?,
+                            conversation_id: row.try_get(1)?,
+                            seq: seq.max(0) as u64,
+                            read_time: row.try_get(3)?,
+                        });
+                    }
+                }
+                let devices: Vec<((&str, &str, &str), i64)> = devices.into_iter().collect();
+                for chunk in devices.chunks(CHUNK) {
+                    let mut qb = sqlx::QueryBuilder::<$db>::new(
+                        "INSERT INTO device_cursors (user_id, device_id, conversation_id, \
+                         read_seq) ",
+                    );
+                    qb.push_values(chunk, |mut b, ((user, device, conv), seq)| {
+                        b.push_bind(*user)
+                            .push_bind(*device)
+                            .push_bind(*conv)
+                            .push_bind(*seq);
+                    });
+                    qb.push(
+                        " ON CONFLICT (user_id, device_id, conversation_id) DO UPDATE \
+                         SET read_seq = excluded.read_seq \
+                         WHERE excluded.read_seq > device_cursors.read_seq",
+                    );
+                    qb.build().execute(&mut *tx).await?;
+                }
+                // Flags: the last request per key wins.
+                let mut set: BTreeMap<(&str, &str), (bool, bool)> = BTreeMap::new();
+                for f in flags {
+                    set.insert(
+                        (f.user_id.as_str(), f.conversation_id.as_str()),
+                        (f.muted, f.pinned),
+                    );
+                }
+                let set: Vec<((&str, &str), (bool, bool))> = set.into_iter().collect();
+                for chunk in set.chunks(CHUNK) {
+                    let mut qb = sqlx::QueryBuilder::<$db>::new(
+                        "INSERT INTO conversation_state (user_id, conversation_id, muted, \
+                         pinned) ",
+                    );
+                    qb.push_values(chunk, |mut b, ((user, conv), (muted, pinned))| {
+                        b.push_bind(*user)
+                            .push_bind(*conv)
+                            .push_bind(*muted as i32)
+                            .push_bind(*pinned as i32);
+                    });
+                    qb.push(
+                        " ON CONFLICT (user_id, conversation_id) DO UPDATE \
+                         SET muted = excluded.muted, pinned = excluded.pinned",
+                    );
+                    qb.build().execute(&mut *tx).await?;
+                }
+                tx.commit().await?;
+                Ok(moved)
             }
 
             async fn group_change_on(
@@ -722,11 +1136,13 @@ macro_rules! sql_store_impl {
                 let mut version = version;
                 if let Some(payload) = access::event(req, &plan, &everyone) {
                     let seq: i64 = sqlx::query_scalar(
-                        "INSERT INTO conversations (conversation_id, last_seq) VALUES ($1, 1) \
-                         ON CONFLICT (conversation_id) DO UPDATE \
-                         SET last_seq = conversations.last_seq + 1 RETURNING last_seq",
+                        "INSERT INTO conversations (conversation_id, last_seq, last_time) \
+                         VALUES ($1, 1, $2) ON CONFLICT (conversation_id) DO UPDATE \
+                         SET last_seq = conversations.last_seq + 1, last_time = $2 \
+                         RETURNING last_seq",
                     )
                     .bind(conv.as_str())
+                    .bind(now)
                     .fetch_one(&mut *tx)
                     .await?;
                     let msg_id = uuid::Uuid::now_v7().simple().to_string();
@@ -754,6 +1170,7 @@ macro_rules! sql_store_impl {
                         seq: seq as u64,
                         msg_id,
                         client_msg_id: String::new(),
+                        ..Default::default()
                     });
                 }
                 let v = version as i64;
