@@ -4,6 +4,7 @@
 //! and a walk through every page; prints the median and p90 of each.
 //!
 //! `cargo run --release -p im-server --example list_bench [-- CONVERSATIONS [RUNS]]`
+//! (`LIST_BENCH_DB=PATH` keeps the database at PATH, which must not exist yet).
 
 use std::time::{Duration, Instant};
 
@@ -46,8 +47,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let total: usize = args.next().map_or(Ok(10_000), |a| a.parse())?;
     let runs: usize = args.next().map_or(Ok(51), |a| a.parse())?;
+    // LIST_BENCH_DB=PATH keeps the database there (to look at the query plans).
     let dir = tempfile::tempdir()?;
-    let store = SqliteStore::open(&dir.path().join("im.db"), false, 2).await?;
+    let path = std::env::var("LIST_BENCH_DB")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| dir.path().join("im.db"));
+    let store = SqliteStore::open(&path, false, 2).await?;
 
     let t = Instant::now();
     let groups = total / 10;
