@@ -383,63 +383,144 @@ macro_rules! sql_store_impl {
                 $crate::store::StoreError,
             > {
                 use sqlx::Row;
-                // The page's keys first (the user's conversations in list order, from
-                // the primary keys and the conversations' last activity), then the
-                // details of those rows only: the visible last message, the bounded
-                // unread count, the group's size, the other party's read cursor.
-                let keyset = if after.is_some() {
-                    " WHERE COALESCE(s.pinned, 0) < $3 OR (COALESCE(s.pinned, 0) = $3 AND \
-                     (v.last_time < $4 OR (v.last_time = $4 AND c.cid > $5)))"
-                } else {
-                    " WHERE $3 = $3 AND $4 = $4 AND $5 = $5"
+                // 1. The page's keys, in list order (pinned, last_time, id, all
+                //    descending), from three sources merged here: the pinned ones (a
+                //    partial index), the one-to-one ones (an index range on
+                //    user_conversations, which carries each party's last activity), the
+                //    groups (the user's memberships joined with their conversations).
+                let limit = limit.max(1) as usize;
+                let keyset = |on: bool, t: &str, c: &str| {
+                    if on {
+                        format!(" AND ({t}, {c}) < ($2, $3)")
+                    } else {
+                        " AND $2 = $2 AND $3 = $3".to_owned()
+                    }
                 };
-                let sql = format!(
-                    "WITH c AS (\
-                       SELECT conversation_id AS cid, 0 AS grp FROM user_conversations \
-                       WHERE user_id = $1 \
-                       UNION ALL SELECT 'g:' || group_id AS cid, 1 AS grp FROM group_members \
-                       WHERE user_id = $1), \
-                     p AS (SELECT c.cid, c.grp, COALESCE(s.pinned, 0) AS pinned, \
-                       v.last_time, v.last_seq, COALESCE(s.read_seq, 0) AS read_seq, \
-                       COALESCE(s.muted, 0) AS muted \
-                       FROM c JOIN conversations v ON v.conversation_id = c.cid \
-                       LEFT JOIN conversation_state s \
-                       ON s.user_id = $1 AND s.conversation_id = c.cid{keyset} \
-                       ORDER BY 3 DESC, 4 DESC, 1 LIMIT $2), \
-                     q AS (SELECT p.*, CASE WHEN p.grp = 1 THEN COALESCE((\
-                       SELECT MAX(i.joined_seq) FROM group_intervals i \
-                       WHERE i.group_id = substr(p.cid, 3) AND i.user_id = $1 \
-                       AND i.left_seq IS NULL), 0) ELSE 0 END AS lo FROM p) \
+                let not_pinned = |c: &str| {
+                    format!(
+                        " AND NOT EXISTS (SELECT 1 FROM conversation_state s \
+                         WHERE s.user_id = $1 AND s.conversation_id = {c} AND s.pinned <> 0)"
+                    )
+                };
+                let (at, ac) = match after {
+                    Some(a) => (a.last_time, a.conversation_id.as_str()),
+                    None => (0, ""),
+                };
+                // (pinned, last_time, conversation id, group)
+                let mut keys: Vec<(bool, i64, String, bool)> = Vec::new();
+                if after.map_or(true, |a| a.pinned) {
+                    let sql = format!(
+                        "SELECT s.conversation_id, v.last_time FROM conversation_state s \
+                         JOIN conversations v ON v.conversation_id = s.conversation_id \
+                         WHERE s.user_id = $1 AND s.pinned <> 0{} \
+                         AND (EXISTS (SELECT 1 FROM user_conversations u \
+                              WHERE u.user_id = $1 AND u.conversation_id = s.conversation_id) \
+                           OR (s.conversation_id LIKE 'g:%' AND EXISTS (SELECT 1 \
+                              FROM group_members m WHERE m.user_id = $1 \
+                              AND m.group_id = substr(s.conversation_id, 3)))) \
+                         ORDER BY v.last_time DESC, s.conversation_id DESC LIMIT $4",
+                        keyset(after.is_some(), "v.last_time", "s.conversation_id"),
+                    );
+                    let rows: Vec<(String, i64)> = sqlx::query_as(&sql)
+                        .bind(user_id)
+                        .bind(at)
+                        .bind(ac)
+                        .bind(limit as i64)
+                        .fetch_all(&self.read)
+                        .await?;
+                    keys.extend(
+                        rows.into_iter()
+                            .map(|(c, t)| (true, t, c.clone(), c.starts_with("g:"))),
+                    );
+                }
+                if keys.len() < limit {
+                    let need = (limit - keys.len()) as i64;
+                    let rest = after.is_some_and(|a| !a.pinned);
+                    let direct = format!(
+                        "SELECT u.conversation_id, u.last_time FROM user_conversations u \
+                         WHERE u.user_id = $1{}{} \
+                         ORDER BY u.last_time DESC, u.conversation_id DESC LIMIT $4",
+                        keyset(rest, "u.last_time", "u.conversation_id"),
+                        not_pinned("u.conversation_id"),
+                    );
+                    let groups = format!(
+                        "SELECT v.conversation_id, v.last_time FROM group_members m \
+                         JOIN conversations v ON v.conversation_id = 'g:' || m.group_id \
+                         WHERE m.user_id = $1{}{} \
+                         ORDER BY v.last_time DESC, v.conversation_id DESC LIMIT $4",
+                        keyset(rest, "v.last_time", "v.conversation_id"),
+                        not_pinned("v.conversation_id"),
+                    );
+                    let mut merged: Vec<(i64, String, bool)> = Vec::new();
+                    for (sql, group) in [(direct, false), (groups, true)] {
+                        let rows: Vec<(String, i64)> = sqlx::query_as(&sql)
+                            .bind(user_id)
+                            .bind(at)
+                            .bind(ac)
+                            .bind(need)
+                            .fetch_all(&self.read)
+                            .await?;
+                        merged.extend(rows.into_iter().map(|(c, t)| (t, c, group)));
+                    }
+                    merged.sort_unstable_by(|a, b| (b.0, &b.1).cmp(&(a.0, &a.1)));
+                    merged.truncate(need as usize);
+                    keys.extend(merged.into_iter().map(|(t, c, g)| (false, t, c, g)));
+                }
+                if keys.is_empty() {
+                    return Ok((Vec::new(), None));
+                }
+
+                // 2. The details of those rows only: the visible last message, the
+                //    bounded unread count, the group's size, the other party's cursor.
+                let mut qb = sqlx::QueryBuilder::<$db>::new("WITH k (cid, grp, ord) AS (");
+                qb.push_values(keys.iter().enumerate(), |mut b, (i, k)| {
+                    b.push_bind(k.2.as_str())
+                        .push_bind(k.3 as i32)
+                        .push_bind(i as i32);
+                });
+                qb.push(
+                    "), q AS (SELECT k.cid, k.grp, k.ord, v.last_time, v.last_seq, \
+                       COALESCE(s.read_seq, 0) AS read_seq, COALESCE(s.muted, 0) AS muted, \
+                       COALESCE(s.pinned, 0) AS pinned, \
+                       CASE WHEN k.grp = 1 THEN COALESCE((SELECT MAX(i.joined_seq) \
+                         FROM group_intervals i WHERE i.group_id = substr(k.cid, 3) \
+                         AND i.user_id = ",
+                );
+                qb.push_bind(user_id);
+                qb.push(
+                    " AND i.left_seq IS NULL), 0) ELSE 0 END AS lo \
+                     FROM k JOIN conversations v ON v.conversation_id = k.cid \
+                     LEFT JOIN conversation_state s ON s.user_id = ",
+                );
+                qb.push_bind(user_id);
+                qb.push(
+                    " AND s.conversation_id = k.cid) \
                      SELECT q.cid, q.grp, q.pinned, q.last_time, q.last_seq, q.read_seq, \
                        q.muted, \
                        (SELECT g.size FROM chat_groups g \
                         WHERE q.grp = 1 AND g.group_id = substr(q.cid, 3)) AS size, \
                        (SELECT MAX(o.read_seq) FROM conversation_state o \
-                        WHERE q.grp = 0 AND o.conversation_id = q.cid AND o.user_id <> $1) \
-                        AS peer, \
+                        WHERE q.grp = 0 AND o.conversation_id = q.cid AND o.user_id <> ",
+                );
+                qb.push_bind(user_id);
+                qb.push(
+                    ") AS peer, \
                        (SELECT COUNT(*) FROM messages m WHERE m.conversation_id = q.cid \
-                        AND m.seq > q.read_seq AND m.seq >= q.lo AND m.seq > q.last_seq - $6 \
-                        AND m.sender <> $1 AND m.msg_type < 3) AS unread, \
+                        AND m.seq > q.read_seq AND m.seq >= q.lo AND m.seq > q.last_seq - ",
+                );
+                qb.push_bind($crate::store::UNREAD_CAP as i64);
+                qb.push(" AND m.sender <> ");
+                qb.push_bind(user_id);
+                qb.push(
+                    " AND m.msg_type < 3) AS unread, \
                        l.sender, l.payload, l.send_time, l.msg_type, l.seq, l.msg_id, \
                        l.client_msg_id \
                      FROM q LEFT JOIN messages l ON l.conversation_id = q.cid AND l.seq = (\
                        SELECT MAX(m.seq) FROM messages m WHERE m.conversation_id = q.cid \
                        AND m.seq >= q.lo AND m.seq <= q.last_seq) \
-                     ORDER BY q.pinned DESC, q.last_time DESC, q.cid"
+                     ORDER BY q.ord",
                 );
-                let (ap, at, ac) = match after {
-                    Some(a) => (a.pinned as i32, a.last_time, a.conversation_id.as_str()),
-                    None => (0, 0, ""),
-                };
-                let rows = sqlx::query(&sql)
-                    .bind(user_id)
-                    .bind(limit as i64)
-                    .bind(ap)
-                    .bind(at)
-                    .bind(ac)
-                    .bind($crate::store::UNREAD_CAP as i64)
-                    .fetch_all(&self.read)
-                    .await?;
+                let rows = qb.build().fetch_all(&self.read).await?;
                 let mut out = Vec::with_capacity(rows.len());
                 for r in &rows {
                     let cid: String = r.try_get("cid")?;
@@ -499,12 +580,15 @@ macro_rules! sql_store_impl {
                         peer_read_seq: peer.unwrap_or(0).max(0) as u64,
                     });
                 }
-                let next = match out.last() {
-                    Some(last) if out.len() as u32 >= limit => Some($crate::store::ListAfter {
-                        pinned: last.pinned,
-                        last_time: last.last_time,
-                        conversation_id: last.conversation_id.clone(),
-                    }),
+                // The next page starts after this page's last key (as ordered above).
+                let next = match keys.last() {
+                    Some((pinned, last_time, conversation_id, _)) if keys.len() >= limit => {
+                        Some($crate::store::ListAfter {
+                            pinned: *pinned,
+                            last_time: *last_time,
+                            conversation_id: conversation_id.clone(),
+                        })
+                    }
                     _ => None,
                 };
                 Ok((out, next))
@@ -678,8 +762,9 @@ macro_rules! sql_store_impl {
                         let (id, n, direct) = counts[k];
                         let last = last as u64;
                         next.insert(id, last + 1 - n);
-                        if let (true, Some((a, b))) = (last == n, direct) {
-                            // A new one-to-one conversation: record it for both parties.
+                        if let Some((a, b)) = direct {
+                            // A one-to-one conversation: recorded for both parties, with
+                            // its last activity (the conversation list's order).
                             created.push((a.as_str(), id));
                             created.push((b.as_str(), id));
                         }
@@ -695,12 +780,15 @@ macro_rules! sql_store_impl {
                 created.dedup();
                 for chunk in created.chunks(CHUNK) {
                     let mut qb = sqlx::QueryBuilder::<$db>::new(
-                        "INSERT INTO user_conversations (user_id, conversation_id) ",
+                        "INSERT INTO user_conversations (user_id, conversation_id, last_time) ",
                     );
                     qb.push_values(chunk, |mut b, (user, conv)| {
-                        b.push_bind(*user).push_bind(*conv);
+                        b.push_bind(*user).push_bind(*conv).push_bind(now);
                     });
-                    qb.push(" ON CONFLICT DO NOTHING");
+                    qb.push(
+                        " ON CONFLICT (user_id, conversation_id) DO UPDATE \
+                         SET last_time = excluded.last_time",
+                    );
                     qb.build().execute(&mut *tx).await?;
                 }
                 for &i in &fresh {
