@@ -454,15 +454,26 @@ async fn device_cursors_sync_each_device_from_its_own() {
             .unwrap();
         s.commit_batch(&[], &[cur("phone", 2)]).await.unwrap();
         assert_eq!(s.cursor("b", "u:a:b").await.unwrap(), 3, "{b}");
-        assert_eq!(s.device_cursor("b", "phone", "u:a:b").await.unwrap(), (3, 0));
-        let seqs = |page: Vec<im_proto::ChatMessage>| -> Vec<u64> {
-            page.iter().map(|m| m.seq).collect()
-        };
-        let (p, _) = s.sync_device("b", "phone", &[], 100, usize::MAX).await.unwrap();
+        assert_eq!(
+            s.device_cursor("b", "phone", "u:a:b").await.unwrap(),
+            (3, 0)
+        );
+        let seqs =
+            |page: Vec<im_proto::ChatMessage>| -> Vec<u64> { page.iter().map(|m| m.seq).collect() };
+        let (p, _) = s
+            .sync_device("b", "phone", &[], 100, usize::MAX)
+            .await
+            .unwrap();
         assert!(p.is_empty(), "{b}: {p:?}");
-        let (p, _) = s.sync_device("b", "laptop", &[], 100, usize::MAX).await.unwrap();
+        let (p, _) = s
+            .sync_device("b", "laptop", &[], 100, usize::MAX)
+            .await
+            .unwrap();
         assert_eq!(seqs(p), [2, 3], "{b}");
-        let (p, _) = s.sync_device("b", "tablet", &[], 100, usize::MAX).await.unwrap();
+        let (p, _) = s
+            .sync_device("b", "tablet", &[], 100, usize::MAX)
+            .await
+            .unwrap();
         assert_eq!(seqs(p), [1, 2, 3], "{b}");
         // The request's cursors win over the device's.
         let (p, _) = s
@@ -478,12 +489,19 @@ async fn read_cursors_flags_and_the_conversation_list() {
     for (s, _dir) in stores().await {
         let b = s.backend();
         // a <-> b: two from b, one from a. a <-> c: one from c. A group g of a and b.
-        s.commit_batch(&[msg("u:a:b", "b", "1", "b1"), msg("u:a:b", "b", "2", "b2")], &[])
+        s.commit_batch(
+            &[msg("u:a:b", "b", "1", "b1"), msg("u:a:b", "b", "2", "b2")],
+            &[],
+        )
+        .await
+        .unwrap();
+        s.commit_batch(&[msg("u:a:b", "a", "3", "a1")], &[])
             .await
             .unwrap();
-        s.commit_batch(&[msg("u:a:b", "a", "3", "a1")], &[]).await.unwrap();
         tokio::time::sleep(std::time::Duration::from_millis(3)).await;
-        s.commit_batch(&[msg("u:a:c", "c", "4", "c1")], &[]).await.unwrap();
+        s.commit_batch(&[msg("u:a:c", "c", "4", "c1")], &[])
+            .await
+            .unwrap();
         tokio::time::sleep(std::time::Duration::from_millis(3)).await;
         s.group_change("g", &group_req(Op::Create, "b", &["a"], 10))
             .await
@@ -497,8 +515,16 @@ async fn read_cursors_flags_and_the_conversation_list() {
         let ids: Vec<&str> = list.iter().map(|c| c.conversation_id.as_str()).collect();
         assert_eq!(ids, ["g:g", "u:a:c", "u:a:b"], "{b}");
         let g = &list[0];
-        assert_eq!((g.name.as_str(), g.size, g.unread, g.last_seq), ("g", 2, 1, 2), "{b}");
-        assert_eq!(&g.last_message.as_ref().unwrap().payload[..], b"hell", "{b}");
+        assert_eq!(
+            (g.name.as_str(), g.size, g.unread, g.last_seq),
+            ("g", 2, 1, 2),
+            "{b}"
+        );
+        assert_eq!(
+            &g.last_message.as_ref().unwrap().payload[..],
+            b"hell",
+            "{b}"
+        );
         let ab = &list[2];
         // a's own send read everything before it.
         assert_eq!((ab.read_seq, ab.unread, ab.peer_read_seq), (3, 0, 2), "{b}");
@@ -512,13 +538,27 @@ async fn read_cursors_flags_and_the_conversation_list() {
             seq,
         };
         let moved = s
-            .commit_state(&[read("a", "phone", "u:a:c", 1), read("a", "laptop", "u:a:c", 1)], &[])
+            .commit_state(
+                &[
+                    read("a", "phone", "u:a:c", 1),
+                    read("a", "laptop", "u:a:c", 1),
+                ],
+                &[],
+            )
             .await
             .unwrap();
         assert_eq!(moved.len(), 1, "{b}: {moved:?}");
         assert_eq!((moved[0].user_id.as_str(), moved[0].seq), ("a", 1));
-        assert!(s.commit_state(&[read("a", "phone", "u:a:b", 1)], &[]).await.unwrap().is_empty());
-        assert_eq!(s.device_cursor("a", "phone", "u:a:b").await.unwrap(), (0, 1), "{b}");
+        assert!(s
+            .commit_state(&[read("a", "phone", "u:a:b", 1)], &[])
+            .await
+            .unwrap()
+            .is_empty());
+        assert_eq!(
+            s.device_cursor("a", "phone", "u:a:b").await.unwrap(),
+            (0, 1),
+            "{b}"
+        );
         // Flags: pinned first, muted kept with its count.
         let flags = FlagsUpdate {
             user_id: "a".into(),
@@ -530,14 +570,20 @@ async fn read_cursors_flags_and_the_conversation_list() {
         let (list, _) = s.list_conversations("a", None, 10, 100).await.unwrap();
         let ids: Vec<&str> = list.iter().map(|c| c.conversation_id.as_str()).collect();
         assert_eq!(ids, ["u:a:b", "g:g", "u:a:c"], "{b}");
-        assert!(list[0].pinned && list[0].muted && list[0].read_seq == 3, "{b}");
+        assert!(
+            list[0].pinned && list[0].muted && list[0].read_seq == 3,
+            "{b}"
+        );
         assert_eq!(list[2].unread, 0, "{b}");
 
         // Paging: one at a time, each once, the same order.
         let mut after: Option<ListAfter> = None;
         let mut paged = Vec::new();
         loop {
-            let (page, next) = s.list_conversations("a", after.as_ref(), 1, 0).await.unwrap();
+            let (page, next) = s
+                .list_conversations("a", after.as_ref(), 1, 0)
+                .await
+                .unwrap();
             paged.extend(page.into_iter().map(|c| c.conversation_id));
             match next {
                 Some(n) => after = Some(n),
@@ -547,10 +593,21 @@ async fn read_cursors_flags_and_the_conversation_list() {
         assert_eq!(paged, ids, "{b}");
 
         // Read counts (large groups): b read by sending, a not yet.
-        assert_eq!(s.read_count("g:g", 2).await.unwrap(), (1, "b".to_owned()), "{b}");
-        s.commit_state(&[read("a", "phone", "g:g", 2)], &[]).await.unwrap();
+        assert_eq!(
+            s.read_count("g:g", 2).await.unwrap(),
+            (1, "b".to_owned()),
+            "{b}"
+        );
+        s.commit_state(&[read("a", "phone", "g:g", 2)], &[])
+            .await
+            .unwrap();
         assert_eq!(s.read_count("g:g", 2).await.unwrap().0, 2, "{b}");
         // A user with nothing lists nothing.
-        assert!(s.list_conversations("z", None, 10, 10).await.unwrap().0.is_empty());
+        assert!(s
+            .list_conversations("z", None, 10, 10)
+            .await
+            .unwrap()
+            .0
+            .is_empty());
     }
 }

@@ -29,7 +29,10 @@ fn mark_read(conv: &str, seq: u64) -> Body {
 /// MarkRead as request `req_id`; panics unless answered Done.
 async fn mark_read_ok(c: &mut RawConn, req_id: u64, conv: &str, seq: u64) {
     let body = request(c, req_id, mark_read(conv, seq)).await;
-    assert!(matches!(body, Body::Done(_)), "MarkRead {conv} {seq}: {body:?}");
+    assert!(
+        matches!(body, Body::Done(_)),
+        "MarkRead {conv} {seq}: {body:?}"
+    );
 }
 
 /// Every conversation of the connection's user, paging `limit` at a time.
@@ -161,12 +164,20 @@ async fn a_send_from_one_device_reaches_the_others_and_counts_as_read() {
     let Some(Body::Deliver(d)) = f.body else {
         panic!("{f:?}")
     };
-    assert_eq!((d.messages[0].seq, d.messages[0].sender.as_str()), (ack.seq, "alice"));
-    assert!(matches!(next_frame(&mut bob).await.body, Some(Body::Deliver(_))));
+    assert_eq!(
+        (d.messages[0].seq, d.messages[0].sender.as_str()),
+        (ack.seq, "alice")
+    );
+    assert!(matches!(
+        next_frame(&mut bob).await.body,
+        Some(Body::Deliver(_))
+    ));
     // The sending connection got the SendAck, not the push.
     let before = frames_before_pong(&mut phone, 2).await;
     assert!(
-        !before.iter().any(|f| matches!(f.body, Some(Body::Deliver(_)))),
+        !before
+            .iter()
+            .any(|f| matches!(f.body, Some(Body::Deliver(_)))),
         "{before:?}"
     );
 
@@ -218,12 +229,16 @@ async fn mark_read_is_forward_only_and_sends_one_to_one_receipts() {
     let receipt = loop {
         match tokio::time::timeout(WAIT, alice.next_event()).await {
             Ok(Some(Event::ReadReceipt(r))) => break r,
-            Ok(Some(_)) => continue,
+            Ok(Some(_)) => {}
             other => panic!("no receipt: {other:?}"),
         }
     };
     assert_eq!(
-        (receipt.conversation_id.as_str(), receipt.user_id.as_str(), receipt.seq),
+        (
+            receipt.conversation_id.as_str(),
+            receipt.user_id.as_str(),
+            receipt.seq
+        ),
         (conv.as_str(), "bob", 2)
     );
     assert!(receipt.read_time > 0);
@@ -232,14 +247,19 @@ async fn mark_read_is_forward_only_and_sends_one_to_one_receipts() {
     // Not the connection that marked it.
     let before = frames_before_pong(&mut bob, 6).await;
     assert!(
-        !before.iter().any(|f| matches!(f.body, Some(Body::ReadReceipt(_)))),
+        !before
+            .iter()
+            .any(|f| matches!(f.body, Some(Body::ReadReceipt(_)))),
         "{before:?}"
     );
 
     // Backwards is a no-op (Done, no receipt, the cursor stays).
     mark_read_ok(&mut bob, 7, &conv, 1).await;
     let list = list_all(&mut bob, 10).await;
-    assert_eq!((entry(&list, &conv).read_seq, entry(&list, &conv).unread), (2, 1));
+    assert_eq!(
+        (entry(&list, &conv).read_seq, entry(&list, &conv).unread),
+        (2, 1)
+    );
     assert_eq!(s.store_device_read("bob", "phone", &conv).await, 2);
     assert_eq!(s.store_device_read("bob", "laptop", &conv).await, 0);
     // The SDK sees bob's cursor as the peer's.
@@ -286,7 +306,12 @@ async fn small_groups_get_per_member_receipts() {
     for c in [&mut alice, &mut carol] {
         let r = next_receipt(c).await;
         assert_eq!(
-            (r.conversation_id.as_str(), r.user_id.as_str(), r.seq, r.read_count),
+            (
+                r.conversation_id.as_str(),
+                r.user_id.as_str(),
+                r.seq,
+                r.read_count
+            ),
             ("g:trio", "bob", seq, 0)
         );
     }
@@ -323,7 +348,9 @@ async fn large_groups_get_one_counted_receipt_for_the_sender() {
     for c in [&mut bob, &mut carol] {
         let before = frames_before_pong(c, 50).await;
         assert!(
-            !before.iter().any(|f| matches!(f.body, Some(Body::ReadReceipt(_)))),
+            !before
+                .iter()
+                .any(|f| matches!(f.body, Some(Body::ReadReceipt(_)))),
             "{before:?}"
         );
     }
@@ -337,8 +364,12 @@ async fn the_list_orders_pinned_then_recent_and_counts_unread() {
     let mut carol = s.raw("carol").await;
     let ab = proto::direct_conversation("alice", "bob");
     let ac = proto::direct_conversation("alice", "carol");
-    bob.send(&send_to_user(1, "alice", b"b1", "b-1")).await.unwrap();
-    bob.send(&send_to_user(2, "alice", b"b2", "b-2")).await.unwrap();
+    bob.send(&send_to_user(1, "alice", b"b1", "b-1"))
+        .await
+        .unwrap();
+    bob.send(&send_to_user(2, "alice", b"b2", "b-2"))
+        .await
+        .unwrap();
     acks(&mut bob, 2).await;
     tokio::time::sleep(Duration::from_millis(5)).await; // distinct last_time (ms)
     carol
@@ -351,7 +382,10 @@ async fn the_list_orders_pinned_then_recent_and_counts_unread() {
     let order: Vec<&str> = list.iter().map(|c| c.conversation_id.as_str()).collect();
     assert_eq!(order, [ac.as_str(), ab.as_str()]);
     let c = entry(&list, &ac);
-    assert_eq!((c.name.as_str(), c.size, c.unread, c.last_seq), ("carol", 2, 1, 1));
+    assert_eq!(
+        (c.name.as_str(), c.size, c.unread, c.last_seq),
+        ("carol", 2, 1, 1)
+    );
     let last = c.last_message.as_ref().expect("a last message");
     assert_eq!(last.payload.len(), 256, "the preview is cut");
     assert_eq!(entry(&list, &ab).unread, 2);
@@ -364,7 +398,10 @@ async fn the_list_orders_pinned_then_recent_and_counts_unread() {
             pinned,
         })
     };
-    assert!(matches!(request(&mut alice, 5, flags(&ab, true, true)).await, Body::Done(_)));
+    assert!(matches!(
+        request(&mut alice, 5, flags(&ab, true, true)).await,
+        Body::Done(_)
+    ));
     let list = list_all(&mut alice, 50).await;
     let order: Vec<&str> = list.iter().map(|c| c.conversation_id.as_str()).collect();
     assert_eq!(order, [ab.as_str(), ac.as_str()]);
@@ -407,7 +444,12 @@ async fn paging_with_after_lists_every_conversation_once() {
     let n = 23;
     for i in 0..n {
         alice
-            .send(&send_to_user(i + 1, &format!("user{i}"), b"hi", &format!("a-{i}")))
+            .send(&send_to_user(
+                i + 1,
+                &format!("user{i}"),
+                b"hi",
+                &format!("a-{i}"),
+            ))
             .await
             .unwrap();
     }
@@ -428,13 +470,20 @@ async fn paging_with_after_lists_every_conversation_once() {
     let list = list_all(&mut alice, 5).await;
     let ids: Vec<&str> = list.iter().map(|c| c.conversation_id.as_str()).collect();
     let unique: HashSet<&str> = ids.iter().copied().collect();
-    assert_eq!((ids.len(), unique.len()), (n as usize + 1, n as usize + 1), "{ids:?}");
+    assert_eq!(
+        (ids.len(), unique.len()),
+        (n as usize + 1, n as usize + 1),
+        "{ids:?}"
+    );
     assert_eq!(ids[0], pinned);
     // After the pinned one, by last activity, newest first.
     let times: Vec<i64> = list[1..].iter().map(|c| c.last_time).collect();
     assert!(times.windows(2).all(|w| w[0] >= w[1]), "{times:?}");
     let g = entry(&list, "g:g1");
-    assert_eq!((g.kind, g.name.as_str(), g.size), (proto::ConversationKind::Group as i32, "g1", 1));
+    assert_eq!(
+        (g.kind, g.name.as_str(), g.size),
+        (proto::ConversationKind::Group as i32, "g1", 1)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -443,15 +492,23 @@ async fn a_receipt_reaches_the_reader_on_another_node() {
     let mut alice = c.nodes[0].raw("alice").await;
     let mut bob = c.nodes[1].raw("bob").await;
     for (i, others) in [(0, 1), (1, 1)] {
-        c.wait_for(i, "presence", |o| o["cluster"]["users_on_other_nodes"] == others)
-            .await;
+        c.wait_for(i, "presence", |o| {
+            o["cluster"]["users_on_other_nodes"] == others
+        })
+        .await;
     }
     alice
         .send(&send_to_user(1, "bob", b"hello", "a-1"))
         .await
         .unwrap();
     let seq = acks(&mut alice, 1).await.remove(0).1.seq;
-    mark_read_ok(&mut bob, 2, &proto::direct_conversation("alice", "bob"), seq).await;
+    mark_read_ok(
+        &mut bob,
+        2,
+        &proto::direct_conversation("alice", "bob"),
+        seq,
+    )
+    .await;
     let r = next_receipt(&mut alice).await;
     assert_eq!((r.user_id.as_str(), r.seq), ("bob", seq));
     c.cleanup().await;
@@ -465,7 +522,10 @@ async fn read_state_frames_are_rate_limited() {
     ]);
     let mut alice = s.raw("alice").await;
     let list = || Body::ListConversations(proto::ListConversations::default());
-    assert!(matches!(request(&mut alice, 1, list()).await, Body::ConversationList(_)));
+    assert!(matches!(
+        request(&mut alice, 1, list()).await,
+        Body::ConversationList(_)
+    ));
     match request(&mut alice, 2, list()).await {
         Body::Error(e) => {
             assert_eq!(e.code, ErrorCode::RateLimited as i32);

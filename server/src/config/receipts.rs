@@ -51,7 +51,12 @@ impl Receipts {
             ));
         }
         range("receipts.coalesce_ms", self.coalesce_ms, 0, 60_000)?;
-        range("receipts.queue_capacity", self.queue_capacity, 1, 10_000_000)?;
+        range(
+            "receipts.queue_capacity",
+            self.queue_capacity,
+            1,
+            10_000_000,
+        )?;
         Ok(())
     }
 
@@ -73,7 +78,10 @@ mod tests {
             ..Receipts::default()
         };
         let e = bad.validate().unwrap_err().to_string();
-        assert!(e.contains("receipts.large_group") && e.contains("all"), "{e}");
+        assert!(
+            e.contains("receipts.large_group") && e.contains("all"),
+            "{e}"
+        );
         let bad = Receipts {
             coalesce_ms: 70_000,
             ..Receipts::default()

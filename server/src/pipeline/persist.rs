@@ -15,15 +15,15 @@ use std::time::{Duration, Instant};
 use im_proto::{frame, Body, ChatMessage, ErrorCode, SendAck};
 use tokio::sync::{mpsc, oneshot};
 
+use super::receipts::ReadEvent;
 use super::relation::Relations;
 use super::route::{Delivery, Recipients};
 use super::Refusal;
 use crate::config::Persist;
 use crate::flow::Outbound;
 use crate::obs::{Metrics, Stage};
-use super::receipts::ReadEvent;
 use crate::store::{
-    health, CursorUpdate, FlagsUpdate, Fault, GroupRequest, GroupState, NewMessage, ReadUpdate,
+    health, CursorUpdate, Fault, FlagsUpdate, GroupRequest, GroupState, NewMessage, ReadUpdate,
     Store, StoreError, StoreHealth,
 };
 
@@ -288,7 +288,10 @@ pub async fn run_writer(
         if let Some(fault) = guard.health.fault() {
             if last_try.elapsed() < guard.probe_interval {
                 refuse(&mut sends, fault, &guard);
-                refuse_states(&mut states, &Refusal::store(StoreError::Unavailable(fault.name())));
+                refuse_states(
+                    &mut states,
+                    &Refusal::store(StoreError::Unavailable(fault.name())),
+                );
                 for (_, _, reply) in groups.drain(..) {
                     let _ = reply.send(Err(StoreError::Unavailable(fault.name())));
                 }
@@ -306,12 +309,14 @@ pub async fn run_writer(
 
         let cursor_updates: Vec<CursorUpdate> = cursors
             .drain()
-            .map(|((user_id, device_id, conversation_id), seq)| CursorUpdate {
-                user_id,
-                device_id,
-                conversation_id,
-                seq,
-            })
+            .map(
+                |((user_id, device_id, conversation_id), seq)| CursorUpdate {
+                    user_id,
+                    device_id,
+                    conversation_id,
+                    seq,
+                },
+            )
             .collect();
         if !sends.is_empty() || !cursor_updates.is_empty() {
             last_try = Instant::now();
@@ -369,13 +374,20 @@ pub async fn run_writer(
                                 .get(&(m.user_id.as_str(), m.conversation_id.as_str()))
                                 .copied()
                                 .unwrap_or(0);
-                            if tx.try_send(ReadEvent { moved: m, origin_conn }).is_err() {
+                            if tx
+                                .try_send(ReadEvent {
+                                    moved: m,
+                                    origin_conn,
+                                })
+                                .is_err()
+                            {
                                 receipts_dropped.increment(1);
                             }
                         }
                     }
                     for r in states.drain(..) {
-                        let done = im_proto::encode(&frame(r.req_id, Body::Done(im_proto::Done {})));
+                        let done =
+                            im_proto::encode(&frame(r.req_id, Body::Done(im_proto::Done {})));
                         r.origin.push(done, true);
                     }
                 }

@@ -98,7 +98,7 @@ pub fn encode_after(a: &ListAfter) -> String {
 
 /// Reads an `after` token back; `None` when it is not one this server made.
 pub fn decode_after(token: &str) -> Option<ListAfter> {
-    if token.len() > MAX_AFTER_TOKEN || token.len() % 2 != 0 {
+    if token.len() > MAX_AFTER_TOKEN || !token.len().is_multiple_of(2) {
         return None;
     }
     let bytes: Option<Vec<u8>> = (0..token.len())
@@ -252,11 +252,17 @@ mod tests {
         let t = encode_after(&a);
         assert!(t.bytes().all(|b| b.is_ascii_hexdigit()), "{t}");
         assert_eq!(decode_after(&t), Some(a));
-        for bad in ["", "zz", "abc", &"00".repeat(200), &encode_after(&ListAfter {
-            pinned: false,
-            last_time: 1,
-            conversation_id: "nope".into(),
-        })] {
+        for bad in [
+            "",
+            "zz",
+            "abc",
+            &"00".repeat(200),
+            &encode_after(&ListAfter {
+                pinned: false,
+                last_time: 1,
+                conversation_id: "nope".into(),
+            }),
+        ] {
             assert_eq!(decode_after(bad), None, "{bad}");
         }
     }

@@ -50,11 +50,8 @@ pub async fn run(
     while let Some(first) = rx.recv().await {
         gather(&mut pending, first);
         let deadline = tokio::time::Instant::now() + window;
-        loop {
-            match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(e)) => gather(&mut pending, e),
-                Ok(None) | Err(_) => break,
-            }
+        while let Ok(Some(e)) = tokio::time::timeout_at(deadline, rx.recv()).await {
+            gather(&mut pending, e);
         }
         let batch: Vec<ReadEvent> = pending.drain().map(|(_, e)| e).collect();
         let pushed = flush(batch, &*store, &relations, &router, &cfg).await;

@@ -380,8 +380,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// How many users have read the conversation up to `seq` or past it (one indexed
     /// count), and the sender of the message at `seq` ("" when none).
-    async fn read_count(&self, conversation_id: &str, seq: u64)
-        -> Result<(u32, String), StoreError>;
+    async fn read_count(
+        &self,
+        conversation_id: &str,
+        seq: u64,
+    ) -> Result<(u32, String), StoreError>;
 
     /// A device's (delivered, read) cursors in a conversation (0 when none).
     async fn device_cursor(
