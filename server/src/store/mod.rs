@@ -331,7 +331,8 @@ pub trait Store: Send + Sync + 'static {
     /// The last seq of a conversation, or `None` when it does not exist.
     async fn last_seq(&self, conversation_id: &str) -> Result<Option<u64>, StoreError>;
 
-    /// The stored cursor of a user in a conversation (0 when none).
+    /// The user's delivered cursor in a conversation: the furthest of their devices'
+    /// (0 when none).
     async fn cursor(&self, user_id: &str, conversation_id: &str) -> Result<u64, StoreError>;
 
     /// Cheap readiness probe.
