@@ -6,8 +6,8 @@
 //! value fails start-up with an error naming the key (or env var) and the value.
 //!
 //! Layout: one file per section (`limits`, `persist`, `flow`, `store`, `obs`, `log`,
-//! `cluster`, `http`, `receipts`), each owning its struct's fields, defaults and validation; this
-//! module owns the whole [`Config`] (the top-level keys and their checks, the checks
+//! `cluster`, `http`, `receipts`), each owning its struct's fields, defaults and
+//! validation; this module owns the whole [`Config`] (the top-level keys and their checks, the checks
 //! across sections), loading (`layers`: file and env over the defaults), and the error
 //! type; `check` holds the checks the sections are made of, `redact` how secrets show.
 

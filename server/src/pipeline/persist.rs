@@ -6,7 +6,9 @@
 //! again against the membership cache, which this writer patches after every group
 //! change it commits: a member removed after their Send was validated gets NOT_MEMBER,
 //! and nobody removed before the commit receives the message. A group change's SYSTEM
-//! event goes to the members after the change and to those it removed.
+//! event goes to the members after the change and to those it removed. MarkReads and
+//! conversation flags (`WriteReq::State`) are committed together after the batch, each
+//! answered `Done` then; read cursors that moved go to the receipts task.
 
 use std::collections::HashMap;
 use std::sync::Arc;
