@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use im_proto::{
-    group_op, send, Body, ChatMessage, ErrorCode, GroupOp, GroupOpOk, MessageType, Ping, Pong,
-    SendAck,
+    group_op, send, Body, ChatMessage, ConversationList, ErrorCode, GroupOp, GroupOpOk,
+    ListConversations, MarkRead, MessageType, Ping, Pong, ReadReceipt, SendAck,
+    SetConversationFlags,
 };
 use tokio::sync::{mpsc, oneshot, Mutex};
 use tokio::task::JoinHandle;
@@ -40,6 +41,9 @@ pub enum Event {
         /// The node now serving this client.
         node_id: String,
     },
+    /// Someone read a conversation up to a seq (pushed; `user_id` empty and
+    /// `read_count` set for a large group's counted receipt).
+    ReadReceipt(ReadReceipt),
 }
 
 /// Where a message goes.
@@ -284,6 +288,61 @@ impl Client {
 
     /// Sends one request and waits for its reply. `patient`: while the client is
     /// reconnecting, the request timeout does not run (it starts over once connected).
+    /// Marks `conversation_id` read up to `seq` for this user (forward only; this
+    /// device's read cursor too); returns once the server committed it. The other
+    /// party (one-to-one) or the group's members get a `ReadReceipt`.
+    pub async fn mark_read(
+        &self,
+        conversation_id: impl Into<String>,
+        seq: u64,
+    ) -> Result<(), ClientError> {
+        let body = Body::MarkRead(MarkRead {
+            conversation_id: conversation_id.into(),
+            seq,
+        });
+        match self.request(body, false).await? {
+            Body::Done(_) => Ok(()),
+            other => Err(unexpected("Done", &other)),
+        }
+    }
+
+    /// One page of this user's conversations: pinned first, then by latest activity.
+    /// `after` is the previous page's `next_after` ("" for the first page); `limit` 0
+    /// asks for the server's default (50).
+    pub async fn list_conversations(
+        &self,
+        after: impl Into<String>,
+        limit: u32,
+    ) -> Result<ConversationList, ClientError> {
+        let body = Body::ListConversations(ListConversations {
+            after: after.into(),
+            limit,
+        });
+        match self.request(body, false).await? {
+            Body::ConversationList(list) => Ok(list),
+            other => Err(unexpected("ConversationList", &other)),
+        }
+    }
+
+    /// Sets this user's muted and pinned flags on a conversation; returns once
+    /// committed.
+    pub async fn set_conversation_flags(
+        &self,
+        conversation_id: impl Into<String>,
+        muted: bool,
+        pinned: bool,
+    ) -> Result<(), ClientError> {
+        let body = Body::SetConversationFlags(SetConversationFlags {
+            conversation_id: conversation_id.into(),
+            muted,
+            pinned,
+        });
+        match self.request(body, false).await? {
+            Body::Done(_) => Ok(()),
+            other => Err(unexpected("Done", &other)),
+        }
+    }
+
     async fn request(&self, body: Body, patient: bool) -> Result<Body, ClientError> {
         let (tx, mut rx) = oneshot::channel();
         self.cmd

@@ -514,6 +514,9 @@ impl Driver {
                     trace!(req_id = id, "sync page for an expired sync");
                 }
             }
+            Some(Body::ReadReceipt(r)) if id == 0 => {
+                let _ = self.ev_tx.send(Event::ReadReceipt(r));
+            }
             Some(Body::SendAck(ack)) => {
                 self.note_own(&ack);
                 self.complete(id, Ok(Body::SendAck(ack)));

@@ -9,7 +9,8 @@ use bytes::Bytes;
 use im_proto::group_op::{Kind, Op, Role};
 use im_proto::Message as _;
 use im_server::store::{
-    CursorUpdate, GroupRequest, NewMessage, PgStore, SqliteStore, Store, StoreError,
+    CursorUpdate, FlagsUpdate, GroupRequest, ListAfter, NewMessage, PgStore, ReadUpdate,
+    SqliteStore, Store, StoreError,
 };
 
 fn pg_url() -> String {
@@ -240,6 +241,7 @@ async fn sync_follows_stored_cursors_overrides_and_limits() {
         // Cursors move forward only; sync then starts after them.
         let cur = |seq| CursorUpdate {
             user_id: "b".into(),
+            device_id: "default".into(),
             conversation_id: "u:a:b".into(),
             seq,
         };
@@ -429,5 +431,183 @@ async fn large_batches_and_payloads_round_trip() {
             assert_eq!(m.payload.len(), 1 + (i % 7) * 1000);
             assert!(m.payload.iter().all(|b| *b == (i % 251) as u8));
         }
+    }
+}
+
+#[tokio::test]
+async fn device_cursors_sync_each_device_from_its_own() {
+    for (s, _dir) in stores().await {
+        let b = s.backend();
+        let batch: Vec<NewMessage> = (0..3)
+            .map(|i| msg("u:a:b", "a", &format!("m{i}"), "x"))
+            .collect();
+        s.commit_batch(&batch, &[]).await.unwrap();
+        let cur = |device: &str, seq| CursorUpdate {
+            user_id: "b".into(),
+            device_id: device.into(),
+            conversation_id: "u:a:b".into(),
+            seq,
+        };
+        // Two devices in one batch: each keeps its own, the user's is the furthest.
+        s.commit_batch(&[], &[cur("phone", 3), cur("laptop", 1)])
+            .await
+            .unwrap();
+        s.commit_batch(&[], &[cur("phone", 2)]).await.unwrap();
+        assert_eq!(s.cursor("b", "u:a:b").await.unwrap(), 3, "{b}");
+        assert_eq!(
+            s.device_cursor("b", "phone", "u:a:b").await.unwrap(),
+            (3, 0)
+        );
+        let seqs =
+            |page: Vec<im_proto::ChatMessage>| -> Vec<u64> { page.iter().map(|m| m.seq).collect() };
+        let (p, _) = s
+            .sync_device("b", "phone", &[], 100, usize::MAX)
+            .await
+            .unwrap();
+        assert!(p.is_empty(), "{b}: {p:?}");
+        let (p, _) = s
+            .sync_device("b", "laptop", &[], 100, usize::MAX)
+            .await
+            .unwrap();
+        assert_eq!(seqs(p), [2, 3], "{b}");
+        let (p, _) = s
+            .sync_device("b", "tablet", &[], 100, usize::MAX)
+            .await
+            .unwrap();
+        assert_eq!(seqs(p), [1, 2, 3], "{b}");
+        // The request's cursors win over the device's.
+        let (p, _) = s
+            .sync_device("b", "phone", &[("u:a:b".into(), 1)], 100, usize::MAX)
+            .await
+            .unwrap();
+        assert_eq!(seqs(p), [2, 3], "{b}");
+    }
+}
+
+#[tokio::test]
+async fn read_cursors_flags_and_the_conversation_list() {
+    for (s, _dir) in stores().await {
+        let b = s.backend();
+        // a <-> b: two from b, one from a. a <-> c: one from c. A group g of a and b.
+        s.commit_batch(
+            &[msg("u:a:b", "b", "1", "b1"), msg("u:a:b", "b", "2", "b2")],
+            &[],
+        )
+        .await
+        .unwrap();
+        s.commit_batch(&[msg("u:a:b", "a", "3", "a1")], &[])
+            .await
+            .unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+        s.commit_batch(&[msg("u:a:c", "c", "4", "c1")], &[])
+            .await
+            .unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+        s.group_change("g", &group_req(Op::Create, "b", &["a"], 10))
+            .await
+            .unwrap();
+        let mut gm = msg("g:g", "b", "5", "hello group");
+        gm.direct = None;
+        s.commit_batch(&[gm], &[]).await.unwrap();
+
+        let (list, next) = s.list_conversations("a", None, 10, 4).await.unwrap();
+        assert!(next.is_none(), "{b}");
+        let ids: Vec<&str> = list.iter().map(|c| c.conversation_id.as_str()).collect();
+        assert_eq!(ids, ["g:g", "u:a:c", "u:a:b"], "{b}");
+        let g = &list[0];
+        assert_eq!(
+            (g.name.as_str(), g.size, g.unread, g.last_seq),
+            ("g", 2, 1, 2),
+            "{b}"
+        );
+        assert_eq!(
+            &g.last_message.as_ref().unwrap().payload[..],
+            b"hell",
+            "{b}"
+        );
+        let ab = &list[2];
+        // a's own send read everything before it.
+        assert_eq!((ab.read_seq, ab.unread, ab.peer_read_seq), (3, 0, 2), "{b}");
+        assert_eq!(list[1].unread, 1, "{b}");
+
+        // MarkRead forward only; the moved cursors come back.
+        let read = |user: &str, device: &str, conv: &str, seq| ReadUpdate {
+            user_id: user.into(),
+            device_id: device.into(),
+            conversation_id: conv.into(),
+            seq,
+        };
+        let moved = s
+            .commit_state(
+                &[
+                    read("a", "phone", "u:a:c", 1),
+                    read("a", "laptop", "u:a:c", 1),
+                ],
+                &[],
+            )
+            .await
+            .unwrap();
+        assert_eq!(moved.len(), 1, "{b}: {moved:?}");
+        assert_eq!((moved[0].user_id.as_str(), moved[0].seq), ("a", 1));
+        assert!(s
+            .commit_state(&[read("a", "phone", "u:a:b", 1)], &[])
+            .await
+            .unwrap()
+            .is_empty());
+        assert_eq!(
+            s.device_cursor("a", "phone", "u:a:b").await.unwrap(),
+            (0, 1),
+            "{b}"
+        );
+        // Flags: pinned first, muted kept with its count.
+        let flags = FlagsUpdate {
+            user_id: "a".into(),
+            conversation_id: "u:a:b".into(),
+            muted: true,
+            pinned: true,
+        };
+        s.commit_state(&[], &[flags]).await.unwrap();
+        let (list, _) = s.list_conversations("a", None, 10, 100).await.unwrap();
+        let ids: Vec<&str> = list.iter().map(|c| c.conversation_id.as_str()).collect();
+        assert_eq!(ids, ["u:a:b", "g:g", "u:a:c"], "{b}");
+        assert!(
+            list[0].pinned && list[0].muted && list[0].read_seq == 3,
+            "{b}"
+        );
+        assert_eq!(list[2].unread, 0, "{b}");
+
+        // Paging: one at a time, each once, the same order.
+        let mut after: Option<ListAfter> = None;
+        let mut paged = Vec::new();
+        loop {
+            let (page, next) = s
+                .list_conversations("a", after.as_ref(), 1, 0)
+                .await
+                .unwrap();
+            paged.extend(page.into_iter().map(|c| c.conversation_id));
+            match next {
+                Some(n) => after = Some(n),
+                None => break,
+            }
+        }
+        assert_eq!(paged, ids, "{b}");
+
+        // Read counts (large groups): b read by sending, a not yet.
+        assert_eq!(
+            s.read_count("g:g", 2).await.unwrap(),
+            (1, "b".to_owned()),
+            "{b}"
+        );
+        s.commit_state(&[read("a", "phone", "g:g", 2)], &[])
+            .await
+            .unwrap();
+        assert_eq!(s.read_count("g:g", 2).await.unwrap().0, 2, "{b}");
+        // A user with nothing lists nothing.
+        assert!(s
+            .list_conversations("z", None, 10, 10)
+            .await
+            .unwrap()
+            .0
+            .is_empty());
     }
 }

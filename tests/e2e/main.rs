@@ -17,3 +17,4 @@ mod groups;
 mod hardening;
 mod obs;
 mod offline;
+mod reads;

@@ -72,6 +72,22 @@ pub struct Limits {
     /// A session ends this many seconds after its token's `exp` (close 4003 "token
     /// expired"); also the clock skew allowed when a token is verified.
     pub token_leeway_secs: u32,
+    /// MarkReads per second one connection may sustain (0: unlimited).
+    pub mark_read_rate_per_sec: u32,
+    /// MarkReads one connection may burst above the sustained rate.
+    pub mark_read_burst: u32,
+    /// ListConversations per second one connection may sustain (0: unlimited).
+    pub list_conversations_rate_per_sec: u32,
+    /// ListConversations one connection may burst above the sustained rate.
+    pub list_conversations_burst: u32,
+    /// SetConversationFlags per second one connection may sustain (0: unlimited).
+    pub set_flags_rate_per_sec: u32,
+    /// SetConversationFlags one connection may burst above the sustained rate.
+    pub set_flags_burst: u32,
+    /// Largest `ListConversations.limit` honoured (0 asks for 50, or this if smaller).
+    pub list_conversations_limit_max: u32,
+    /// Bytes of the last message's payload a conversation list entry carries.
+    pub conversation_preview_bytes: u32,
 }
 
 /// File descriptors kept free for the store, log files, the admin listener and NATS
@@ -107,6 +123,14 @@ impl Default for Limits {
             max_batch_frames: 128,
             max_groups_per_user: 100,
             token_leeway_secs: 5,
+            mark_read_rate_per_sec: 50,
+            mark_read_burst: 200,
+            list_conversations_rate_per_sec: 10,
+            list_conversations_burst: 50,
+            set_flags_rate_per_sec: 10,
+            set_flags_burst: 50,
+            list_conversations_limit_max: 100,
+            conversation_preview_bytes: 256,
         }
     }
 }
@@ -194,11 +218,41 @@ impl Limits {
                 "limits.group_op_burst",
                 l.group_op_burst,
             ),
+            (
+                "limits.mark_read_rate_per_sec",
+                l.mark_read_rate_per_sec,
+                "limits.mark_read_burst",
+                l.mark_read_burst,
+            ),
+            (
+                "limits.list_conversations_rate_per_sec",
+                l.list_conversations_rate_per_sec,
+                "limits.list_conversations_burst",
+                l.list_conversations_burst,
+            ),
+            (
+                "limits.set_flags_rate_per_sec",
+                l.set_flags_rate_per_sec,
+                "limits.set_flags_burst",
+                l.set_flags_burst,
+            ),
         ] {
             range(key, rate, 0, 1_000_000)?;
             range(burst_key, burst, 1, 1_000_000)?;
         }
         range("limits.max_batch_frames", l.max_batch_frames, 1, 100_000)?;
+        range(
+            "limits.list_conversations_limit_max",
+            l.list_conversations_limit_max,
+            1,
+            1000,
+        )?;
+        range(
+            "limits.conversation_preview_bytes",
+            l.conversation_preview_bytes,
+            0,
+            65_536,
+        )?;
         Ok(())
     }
 

@@ -6,8 +6,8 @@
 //! value fails start-up with an error naming the key (or env var) and the value.
 //!
 //! Layout: one file per section (`limits`, `persist`, `flow`, `store`, `obs`, `log`,
-//! `cluster`, `http`), each owning its struct's fields, defaults and validation; this
-//! module owns the whole [`Config`] (the top-level keys and their checks, the checks
+//! `cluster`, `http`, `receipts`), each owning its struct's fields, defaults and
+//! validation; this module owns the whole [`Config`] (the top-level keys and their checks, the checks
 //! across sections), loading (`layers`: file and env over the defaults), and the error
 //! type; `check` holds the checks the sections are made of, `redact` how secrets show.
 
@@ -20,6 +20,7 @@ mod limits;
 mod log;
 mod obs;
 mod persist;
+mod receipts;
 mod redact;
 mod store;
 
@@ -37,6 +38,7 @@ pub use self::limits::{Limits, FD_RESERVE};
 pub use self::log::LogConfig;
 pub use self::obs::Obs;
 pub use self::persist::Persist;
+pub use self::receipts::Receipts;
 pub use self::redact::redact_url;
 use self::redact::redacted;
 pub use self::store::StoreConfig;
@@ -136,6 +138,8 @@ pub struct Config {
     pub cluster: ClusterConfig,
     /// HTTP hardening of both listeners: header timeout and size, admin connection cap.
     pub http: Http,
+    /// Read receipts: per-member up to a group size, counted or none above it.
+    pub receipts: Receipts,
 }
 
 impl std::fmt::Debug for Config {
@@ -160,6 +164,7 @@ impl std::fmt::Debug for Config {
             .field("log", &self.log)
             .field("cluster", &self.cluster)
             .field("http", &self.http)
+            .field("receipts", &self.receipts)
             .finish()
     }
 }
@@ -185,6 +190,7 @@ impl Default for Config {
             log: LogConfig::default(),
             cluster: ClusterConfig::default(),
             http: Http::default(),
+            receipts: Receipts::default(),
         }
     }
 }
@@ -314,6 +320,7 @@ impl Config {
         self.obs.validate()?;
         self.log.validate()?;
         self.cluster.validate()?;
+        self.receipts.validate()?;
         let nats = self.nats_url.trim();
         if !nats.is_empty() {
             if !(nats.starts_with("nats://") || nats.starts_with("tls://") || !nats.contains("://"))

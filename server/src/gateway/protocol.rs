@@ -485,7 +485,10 @@ impl Protocol {
         );
         self.out.push(im_proto::encode(&ok), true);
         tracing::debug!(conn_id = self.out.conn_id, user = %user_id, device = %l.device_id, resume = l.resume, "logged in");
-        Ok((Session::new(user_id, self.out.clone(), &gw.limits), exp))
+        Ok((
+            Session::new(user_id, self.out.clone(), &gw.limits).on_device(&l.device_id),
+            exp,
+        ))
     }
 }
 

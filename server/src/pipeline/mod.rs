@@ -6,6 +6,8 @@
 //! connection; replies and pushes leave through the connection's [`Outbound`].
 
 pub mod persist;
+pub mod reads;
+pub mod receipts;
 pub mod relation;
 pub mod route;
 
@@ -36,6 +38,9 @@ pub const DEFAULT_SYNC_LIMIT: u32 = 200;
 pub struct Session {
     /// The authenticated user.
     pub user_id: String,
+    /// The logged-in device (`Login.device_id`, `"default"` when empty): the owner of
+    /// the delivered and read cursors this connection moves and syncs from.
+    pub device_id: String,
     /// Its outbound queue.
     pub out: Arc<Outbound>,
     /// Its Send rate limit.
@@ -44,6 +49,8 @@ pub struct Session {
     limits: std::sync::Mutex<FrameBuckets>,
     /// Last seqs of conversations this session has seen (DeliverAck checks), bounded.
     last_seqs: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    /// Its MarkRead, ListConversations and SetConversationFlags rate limits.
+    reads: std::sync::Mutex<reads::ReadBuckets>,
 }
 
 /// The per-connection token buckets of the frame kinds other than Send and Ping.
@@ -99,6 +106,7 @@ impl Session {
     pub fn new(user_id: String, out: Arc<Outbound>, limits: &Limits) -> Self {
         Session {
             user_id,
+            device_id: reads::DEFAULT_DEVICE.to_owned(),
             out,
             sends: std::sync::Mutex::new(TokenBucket::new(
                 limits.send_rate_per_sec,
@@ -110,6 +118,7 @@ impl Session {
                 group_ops: TokenBucket::new(limits.group_op_rate_per_sec, limits.group_op_burst),
             }),
             last_seqs: std::sync::Mutex::new(std::collections::HashMap::new()),
+            reads: std::sync::Mutex::new(reads::ReadBuckets::new(limits)),
         }
     }
 
@@ -292,6 +301,14 @@ impl Pipeline {
             persist::queue(config.persist.queue_capacity as usize, metrics.clone());
         let guard = persist::Guard::new(&config.store);
         let health = guard.health.clone();
+        let (receipts_tx, receipts_rx) = receipts::channel(&config.receipts);
+        tokio::spawn(receipts::run(
+            receipts_rx,
+            store.clone(),
+            relations.clone(),
+            router.clone(),
+            config.receipts.clone(),
+        ));
         let writer = tokio::spawn(persist::run_writer(
             store.clone(),
             relations.clone(),
@@ -300,6 +317,7 @@ impl Pipeline {
             config.persist.clone(),
             guard,
             metrics.clone(),
+            Some(receipts_tx),
         ));
         let pipeline = Arc::new(Pipeline {
             store,
@@ -341,6 +359,9 @@ impl Pipeline {
                 Ok(())
             }
             Body::GroupOp(op) => self.on_group_op(s, req_id, op).await,
+            Body::MarkRead(m) => self.on_mark_read(s, req_id, m).await,
+            Body::ListConversations(l) => self.on_list_conversations(s, req_id, l).await,
+            Body::SetConversationFlags(f) => self.on_set_flags(s, req_id, f).await,
             Body::Login(_) => Err(Refusal::bad("already logged in")),
             Body::Batch(_) => Err(Refusal::bad("nested batch")),
             _ => Err(Refusal::bad("not a client frame")),
@@ -500,6 +521,7 @@ impl Pipeline {
         // (cumulative) ack carries it.
         let _ = self.persist.try_submit(WriteReq::Cursor(CursorUpdate {
             user_id: s.user_id.clone(),
+            device_id: s.device_id.clone(),
             conversation_id: ack.conversation_id,
             seq: ack.seq,
         }));
@@ -567,7 +589,13 @@ impl Pipeline {
         }
         let (messages, more) = self
             .store
-            .sync_page(&s.user_id, &cursors, limit, self.sync_page_bytes)
+            .sync_device(
+                &s.user_id,
+                &s.device_id,
+                &cursors,
+                limit,
+                self.sync_page_bytes,
+            )
             .await
             .map_err(Refusal::store)?;
         s.reply(&frame(

@@ -6,7 +6,9 @@
 //! again against the membership cache, which this writer patches after every group
 //! change it commits: a member removed after their Send was validated gets NOT_MEMBER,
 //! and nobody removed before the commit receives the message. A group change's SYSTEM
-//! event goes to the members after the change and to those it removed.
+//! event goes to the members after the change and to those it removed. MarkReads and
+//! conversation flags (`WriteReq::State`) are committed together after the batch, each
+//! answered `Done` then; read cursors that moved go to the receipts task.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,6 +17,7 @@ use std::time::{Duration, Instant};
 use im_proto::{frame, Body, ChatMessage, ErrorCode, SendAck};
 use tokio::sync::{mpsc, oneshot};
 
+use super::receipts::ReadEvent;
 use super::relation::Relations;
 use super::route::{Delivery, Recipients};
 use super::Refusal;
@@ -22,8 +25,8 @@ use crate::config::Persist;
 use crate::flow::Outbound;
 use crate::obs::{Metrics, Stage};
 use crate::store::{
-    health, CursorUpdate, Fault, GroupRequest, GroupState, NewMessage, Store, StoreError,
-    StoreHealth,
+    health, CursorUpdate, Fault, FlagsUpdate, GroupRequest, GroupState, NewMessage, ReadUpdate,
+    Store, StoreError, StoreHealth,
 };
 
 /// One request to the writer.
@@ -43,6 +46,20 @@ pub enum WriteReq {
     },
     /// Answered once everything queued before it is committed.
     Flush(oneshot::Sender<()>),
+    /// A MarkRead or SetConversationFlags; answered `Done` once committed.
+    State(StateReq),
+}
+
+/// A MarkRead or SetConversationFlags waiting for its commit (`pipeline::reads`).
+pub struct StateReq {
+    /// The read cursor to move (MarkRead).
+    pub read: Option<ReadUpdate>,
+    /// The flags to set (SetConversationFlags).
+    pub flags: Option<FlagsUpdate>,
+    /// The request's req_id, echoed on `Done`.
+    pub req_id: u64,
+    /// The requesting connection.
+    pub origin: Arc<Outbound>,
 }
 
 /// A validated Send waiting for its commit.
@@ -209,12 +226,15 @@ pub async fn run_writer(
     cfg: Persist,
     guard: Guard,
     metrics: Metrics,
+    receipts: Option<mpsc::Sender<ReadEvent>>,
 ) {
     set_fault_gauges(None);
+    let receipts_dropped = metrics::counter!("im_receipts_dropped_total");
     let batch_max = cfg.batch_max as usize;
     let wait = Duration::from_millis(cfg.batch_wait_ms as u64);
     let mut sends: Vec<PersistReq> = Vec::with_capacity(batch_max);
-    let mut cursors: HashMap<(String, String), u64> = HashMap::new();
+    let mut cursors: HashMap<(String, String, String), u64> = HashMap::new();
+    let mut states: Vec<StateReq> = Vec::new();
     let mut groups = Vec::new();
     let mut flushes = Vec::new();
     let mut fault_since: Option<Instant> = None;
@@ -236,9 +256,12 @@ pub async fn run_writer(
         let mut take = |req: WriteReq, sends: &mut Vec<PersistReq>| match req {
             WriteReq::Message(m) => sends.push(m),
             WriteReq::Cursor(c) => {
-                let seq = cursors.entry((c.user_id, c.conversation_id)).or_insert(0);
+                let seq = cursors
+                    .entry((c.user_id, c.device_id, c.conversation_id))
+                    .or_insert(0);
                 *seq = (*seq).max(c.seq);
             }
+            WriteReq::State(r) => states.push(r),
             WriteReq::Group {
                 group_id,
                 req,
@@ -267,6 +290,10 @@ pub async fn run_writer(
         if let Some(fault) = guard.health.fault() {
             if last_try.elapsed() < guard.probe_interval {
                 refuse(&mut sends, fault, &guard);
+                refuse_states(
+                    &mut states,
+                    &Refusal::store(StoreError::Unavailable(fault.name())),
+                );
                 for (_, _, reply) in groups.drain(..) {
                     let _ = reply.send(Err(StoreError::Unavailable(fault.name())));
                 }
@@ -276,7 +303,7 @@ pub async fn run_writer(
                 continue;
             }
             last_try = Instant::now();
-            if sends.is_empty() && cursors.is_empty() && groups.is_empty() {
+            if sends.is_empty() && cursors.is_empty() && groups.is_empty() && states.is_empty() {
                 let probe = guard.bounded(store.probe_write()).await;
                 guard.record(probe.as_ref().map(|_| ()), &mut fault_since);
             }
@@ -284,11 +311,14 @@ pub async fn run_writer(
 
         let cursor_updates: Vec<CursorUpdate> = cursors
             .drain()
-            .map(|((user_id, conversation_id), seq)| CursorUpdate {
-                user_id,
-                conversation_id,
-                seq,
-            })
+            .map(
+                |((user_id, device_id, conversation_id), seq)| CursorUpdate {
+                    user_id,
+                    device_id,
+                    conversation_id,
+                    seq,
+                },
+            )
             .collect();
         if !sends.is_empty() || !cursor_updates.is_empty() {
             last_try = Instant::now();
@@ -314,10 +344,62 @@ pub async fn run_writer(
                 Err(e) => {
                     // Cursors are kept for the next batch; Sends are told to retry.
                     for c in cursor_updates {
-                        let seq = cursors.entry((c.user_id, c.conversation_id)).or_insert(0);
+                        let seq = cursors
+                            .entry((c.user_id, c.device_id, c.conversation_id))
+                            .or_insert(0);
                         *seq = (*seq).max(c.seq);
                     }
                     failed(&mut sends, &e, &guard);
+                }
+            }
+        }
+        if !states.is_empty() {
+            let reads: Vec<ReadUpdate> = states.iter().filter_map(|r| r.read.clone()).collect();
+            let flags: Vec<FlagsUpdate> = states.iter().filter_map(|r| r.flags.clone()).collect();
+            let result = guard.bounded(store.commit_state(&reads, &flags)).await;
+            guard.record(result.as_ref().map(|_| ()), &mut fault_since);
+            match result {
+                Ok(moved) => {
+                    // The connection whose MarkRead moved each cursor (the last one).
+                    let mut origin: HashMap<(&str, &str), u64> = HashMap::new();
+                    for r in &states {
+                        if let Some(u) = &r.read {
+                            origin.insert(
+                                (u.user_id.as_str(), u.conversation_id.as_str()),
+                                r.origin.conn_id,
+                            );
+                        }
+                    }
+                    if let Some(tx) = &receipts {
+                        for m in moved {
+                            let origin_conn = origin
+                                .get(&(m.user_id.as_str(), m.conversation_id.as_str()))
+                                .copied()
+                                .unwrap_or(0);
+                            if tx
+                                .try_send(ReadEvent {
+                                    moved: m,
+                                    origin_conn,
+                                })
+                                .is_err()
+                            {
+                                receipts_dropped.increment(1);
+                            }
+                        }
+                    }
+                    for r in states.drain(..) {
+                        let done =
+                            im_proto::encode(&frame(r.req_id, Body::Done(im_proto::Done {})));
+                        r.origin.push(done, true);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, requests = states.len(), "read state commit failed");
+                    let mut refusal = Refusal::store(e);
+                    if refusal.retry_after_ms == 0 {
+                        refusal.retry_after_ms = 500;
+                    }
+                    refuse_states(&mut states, &refusal);
                 }
             }
         }
@@ -458,6 +540,14 @@ fn refuse(sends: &mut Vec<PersistReq>, fault: Fault, guard: &Guard) {
     for req in sends.drain(..) {
         req.origin
             .push(im_proto::encode(&refusal.to_frame(req.req_id)), true);
+    }
+}
+
+/// Answers MarkReads and SetConversationFlags that were not committed with `refusal`.
+fn refuse_states(states: &mut Vec<StateReq>, refusal: &Refusal) {
+    for r in states.drain(..) {
+        r.origin
+            .push(im_proto::encode(&refusal.to_frame(r.req_id)), true);
     }
 }
 

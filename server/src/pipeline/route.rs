@@ -308,6 +308,29 @@ impl Router {
         self.metrics.stage_since(Stage::Route, t);
     }
 
+    /// Pushes an encoded frame that is not a message (a read receipt) to every
+    /// connection here of `users` but `origin_conn`, as a non-critical frame; returns
+    /// the part for other nodes, which [`Router::forward`] publishes.
+    pub fn push_frame(&self, users: &[String], bytes: &Bytes, origin_conn: u64) -> Option<Forward> {
+        if let Ok(sessions) = self.sessions.read() {
+            for out in users.iter().filter_map(|u| sessions.get(u)).flatten() {
+                if out.conn_id != origin_conn {
+                    out.push(bytes.clone(), false);
+                }
+            }
+        }
+        self.link
+            .as_ref()
+            .and_then(|l| l.plan(&mut users.iter().map(String::as_str), bytes, false))
+    }
+
+    /// Publishes a forward plan through the cluster link (nothing on a single node).
+    pub async fn forward(&self, f: Forward) {
+        if let Some(link) = &self.link {
+            link.forward(f).await;
+        }
+    }
+
     /// The router task: delivers committed batches in commit order.
     pub async fn run(self: Arc<Self>, mut rx: mpsc::Receiver<Vec<Delivery>>) {
         while let Some(batch) = rx.recv().await {

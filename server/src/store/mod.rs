@@ -97,16 +97,74 @@ pub struct Committed {
     pub duplicate: bool,
 }
 
-/// A delivered-up-to cursor to save (kept only if it moves forward).
+/// A delivered-up-to cursor to save (kept only if it moves forward): the device's, and
+/// the user's (the furthest of their devices, [`Store::cursor`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CursorUpdate {
     /// The user.
     pub user_id: String,
+    /// The user's device (`Login.device_id`; `"default"` when the client gave none).
+    pub device_id: String,
     /// The conversation.
     pub conversation_id: String,
     /// Everything up to this seq was delivered.
     pub seq: u64,
 }
+
+/// A read cursor to save (MarkRead; kept only if it moves forward): the user's
+/// `conversation_state.read_seq` and this device's `device_cursors.read_seq`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadUpdate {
+    /// The reader.
+    pub user_id: String,
+    /// The reader's device.
+    pub device_id: String,
+    /// The conversation.
+    pub conversation_id: String,
+    /// Everything up to this seq was read.
+    pub seq: u64,
+}
+
+/// A user's read cursor that moved forward in [`Store::commit_state`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadMoved {
+    /// The reader.
+    pub user_id: String,
+    /// The conversation.
+    pub conversation_id: String,
+    /// The new read seq.
+    pub seq: u64,
+    /// When it moved, ms.
+    pub read_time: i64,
+}
+
+/// A user's flags on a conversation (SetConversationFlags).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlagsUpdate {
+    /// The user.
+    pub user_id: String,
+    /// The conversation.
+    pub conversation_id: String,
+    /// Muted.
+    pub muted: bool,
+    /// Pinned (listed first).
+    pub pinned: bool,
+}
+
+/// Where a conversation list page starts: after this (pinned, last_time,
+/// conversation_id) in the list's order (pinned first, latest activity first, then id).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListAfter {
+    /// The previous page's last entry was pinned.
+    pub pinned: bool,
+    /// Its last activity, ms.
+    pub last_time: i64,
+    /// Its conversation id.
+    pub conversation_id: String,
+}
+
+/// Most unread messages counted per conversation in a list (the count stops there).
+pub const UNREAD_CAP: u32 = 9999;
 
 /// A stored message as it goes on the wire.
 pub type StoredMessage = im_proto::ChatMessage;
@@ -273,7 +331,8 @@ pub trait Store: Send + Sync + 'static {
     /// The last seq of a conversation, or `None` when it does not exist.
     async fn last_seq(&self, conversation_id: &str) -> Result<Option<u64>, StoreError>;
 
-    /// The stored cursor of a user in a conversation (0 when none).
+    /// The user's delivered cursor in a conversation: the furthest of their devices'
+    /// (0 when none).
     async fn cursor(&self, user_id: &str, conversation_id: &str) -> Result<u64, StoreError>;
 
     /// Cheap readiness probe.
@@ -285,6 +344,56 @@ pub trait Store: Send + Sync + 'static {
 
     /// Backend name for logs and the admin API.
     fn backend(&self) -> &'static str;
+
+    /// As [`Store::sync_page`] for one device of the user: the stored cursors are the
+    /// device's delivered cursors (a conversation the device has none of reads from the
+    /// start of what the user may see).
+    async fn sync_device(
+        &self,
+        user_id: &str,
+        device_id: &str,
+        cursors: &[(String, u64)],
+        limit: u32,
+        max_bytes: usize,
+    ) -> Result<(Vec<StoredMessage>, bool), StoreError>;
+
+    /// Commits read cursors (forward only: the user's and the device's) and flags in one
+    /// transaction; returns the user read cursors that moved.
+    async fn commit_state(
+        &self,
+        reads: &[ReadUpdate],
+        flags: &[FlagsUpdate],
+    ) -> Result<Vec<ReadMoved>, StoreError>;
+
+    /// A page of the user's conversations (direct ones and current groups): pinned
+    /// first, then latest activity, then id; at most `limit`, after `after`. Each
+    /// summary's last message payload is cut to `preview_bytes`; unread counts at most
+    /// [`UNREAD_CAP`] TEXT, IMAGE and FILE messages of others after the read cursor
+    /// (groups: inside the current membership). The second value is the next page's
+    /// start, `None` on the last page.
+    async fn list_conversations(
+        &self,
+        user_id: &str,
+        after: Option<&ListAfter>,
+        limit: u32,
+        preview_bytes: usize,
+    ) -> Result<(Vec<im_proto::ConversationSummary>, Option<ListAfter>), StoreError>;
+
+    /// How many users have read the conversation up to `seq` or past it (one indexed
+    /// count), and the sender of the message at `seq` ("" when none).
+    async fn read_count(
+        &self,
+        conversation_id: &str,
+        seq: u64,
+    ) -> Result<(u32, String), StoreError>;
+
+    /// A device's (delivered, read) cursors in a conversation (0 when none).
+    async fn device_cursor(
+        &self,
+        user_id: &str,
+        device_id: &str,
+        conversation_id: &str,
+    ) -> Result<(u64, u64), StoreError>;
 }
 
 /// How long the store may take before it counts as not answering.

@@ -324,6 +324,317 @@ macro_rules! sql_store_impl {
             fn backend(&self) -> &'static str {
                 $backend
             }
+
+            async fn sync_device(
+                &self,
+                user_id: &str,
+                device_id: &str,
+                cursors: &[(String, u64)],
+                limit: u32,
+                max_bytes: usize,
+            ) -> Result<(Vec<$crate::store::StoredMessage>, bool), $crate::store::StoreError> {
+                // Every conversation of the user gets an explicit cursor (the device's,
+                // 0 without one), which overrides the user's stored cursor; the
+                // request's own cursors win over both.
+                let stored: Vec<(String, i64)> = sqlx::query_as(
+                    "SELECT c.conversation_id, COALESCE(k.delivered_seq, 0) FROM \
+                     (SELECT conversation_id FROM user_conversations WHERE user_id = $1 \
+                      UNION SELECT 'g:' || group_id FROM group_members WHERE user_id = $1) c \
+                     LEFT JOIN device_cursors k ON k.user_id = $1 AND k.device_id = $2 \
+                     AND k.conversation_id = c.conversation_id",
+                )
+                .bind(user_id)
+                .bind(device_id)
+                .fetch_all(&self.read)
+                .await?;
+                let given: std::collections::HashSet<&str> =
+                    cursors.iter().map(|(c, _)| c.as_str()).collect();
+                let mut all: Vec<(String, u64)> = cursors.to_vec();
+                all.extend(
+                    stored
+                        .into_iter()
+                        .filter(|(c, _)| !given.contains(c.as_str()))
+                        .map(|(c, s)| (c, s.max(0) as u64)),
+                );
+                $crate::store::Store::sync_page(self, user_id, &all, limit, max_bytes).await
+            }
+
+            async fn commit_state(
+                &self,
+                reads: &[$crate::store::ReadUpdate],
+                flags: &[$crate::store::FlagsUpdate],
+            ) -> Result<Vec<$crate::store::ReadMoved>, $crate::store::StoreError> {
+                let mut conn = self.writer().await?;
+                let out = Self::commit_state_on(&mut conn, reads, flags).await;
+                if out.is_err() {
+                    self.discard_writer(conn).await;
+                }
+                out
+            }
+
+            async fn list_conversations(
+                &self,
+                user_id: &str,
+                after: Option<&$crate::store::ListAfter>,
+                limit: u32,
+                preview_bytes: usize,
+            ) -> Result<
+                (Vec<im_proto::ConversationSummary>, Option<$crate::store::ListAfter>),
+                $crate::store::StoreError,
+            > {
+                use sqlx::Row;
+                // 1. The page's keys, in list order (pinned, last_time, id, all
+                //    descending), from three sources merged here: the pinned ones (a
+                //    partial index), the one-to-one ones (an index range on
+                //    user_conversations, which carries each party's last activity), the
+                //    groups (the user's memberships joined with their conversations).
+                let limit = limit.max(1) as usize;
+                let keyset = |on: bool, t: &str, c: &str| {
+                    if on {
+                        format!(" AND ({t}, {c}) < ($2, $3)")
+                    } else {
+                        " AND $2 = $2 AND $3 = $3".to_owned()
+                    }
+                };
+                let not_pinned = |c: &str| {
+                    format!(
+                        " AND NOT EXISTS (SELECT 1 FROM conversation_state s \
+                         WHERE s.user_id = $1 AND s.conversation_id = {c} AND s.pinned <> 0)"
+                    )
+                };
+                let (at, ac) = match after {
+                    Some(a) => (a.last_time, a.conversation_id.as_str()),
+                    None => (0, ""),
+                };
+                // (pinned, last_time, conversation id, group)
+                let mut keys: Vec<(bool, i64, String, bool)> = Vec::new();
+                if after.map_or(true, |a| a.pinned) {
+                    let sql = format!(
+                        "SELECT s.conversation_id, v.last_time FROM conversation_state s \
+                         JOIN conversations v ON v.conversation_id = s.conversation_id \
+                         WHERE s.user_id = $1 AND s.pinned <> 0{} \
+                         AND (EXISTS (SELECT 1 FROM user_conversations u \
+                              WHERE u.user_id = $1 AND u.conversation_id = s.conversation_id) \
+                           OR (s.conversation_id LIKE 'g:%' AND EXISTS (SELECT 1 \
+                              FROM group_members m WHERE m.user_id = $1 \
+                              AND m.group_id = substr(s.conversation_id, 3)))) \
+                         ORDER BY v.last_time DESC, s.conversation_id DESC LIMIT $4",
+                        keyset(after.is_some(), "v.last_time", "s.conversation_id"),
+                    );
+                    let rows: Vec<(String, i64)> = sqlx::query_as(&sql)
+                        .bind(user_id)
+                        .bind(at)
+                        .bind(ac)
+                        .bind(limit as i64)
+                        .fetch_all(&self.read)
+                        .await?;
+                    keys.extend(
+                        rows.into_iter()
+                            .map(|(c, t)| (true, t, c.clone(), c.starts_with("g:"))),
+                    );
+                }
+                if keys.len() < limit {
+                    let need = (limit - keys.len()) as i64;
+                    let rest = after.is_some_and(|a| !a.pinned);
+                    let direct = format!(
+                        "SELECT u.conversation_id, u.last_time FROM user_conversations u \
+                         WHERE u.user_id = $1{}{} \
+                         ORDER BY u.last_time DESC, u.conversation_id DESC LIMIT $4",
+                        keyset(rest, "u.last_time", "u.conversation_id"),
+                        not_pinned("u.conversation_id"),
+                    );
+                    let groups = format!(
+                        "SELECT v.conversation_id, v.last_time FROM group_members m \
+                         JOIN conversations v ON v.conversation_id = 'g:' || m.group_id \
+                         WHERE m.user_id = $1{}{} \
+                         ORDER BY v.last_time DESC, v.conversation_id DESC LIMIT $4",
+                        keyset(rest, "v.last_time", "v.conversation_id"),
+                        not_pinned("v.conversation_id"),
+                    );
+                    let mut merged: Vec<(i64, String, bool)> = Vec::new();
+                    for (sql, group) in [(direct, false), (groups, true)] {
+                        let rows: Vec<(String, i64)> = sqlx::query_as(&sql)
+                            .bind(user_id)
+                            .bind(at)
+                            .bind(ac)
+                            .bind(need)
+                            .fetch_all(&self.read)
+                            .await?;
+                        merged.extend(rows.into_iter().map(|(c, t)| (t, c, group)));
+                    }
+                    merged.sort_unstable_by(|a, b| (b.0, &b.1).cmp(&(a.0, &a.1)));
+                    merged.truncate(need as usize);
+                    keys.extend(merged.into_iter().map(|(t, c, g)| (false, t, c, g)));
+                }
+                if keys.is_empty() {
+                    return Ok((Vec::new(), None));
+                }
+
+                // 2. The details of those rows only: the visible last message, the
+                //    bounded unread count, the group's size, the other party's cursor.
+                let mut qb = sqlx::QueryBuilder::<$db>::new("WITH k (cid, grp, ord) AS (");
+                qb.push_values(keys.iter().enumerate(), |mut b, (i, k)| {
+                    b.push_bind(k.2.as_str())
+                        .push_bind(k.3 as i32)
+                        .push_bind(i as i32);
+                });
+                qb.push(
+                    "), q AS (SELECT k.cid, k.grp, k.ord, v.last_time, v.last_seq, \
+                       COALESCE(s.read_seq, 0) AS read_seq, COALESCE(s.muted, 0) AS muted, \
+                       COALESCE(s.pinned, 0) AS pinned, \
+                       CASE WHEN k.grp = 1 THEN COALESCE((SELECT MAX(i.joined_seq) \
+                         FROM group_intervals i WHERE i.group_id = substr(k.cid, 3) \
+                         AND i.user_id = ",
+                );
+                qb.push_bind(user_id);
+                qb.push(
+                    " AND i.left_seq IS NULL), 0) ELSE 0 END AS lo \
+                     FROM k JOIN conversations v ON v.conversation_id = k.cid \
+                     LEFT JOIN conversation_state s ON s.user_id = ",
+                );
+                qb.push_bind(user_id);
+                qb.push(
+                    " AND s.conversation_id = k.cid) \
+                     SELECT q.cid, q.grp, q.pinned, q.last_time, q.last_seq, q.read_seq, \
+                       q.muted, \
+                       (SELECT g.size FROM chat_groups g \
+                        WHERE q.grp = 1 AND g.group_id = substr(q.cid, 3)) AS size, \
+                       (SELECT MAX(o.read_seq) FROM conversation_state o \
+                        WHERE q.grp = 0 AND o.conversation_id = q.cid AND o.user_id <> ",
+                );
+                qb.push_bind(user_id);
+                qb.push(
+                    ") AS peer, \
+                       (SELECT COUNT(*) FROM messages m WHERE m.conversation_id = q.cid \
+                        AND m.seq > q.read_seq AND m.seq >= q.lo AND m.seq > q.last_seq - ",
+                );
+                qb.push_bind($crate::store::UNREAD_CAP as i64);
+                qb.push(" AND m.sender <> ");
+                qb.push_bind(user_id);
+                qb.push(
+                    " AND m.msg_type < 3) AS unread, \
+                       l.sender, l.payload, l.send_time, l.msg_type, l.seq, l.msg_id, \
+                       l.client_msg_id \
+                     FROM q LEFT JOIN messages l ON l.conversation_id = q.cid AND l.seq = (\
+                       SELECT MAX(m.seq) FROM messages m WHERE m.conversation_id = q.cid \
+                       AND m.seq >= q.lo AND m.seq <= q.last_seq) \
+                     ORDER BY q.ord",
+                );
+                let rows = qb.build().fetch_all(&self.read).await?;
+                let mut out = Vec::with_capacity(rows.len());
+                for r in &rows {
+                    let cid: String = r.try_get("cid")?;
+                    let grp: i32 = r.try_get("grp")?;
+                    let last_seq: i64 = r.try_get("last_seq")?;
+                    let size: Option<i32> = r.try_get("size")?;
+                    let peer: Option<i64> = r.try_get("peer")?;
+                    let unread: i64 = r.try_get("unread")?;
+                    let seq: Option<i64> = r.try_get("seq")?;
+                    let last_message = match seq {
+                        Some(seq) => {
+                            let mut payload: Vec<u8> = r.try_get("payload")?;
+                            payload.truncate(preview_bytes);
+                            let cmid: Option<String> = r.try_get("client_msg_id")?;
+                            Some(im_proto::ChatMessage {
+                                conversation_id: cid.clone(),
+                                sender: r.try_get("sender")?,
+                                payload: payload.into(),
+                                send_time: r.try_get("send_time")?,
+                                r#type: r.try_get("msg_type")?,
+                                seq: seq as u64,
+                                msg_id: r.try_get("msg_id")?,
+                                client_msg_id: cmid.unwrap_or_default(),
+                                ..Default::default()
+                            })
+                        }
+                        None => None,
+                    };
+                    let (kind, name, size) = match im_proto::parse_conversation(&cid) {
+                        Some(im_proto::ConversationRef::Group(g)) if grp == 1 => (
+                            im_proto::ConversationKind::Group,
+                            g.to_owned(),
+                            size.unwrap_or(0).max(0) as u32,
+                        ),
+                        Some(im_proto::ConversationRef::Direct(a, b)) => (
+                            im_proto::ConversationKind::Direct,
+                            if a == user_id { b.to_owned() } else { a.to_owned() },
+                            2,
+                        ),
+                        _ => (im_proto::ConversationKind::Direct, String::new(), 0),
+                    };
+                    let muted: i32 = r.try_get("muted")?;
+                    let pinned: i32 = r.try_get("pinned")?;
+                    let read_seq: i64 = r.try_get("read_seq")?;
+                    out.push(im_proto::ConversationSummary {
+                        conversation_id: cid,
+                        kind: kind as i32,
+                        name,
+                        size,
+                        last_message,
+                        last_seq: last_seq.max(0) as u64,
+                        last_time: r.try_get("last_time")?,
+                        read_seq: read_seq.max(0) as u64,
+                        unread: (unread.max(0) as u32).min($crate::store::UNREAD_CAP),
+                        muted: muted != 0,
+                        pinned: pinned != 0,
+                        peer_read_seq: peer.unwrap_or(0).max(0) as u64,
+                    });
+                }
+                // The next page starts after this page's last key (as ordered above).
+                let next = match keys.last() {
+                    Some((pinned, last_time, conversation_id, _)) if keys.len() >= limit => {
+                        Some($crate::store::ListAfter {
+                            pinned: *pinned,
+                            last_time: *last_time,
+                            conversation_id: conversation_id.clone(),
+                        })
+                    }
+                    _ => None,
+                };
+                Ok((out, next))
+            }
+
+            async fn read_count(
+                &self,
+                conversation_id: &str,
+                seq: u64,
+            ) -> Result<(u32, String), $crate::store::StoreError> {
+                let count: i64 = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM conversation_state \
+                     WHERE conversation_id = $1 AND read_seq >= $2",
+                )
+                .bind(conversation_id)
+                .bind(seq as i64)
+                .fetch_one(&self.read)
+                .await?;
+                let sender: Option<String> = sqlx::query_scalar(
+                    "SELECT sender FROM messages WHERE conversation_id = $1 AND seq = $2",
+                )
+                .bind(conversation_id)
+                .bind(seq as i64)
+                .fetch_optional(&self.read)
+                .await?;
+                Ok((count.clamp(0, u32::MAX as i64) as u32, sender.unwrap_or_default()))
+            }
+
+            async fn device_cursor(
+                &self,
+                user_id: &str,
+                device_id: &str,
+                conversation_id: &str,
+            ) -> Result<(u64, u64), $crate::store::StoreError> {
+                let row: Option<(i64, i64)> = sqlx::query_as(
+                    "SELECT delivered_seq, read_seq FROM device_cursors \
+                     WHERE user_id = $1 AND device_id = $2 AND conversation_id = $3",
+                )
+                .bind(user_id)
+                .bind(device_id)
+                .bind(conversation_id)
+                .fetch_optional(&self.read)
+                .await?;
+                let (d, r) = row.unwrap_or((0, 0));
+                Ok((d.max(0) as u64, r.max(0) as u64))
+            }
         }
 
         /// The write transactions, each on the connection `writer()` checked; the
@@ -431,14 +742,15 @@ macro_rules! sql_store_impl {
                 let mut created: Vec<(&str, &str)> = Vec::new();
                 for chunk in counts.chunks(CHUNK) {
                     let mut qb = sqlx::QueryBuilder::<$db>::new(
-                        "INSERT INTO conversations (conversation_id, last_seq) ",
+                        "INSERT INTO conversations (conversation_id, last_seq, last_time) ",
                     );
                     qb.push_values(chunk, |mut b, (conv, n, _)| {
-                        b.push_bind(*conv).push_bind(*n as i64);
+                        b.push_bind(*conv).push_bind(*n as i64).push_bind(now);
                     });
                     qb.push(
                         " ON CONFLICT (conversation_id) DO UPDATE \
-                         SET last_seq = conversations.last_seq + excluded.last_seq \
+                         SET last_seq = conversations.last_seq + excluded.last_seq, \
+                         last_time = excluded.last_time \
                          RETURNING conversation_id, last_seq",
                     );
                     for row in qb.build().fetch_all(&mut *tx).await? {
@@ -450,8 +762,9 @@ macro_rules! sql_store_impl {
                         let (id, n, direct) = counts[k];
                         let last = last as u64;
                         next.insert(id, last + 1 - n);
-                        if let (true, Some((a, b))) = (last == n, direct) {
-                            // A new one-to-one conversation: record it for both parties.
+                        if let Some((a, b)) = direct {
+                            // A one-to-one conversation: recorded for both parties, with
+                            // its last activity (the conversation list's order).
                             created.push((a.as_str(), id));
                             created.push((b.as_str(), id));
                         }
@@ -467,12 +780,15 @@ macro_rules! sql_store_impl {
                 created.dedup();
                 for chunk in created.chunks(CHUNK) {
                     let mut qb = sqlx::QueryBuilder::<$db>::new(
-                        "INSERT INTO user_conversations (user_id, conversation_id) ",
+                        "INSERT INTO user_conversations (user_id, conversation_id, last_time) ",
                     );
                     qb.push_values(chunk, |mut b, (user, conv)| {
-                        b.push_bind(*user).push_bind(*conv);
+                        b.push_bind(*user).push_bind(*conv).push_bind(now);
                     });
-                    qb.push(" ON CONFLICT DO NOTHING");
+                    qb.push(
+                        " ON CONFLICT (user_id, conversation_id) DO UPDATE \
+                         SET last_time = excluded.last_time",
+                    );
                     qb.build().execute(&mut *tx).await?;
                 }
                 for &i in &fresh {
@@ -549,13 +865,90 @@ macro_rules! sql_store_impl {
                     });
                 }
 
-                // 5. Cursors move forward only.
-                //    (The writer sends each (user, conversation) once per batch; rows are
-                //    locked in (user, conversation) order, against deadlocks across nodes.)
-                let mut cursors: Vec<&$crate::store::CursorUpdate> = cursors.iter().collect();
-                cursors.sort_unstable_by(|a, b| {
-                    (&a.user_id, &a.conversation_id).cmp(&(&b.user_id, &b.conversation_id))
+                // 5. A sender has read their own messages: their read cursor moves to the
+                //    last seq they sent in each conversation (forward only; rows locked
+                //    in (user, conversation) order).
+                let mut own: std::collections::BTreeMap<(&str, &str), i64> =
+                    std::collections::BTreeMap::new();
+                for (m, r) in messages.iter().zip(results.iter()) {
+                    if let Some(c) = r.as_ref().filter(|c| c.seq > 0) {
+                        let e = own
+                            .entry((m.sender.as_str(), m.conversation_id.as_str()))
+                            .or_insert(0);
+                        *e = (*e).max(c.seq as i64);
+                    }
+                }
+                let own: Vec<((&str, &str), i64)> = own.into_iter().collect();
+                for chunk in own.chunks(CHUNK) {
+                    let mut qb = sqlx::QueryBuilder::<$db>::new(
+                        "INSERT INTO conversation_state (user_id, conversation_id, read_seq, \
+                         read_time) ",
+                    );
+                    qb.push_values(chunk, |mut b, ((user, conv), seq)| {
+                        b.push_bind(*user)
+                            .push_bind(*conv)
+                            .push_bind(*seq)
+                            .push_bind(now);
+                    });
+                    qb.push(
+                        " ON CONFLICT (user_id, conversation_id) DO UPDATE \
+                         SET read_seq = excluded.read_seq, read_time = excluded.read_time \
+                         WHERE excluded.read_seq > conversation_state.read_seq",
+                    );
+                    qb.build().execute(&mut *tx).await?;
+                }
+
+                // 6. Cursors move forward only: the device's, and the user's (the furthest
+                //    of their devices). (The writer sends each (user, device,
+                //    conversation) once per batch; rows are locked in key order, against
+                //    deadlocks across nodes.)
+                let mut devices: Vec<&$crate::store::CursorUpdate> = cursors.iter().collect();
+                devices.sort_unstable_by(|a, b| {
+                    (&a.user_id, &a.device_id, &a.conversation_id).cmp(&(
+                        &b.user_id,
+                        &b.device_id,
+                        &b.conversation_id,
+                    ))
                 });
+                devices.dedup_by(|a, b| {
+                    (&a.user_id, &a.device_id, &a.conversation_id)
+                        == (&b.user_id, &b.device_id, &b.conversation_id)
+                });
+                for chunk in devices.chunks(CHUNK) {
+                    let mut qb = sqlx::QueryBuilder::<$db>::new(
+                        "INSERT INTO device_cursors (user_id, device_id, conversation_id, \
+                         delivered_seq) ",
+                    );
+                    qb.push_values(chunk, |mut b, c| {
+                        b.push_bind(c.user_id.as_str())
+                            .push_bind(c.device_id.as_str())
+                            .push_bind(c.conversation_id.as_str())
+                            .push_bind(c.seq as i64);
+                    });
+                    qb.push(
+                        " ON CONFLICT (user_id, device_id, conversation_id) DO UPDATE \
+                         SET delivered_seq = excluded.delivered_seq \
+                         WHERE excluded.delivered_seq > device_cursors.delivered_seq",
+                    );
+                    qb.build().execute(&mut *tx).await?;
+                }
+                let mut furthest: std::collections::BTreeMap<(&str, &str), u64> =
+                    std::collections::BTreeMap::new();
+                for c in cursors {
+                    let e = furthest
+                        .entry((c.user_id.as_str(), c.conversation_id.as_str()))
+                        .or_insert(0);
+                    *e = (*e).max(c.seq);
+                }
+                let cursors: Vec<$crate::store::CursorUpdate> = furthest
+                    .into_iter()
+                    .map(|((user_id, conversation_id), seq)| $crate::store::CursorUpdate {
+                        user_id: user_id.to_owned(),
+                        device_id: String::new(),
+                        conversation_id: conversation_id.to_owned(),
+                        seq,
+                    })
+                    .collect();
                 for chunk in cursors.chunks(CHUNK) {
                     let mut qb = sqlx::QueryBuilder::<$db>::new(
                         "INSERT INTO cursors (user_id, conversation_id, seq) ",
@@ -583,6 +976,114 @@ macro_rules! sql_store_impl {
                         duplicate: false,
                     }))
                     .collect())
+            }
+
+            async fn commit_state_on(
+                conn: &mut sqlx::pool::PoolConnection<$db>,
+                reads: &[$crate::store::ReadUpdate],
+                flags: &[$crate::store::FlagsUpdate],
+            ) -> Result<Vec<$crate::store::ReadMoved>, $crate::store::StoreError> {
+                use std::collections::BTreeMap;
+                use sqlx::Row;
+                use $crate::store::sql::CHUNK;
+
+                let mut tx = sqlx::Connection::begin(&mut **conn).await?;
+                let now = im_proto::now_ms();
+                // One row per key (a multi-row upsert may not touch a row twice), in key
+                // order (the same lock order on every node).
+                let mut users: BTreeMap<(&str, &str), i64> = BTreeMap::new();
+                let mut devices: BTreeMap<(&str, &str, &str), i64> = BTreeMap::new();
+                for r in reads {
+                    let seq = r.seq.min(i64::MAX as u64) as i64;
+                    let u = users
+                        .entry((r.user_id.as_str(), r.conversation_id.as_str()))
+                        .or_insert(0);
+                    *u = (*u).max(seq);
+                    let d = devices
+                        .entry((
+                            r.user_id.as_str(),
+                            r.device_id.as_str(),
+                            r.conversation_id.as_str(),
+                        ))
+                        .or_insert(0);
+                    *d = (*d).max(seq);
+                }
+                let users: Vec<((&str, &str), i64)> = users.into_iter().collect();
+                let mut moved = Vec::new();
+                for chunk in users.chunks(CHUNK) {
+                    let mut qb = sqlx::QueryBuilder::<$db>::new(
+                        "INSERT INTO conversation_state (user_id, conversation_id, read_seq, \
+                         read_time) ",
+                    );
+                    qb.push_values(chunk, |mut b, ((user, conv), seq)| {
+                        b.push_bind(*user)
+                            .push_bind(*conv)
+                            .push_bind(*seq)
+                            .push_bind(now);
+                    });
+                    qb.push(
+                        " ON CONFLICT (user_id, conversation_id) DO UPDATE \
+                         SET read_seq = excluded.read_seq, read_time = excluded.read_time \
+                         WHERE excluded.read_seq > conversation_state.read_seq \
+                         RETURNING user_id, conversation_id, read_seq, read_time",
+                    );
+                    for row in qb.build().fetch_all(&mut *tx).await? {
+                        let seq: i64 = row.try_get(2)?;
+                        moved.push($crate::store::ReadMoved {
+                            user_id: row.try_get(0)?,
+                            conversation_id: row.try_get(1)?,
+                            seq: seq.max(0) as u64,
+                            read_time: row.try_get(3)?,
+                        });
+                    }
+                }
+                let devices: Vec<((&str, &str, &str), i64)> = devices.into_iter().collect();
+                for chunk in devices.chunks(CHUNK) {
+                    let mut qb = sqlx::QueryBuilder::<$db>::new(
+                        "INSERT INTO device_cursors (user_id, device_id, conversation_id, \
+                         read_seq) ",
+                    );
+                    qb.push_values(chunk, |mut b, ((user, device, conv), seq)| {
+                        b.push_bind(*user)
+                            .push_bind(*device)
+                            .push_bind(*conv)
+                            .push_bind(*seq);
+                    });
+                    qb.push(
+                        " ON CONFLICT (user_id, device_id, conversation_id) DO UPDATE \
+                         SET read_seq = excluded.read_seq \
+                         WHERE excluded.read_seq > device_cursors.read_seq",
+                    );
+                    qb.build().execute(&mut *tx).await?;
+                }
+                // Flags: the last request per key wins.
+                let mut set: BTreeMap<(&str, &str), (bool, bool)> = BTreeMap::new();
+                for f in flags {
+                    set.insert(
+                        (f.user_id.as_str(), f.conversation_id.as_str()),
+                        (f.muted, f.pinned),
+                    );
+                }
+                let set: Vec<((&str, &str), (bool, bool))> = set.into_iter().collect();
+                for chunk in set.chunks(CHUNK) {
+                    let mut qb = sqlx::QueryBuilder::<$db>::new(
+                        "INSERT INTO conversation_state (user_id, conversation_id, muted, \
+                         pinned) ",
+                    );
+                    qb.push_values(chunk, |mut b, ((user, conv), (muted, pinned))| {
+                        b.push_bind(*user)
+                            .push_bind(*conv)
+                            .push_bind(*muted as i32)
+                            .push_bind(*pinned as i32);
+                    });
+                    qb.push(
+                        " ON CONFLICT (user_id, conversation_id) DO UPDATE \
+                         SET muted = excluded.muted, pinned = excluded.pinned",
+                    );
+                    qb.build().execute(&mut *tx).await?;
+                }
+                tx.commit().await?;
+                Ok(moved)
             }
 
             async fn group_change_on(
@@ -723,11 +1224,13 @@ macro_rules! sql_store_impl {
                 let mut version = version;
                 if let Some(payload) = access::event(req, &plan, &everyone) {
                     let seq: i64 = sqlx::query_scalar(
-                        "INSERT INTO conversations (conversation_id, last_seq) VALUES ($1, 1) \
-                         ON CONFLICT (conversation_id) DO UPDATE \
-                         SET last_seq = conversations.last_seq + 1 RETURNING last_seq",
+                        "INSERT INTO conversations (conversation_id, last_seq, last_time) \
+                         VALUES ($1, 1, $2) ON CONFLICT (conversation_id) DO UPDATE \
+                         SET last_seq = conversations.last_seq + 1, last_time = $2 \
+                         RETURNING last_seq",
                     )
                     .bind(conv.as_str())
+                    .bind(now)
                     .fetch_one(&mut *tx)
                     .await?;
                     let msg_id = uuid::Uuid::now_v7().simple().to_string();

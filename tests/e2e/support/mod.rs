@@ -244,6 +244,20 @@ impl TestServer {
         }
     }
 
+    /// The read cursor of `user`'s `device` in `conversation`, from the store (the
+    /// default SQLite database in the data dir).
+    pub async fn store_device_read(&self, user: &str, device: &str, conversation: &str) -> u64 {
+        use im_server::store::Store;
+        let store = im_server::store::SqliteStore::open(&self.data_dir.join("im.db"), false, 1)
+            .await
+            .expect("open the store");
+        store
+            .device_cursor(user, device, conversation)
+            .await
+            .expect("read a device cursor")
+            .1
+    }
+
     /// Everything the server has logged so far.
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()
