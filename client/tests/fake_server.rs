@@ -116,6 +116,7 @@ fn msg(conv: &str, seq: u64) -> ChatMessage {
         seq,
         msg_id: format!("id-{conv}-{seq}"),
         client_msg_id: String::new(),
+        ..Default::default()
     }
 }
 

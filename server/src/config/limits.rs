@@ -72,6 +72,11 @@ pub struct Limits {
     /// A session ends this many seconds after its token's `exp` (close 4003 "token
     /// expired"); also the clock skew allowed when a token is verified.
     pub token_leeway_secs: u32,
+    /// How long after sending a user may recall their message (0: no limit); group
+    /// owners and admins may recall any message at any time.
+    pub recall_window_secs: u32,
+    /// How long after sending a user may edit their message (0: no limit).
+    pub edit_window_secs: u32,
 }
 
 /// File descriptors kept free for the store, log files, the admin listener and NATS
@@ -107,6 +112,8 @@ impl Default for Limits {
             max_batch_frames: 128,
             max_groups_per_user: 100,
             token_leeway_secs: 5,
+            recall_window_secs: 120,
+            edit_window_secs: 0,
         }
     }
 }
@@ -199,6 +206,13 @@ impl Limits {
             range(burst_key, burst, 1, 1_000_000)?;
         }
         range("limits.max_batch_frames", l.max_batch_frames, 1, 100_000)?;
+        range(
+            "limits.recall_window_secs",
+            l.recall_window_secs,
+            0,
+            365 * 86_400,
+        )?;
+        range("limits.edit_window_secs", l.edit_window_secs, 0, 365 * 86_400)?;
         Ok(())
     }
 

@@ -5,6 +5,7 @@
 //! [`Pipeline::handle`] is called by the gateway's read loop, one frame at a time per
 //! connection; replies and pushes leave through the connection's [`Outbound`].
 
+mod edits;
 pub mod persist;
 pub mod relation;
 pub mod route;
@@ -341,6 +342,10 @@ impl Pipeline {
                 Ok(())
             }
             Body::GroupOp(op) => self.on_group_op(s, req_id, op).await,
+            Body::FetchHistory(h) => self.on_fetch_history(s, req_id, h).await,
+            Body::Recall(r) => self.on_recall(s, req_id, r, started).await,
+            Body::Edit(e) => self.on_edit(s, req_id, e, started).await,
+            Body::DeleteForMe(d) => self.on_delete_for_me(s, req_id, d).await,
             Body::Login(_) => Err(Refusal::bad("already logged in")),
             Body::Batch(_) => Err(Refusal::bad("nested batch")),
             _ => Err(Refusal::bad("not a client frame")),
@@ -379,6 +384,13 @@ impl Pipeline {
                 return Err(Refusal::code(
                     ErrorCode::Forbidden,
                     "SYSTEM messages are written by the server only",
+                    Some("forbidden"),
+                ))
+            }
+            Ok(MessageType::Recall | MessageType::Edit) => {
+                return Err(Refusal::code(
+                    ErrorCode::Forbidden,
+                    "RECALL and EDIT events are made by the Recall and Edit frames",
                     Some("forbidden"),
                 ))
             }
@@ -439,6 +451,7 @@ impl Pipeline {
                 payload: send.payload,
                 msg_id: uuid::Uuid::now_v7().simple().to_string(),
                 direct,
+                reference: None,
             },
             req_id,
             origin: s.out.clone(),

@@ -22,8 +22,8 @@ use crate::config::Persist;
 use crate::flow::Outbound;
 use crate::obs::{Metrics, Stage};
 use crate::store::{
-    health, CursorUpdate, Fault, GroupRequest, GroupState, NewMessage, Store, StoreError,
-    StoreHealth,
+    health, CursorUpdate, Fault, GroupRequest, GroupState, HiddenMessage, NewMessage, Store,
+    StoreError, StoreHealth,
 };
 
 /// One request to the writer.
@@ -43,6 +43,19 @@ pub enum WriteReq {
     },
     /// Answered once everything queued before it is committed.
     Flush(oneshot::Sender<()>),
+    /// A DeleteForMe: committed with the others of its round, then answered `Done` (or
+    /// an `Error`) on the origin connection.
+    Hide(HideReq),
+}
+
+/// A validated DeleteForMe waiting for its commit.
+pub struct HideReq {
+    /// What to hide, for whom.
+    pub hidden: HiddenMessage,
+    /// The request's req_id, echoed on the reply.
+    pub req_id: u64,
+    /// The requesting connection.
+    pub origin: Arc<Outbound>,
 }
 
 /// A validated Send waiting for its commit.
@@ -217,6 +230,7 @@ pub async fn run_writer(
     let mut cursors: HashMap<(String, String), u64> = HashMap::new();
     let mut groups = Vec::new();
     let mut flushes = Vec::new();
+    let mut hides: Vec<HideReq> = Vec::new();
     let mut fault_since: Option<Instant> = None;
     let mut last_try = Instant::now();
     loop {
@@ -245,6 +259,7 @@ pub async fn run_writer(
                 reply,
             } => groups.push((group_id, req, reply)),
             WriteReq::Flush(reply) => flushes.push(reply),
+            WriteReq::Hide(h) => hides.push(h),
         };
         if let Some(first) = first {
             take(first, &mut sends);
@@ -270,13 +285,14 @@ pub async fn run_writer(
                 for (_, _, reply) in groups.drain(..) {
                     let _ = reply.send(Err(StoreError::Unavailable(fault.name())));
                 }
+                refuse_hides(&mut hides, &Refusal::store_unavailable(fault.name(), 1000));
                 for reply in flushes.drain(..) {
                     let _ = reply.send(());
                 }
                 continue;
             }
             last_try = Instant::now();
-            if sends.is_empty() && cursors.is_empty() && groups.is_empty() {
+            if sends.is_empty() && cursors.is_empty() && groups.is_empty() && hides.is_empty() {
                 let probe = guard.bounded(store.probe_write()).await;
                 guard.record(probe.as_ref().map(|_| ()), &mut fault_since);
             }
@@ -332,6 +348,20 @@ pub async fn run_writer(
                 Err(e) => Err(e),
             };
             let _ = reply.send(result);
+        }
+        if !hides.is_empty() {
+            let rows: Vec<HiddenMessage> = hides.iter().map(|h| h.hidden.clone()).collect();
+            let result = guard.bounded(store.hide_messages(&rows)).await;
+            guard.record(result.as_ref().map(|_| ()), &mut fault_since);
+            match result {
+                Ok(()) => {
+                    for h in hides.drain(..) {
+                        let done = frame(h.req_id, Body::Done(im_proto::Done {}));
+                        h.origin.push(im_proto::encode(&done), true);
+                    }
+                }
+                Err(e) => refuse_hides(&mut hides, &Refusal::store(e)),
+            }
         }
         for reply in flushes.drain(..) {
             let _ = reply.send(());
@@ -446,6 +476,14 @@ fn recheck_groups(relations: &Relations, sends: &mut Vec<PersistReq>) {
     });
 }
 
+/// Answers the DeleteForMe requests of a round that was not committed.
+fn refuse_hides(hides: &mut Vec<HideReq>, refusal: &Refusal) {
+    for h in hides.drain(..) {
+        h.origin
+            .push(im_proto::encode(&refusal.to_frame(h.req_id)), true);
+    }
+}
+
 /// Answers Sends the writer did not try, while the store is failing: OVERLOADED with
 /// the probe interval as the retry hint.
 fn refuse(sends: &mut Vec<PersistReq>, fault: Fault, guard: &Guard) {
@@ -521,6 +559,7 @@ async fn acked(
             });
         } else {
             let m = req.message;
+            let (ref_seq, ref_msg_id) = m.reference.map_or((0, String::new()), |r| (r.seq, r.msg_id));
             deliveries.push(Delivery {
                 message: ChatMessage {
                     conversation_id: c.conversation_id,
@@ -531,6 +570,9 @@ async fn acked(
                     seq: c.seq,
                     msg_id: c.msg_id,
                     client_msg_id: m.client_msg_id,
+                    ref_seq,
+                    ref_msg_id,
+                    ..ChatMessage::default()
                 },
                 recipients: req.recipients,
                 origin_conn: req.origin.conn_id,
