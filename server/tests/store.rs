@@ -574,10 +574,16 @@ async fn recall_edit_and_hide_render_in_sync_and_history() {
             );
             assert_eq!(page[2].payload.is_empty(), hidden, "{b} {reader}");
             assert_eq!(page[3].r#type, 5, "{b}");
-            assert_eq!((page[3].ref_seq, page[3].ref_msg_id.as_str()), (2, id(1).as_str()));
+            assert_eq!(
+                (page[3].ref_seq, page[3].ref_msg_id.as_str()),
+                (2, id(1).as_str())
+            );
             assert_eq!(&page[3].payload[..], b"fixed");
             assert_eq!(page[4].r#type, 4, "{b}");
-            assert_eq!((page[4].ref_seq, page[4].ref_msg_id.as_str()), (1, id(0).as_str()));
+            assert_eq!(
+                (page[4].ref_seq, page[4].ref_msg_id.as_str()),
+                (1, id(0).as_str())
+            );
         }
         // Recalling an edited message empties its EDIT events too.
         s.commit_batch(&[change("u:a:b", "a", "r2", 4, 2, &id(1), "")], &[])
@@ -585,13 +591,19 @@ async fn recall_edit_and_hide_render_in_sync_and_history() {
             .unwrap();
         let (page, _) = s.sync("b", &[], 100).await.unwrap();
         assert_eq!(page[1].state, MessageState::Recalled as i32, "{b}");
-        assert!(page[1].payload.is_empty() && page[3].payload.is_empty(), "{b}");
+        assert!(
+            page[1].payload.is_empty() && page[3].payload.is_empty(),
+            "{b}"
+        );
 
         let meta = s.message_meta("b", "u:a:b", 2).await.unwrap().unwrap();
         assert_eq!((meta.sender.as_str(), meta.state), ("a", 2), "{b}");
         assert!(s.message_meta("b", "u:a:b", 99).await.unwrap().is_none());
         assert_eq!(
-            s.find_client_msg("u:a:b", "a", "r2").await.unwrap().map(|x| x.0),
+            s.find_client_msg("u:a:b", "a", "r2")
+                .await
+                .unwrap()
+                .map(|x| x.0),
             Some(6),
             "{b}"
         );

@@ -6,8 +6,7 @@
 use std::time::Duration;
 
 use im_client::proto::{
-    self, group_op, Body, ChatMessage, ErrorCode, GroupOp, HistoryPage, MessageState,
-    MessageType,
+    self, group_op, Body, ChatMessage, ErrorCode, GroupOp, HistoryPage, MessageState, MessageType,
 };
 use im_client::{Client, Event, RawConn};
 
@@ -132,7 +131,10 @@ async fn history_pages_back_to_the_join_and_skips_between_intervals() {
         pages += 1;
         assert!(p.messages.len() <= 2);
         let seqs: Vec<u64> = p.messages.iter().map(|m| m.seq).collect();
-        assert!(seqs.windows(2).all(|w| w[0] > w[1]), "newest first: {seqs:?}");
+        assert!(
+            seqs.windows(2).all(|w| w[0] > w[1]),
+            "newest first: {seqs:?}"
+        );
         got.extend(seqs);
         if !p.more {
             break;
@@ -219,7 +221,10 @@ async fn recall_and_edit_reach_online_members_and_later_readers() {
         panic!("b is told of the recall")
     };
     assert_eq!((ev.seq, ev.ref_seq), (3, 2));
-    assert_eq!((ev.sender.as_str(), ev.ref_msg_id.as_str()), ("a", original.msg_id.as_str()));
+    assert_eq!(
+        (ev.sender.as_str(), ev.ref_msg_id.as_str()),
+        ("a", original.msg_id.as_str())
+    );
     assert!(ev.payload.is_empty());
     assert_eq!(ev.r#type, MessageType::Recall as i32);
     // A retry is the same event; a second recall is refused.
@@ -241,7 +246,10 @@ async fn recall_and_edit_reach_online_members_and_later_readers() {
     let Event::Edited(ev) = next_app_event(&b).await else {
         panic!("b is told of the edit")
     };
-    assert_eq!((ev.seq, ev.ref_seq, &ev.payload[..]), (5, 4, &b"the typo"[..]));
+    assert_eq!(
+        (ev.seq, ev.ref_seq, &ev.payload[..]),
+        (5, 4, &b"the typo"[..])
+    );
 
     // c syncs later (SDK): every seq once, in order, with the latest state.
     let c = server.client("c").await;
@@ -387,7 +395,12 @@ async fn delete_for_me_hides_for_that_user_only() {
     let mut eve = server.raw("eve").await;
     for i in 0..3u64 {
         alice
-            .send(&send_to_user(10 + i, "bob", format!("m{i}").as_bytes(), &format!("m{i}")))
+            .send(&send_to_user(
+                10 + i,
+                "bob",
+                format!("m{i}").as_bytes(),
+                &format!("m{i}"),
+            ))
             .await
             .unwrap();
     }
@@ -420,7 +433,10 @@ async fn delete_for_me_hides_for_that_user_only() {
         (3, original, b"m2".to_vec()),
     ];
     // Bob's history and a sync on another of his connections: the tombstone at seq 2.
-    assert_eq!(rendered(&page(&mut bob, 30, conv, 0, 0).await.messages), for_bob);
+    assert_eq!(
+        rendered(&page(&mut bob, 30, conv, 0, 0).await.messages),
+        for_bob
+    );
     let mut bob2 = server.raw("bob").await;
     assert_eq!(rendered(&raw_sync_all(&mut bob2, 100).await), for_bob);
     // Alice still sees it.
@@ -434,14 +450,12 @@ async fn delete_for_me_hides_for_that_user_only() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recall_and_edit_reach_members_on_another_node() {
-    let c = crate::support::cluster::TestCluster::start(2, &[]).await;
+    let c = cluster::TestCluster::start(2, &[]).await;
     let mut sam = c.nodes[0].raw("sam").await;
     let mut rita = c.nodes[1].raw("rita").await;
     for i in 0..2 {
-        c.wait_for(i, "presence", |o| {
-            o["cluster"]["users_on_other_nodes"] == 1
-        })
-        .await;
+        c.wait_for(i, "presence", |o| o["cluster"]["users_on_other_nodes"] == 1)
+            .await;
     }
     sam.send(&send_to_user(1, "rita", b"draft", "s-1"))
         .await

@@ -212,7 +212,12 @@ impl Limits {
             0,
             365 * 86_400,
         )?;
-        range("limits.edit_window_secs", l.edit_window_secs, 0, 365 * 86_400)?;
+        range(
+            "limits.edit_window_secs",
+            l.edit_window_secs,
+            0,
+            365 * 86_400,
+        )?;
         Ok(())
     }
 

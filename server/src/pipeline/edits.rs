@@ -12,8 +12,8 @@
 use std::time::Instant;
 
 use im_proto::{
-    frame, group_op::Role, parse_conversation, Body, ConversationRef, DeleteForMe, Edit,
-    ErrorCode, FetchHistory, HistoryPage, MessageState, MessageType, Recall,
+    frame, group_op::Role, parse_conversation, Body, ConversationRef, DeleteForMe, Edit, ErrorCode,
+    FetchHistory, HistoryPage, MessageState, MessageType, Recall,
 };
 
 use super::persist::{HideReq, PersistReq, WriteReq};
@@ -75,7 +75,11 @@ fn take_send(s: &Session, what: &str) -> Result<(), Refusal> {
 /// Takes a token of the connection's SyncRequest bucket (FetchHistory).
 fn take_sync(s: &Session) -> Result<(), Refusal> {
     let now = Instant::now();
-    let taken = s.limits.lock().map(|mut b| b.syncs.take(now)).unwrap_or(Ok(()));
+    let taken = s
+        .limits
+        .lock()
+        .map(|mut b| b.syncs.take(now))
+        .unwrap_or(Ok(()));
     taken.map_err(|ms| rate_limited("fetching history", ms))
 }
 
@@ -164,7 +168,14 @@ impl Pipeline {
         started: Instant,
     ) -> Result<(), Refusal> {
         let verb = c.verb();
-        take_send(s, if verb == "recall" { "recalling" } else { "editing" })?;
+        take_send(
+            s,
+            if verb == "recall" {
+                "recalling"
+            } else {
+                "editing"
+            },
+        )?;
         if let Some(reason) = self.health.refusal() {
             return Err(Refusal::store_unavailable(reason, self.unhealthy_retry_ms));
         }
@@ -174,7 +185,9 @@ impl Pipeline {
             )));
         }
         if c.msg_id.len() > MAX_MSG_ID {
-            return Err(Refusal::bad(format!("msg_id longer than {MAX_MSG_ID} bytes")));
+            return Err(Refusal::bad(format!(
+                "msg_id longer than {MAX_MSG_ID} bytes"
+            )));
         }
         if c.seq == 0 {
             return Err(Refusal::bad(format!("{verb} needs the message's seq")));

@@ -559,7 +559,9 @@ async fn acked(
             });
         } else {
             let m = req.message;
-            let (ref_seq, ref_msg_id) = m.reference.map_or((0, String::new()), |r| (r.seq, r.msg_id));
+            let (ref_seq, ref_msg_id) = m
+                .reference
+                .map_or((0, String::new()), |r| (r.seq, r.msg_id));
             deliveries.push(Delivery {
                 message: ChatMessage {
                     conversation_id: c.conversation_id,
