@@ -445,10 +445,10 @@ fn change(
 ) -> NewMessage {
     NewMessage {
         msg_type: kind,
-        reference: Some(im_server::store::MessageRef {
+        reference: Some(Box::new(im_server::store::MessageRef {
             seq,
             msg_id: msg_id.into(),
-        }),
+        })),
         ..msg(conv, actor, cmid, body)
     }
 }

@@ -270,10 +270,10 @@ impl Pipeline {
                 payload: c.payload,
                 msg_id: uuid::Uuid::now_v7().simple().to_string(),
                 direct,
-                reference: Some(MessageRef {
+                reference: Some(Box::new(MessageRef {
                     seq: c.seq,
                     msg_id: meta.msg_id,
-                }),
+                })),
             },
             req_id,
             origin: s.out.clone(),
@@ -299,14 +299,13 @@ impl Pipeline {
         group: Option<&str>,
     ) -> Result<(), Refusal> {
         let verb = c.verb();
-        match MessageType::try_from(meta.msg_type) {
-            Ok(t @ (MessageType::System | MessageType::Recall | MessageType::Edit)) => {
-                return Err(forbidden(format!(
-                    "a {} message cannot be {verb}ed",
-                    t.as_str_name()
-                )))
-            }
-            _ => {}
+        if let Ok(t @ (MessageType::System | MessageType::Recall | MessageType::Edit)) =
+            MessageType::try_from(meta.msg_type)
+        {
+            return Err(forbidden(format!(
+                "a {} message cannot be {verb}ed",
+                t.as_str_name()
+            )));
         }
         if meta.state == MessageState::Recalled as i32 {
             return Err(forbidden(format!("message {} was recalled", meta.msg_id)));

@@ -82,7 +82,8 @@ pub struct NewMessage {
     pub direct: Option<(String, String)>,
     /// RECALL and EDIT events: the message they change. The commit applies the change
     /// to that row (state, payload, edit time) in the same transaction.
-    pub reference: Option<MessageRef>,
+    /// (Boxed: events are rare, and a Send's queue entry stays small.)
+    pub reference: Option<Box<MessageRef>>,
 }
 
 /// The message a RECALL or EDIT event changes: its primary key's seq and its id.
