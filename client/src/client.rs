@@ -1,4 +1,5 @@
-//! `Client`: the SDK handle (connect, send, group ops, sync, ping, events, close).
+//! `Client`: the SDK handle (connect, send, group ops, sync, ping, history, recall,
+//! edit, delete-for-me, events, close).
 //!
 //! The handle is cheap to share (`&self` everywhere, `Send + Sync`); a background task
 //! (see `driver`) owns the socket. Incoming messages are consumed with
