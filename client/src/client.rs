@@ -1,4 +1,5 @@
-//! `Client`: the SDK handle (connect, send, group ops, sync, ping, events, close).
+//! `Client`: the SDK handle (connect, send, group ops, sync, ping, history, recall,
+//! edit, delete-for-me, events, close).
 //!
 //! The handle is cheap to share (`&self` everywhere, `Send + Sync`); a background task
 //! (see `driver`) owns the socket. Incoming messages are consumed with
@@ -44,6 +45,26 @@ pub enum Event {
     /// Someone read a conversation up to a seq (pushed; `user_id` empty and
     /// `read_count` set for a large group's counted receipt).
     ReadReceipt(ReadReceipt),
+    /// A RECALL event (live or from a sync) at its own seq, in order: the message
+    /// (`ref_seq`, `ref_msg_id`) of the conversation was recalled by `sender`.
+    Recalled(ChatMessage),
+    /// An EDIT event (live or from a sync) at its own seq, in order: the message
+    /// (`ref_seq`, `ref_msg_id`) now reads `payload`.
+    Edited(ChatMessage),
+}
+
+impl Event {
+    /// The event for a message the tracker released: RECALL and EDIT events become
+    /// [`Event::Recalled`] and [`Event::Edited`] (unless hidden for this user: a HIDDEN
+    /// tombstone is always an [`Event::Message`]), everything else [`Event::Message`].
+    pub(crate) fn of(m: ChatMessage) -> Event {
+        let hidden = m.state == im_proto::MessageState::Hidden as i32;
+        match MessageType::try_from(m.r#type) {
+            Ok(MessageType::Recall) if !hidden => Event::Recalled(m),
+            Ok(MessageType::Edit) if !hidden => Event::Edited(m),
+            _ => Event::Message(m),
+        }
+    }
 }
 
 /// Where a message goes.
@@ -274,6 +295,110 @@ impl Client {
         tokio::time::timeout(timeout, wait)
             .await
             .map_err(|_| ClientError::Timeout)?
+    }
+
+    /// One page of a conversation's history before `before_seq` (0: from the end),
+    /// newest first, at most `limit` (0: the server's default); `more` is true when
+    /// older messages remain. Messages carry their latest state (EDITED, RECALLED,
+    /// HIDDEN). History is for display: it does not go through the event stream.
+    pub async fn history(
+        &self,
+        conversation_id: impl Into<String>,
+        before_seq: u64,
+        limit: u32,
+    ) -> Result<im_proto::HistoryPage, ClientError> {
+        let body = Body::FetchHistory(im_proto::FetchHistory {
+            conversation_id: conversation_id.into(),
+            before_seq,
+            limit,
+        });
+        match self.request(body, false).await? {
+            Body::HistoryPage(p) => Ok(p),
+            other => Err(unexpected("HistoryPage", &other)),
+        }
+    }
+
+    /// Recalls the message at `seq` of the conversation (`msg_id`, when given, must be
+    /// its id) and waits for the `SendAck` of the RECALL event; retried like
+    /// [`Client::send`] with one client_msg_id.
+    pub async fn recall(
+        &self,
+        conversation_id: impl Into<String>,
+        seq: u64,
+        msg_id: impl Into<String>,
+    ) -> Result<SendAck, ClientError> {
+        let recall = im_proto::Recall {
+            conversation_id: conversation_id.into(),
+            seq,
+            msg_id: msg_id.into(),
+            client_msg_id: uuid::Uuid::now_v7().to_string(),
+        };
+        self.acked_retried(Body::Recall(recall)).await
+    }
+
+    /// Replaces the payload of our message at `seq` of the conversation and waits for
+    /// the `SendAck` of the EDIT event; retried like [`Client::send`].
+    pub async fn edit(
+        &self,
+        conversation_id: impl Into<String>,
+        seq: u64,
+        msg_id: impl Into<String>,
+        payload: impl Into<Bytes>,
+    ) -> Result<SendAck, ClientError> {
+        let edit = im_proto::Edit {
+            conversation_id: conversation_id.into(),
+            seq,
+            msg_id: msg_id.into(),
+            payload: payload.into(),
+            client_msg_id: uuid::Uuid::now_v7().to_string(),
+        };
+        self.acked_retried(Body::Edit(edit)).await
+    }
+
+    /// Hides the message at `seq` of the conversation for this user (all devices):
+    /// sync and history return it as a HIDDEN tombstone from then on.
+    pub async fn delete_for_me(
+        &self,
+        conversation_id: impl Into<String>,
+        seq: u64,
+    ) -> Result<(), ClientError> {
+        let body = Body::DeleteForMe(im_proto::DeleteForMe {
+            conversation_id: conversation_id.into(),
+            seq,
+        });
+        match self.request(body, false).await? {
+            Body::Done(_) => Ok(()),
+            other => Err(unexpected("Done", &other)),
+        }
+    }
+
+    /// Sends a request answered by a `SendAck` (Recall, Edit), resending the same
+    /// frame (so the same client_msg_id) on the errors [`Client::send`] retries.
+    async fn acked_retried(&self, body: Body) -> Result<SendAck, ClientError> {
+        let mut retries = 0u32;
+        loop {
+            let can_retry = retries < self.cfg.max_send_retries;
+            match self.request(body.clone(), true).await {
+                Ok(Body::SendAck(ack)) => return Ok(ack),
+                Ok(other) => return Err(unexpected("SendAck", &other)),
+                Err(ClientError::Server {
+                    code: ErrorCode::Overloaded | ErrorCode::RateLimited,
+                    retry_after_ms,
+                    ..
+                }) if can_retry => tokio::time::sleep(overload_delay(retry_after_ms)).await,
+                Err(ClientError::Server {
+                    code: ErrorCode::Internal,
+                    retry_after_ms,
+                    ..
+                }) if can_retry && retry_after_ms > 0 => {
+                    tokio::time::sleep(overload_delay(retry_after_ms)).await
+                }
+                Err(ClientError::Disconnected)
+                    if can_retry && self.cfg.auto_reconnect && !self.cmd.is_closed() => {}
+                Err(e) => return Err(e),
+            }
+            retries += 1;
+        }
     }
 
     /// Flushes pending `DeliverAck`s, closes the connection and stops the task.

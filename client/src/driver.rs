@@ -561,7 +561,7 @@ impl Driver {
             if let Some(c) = collect.as_deref_mut() {
                 c.push(m.clone());
             }
-            let _ = self.ev_tx.send(Event::Message(m));
+            let _ = self.ev_tx.send(Event::of(m));
         }
     }
 

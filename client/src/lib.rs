@@ -2,7 +2,8 @@
 //!
 //! - [`Client`]: connect + login, `send` (waits for the durable `SendAck`, retries
 //!   `OVERLOADED` and dropped connections with the same `client_msg_id`), group ops,
-//!   paged `sync`, heartbeats, auto-reconnect with resume, token refresh on the open
+//!   paged `sync`, `history`, `recall` / `edit` / `delete_for_me` (RECALL and EDIT
+//!   events arrive as [`Event::Recalled`] / [`Event::Edited`]), heartbeats, auto-reconnect with resume, token refresh on the open
 //!   connection before expiry (with [`ClientConfig::with_token_provider`]), and an
 //!   exactly-once stream of [`Event`]s (each conversation in seq order) taken with
 //!   [`Client::next_event`].

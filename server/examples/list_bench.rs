@@ -27,6 +27,7 @@ fn direct(peer: &str, sender: &str, n: usize) -> NewMessage {
         payload: Bytes::from(vec![b'x'; 400]),
         msg_id: uuid::Uuid::now_v7().simple().to_string(),
         direct: Some((USER.to_owned(), peer.to_owned())),
+        reference: None,
     }
 }
 
@@ -95,6 +96,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 payload: Bytes::from(vec![b'g'; 200]),
                 msg_id: uuid::Uuid::now_v7().simple().to_string(),
                 direct: None,
+                reference: None,
             })
             .collect();
         store.commit_batch(&batch, &[]).await?;

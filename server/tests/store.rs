@@ -82,6 +82,7 @@ fn msg(conv: &str, sender: &str, cmid: &str, body: &str) -> NewMessage {
         payload: Bytes::from(body.to_owned()),
         msg_id: uuid::Uuid::now_v7().simple().to_string(),
         direct,
+        reference: None,
     }
 }
 
@@ -609,5 +610,182 @@ async fn read_cursors_flags_and_the_conversation_list() {
             .unwrap()
             .0
             .is_empty());
+    }
+}
+
+/// A RECALL (4) or EDIT (5) event of `actor` naming (`seq`, `msg_id`).
+fn change(
+    conv: &str,
+    actor: &str,
+    cmid: &str,
+    kind: i32,
+    seq: u64,
+    msg_id: &str,
+    body: &str,
+) -> NewMessage {
+    NewMessage {
+        msg_type: kind,
+        reference: Some(Box::new(im_server::store::MessageRef {
+            seq,
+            msg_id: msg_id.into(),
+        })),
+        ..msg(conv, actor, cmid, body)
+    }
+}
+
+fn seqs(page: &[im_proto::ChatMessage]) -> Vec<u64> {
+    page.iter().map(|m| m.seq).collect()
+}
+
+#[tokio::test]
+async fn history_pages_backwards_inside_membership_intervals() {
+    use im_proto::group_op::Op;
+    for (s, _dir) in stores().await {
+        let b = s.backend();
+        let gc = |op, actor: &'static str, users: &'static [&'static str]| {
+            let s = s.clone();
+            async move {
+                s.group_change("h", &group_req(op, actor, users, 10))
+                    .await
+                    .unwrap()
+            }
+        };
+        let say = |n: &str| msg("g:h", "a", n, n);
+        gc(Op::Create, "a", &[]).await; // seq 1
+        s.commit_batch(&[say("1"), say("2")], &[]).await.unwrap(); // 2, 3
+        gc(Op::Add, "a", &["c"]).await; // 4: c joins
+        s.commit_batch(&[say("3")], &[]).await.unwrap(); // 5
+        gc(Op::Remove, "a", &["c"]).await; // 6: c leaves
+        s.commit_batch(&[say("4"), say("5")], &[]).await.unwrap(); // 7, 8
+        gc(Op::Add, "a", &["c"]).await; // 9: c is back
+        s.commit_batch(&[say("6"), say("7")], &[]).await.unwrap(); // 10, 11
+
+        // c: 11 10 9 | 6 5 4, never 7-8 (between intervals) nor 1-3 (before joining).
+        let (p, more) = s.history_page("c", "g:h", 0, 4, usize::MAX).await.unwrap();
+        assert_eq!(seqs(&p), [11, 10, 9, 6], "{b}");
+        assert!(more, "{b}");
+        let (p, more) = s.history_page("c", "g:h", 6, 4, usize::MAX).await.unwrap();
+        assert_eq!(seqs(&p), [5, 4], "{b}");
+        assert!(!more, "{b}: nothing before c's first join");
+        // Exactly the rest: more is false even though the page is full.
+        let (p, more) = s.history_page("c", "g:h", 6, 2, usize::MAX).await.unwrap();
+        assert_eq!((seqs(&p), more), (vec![5, 4], false), "{b}");
+        let (p, more) = s.history_page("c", "g:h", 9, 10, usize::MAX).await.unwrap();
+        assert_eq!((seqs(&p), more), (vec![6, 5, 4], false), "{b}");
+        // The owner reads everything.
+        let (p, more) = s.history_page("a", "g:h", 3, 10, usize::MAX).await.unwrap();
+        assert_eq!((seqs(&p), more), (vec![2, 1], false), "{b}");
+        // A stranger reads nothing.
+        let (p, more) = s.history_page("x", "g:h", 0, 10, usize::MAX).await.unwrap();
+        assert!(p.is_empty() && !more, "{b}");
+
+        // The byte budget: the first message always, then only what fits.
+        let big = "x".repeat(1000);
+        let batch: Vec<NewMessage> = (0..5)
+            .map(|i| msg("u:a:b", "a", &format!("big{i}"), &big))
+            .collect();
+        s.commit_batch(&batch, &[]).await.unwrap();
+        let (p, more) = s.history_page("b", "u:a:b", 0, 100, 2500).await.unwrap();
+        assert_eq!((seqs(&p), more), (vec![5, 4], true), "{b}");
+        let (p, more) = s.history_page("b", "u:a:b", 0, 100, 10).await.unwrap();
+        assert_eq!((seqs(&p), more), (vec![5], true), "{b}");
+    }
+}
+
+#[tokio::test]
+async fn recall_edit_and_hide_render_in_sync_and_history() {
+    use im_proto::MessageState;
+    for (s, _dir) in stores().await {
+        let b = s.backend();
+        let sent = s
+            .commit_batch(
+                &[
+                    msg("u:a:b", "a", "m1", "hello"),
+                    msg("u:a:b", "a", "m2", "typo"),
+                    msg("u:a:b", "b", "m3", "reply"),
+                ],
+                &[],
+            )
+            .await
+            .unwrap();
+        let id = |i: usize| sent[i].msg_id.clone();
+        // Edit seq 2, then recall seq 1; the edit is retried (a duplicate changes nothing).
+        let edit = change("u:a:b", "a", "e1", 5, 2, &id(1), "fixed");
+        let r = s
+            .commit_batch(
+                &[edit.clone(), change("u:a:b", "a", "r1", 4, 1, &id(0), "")],
+                &[],
+            )
+            .await
+            .unwrap();
+        assert_eq!((r[0].seq, r[1].seq), (4, 5), "{b}");
+        let again = s.commit_batch(&[edit], &[]).await.unwrap();
+        assert!(again[0].duplicate && again[0].seq == 4, "{b}");
+        // b hides seq 3.
+        s.hide_messages(&[im_server::store::HiddenMessage {
+            user_id: "b".into(),
+            conversation_id: "u:a:b".into(),
+            seq: 3,
+        }])
+        .await
+        .unwrap();
+
+        for reader in ["a", "b"] {
+            let (page, _) = s.sync(reader, &[], 100).await.unwrap();
+            assert_eq!(seqs(&page), [1, 2, 3, 4, 5], "{b} {reader}: gapless");
+            let (hist, more) = s
+                .history_page(reader, "u:a:b", 0, 100, usize::MAX)
+                .await
+                .unwrap();
+            assert!(!more);
+            let mut hist = hist;
+            hist.reverse();
+            assert_eq!(hist, page, "{b} {reader}: sync and history render alike");
+            assert_eq!(page[0].state, MessageState::Recalled as i32, "{b}");
+            assert!(page[0].payload.is_empty(), "{b}");
+            assert_eq!(page[1].state, MessageState::Edited as i32, "{b}");
+            assert_eq!(&page[1].payload[..], b"fixed", "{b}");
+            assert!(page[1].edit_time > 0, "{b}");
+            let hidden = reader == "b";
+            assert_eq!(
+                page[2].state == MessageState::Hidden as i32,
+                hidden,
+                "{b} {reader}"
+            );
+            assert_eq!(page[2].payload.is_empty(), hidden, "{b} {reader}");
+            assert_eq!(page[3].r#type, 5, "{b}");
+            assert_eq!(
+                (page[3].ref_seq, page[3].ref_msg_id.as_str()),
+                (2, id(1).as_str())
+            );
+            assert_eq!(&page[3].payload[..], b"fixed");
+            assert_eq!(page[4].r#type, 4, "{b}");
+            assert_eq!(
+                (page[4].ref_seq, page[4].ref_msg_id.as_str()),
+                (1, id(0).as_str())
+            );
+        }
+        // Recalling an edited message empties its EDIT events too.
+        s.commit_batch(&[change("u:a:b", "a", "r2", 4, 2, &id(1), "")], &[])
+            .await
+            .unwrap();
+        let (page, _) = s.sync("b", &[], 100).await.unwrap();
+        assert_eq!(page[1].state, MessageState::Recalled as i32, "{b}");
+        assert!(
+            page[1].payload.is_empty() && page[3].payload.is_empty(),
+            "{b}"
+        );
+
+        let meta = s.message_meta("b", "u:a:b", 2).await.unwrap().unwrap();
+        assert_eq!((meta.sender.as_str(), meta.state), ("a", 2), "{b}");
+        assert!(s.message_meta("b", "u:a:b", 99).await.unwrap().is_none());
+        assert_eq!(
+            s.find_client_msg("u:a:b", "a", "r2")
+                .await
+                .unwrap()
+                .map(|x| x.0),
+            Some(6),
+            "{b}"
+        );
     }
 }

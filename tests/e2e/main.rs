@@ -12,6 +12,7 @@ mod cluster;
 mod dashboards;
 mod diag;
 mod durability;
+mod edits;
 mod flow;
 mod groups;
 mod hardening;

@@ -88,6 +88,11 @@ pub struct Limits {
     pub list_conversations_limit_max: u32,
     /// Bytes of the last message's payload a conversation list entry carries.
     pub conversation_preview_bytes: u32,
+    /// How long after sending a user may recall their message (0: no limit); group
+    /// owners and admins may recall any message at any time.
+    pub recall_window_secs: u32,
+    /// How long after sending a user may edit their message (0: no limit).
+    pub edit_window_secs: u32,
 }
 
 /// File descriptors kept free for the store, log files, the admin listener and NATS
@@ -131,6 +136,8 @@ impl Default for Limits {
             set_flags_burst: 50,
             list_conversations_limit_max: 100,
             conversation_preview_bytes: 256,
+            recall_window_secs: 120,
+            edit_window_secs: 0,
         }
     }
 }
@@ -252,6 +259,18 @@ impl Limits {
             l.conversation_preview_bytes,
             0,
             65_536,
+        )?;
+        range(
+            "limits.recall_window_secs",
+            l.recall_window_secs,
+            0,
+            365 * 86_400,
+        )?;
+        range(
+            "limits.edit_window_secs",
+            l.edit_window_secs,
+            0,
+            365 * 86_400,
         )?;
         Ok(())
     }

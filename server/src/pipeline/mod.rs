@@ -5,6 +5,7 @@
 //! [`Pipeline::handle`] is called by the gateway's read loop, one frame at a time per
 //! connection; replies and pushes leave through the connection's [`Outbound`].
 
+mod edits;
 pub mod persist;
 pub mod reads;
 pub mod receipts;
@@ -362,6 +363,10 @@ impl Pipeline {
             Body::MarkRead(m) => self.on_mark_read(s, req_id, m).await,
             Body::ListConversations(l) => self.on_list_conversations(s, req_id, l).await,
             Body::SetConversationFlags(f) => self.on_set_flags(s, req_id, f).await,
+            Body::FetchHistory(h) => self.on_fetch_history(s, req_id, h).await,
+            Body::Recall(r) => self.on_recall(s, req_id, r, started).await,
+            Body::Edit(e) => self.on_edit(s, req_id, e, started).await,
+            Body::DeleteForMe(d) => self.on_delete_for_me(s, req_id, d).await,
             Body::Login(_) => Err(Refusal::bad("already logged in")),
             Body::Batch(_) => Err(Refusal::bad("nested batch")),
             _ => Err(Refusal::bad("not a client frame")),
@@ -400,6 +405,13 @@ impl Pipeline {
                 return Err(Refusal::code(
                     ErrorCode::Forbidden,
                     "SYSTEM messages are written by the server only",
+                    Some("forbidden"),
+                ))
+            }
+            Ok(MessageType::Recall | MessageType::Edit) => {
+                return Err(Refusal::code(
+                    ErrorCode::Forbidden,
+                    "RECALL and EDIT events are made by the Recall and Edit frames",
                     Some("forbidden"),
                 ))
             }
@@ -460,6 +472,7 @@ impl Pipeline {
                 payload: send.payload,
                 msg_id: uuid::Uuid::now_v7().simple().to_string(),
                 direct,
+                reference: None,
             },
             req_id,
             origin: s.out.clone(),

@@ -25,8 +25,8 @@ use crate::config::Persist;
 use crate::flow::Outbound;
 use crate::obs::{Metrics, Stage};
 use crate::store::{
-    health, CursorUpdate, Fault, FlagsUpdate, GroupRequest, GroupState, NewMessage, ReadUpdate,
-    Store, StoreError, StoreHealth,
+    health, CursorUpdate, Fault, FlagsUpdate, GroupRequest, GroupState, HiddenMessage,
+    NewMessage, ReadUpdate, Store, StoreError, StoreHealth,
 };
 
 /// One request to the writer.
@@ -48,6 +48,9 @@ pub enum WriteReq {
     Flush(oneshot::Sender<()>),
     /// A MarkRead or SetConversationFlags; answered `Done` once committed.
     State(StateReq),
+    /// A DeleteForMe: committed with the others of its round, then answered `Done` (or
+    /// an `Error`) on the origin connection.
+    Hide(HideReq),
 }
 
 /// A MarkRead or SetConversationFlags waiting for its commit (`pipeline::reads`).
@@ -57,6 +60,16 @@ pub struct StateReq {
     /// The flags to set (SetConversationFlags).
     pub flags: Option<FlagsUpdate>,
     /// The request's req_id, echoed on `Done`.
+    pub req_id: u64,
+    /// The requesting connection.
+    pub origin: Arc<Outbound>,
+}
+
+/// A validated DeleteForMe waiting for its commit.
+pub struct HideReq {
+    /// What to hide, for whom.
+    pub hidden: HiddenMessage,
+    /// The request's req_id, echoed on the reply.
     pub req_id: u64,
     /// The requesting connection.
     pub origin: Arc<Outbound>,
@@ -237,6 +250,7 @@ pub async fn run_writer(
     let mut states: Vec<StateReq> = Vec::new();
     let mut groups = Vec::new();
     let mut flushes = Vec::new();
+    let mut hides: Vec<HideReq> = Vec::new();
     let mut fault_since: Option<Instant> = None;
     let mut last_try = Instant::now();
     loop {
@@ -268,6 +282,7 @@ pub async fn run_writer(
                 reply,
             } => groups.push((group_id, req, reply)),
             WriteReq::Flush(reply) => flushes.push(reply),
+            WriteReq::Hide(h) => hides.push(h),
         };
         if let Some(first) = first {
             take(first, &mut sends);
@@ -297,13 +312,19 @@ pub async fn run_writer(
                 for (_, _, reply) in groups.drain(..) {
                     let _ = reply.send(Err(StoreError::Unavailable(fault.name())));
                 }
+                refuse_hides(&mut hides, &Refusal::store_unavailable(fault.name(), 1000));
                 for reply in flushes.drain(..) {
                     let _ = reply.send(());
                 }
                 continue;
             }
             last_try = Instant::now();
-            if sends.is_empty() && cursors.is_empty() && groups.is_empty() && states.is_empty() {
+            if sends.is_empty()
+                && cursors.is_empty()
+                && groups.is_empty()
+                && states.is_empty()
+                && hides.is_empty()
+            {
                 let probe = guard.bounded(store.probe_write()).await;
                 guard.record(probe.as_ref().map(|_| ()), &mut fault_since);
             }
@@ -414,6 +435,20 @@ pub async fn run_writer(
                 Err(e) => Err(e),
             };
             let _ = reply.send(result);
+        }
+        if !hides.is_empty() {
+            let rows: Vec<HiddenMessage> = hides.iter().map(|h| h.hidden.clone()).collect();
+            let result = guard.bounded(store.hide_messages(&rows)).await;
+            guard.record(result.as_ref().map(|_| ()), &mut fault_since);
+            match result {
+                Ok(()) => {
+                    for h in hides.drain(..) {
+                        let done = frame(h.req_id, Body::Done(im_proto::Done {}));
+                        h.origin.push(im_proto::encode(&done), true);
+                    }
+                }
+                Err(e) => refuse_hides(&mut hides, &Refusal::store(e)),
+            }
         }
         for reply in flushes.drain(..) {
             let _ = reply.send(());
@@ -528,6 +563,14 @@ fn recheck_groups(relations: &Relations, sends: &mut Vec<PersistReq>) {
     });
 }
 
+/// Answers the DeleteForMe requests of a round that was not committed.
+fn refuse_hides(hides: &mut Vec<HideReq>, refusal: &Refusal) {
+    for h in hides.drain(..) {
+        h.origin
+            .push(im_proto::encode(&refusal.to_frame(h.req_id)), true);
+    }
+}
+
 /// Answers Sends the writer did not try, while the store is failing: OVERLOADED with
 /// the probe interval as the retry hint.
 fn refuse(sends: &mut Vec<PersistReq>, fault: Fault, guard: &Guard) {
@@ -611,6 +654,9 @@ async fn acked(
             });
         } else {
             let m = req.message;
+            let (ref_seq, ref_msg_id) = m
+                .reference
+                .map_or((0, String::new()), |r| (r.seq, r.msg_id));
             deliveries.push(Delivery {
                 message: ChatMessage {
                     conversation_id: c.conversation_id,
@@ -621,6 +667,8 @@ async fn acked(
                     seq: c.seq,
                     msg_id: c.msg_id,
                     client_msg_id: m.client_msg_id,
+                    ref_seq,
+                    ref_msg_id,
                     ..Default::default()
                 },
                 recipients: req.recipients,

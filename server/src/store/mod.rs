@@ -80,6 +80,108 @@ pub struct NewMessage {
     pub msg_id: String,
     /// The two parties for a one-to-one conversation (recorded when it is first created).
     pub direct: Option<(String, String)>,
+    /// RECALL and EDIT events: the message they change. The commit applies the change
+    /// to that row (state, payload, edit time) in the same transaction.
+    /// (Boxed: events are rare, and a Send's queue entry stays small.)
+    pub reference: Option<Box<MessageRef>>,
+}
+
+/// The message a RECALL or EDIT event changes: its primary key's seq and its id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageRef {
+    /// Its seq in the event's conversation.
+    pub seq: u64,
+    /// Its msg_id.
+    pub msg_id: String,
+}
+
+/// What a recall or edit needs to know of the message it changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageMeta {
+    /// Who sent it.
+    pub sender: String,
+    /// `MessageType` as its wire value.
+    pub msg_type: i32,
+    /// Its id.
+    pub msg_id: String,
+    /// `MessageState` as stored (ORIGINAL, EDITED or RECALLED).
+    pub state: i32,
+    /// When it was sent, ms.
+    pub send_time: i64,
+}
+
+/// A user's message deleted for themselves (DeleteForMe).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HiddenMessage {
+    /// The user it is hidden for (all their devices).
+    pub user_id: String,
+    /// Its conversation.
+    pub conversation_id: String,
+    /// Its seq.
+    pub seq: u64,
+}
+
+/// One `messages` row as read, before [`render_message`] makes it what a reader gets.
+#[derive(Debug, Clone, Default)]
+pub struct MessageRow {
+    /// Conversation id.
+    pub conversation_id: String,
+    /// Sender ('' for SYSTEM).
+    pub sender: String,
+    /// Stored payload (the latest edit's for an edited message).
+    pub payload: Vec<u8>,
+    /// Commit time, ms.
+    pub send_time: i64,
+    /// `MessageType` as its wire value.
+    pub msg_type: i32,
+    /// Per-conversation seq.
+    pub seq: i64,
+    /// Message id.
+    pub msg_id: String,
+    /// Client idempotency key, when one was given.
+    pub client_msg_id: Option<String>,
+    /// RECALL and EDIT events: the seq of the message they change (0: none).
+    pub ref_seq: i64,
+    /// RECALL and EDIT events: the id of the message they change.
+    pub ref_msg_id: Option<String>,
+    /// Stored `MessageState` (0 original, 1 edited, 2 recalled).
+    pub state: i32,
+    /// When it was last edited, ms (0: never).
+    pub edit_time: i64,
+}
+
+/// The wire message for one stored row as sync and history return it, for one reader:
+/// `hidden` (the reader deleted it for themselves, or it is an EDIT of such a message)
+/// is a HIDDEN tombstone at its seq with no payload; a recalled one is RECALLED with no
+/// payload; an edited one is EDITED with its latest payload and edit time. Seqs stay
+/// gapless either way.
+pub fn render_message(r: MessageRow, hidden: bool) -> StoredMessage {
+    use im_proto::MessageState;
+    let state = match MessageState::try_from(r.state) {
+        _ if hidden => MessageState::Hidden,
+        Ok(MessageState::Recalled) => MessageState::Recalled,
+        Ok(MessageState::Edited) => MessageState::Edited,
+        _ => MessageState::Original,
+    };
+    let (payload, edit_time) = match state {
+        MessageState::Hidden | MessageState::Recalled => (Bytes::new(), 0),
+        MessageState::Edited => (r.payload.into(), r.edit_time),
+        MessageState::Original => (r.payload.into(), 0),
+    };
+    im_proto::ChatMessage {
+        conversation_id: r.conversation_id,
+        sender: r.sender,
+        payload,
+        send_time: r.send_time,
+        r#type: r.msg_type,
+        seq: r.seq.max(0) as u64,
+        msg_id: r.msg_id,
+        client_msg_id: r.client_msg_id.unwrap_or_default(),
+        ref_seq: r.ref_seq.max(0) as u64,
+        ref_msg_id: r.ref_msg_id.unwrap_or_default(),
+        state: state as i32,
+        edit_time,
+    }
 }
 
 /// What the store made of one [`NewMessage`].
@@ -264,6 +366,7 @@ pub fn message_bytes(m: &StoredMessage) -> usize {
         + m.sender.len()
         + m.msg_id.len()
         + m.client_msg_id.len()
+        + m.ref_msg_id.len()
         + 32
 }
 
@@ -357,6 +460,21 @@ pub trait Store: Send + Sync + 'static {
         max_bytes: usize,
     ) -> Result<(Vec<StoredMessage>, bool), StoreError>;
 
+    /// Messages of one conversation before `before_seq` (0: from the end), newest
+    /// first, at most `limit` and stopping before `max_bytes` (as [`Store::sync_page`];
+    /// the first message always goes in), rendered for `user_id` ([`render_message`]).
+    /// A group is read only inside the user's membership intervals, newest first; the
+    /// bool is true when older messages the user may read remain. The caller checks
+    /// that the user may read the conversation at all.
+    async fn history_page(
+        &self,
+        user_id: &str,
+        conversation_id: &str,
+        before_seq: u64,
+        limit: u32,
+        max_bytes: usize,
+    ) -> Result<(Vec<StoredMessage>, bool), StoreError>;
+
     /// Commits read cursors (forward only: the user's and the device's) and flags in one
     /// transaction; returns the user read cursors that moved.
     async fn commit_state(
@@ -394,6 +512,31 @@ pub trait Store: Send + Sync + 'static {
         device_id: &str,
         conversation_id: &str,
     ) -> Result<(u64, u64), StoreError>;
+    /// The message at (conversation, seq) as a recall or edit sees it, or `None` when
+    /// there is none or `reader` may not read it (a group seq outside their intervals).
+    async fn message_meta(
+        &self,
+        reader: &str,
+        conversation_id: &str,
+        seq: u64,
+    ) -> Result<Option<MessageMeta>, StoreError>;
+
+    /// A user's role in a group (`group_op::Role` as its wire value), `None` for a
+    /// non-member.
+    async fn group_role(&self, group_id: &str, user_id: &str) -> Result<Option<i32>, StoreError>;
+
+    /// The seq and id of the message `sender` committed in the conversation with this
+    /// client_msg_id, if any (a retried recall or edit is answered as a duplicate).
+    async fn find_client_msg(
+        &self,
+        conversation_id: &str,
+        sender: &str,
+        client_msg_id: &str,
+    ) -> Result<Option<(u64, String)>, StoreError>;
+
+    /// Records messages as deleted for their users (DeleteForMe), in one transaction;
+    /// hiding one twice is a no-op.
+    async fn hide_messages(&self, hidden: &[HiddenMessage]) -> Result<(), StoreError>;
 }
 
 /// How long the store may take before it counts as not answering.

@@ -7,6 +7,18 @@
 /// Rows per multi-row statement (8 binds each stays far below both backends' limits).
 pub(crate) const CHUNK: usize = 500;
 
+/// The columns of a `messages` row (aliased `m`) that `rendered` reads, with `hidden`:
+/// whether the reader (the statement's `$5`) deleted it for themselves, or it is an
+/// EDIT event of a message they deleted. One primary-key probe of `hidden_messages`.
+pub(crate) const MESSAGE_COLUMNS: &str = "m.conversation_id AS conversation_id, \
+     m.sender AS sender, m.payload AS payload, m.send_time AS send_time, \
+     m.msg_type AS msg_type, m.seq AS seq, m.msg_id AS msg_id, \
+     m.client_msg_id AS client_msg_id, m.ref_seq AS ref_seq, m.ref_msg_id AS ref_msg_id, \
+     m.state AS state, m.edit_time AS edit_time, CASE WHEN EXISTS (SELECT 1 FROM hidden_messages h \
+     WHERE h.user_id = $5 AND h.conversation_id = m.conversation_id \
+     AND h.seq IN (m.seq, CASE WHEN m.msg_type = 5 THEN m.ref_seq ELSE 0 END)) \
+     THEN 1 ELSE 0 END AS hidden";
+
 /// Expands `impl Store for $store` over database `$db`.
 macro_rules! sql_store_impl {
     ($store:ty, $db:ty, $backend:literal) => {
@@ -163,7 +175,6 @@ macro_rules! sql_store_impl {
                 limit: u32,
                 max_bytes: usize,
             ) -> Result<(Vec<$crate::store::StoredMessage>, bool), $crate::store::StoreError> {
-                use sqlx::Row;
                 let stored: Vec<(String, i64, i64)> = sqlx::query_as(
                     "SELECT c.conversation_id, COALESCE(k.seq, 0), v.last_seq FROM \
                      (SELECT conversation_id FROM user_conversations WHERE user_id = $1 \
@@ -219,16 +230,18 @@ macro_rules! sql_store_impl {
                         }
                         // Streamed: the page stops at its byte budget without reading the
                         // rest.
-                        let mut rows = sqlx::query(
-                            "SELECT conversation_id, sender, payload, send_time, msg_type, seq, \
-                             msg_id, client_msg_id FROM messages \
-                             WHERE conversation_id = $1 AND seq > $2 AND seq <= $3 \
-                             ORDER BY seq LIMIT $4",
-                        )
+                        let select = format!(
+                            "SELECT {} FROM messages m \
+                             WHERE m.conversation_id = $1 AND m.seq > $2 AND m.seq <= $3 \
+                             ORDER BY m.seq LIMIT $4",
+                            $crate::store::sql::MESSAGE_COLUMNS
+                        );
+                        let mut rows = sqlx::query(&select)
                         .bind(conv.as_str())
                         .bind(from)
                         .bind(to)
                         .bind(room as i64 + 1)
+                        .bind(user_id)
                         .fetch(&self.read);
                         let mut taken = 0usize;
                         while let Some(r) = futures_util::TryStreamExt::try_next(&mut rows).await? {
@@ -236,20 +249,7 @@ macro_rules! sql_store_impl {
                                 more = true;
                                 break;
                             }
-                            let payload: Vec<u8> = r.try_get("payload")?;
-                            let seq: i64 = r.try_get("seq")?;
-                            let cmid: Option<String> = r.try_get("client_msg_id")?;
-                            let m = im_proto::ChatMessage {
-                                conversation_id: r.try_get("conversation_id")?,
-                                sender: r.try_get("sender")?,
-                                payload: payload.into(),
-                                send_time: r.try_get("send_time")?,
-                                r#type: r.try_get("msg_type")?,
-                                seq: seq as u64,
-                                msg_id: r.try_get("msg_id")?,
-                                client_msg_id: cmid.unwrap_or_default(),
-                                ..Default::default()
-                            };
+                            let m = Self::rendered(&r)?;
                             let size = $crate::store::message_bytes(&m);
                             if !out.is_empty() && bytes.saturating_add(size) > max_bytes {
                                 more = true;
@@ -635,11 +635,294 @@ macro_rules! sql_store_impl {
                 let (d, r) = row.unwrap_or((0, 0));
                 Ok((d.max(0) as u64, r.max(0) as u64))
             }
+
+            async fn history_page(
+                &self,
+                user_id: &str,
+                conversation_id: &str,
+                before_seq: u64,
+                limit: u32,
+                max_bytes: usize,
+            ) -> Result<(Vec<$crate::store::StoredMessage>, bool), $crate::store::StoreError> {
+                // The seq ranges the user may read, newest first: a group's membership
+                // intervals (from the join event to the leave event), all of a one-to-one
+                // conversation.
+                let ranges: Vec<(i64, Option<i64>)> =
+                    match im_proto::parse_conversation(conversation_id) {
+                        Some(im_proto::ConversationRef::Group(g)) => sqlx::query_as(
+                            "SELECT joined_seq, left_seq FROM group_intervals \
+                             WHERE group_id = $1 AND user_id = $2 ORDER BY joined_seq DESC",
+                        )
+                        .bind(g)
+                        .bind(user_id)
+                        .fetch_all(&self.read)
+                        .await?,
+                        Some(_) => vec![(1, None)],
+                        None => return Ok((Vec::new(), false)),
+                    };
+                let top = match before_seq {
+                    0 => i64::MAX,
+                    b => b.min(i64::MAX as u64) as i64 - 1,
+                };
+                let limit = limit as usize;
+                let mut out = Vec::new();
+                let mut bytes = 0usize;
+                let mut more = false;
+                'ranges: for (joined, left) in ranges {
+                    let hi = top.min(left.unwrap_or(i64::MAX));
+                    let lo = joined.max(1);
+                    if hi < lo {
+                        continue;
+                    }
+                    // One row past the room left says whether more remain, exactly (an
+                    // empty older interval does not count).
+                    let room = limit.saturating_sub(out.len());
+                    let select = format!(
+                        "SELECT {} FROM messages m \
+                         WHERE m.conversation_id = $1 AND m.seq >= $2 AND m.seq <= $3 \
+                         ORDER BY m.seq DESC LIMIT $4",
+                        $crate::store::sql::MESSAGE_COLUMNS
+                    );
+                    let mut rows = sqlx::query(&select)
+                    .bind(conversation_id)
+                    .bind(lo)
+                    .bind(hi)
+                    .bind(room as i64 + 1)
+                    .bind(user_id)
+                    .fetch(&self.read);
+                    while let Some(r) = futures_util::TryStreamExt::try_next(&mut rows).await? {
+                        if out.len() >= limit {
+                            more = true;
+                            break 'ranges;
+                        }
+                        let m = Self::rendered(&r)?;
+                        let size = $crate::store::message_bytes(&m);
+                        if !out.is_empty() && bytes.saturating_add(size) > max_bytes {
+                            more = true;
+                            break 'ranges;
+                        }
+                        bytes = bytes.saturating_add(size);
+                        out.push(m);
+                    }
+                }
+                Ok((out, more))
+            }
+
+            async fn message_meta(
+                &self,
+                reader: &str,
+                conversation_id: &str,
+                seq: u64,
+            ) -> Result<Option<$crate::store::MessageMeta>, $crate::store::StoreError> {
+                if seq == 0 || seq > i64::MAX as u64 {
+                    return Ok(None);
+                }
+                let row: Option<(String, i32, String, i32, i64)> = sqlx::query_as(
+                    "SELECT sender, msg_type, msg_id, state, send_time FROM messages \
+                     WHERE conversation_id = $1 AND seq = $2",
+                )
+                .bind(conversation_id)
+                .bind(seq as i64)
+                .fetch_optional(&self.read)
+                .await?;
+                let Some((sender, msg_type, msg_id, state, send_time)) = row else {
+                    return Ok(None);
+                };
+                if let Some(im_proto::ConversationRef::Group(g)) =
+                    im_proto::parse_conversation(conversation_id)
+                {
+                    let inside: Option<i32> = sqlx::query_scalar(
+                        "SELECT 1 FROM group_intervals WHERE group_id = $1 AND user_id = $2 \
+                         AND joined_seq <= $3 AND (left_seq IS NULL OR left_seq >= $3) LIMIT 1",
+                    )
+                    .bind(g)
+                    .bind(reader)
+                    .bind(seq as i64)
+                    .fetch_optional(&self.read)
+                    .await?;
+                    if inside.is_none() {
+                        return Ok(None);
+                    }
+                }
+                Ok(Some($crate::store::MessageMeta {
+                    sender,
+                    msg_type,
+                    msg_id,
+                    state,
+                    send_time,
+                }))
+            }
+
+            async fn group_role(
+                &self,
+                group_id: &str,
+                user_id: &str,
+            ) -> Result<Option<i32>, $crate::store::StoreError> {
+                Ok(sqlx::query_scalar(
+                    "SELECT role FROM group_members WHERE group_id = $1 AND user_id = $2",
+                )
+                .bind(group_id)
+                .bind(user_id)
+                .fetch_optional(&self.read)
+                .await?)
+            }
+
+            async fn find_client_msg(
+                &self,
+                conversation_id: &str,
+                sender: &str,
+                client_msg_id: &str,
+            ) -> Result<Option<(u64, String)>, $crate::store::StoreError> {
+                let row: Option<(i64, String)> = sqlx::query_as(
+                    "SELECT seq, msg_id FROM messages WHERE sender = $1 \
+                     AND conversation_id = $2 AND client_msg_id = $3",
+                )
+                .bind(sender)
+                .bind(conversation_id)
+                .bind(client_msg_id)
+                .fetch_optional(&self.read)
+                .await?;
+                Ok(row.map(|(seq, id)| (seq.max(0) as u64, id)))
+            }
+
+            async fn hide_messages(
+                &self,
+                hidden: &[$crate::store::HiddenMessage],
+            ) -> Result<(), $crate::store::StoreError> {
+                let mut conn = self.writer().await?;
+                let out = Self::hide_messages_on(&mut conn, hidden).await;
+                if out.is_err() {
+                    self.discard_writer(conn).await;
+                }
+                out
+            }
         }
 
         /// The write transactions, each on the connection `writer()` checked; the
         /// `Store` methods discard the connection when one fails.
         impl $store {
+            /// A row selected with [`MESSAGE_COLUMNS`](crate::store::sql::MESSAGE_COLUMNS),
+            /// rendered for its reader.
+            fn rendered(
+                r: &<$db as sqlx::Database>::Row,
+            ) -> Result<$crate::store::StoredMessage, sqlx::Error> {
+                use sqlx::Row;
+                let hidden: i32 = r.try_get("hidden")?;
+                let row = $crate::store::MessageRow {
+                    conversation_id: r.try_get("conversation_id")?,
+                    sender: r.try_get("sender")?,
+                    payload: r.try_get("payload")?,
+                    send_time: r.try_get("send_time")?,
+                    msg_type: r.try_get("msg_type")?,
+                    seq: r.try_get("seq")?,
+                    msg_id: r.try_get("msg_id")?,
+                    client_msg_id: r.try_get("client_msg_id")?,
+                    ref_seq: r.try_get("ref_seq")?,
+                    ref_msg_id: r.try_get("ref_msg_id")?,
+                    state: r.try_get("state")?,
+                    edit_time: r.try_get("edit_time")?,
+                };
+                Ok($crate::store::render_message(row, hidden != 0))
+            }
+
+            /// Applies a committed RECALL or EDIT event (at `seq`) to the message it
+            /// names, inside the batch's transaction: the event row gets its reference;
+            /// a recall empties the original (and the EDIT events of it), an edit
+            /// replaces its payload unless it was recalled meanwhile (then the EDIT event
+            /// itself is emptied, so a reader never finds the recalled text in it).
+            async fn apply_change(
+                tx: &mut sqlx::Transaction<'_, $db>,
+                m: &$crate::store::NewMessage,
+                r: &$crate::store::MessageRef,
+                seq: u64,
+                now: i64,
+            ) -> Result<(), $crate::store::StoreError> {
+                let conv = m.conversation_id.as_str();
+                let target = r.seq.min(i64::MAX as u64) as i64;
+                let empty: &[u8] = &[];
+                sqlx::query(
+                    "UPDATE messages SET ref_seq = $3, ref_msg_id = $4 \
+                     WHERE conversation_id = $1 AND seq = $2",
+                )
+                .bind(conv)
+                .bind(seq as i64)
+                .bind(target)
+                .bind(r.msg_id.as_str())
+                .execute(&mut **tx)
+                .await?;
+                if m.msg_type == im_proto::MessageType::Recall as i32 {
+                    sqlx::query(
+                        "UPDATE messages SET state = 2, payload = $4, edit_time = 0 \
+                         WHERE conversation_id = $1 AND seq = $2 AND msg_id = $3 \
+                         AND msg_type NOT IN (3, 4, 5)",
+                    )
+                    .bind(conv)
+                    .bind(target)
+                    .bind(r.msg_id.as_str())
+                    .bind(empty)
+                    .execute(&mut **tx)
+                    .await?;
+                    sqlx::query(
+                        "UPDATE messages SET state = 2, payload = $3 \
+                         WHERE conversation_id = $1 AND ref_seq = $2 AND ref_seq > 0 \
+                         AND msg_type = 5",
+                    )
+                    .bind(conv)
+                    .bind(target)
+                    .bind(empty)
+                    .execute(&mut **tx)
+                    .await?;
+                } else if m.msg_type == im_proto::MessageType::Edit as i32 {
+                    let changed = sqlx::query(
+                        "UPDATE messages SET state = 1, payload = $4, edit_time = $5 \
+                         WHERE conversation_id = $1 AND seq = $2 AND msg_id = $3 \
+                         AND sender = $6 AND state <> 2 AND msg_type NOT IN (3, 4, 5)",
+                    )
+                    .bind(conv)
+                    .bind(target)
+                    .bind(r.msg_id.as_str())
+                    .bind(m.payload.as_ref())
+                    .bind(now)
+                    .bind(m.sender.as_str())
+                    .execute(&mut **tx)
+                    .await?
+                    .rows_affected();
+                    if changed == 0 {
+                        sqlx::query(
+                            "UPDATE messages SET state = 2, payload = $3 \
+                             WHERE conversation_id = $1 AND seq = $2",
+                        )
+                        .bind(conv)
+                        .bind(seq as i64)
+                        .bind(empty)
+                        .execute(&mut **tx)
+                        .await?;
+                    }
+                }
+                Ok(())
+            }
+
+            async fn hide_messages_on(
+                conn: &mut sqlx::pool::PoolConnection<$db>,
+                hidden: &[$crate::store::HiddenMessage],
+            ) -> Result<(), $crate::store::StoreError> {
+                let mut tx = sqlx::Connection::begin(&mut **conn).await?;
+                for chunk in hidden.chunks($crate::store::sql::CHUNK) {
+                    let mut qb = sqlx::QueryBuilder::<$db>::new(
+                        "INSERT INTO hidden_messages (user_id, conversation_id, seq) ",
+                    );
+                    qb.push_values(chunk, |mut b, h| {
+                        b.push_bind(h.user_id.as_str())
+                            .push_bind(h.conversation_id.as_str())
+                            .push_bind(h.seq.min(i64::MAX as u64) as i64);
+                    });
+                    qb.push(" ON CONFLICT DO NOTHING");
+                    qb.build().execute(&mut *tx).await?;
+                }
+                tx.commit().await?;
+                Ok(())
+            }
+
             async fn commit_batch_on(
                 conn: &mut sqlx::pool::PoolConnection<$db>,
                 messages: &[$crate::store::NewMessage],
@@ -863,6 +1146,17 @@ macro_rules! sql_store_impl {
                         duplicate: true,
                         ..c
                     });
+                }
+
+                // 4b. RECALL and EDIT events change the message they name, in this
+                //     transaction, in seq order (a duplicate changed it when first stored).
+                for &i in &fresh {
+                    let m = &messages[i];
+                    if let (Some(r), Some(c)) = (m.reference.as_ref(), results[i].as_ref()) {
+                        if !c.duplicate {
+                            Self::apply_change(&mut tx, m, r, c.seq, now).await?;
+                        }
+                    }
                 }
 
                 // 5. A sender has read their own messages: their read cursor moves to the
@@ -1257,7 +1551,6 @@ macro_rules! sql_store_impl {
                         r#type: im_proto::MessageType::System as i32,
                         seq: seq as u64,
                         msg_id,
-                        client_msg_id: String::new(),
                         ..Default::default()
                     });
                 }
