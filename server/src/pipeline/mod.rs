@@ -5,6 +5,7 @@
 //! [`Pipeline::handle`] is called by the gateway's read loop, one frame at a time per
 //! connection; replies and pushes leave through the connection's [`Outbound`].
 
+pub mod announce;
 pub mod persist;
 pub mod relation;
 pub mod route;
@@ -390,6 +391,13 @@ impl Pipeline {
             )));
         }
         let target = match send.target {
+            Some(send::Target::ToUser(u)) if u == announce::SYSTEM_SENDER => {
+                return Err(Refusal::code(
+                    ErrorCode::Forbidden,
+                    "the system sender takes no messages",
+                    Some("forbidden"),
+                ))
+            }
             Some(send::Target::ToUser(u)) if im_proto::valid_id(&u) => send::Target::ToUser(u),
             Some(send::Target::GroupId(g)) if im_proto::valid_id(&g) => send::Target::GroupId(g),
             Some(_) => return Err(Refusal::bad("invalid to_user or group_id")),
