@@ -240,6 +240,7 @@ fn workload(
                     seq,
                     msg_id,
                     client_msg_id: s.client_msg_id,
+                    ..ChatMessage::default()
                 },
                 recipients,
                 origin_conn: sender.out.conn_id,

@@ -550,6 +550,7 @@ async fn acked(
                     seq: c.seq,
                     msg_id: c.msg_id,
                     client_msg_id: m.client_msg_id,
+                    ..ChatMessage::default()
                 },
                 recipients: req.recipients,
                 origin_conn: req.origin.conn_id,

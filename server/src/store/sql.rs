@@ -248,6 +248,7 @@ macro_rules! sql_store_impl {
                                 seq: seq as u64,
                                 msg_id: r.try_get("msg_id")?,
                                 client_msg_id: cmid.unwrap_or_default(),
+                                ..Default::default()
                             };
                             let size = $crate::store::message_bytes(&m);
                             if !out.is_empty() && bytes.saturating_add(size) > max_bytes {
@@ -754,6 +755,7 @@ macro_rules! sql_store_impl {
                         seq: seq as u64,
                         msg_id,
                         client_msg_id: String::new(),
+                        ..Default::default()
                     });
                 }
                 let v = version as i64;
