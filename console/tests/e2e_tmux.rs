@@ -253,7 +253,8 @@ fn console_drives_a_live_node() {
     tmux.wait_for("the connections table with each device", |s| {
         s.contains("carol")
             && s.contains("alice")
-            && s.lines().any(|l| l.contains("dave") && l.contains("dave-phone"))
+            && s.lines()
+                .any(|l| l.contains("dave") && l.contains("dave-phone"))
     });
     tmux.keys(&["/"]);
     tmux.type_text("carol");
@@ -279,13 +280,18 @@ fn console_drives_a_live_node() {
 
     // 2b. An announcement to the group from the console: a SYSTEM message from `system`.
     tmux.keys(&["M"]);
-    tmux.wait_for("the announce form", |s| s.contains("announce a SYSTEM message"));
+    tmux.wait_for("the announce form", |s| {
+        s.contains("announce a SYSTEM message")
+    });
     tmux.type_text("ops");
     tmux.keys(&["Tab"]);
     tmux.type_text("hello from ops");
     tmux.keys(&["Enter"]);
     let screen = tmux.wait_for("the announce result", |s| s.contains("announced to ops"));
-    assert!(screen.contains("seq 2"), "after the CREATE event:\n{screen}");
+    assert!(
+        screen.contains("seq 2"),
+        "after the CREATE event:\n{screen}"
+    );
     let got = rt.block_on(async {
         let req = proto::SyncRequest {
             cursors: vec![],
@@ -309,7 +315,11 @@ fn console_drives_a_live_node() {
         .unwrap_or_else(|| panic!("the announcement in dave's sync: {got:?}"));
     assert_eq!(
         (m.conversation_id.as_str(), m.r#type, &m.payload[..]),
-        ("g:ops", proto::MessageType::System as i32, &b"hello from ops"[..])
+        (
+            "g:ops",
+            proto::MessageType::System as i32,
+            &b"hello from ops"[..]
+        )
     );
 
     // 3. A per-uid log filter set from the Logs view reaches the node.

@@ -449,7 +449,13 @@ async fn announce_to_a_group() {
         at(t0, 10),
     );
     insta::assert_snapshot!("announce_done_status", draw(&state, 120, 30));
-    let sent = n.seen.lock().expect("seen").last().cloned().expect("a request");
+    let sent = n
+        .seen
+        .lock()
+        .expect("seen")
+        .last()
+        .cloned()
+        .expect("a request");
     let sent: serde_json::Value = serde_json::from_str(&sent.1).expect("a JSON body");
     assert_eq!(
         sent,
@@ -457,10 +463,13 @@ async fn announce_to_a_group() {
     );
     let result = c.post_message(&body, Some("k-2")).await;
     state.on_update(0, Update::Announced { group_id, result }, at(t0, 11));
-    let status = state.status.as_ref().map(|s| s.text.clone()).unwrap_or_default();
+    let status = state
+        .status
+        .as_ref()
+        .map(|s| s.text.clone())
+        .unwrap_or_default();
     assert_eq!(
-        status,
-        "announce to ops failed: HTTP 404: no group ops",
+        status, "announce to ops failed: HTTP 404: no group ops",
         "{status}"
     );
 }

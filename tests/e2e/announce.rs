@@ -55,7 +55,11 @@ fn post(
     } else {
         rest.to_owned()
     };
-    (status, head, serde_json::from_str(&rest).unwrap_or(Value::Null))
+    (
+        status,
+        head,
+        serde_json::from_str(&rest).unwrap_or(Value::Null),
+    )
 }
 
 fn admin_post(s: &TestServer, key: Option<&str>, body: &str) -> (u16, Value) {
@@ -191,7 +195,10 @@ async fn group_list_and_bot_messages() {
         r#"{"group_id": "ops", "kind": "system", "payload": "deploy"}"#,
     );
     assert_eq!(status, 200, "{v}");
-    assert_eq!(results(&v), vec![(r[0].0.clone(), r[0].1.clone(), r[0].2, true)]);
+    assert_eq!(
+        results(&v),
+        vec![(r[0].0.clone(), r[0].1.clone(), r[0].2, true)]
+    );
 
     // A bot outside the group is refused; once a member it posts as itself (TEXT).
     let bot_body = r#"{"group_id": "ops", "kind": "bot", "from": "helper-bot", "payload": "hi"}"#;
@@ -226,7 +233,10 @@ async fn group_list_and_bot_messages() {
     assert_eq!(convs, ["u:carol:system", "u:alice:system", "u:bob:system"]);
     for c in [&mut alice, &mut bob] {
         let m = next_pushed(c).await;
-        assert_eq!((m.sender.as_str(), &m.payload[..]), ("system", &b"survey"[..]));
+        assert_eq!(
+            (m.sender.as_str(), &m.payload[..]),
+            ("system", &b"survey"[..])
+        );
     }
     let (_, v) = admin_post(
         &s,
@@ -258,14 +268,38 @@ async fn bad_requests_are_refused_naming_the_field() {
         many.join(",")
     );
     for (body, field) in [
-        (r#"{"to_user": "alice", "kind": "system", "payload": "x", "extra": 1}"#, "extra"),
-        (r#"{"to_user": "alice", "group_id": "g", "kind": "system", "payload": "x"}"#, "to_user"),
-        (r#"{"to_user": "al ice", "kind": "system", "payload": "x"}"#, "to_user"),
-        (r#"{"to_user": "system", "kind": "system", "payload": "x"}"#, "to_user"),
-        (r#"{"to_user": "alice", "kind": "bot", "from": "b:1", "payload": "x"}"#, "from"),
-        (r#"{"to_user": "alice", "kind": "shout", "payload": "x"}"#, "kind"),
-        (r#"{"users": ["a", "a"], "kind": "system", "payload": "x"}"#, "users"),
-        (r#"{"group_id": "bad/id", "kind": "system", "payload": "x"}"#, "group_id"),
+        (
+            r#"{"to_user": "alice", "kind": "system", "payload": "x", "extra": 1}"#,
+            "extra",
+        ),
+        (
+            r#"{"to_user": "alice", "group_id": "g", "kind": "system", "payload": "x"}"#,
+            "to_user",
+        ),
+        (
+            r#"{"to_user": "al ice", "kind": "system", "payload": "x"}"#,
+            "to_user",
+        ),
+        (
+            r#"{"to_user": "system", "kind": "system", "payload": "x"}"#,
+            "to_user",
+        ),
+        (
+            r#"{"to_user": "alice", "kind": "bot", "from": "b:1", "payload": "x"}"#,
+            "from",
+        ),
+        (
+            r#"{"to_user": "alice", "kind": "shout", "payload": "x"}"#,
+            "kind",
+        ),
+        (
+            r#"{"users": ["a", "a"], "kind": "system", "payload": "x"}"#,
+            "users",
+        ),
+        (
+            r#"{"group_id": "bad/id", "kind": "system", "payload": "x"}"#,
+            "group_id",
+        ),
         (oversized.as_str(), "payload"),
         (many.as_str(), "users"),
         ("not json", "body"),
@@ -362,7 +396,11 @@ async fn connections_show_the_device() {
         .collect();
     assert_eq!(
         devices,
-        [("alice", "test-device"), ("bob", "default"), ("carol", "default")]
+        [
+            ("alice", "test-device"),
+            ("bob", "default"),
+            ("carol", "default")
+        ]
     );
     let (status, body) = s.admin_get(&format!("/admin/v1/connections/{}", rows[0].2));
     assert_eq!(status, 200, "{body}");

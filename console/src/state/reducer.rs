@@ -422,6 +422,7 @@ impl AppState {
                 }
             }
             Action::Char(c) => {
+                form.error = None;
                 if let Some(f) = form.fields.get_mut(form.focus) {
                     match f.choices {
                         // Typing the first letter of a choice picks it.
@@ -486,9 +487,9 @@ impl AppState {
                     return Err("group id is empty".into());
                 }
                 if group_id.len() > 64
-                    || !group_id
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'@' | b'-'))
+                    || !group_id.bytes().all(|b| {
+                        b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'@' | b'-')
+                    })
                 {
                     return Err("group id: 1-64 of A-Z a-z 0-9 _ . @ -".into());
                 }

@@ -34,10 +34,9 @@ pub async fn post(State(node): State<Arc<Node>>, headers: HeaderMap, body: Body)
         Ok(b) => b,
         Err(_) => {
             return count(error(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!("body: larger than {limit} bytes"),
-                ),
-            )
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("body: larger than {limit} bytes"),
+            ))
         }
     };
     let message = match request(&headers, &bytes) {
@@ -129,20 +128,20 @@ pub fn request(headers: &HeaderMap, body: &[u8]) -> Result<ServerMessage, Refuse
         (None, Some(g), None) => Target::Group(g),
         (None, None, Some(list)) => Target::Users(list),
         (None, None, None) => return Err(bad("to_user", "give one of to_user, group_id, users")),
-        _ => {
-            return Err(bad(
-                "to_user",
-                "give only one of to_user, group_id, users",
-            ))
-        }
+        _ => return Err(bad("to_user", "give only one of to_user, group_id, users")),
     };
     let from = match (req.kind, req.from) {
         (MessageKind::System, None) => Author::System,
         (MessageKind::System, Some(_)) => {
-            return Err(bad("from", "only for kind \"bot\" (SYSTEM messages come from \"system\")"))
+            return Err(bad(
+                "from",
+                "only for kind \"bot\" (SYSTEM messages come from \"system\")",
+            ))
         }
         (MessageKind::Bot, Some(b)) => Author::Bot(b),
-        (MessageKind::Bot, None) => return Err(bad("from", "kind \"bot\" needs the bot's user id")),
+        (MessageKind::Bot, None) => {
+            return Err(bad("from", "kind \"bot\" needs the bot's user id"))
+        }
     };
     let payload = match (req.payload, req.payload_base64) {
         (Some(text), None) => text.into_bytes().into(),
@@ -152,10 +151,7 @@ pub fn request(headers: &HeaderMap, body: &[u8]) -> Result<ServerMessage, Refuse
             .into(),
         (None, None) => return Err(bad("payload", "give payload or payload_base64")),
         (Some(_), Some(_)) => {
-            return Err(bad(
-                "payload",
-                "give only one of payload, payload_base64",
-            ))
+            return Err(bad("payload", "give only one of payload, payload_base64"))
         }
     };
     Ok(ServerMessage {
@@ -188,16 +184,31 @@ mod tests {
     fn bodies_are_refused_naming_the_field() {
         let h = HeaderMap::new();
         for (body, field) in [
-            (r#"{"to_user":"a","kind":"system","payload":"x","extra":1}"#, "extra"),
-            (r#"{"to_user":"a","group_id":"g","kind":"system","payload":"x"}"#, "to_user"),
+            (
+                r#"{"to_user":"a","kind":"system","payload":"x","extra":1}"#,
+                "extra",
+            ),
+            (
+                r#"{"to_user":"a","group_id":"g","kind":"system","payload":"x"}"#,
+                "to_user",
+            ),
             (r#"{"kind":"system","payload":"x"}"#, "to_user"),
             (r#"{"to_user":"a","kind":"loud","payload":"x"}"#, "kind"),
             (r#"{"to_user":"a","payload":"x"}"#, "kind"),
             (r#"{"to_user":"a","kind":"bot","payload":"x"}"#, "from"),
-            (r#"{"to_user":"a","kind":"system","from":"b","payload":"x"}"#, "from"),
+            (
+                r#"{"to_user":"a","kind":"system","from":"b","payload":"x"}"#,
+                "from",
+            ),
             (r#"{"to_user":"a","kind":"system"}"#, "payload"),
-            (r#"{"to_user":"a","kind":"system","payload":"x","payload_base64":"eA=="}"#, "payload"),
-            (r#"{"to_user":"a","kind":"system","payload_base64":"!!"}"#, "payload_base64"),
+            (
+                r#"{"to_user":"a","kind":"system","payload":"x","payload_base64":"eA=="}"#,
+                "payload",
+            ),
+            (
+                r#"{"to_user":"a","kind":"system","payload_base64":"!!"}"#,
+                "payload_base64",
+            ),
             (r#"{"to_user":5,"kind":"system","payload":"x"}"#, "to_user"),
             (r#"{"users":"a","kind":"system","payload":"x"}"#, "users"),
             (r#"["a"]"#, "body"),

@@ -293,8 +293,7 @@ impl Pipeline {
         let mut failure = None;
         let deadline = tokio::time::Instant::now() + COMMIT_WAIT;
         for _ in 0..n {
-            let Ok(Some(f)) = tokio::time::timeout_at(deadline, answers.frames.recv()).await
-            else {
+            let Ok(Some(f)) = tokio::time::timeout_at(deadline, answers.frames.recv()).await else {
                 failure = Some(PostError::Internal(
                     "no answer from the persistence writer in time".to_owned(),
                 ));
