@@ -414,3 +414,43 @@ async fn connections_show_the_device() {
     let (status, _) = s.admin_get("/admin/v1/connections/x");
     assert_eq!(status, 400);
 }
+
+/// Cluster mode: a message posted on node 0 reaches a user online on node 1 (SDK) through
+/// the existing cross-node path, and the answer is the same on a retry from node 1.
+#[tokio::test]
+async fn cluster_message_reaches_a_user_on_another_node() {
+    let c = crate::support::cluster::TestCluster::start(2, &[]).await;
+    let client = im_client::Client::connect(im_client::ClientConfig::new(
+        c.nodes[1].ws_url(),
+        c.nodes[1].token("alice"),
+    ))
+    .await
+    .expect("client connect");
+    c.wait_for(0, "node 0 to see alice on node 1", |o| {
+        o["cluster"]["users_on_other_nodes"] == 1
+    })
+    .await;
+    let body = r#"{"to_user": "alice", "kind": "system", "payload": "cross-node"}"#;
+    let (status, v) = admin_post(&c.nodes[0], Some("x-1"), body);
+    assert_eq!(status, 200, "{v}");
+    let first = results(&v);
+    let m = client.next_message(WAIT).await.expect("the push");
+    assert_eq!(
+        (m.sender.as_str(), m.r#type, &m.payload[..], m.seq),
+        (
+            "system",
+            MessageType::System as i32,
+            &b"cross-node"[..],
+            first[0].2
+        )
+    );
+    let (status, v) = admin_post(&c.nodes[1], Some("x-1"), body);
+    assert_eq!(status, 200, "{v}");
+    let again = results(&v);
+    assert_eq!(
+        (&again[0].1, again[0].2, again[0].3),
+        (&first[0].1, first[0].2, true)
+    );
+    drop(client);
+    c.cleanup().await;
+}
