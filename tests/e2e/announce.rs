@@ -419,7 +419,7 @@ async fn connections_show_the_device() {
 /// the existing cross-node path, and the answer is the same on a retry from node 1.
 #[tokio::test]
 async fn cluster_message_reaches_a_user_on_another_node() {
-    let c = crate::support::cluster::TestCluster::start(2, &[]).await;
+    let c = cluster::TestCluster::start(2, &[]).await;
     let client = im_client::Client::connect(im_client::ClientConfig::new(
         c.nodes[1].ws_url(),
         c.nodes[1].token("alice"),
