@@ -11,9 +11,9 @@ use serde::Serialize;
 
 use crate::routes::{self, segments};
 use crate::{
-    ConnectionList, ErrorBody, GlobalLevel, Kicked, LogFilter, LogFilterRemoved, LogFilters, Logs,
-    Memory, Overview, ProfileBundle, Revoked, SetLogFilter, SetLogLevel, SlowConsumers,
-    NO_SUCH_ROUTE,
+    Connection, ConnectionList, ErrorBody, GlobalLevel, Kicked, LogFilter, LogFilterRemoved,
+    LogFilters, Logs, Memory, Overview, PostMessage, PostedMessages, ProfileBundle, Revoked,
+    SetLogFilter, SetLogLevel, SlowConsumers, IDEMPOTENCY_KEY, NO_SUCH_ROUTE,
 };
 
 /// Largest response body read from a node (a profile bundle with its SVG is the biggest).
@@ -255,6 +255,28 @@ impl AdminClient {
         .await
     }
 
+    /// `GET /admin/v1/connections/{conn_id}`.
+    pub async fn connection(&self, conn_id: u64) -> Result<Connection, ApiError> {
+        let id = conn_id.to_string();
+        self.get(routes::CONNECTION, &[&id], &[]).await
+    }
+
+    /// `POST /admin/v1/messages`: a SYSTEM or bot message to a user, a group or a list of
+    /// users; `idempotency_key` (recommended) makes a retry answer the first commit.
+    pub async fn post_message(
+        &self,
+        body: &PostMessage,
+        idempotency_key: Option<&str>,
+    ) -> Result<PostedMessages, ApiError> {
+        let path = segments(routes::MESSAGES, &[]);
+        let headers: Vec<(&str, &str)> = idempotency_key
+            .map(|k| (IDEMPOTENCY_KEY, k))
+            .into_iter()
+            .collect();
+        self.request(Method::POST, &path, &[], &headers, Some(body), self.timeout)
+            .await
+    }
+
     /// `GET` of `route` with its parameters `args` and the `query` pairs.
     pub async fn get<T: DeserializeOwned>(
         &self,
@@ -277,6 +299,20 @@ impl AdminClient {
         body: Option<B>,
         timeout: Duration,
     ) -> Result<T, ApiError> {
+        self.request(method, segments, query, &[], body, timeout)
+            .await
+    }
+
+    /// As [`AdminClient::call`], with extra request `headers`.
+    async fn request<T: DeserializeOwned, B: Serialize>(
+        &self,
+        method: Method,
+        segments: &[&str],
+        query: &[(&str, &str)],
+        headers: &[(&str, &str)],
+        body: Option<B>,
+        timeout: Duration,
+    ) -> Result<T, ApiError> {
         let mut url = self.base.clone();
         {
             let mut path = url.path_segments_mut().map_err(|()| ApiError::BadUrl {
@@ -292,6 +328,9 @@ impl AdminClient {
         let mut req = self.http.request(method, url).timeout(timeout);
         if let Some(t) = &self.token {
             req = req.bearer_auth(t);
+        }
+        for (name, value) in headers {
+            req = req.header(*name, *value);
         }
         if let Some(b) = body {
             req = req.json(&b);

@@ -13,6 +13,7 @@
 use serde::{Deserialize, Deserializer, Serialize};
 
 pub mod diag;
+pub mod messages;
 pub mod nodes;
 pub mod overview;
 pub mod routes;
@@ -24,6 +25,7 @@ pub use diag::{
     GlobalLevel, LogFile, LogFilter, LogFilterRemoved, LogFilters, LogWindow, Logs, ProfileBundle,
     SetLogFilter, SetLogLevel, TopFunction,
 };
+pub use messages::{MessageKind, PostMessage, PostedMessage, PostedMessages, IDEMPOTENCY_KEY};
 pub use nodes::{
     Connection, ConnectionList, Group, GroupMember, Kicked, Memory, Revoked, RouteAnswer,
     SlowConsumers,

@@ -23,6 +23,10 @@ pub struct Connection {
     pub msgs_out: u64,
     /// `handshake`, `active`, `slow` or `closing`.
     pub state: String,
+    /// The logged-in device (`Login.device_id`, `default` when it was empty); empty
+    /// before login and from older nodes.
+    #[serde(default)]
+    pub device: String,
 }
 
 /// `GET /admin/v1/connections`.

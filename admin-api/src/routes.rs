@@ -11,7 +11,7 @@ pub const METRICS: &str = "/metrics";
 pub const OVERVIEW: &str = "/admin/v1/overview";
 /// `GET ?sort=&limit=&user=`: [`crate::ConnectionList`].
 pub const CONNECTIONS: &str = "/admin/v1/connections";
-/// `DELETE`: kicks one connection, [`crate::Kicked`].
+/// `GET`: one [`crate::Connection`]; `DELETE`: kicks it, [`crate::Kicked`].
 pub const CONNECTION: &str = "/admin/v1/connections/{conn_id}";
 /// `GET ?sort=&limit=&user=`: [`crate::SlowConsumers`].
 pub const SLOW_CONSUMERS: &str = "/admin/v1/slow-consumers";
@@ -31,6 +31,8 @@ pub const LOG_FILTER: &str = "/admin/v1/log-filters/{uid}";
 pub const LOG_LEVEL: &str = "/admin/v1/log-level";
 /// `GET`: [`crate::Logs`].
 pub const LOGS: &str = "/admin/v1/logs";
+/// `POST` [`crate::PostMessage`] (header `Idempotency-Key`): [`crate::PostedMessages`].
+pub const MESSAGES: &str = "/admin/v1/messages";
 /// `GET ?avoid=ID,ID` on the client listener (no token): [`crate::RouteAnswer`].
 pub const ROUTE: &str = "/v1/route";
 

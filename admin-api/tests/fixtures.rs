@@ -6,7 +6,8 @@
 use std::path::{Path, PathBuf};
 
 use im_admin_api::{
-    ConnectionList, ErrorBody, LogFilters, Logs, Memory, Overview, ProfileBundle, SlowConsumers,
+    ConnectionList, ErrorBody, LogFilters, Logs, Memory, Overview, PostedMessages, ProfileBundle,
+    SlowConsumers,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -76,6 +77,8 @@ const FILES: &[&str] = &[
     "error_no_such_route.json",
     "error_no_connection.json",
     "error_profile_busy.json",
+    "posted_messages.json",
+    "error_no_group.json",
 ];
 
 #[test]
@@ -93,6 +96,7 @@ fn every_recorded_answer_decodes_strictly() {
     strict::<Logs>("logs.json");
     strict::<Logs>("logs_rotated.json");
     strict::<ProfileBundle>("profile_bundle.json");
+    strict::<PostedMessages>("posted_messages.json");
     for f in FILES.iter().filter(|f| f.starts_with("error_")) {
         strict::<ErrorBody>(f);
     }

@@ -72,4 +72,6 @@ pub enum Action {
     Left,
     /// Right (choice fields).
     Right,
+    /// Announce a SYSTEM message to a group (any view).
+    Announce,
 }

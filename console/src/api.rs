@@ -9,7 +9,7 @@ pub use im_admin_api::client::{
 };
 pub use im_admin_api::{
     AllocStats, Capacity, ClusterInfo, ClusterNode, ClusterSummary, Connection, ConnectionList,
-    GlobalLevel, Kicked, LogFile, LogFilter, LogFilters, LogWindow, Logs, Memory, Overview,
-    ProcessStats, ProfileBundle, Refusals, Revoked, SetLogFilter, SlowConsumers, StageLatency,
-    TopFunction,
+    GlobalLevel, Kicked, LogFile, LogFilter, LogFilters, LogWindow, Logs, Memory, MessageKind,
+    Overview, PostMessage, PostedMessage, PostedMessages, ProcessStats, ProfileBundle, Refusals,
+    Revoked, SetLogFilter, SlowConsumers, StageLatency, TopFunction,
 };

@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::MissedTickBehavior;
 
-use crate::api::{AdminClient, ApiError};
+use crate::api::{AdminClient, ApiError, MessageKind, PostMessage};
 use crate::config::Settings;
 use crate::state::{AppState, Command, Plan, Update, CONNECTIONS_LIMIT, TOP_QUEUED_LIMIT};
 use crate::{input, save, view};
@@ -192,7 +192,8 @@ fn run_command(
         | Command::SetLogFilter { node, .. }
         | Command::DeleteLogFilter { node, .. }
         | Command::SetGlobalLevel { node, .. }
-        | Command::Profile { node, .. } => *node,
+        | Command::Profile { node, .. }
+        | Command::Announce { node, .. } => *node,
         // The plan's generation changed; the pollers wake on their own.
         Command::Refresh => return,
     };
@@ -265,8 +266,30 @@ fn run_command(
                 }
                 Err(e) => Update::Profile(Err(e)),
             },
+            Command::Announce { group_id, text, .. } => {
+                let body = PostMessage {
+                    group_id: Some(group_id.clone()),
+                    kind: MessageKind::System,
+                    payload: Some(text),
+                    ..PostMessage::default()
+                };
+                let key = announce_key();
+                let result = client.post_message(&body, Some(&key)).await;
+                Update::Announced { group_id, result }
+            }
             Command::Refresh => return,
         };
         let _ = tx.send((node, update)).await;
     });
+}
+
+/// A fresh Idempotency-Key for one announcement: the process id, the wall clock in
+/// nanoseconds and a counter, so two submits never share one.
+fn announce_key() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("im-console-{}-{nanos}-{n}", std::process::id())
 }

@@ -26,6 +26,7 @@ pub const HELP: &[(&str, &[HelpLine])] = &[
             ("] [", "next / previous node"),
             ("n", "node picker (j/k, enter; 1..9 picks directly)"),
             ("r, ctrl-r", "refresh now"),
+            ("M", "announce a SYSTEM message to a group (group id, text)"),
             ("esc", "clear the filter, close a popup"),
         ],
     ),
@@ -148,6 +149,7 @@ fn normal(key: KeyEvent, ctrl: bool) -> Option<Action> {
         KeyCode::Char('a' | 'c') => Action::Add,
         KeyCode::Char('L') => Action::GlobalLevel,
         KeyCode::Char('R') => Action::Revoke,
+        KeyCode::Char('M') => Action::Announce,
         KeyCode::Enter => Action::Submit,
         KeyCode::Esc => Action::Cancel,
         _ => return None,
@@ -190,6 +192,7 @@ mod tests {
         assert_eq!(map_key(key(KeyCode::Char('j')), &m), Some(Action::Down));
         assert_eq!(map_key(key(KeyCode::Up), &m), Some(Action::Up));
         assert_eq!(map_key(key(KeyCode::Char('z')), &m), None);
+        assert_eq!(map_key(key(KeyCode::Char('M')), &m), Some(Action::Announce));
         let cc = KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL);
         assert_eq!(map_key(cc, &Mode::Filter), Some(Action::Quit));
     }

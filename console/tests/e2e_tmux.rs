@@ -2,8 +2,9 @@
 //! with WebSocket clients sending traffic, driven by `tmux send-keys` and read back with
 //! `tmux capture-pane`. It checks that the overview shows the right connection count,
 //! that a kick from the console closes the chosen connection with code 4002, that a
-//! per-uid log filter set from the console shows up in `GET /admin/v1/log-filters`, and
-//! that `q` quits.
+//! per-uid log filter set from the console shows up in `GET /admin/v1/log-filters`, that
+//! the connections table shows each connection's device, that an announcement typed
+//! into the console reaches the group as a SYSTEM message, and that `q` quits.
 
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -205,6 +206,32 @@ fn console_drives_a_live_node() {
         closed.push((user, rx));
     }
 
+    // dave owns the group the console announces to (with alice and bob in it).
+    let mut dave = rt.block_on(async {
+        let mut c = RawConn::connect(&ws).await.expect("connect");
+        c.login(&server.token("dave"), "dave-phone", false)
+            .await
+            .expect("login");
+        let op = proto::GroupOp {
+            op: proto::group_op::Op::Create as i32,
+            group_id: "ops".into(),
+            members: vec!["alice".into(), "bob".into()],
+            ..Default::default()
+        };
+        c.send(&proto::frame(7, Body::GroupOp(op))).await.unwrap();
+        loop {
+            match c.recv_timeout(WAIT).await {
+                Ok(RawEvent::Frame(f)) if f.req_id == 7 => {
+                    assert!(matches!(f.body, Some(Body::GroupOpOk(_))), "{f:?}");
+                    break;
+                }
+                Ok(RawEvent::Frame(_)) => {}
+                other => panic!("creating the group: {other:?}"),
+            }
+        }
+        c
+    });
+
     let console = env!("CARGO_BIN_EXE_im-console");
     let tmux = Tmux::start(&format!(
         "'{console}' --url http://{} --token {ADMIN_TOKEN} --interval-ms 500",
@@ -212,19 +239,22 @@ fn console_drives_a_live_node() {
     ));
 
     // 1. The overview shows the three connections (and the node agrees).
-    let screen = tmux.wait_for("3 connections on the overview", |s| {
-        shown_connections(s) == Some(3)
+    let screen = tmux.wait_for("4 connections on the overview", |s| {
+        shown_connections(s) == Some(4)
     });
     assert!(screen.contains("e2e-node"), "node id shown:\n{screen}");
     let (status, body) = server.admin_get("/admin/v1/overview");
     assert_eq!(status, 200, "{body}");
     let o: serde_json::Value = serde_json::from_str(&body).expect("overview json");
-    assert_eq!(o["connections"], 3);
+    assert_eq!(o["connections"], 4);
 
     // 2. Kick carol's connection from the Connections view.
     tmux.keys(&["2"]);
-    tmux.wait_for("the connections table", |s| {
-        s.contains("carol") && s.contains("alice")
+    tmux.wait_for("the connections table with each device", |s| {
+        s.contains("carol")
+            && s.contains("alice")
+            && s.lines()
+                .any(|l| l.contains("dave") && l.contains("dave-phone"))
     });
     tmux.keys(&["/"]);
     tmux.type_text("carol");
@@ -244,9 +274,53 @@ fn console_drives_a_live_node() {
     assert_eq!(code, Some(4002), "carol sees close code 4002 (kicked)");
     tmux.keys(&["Escape"]);
     tmux.keys(&["1"]);
-    tmux.wait_for("2 connections after the kick", |s| {
-        shown_connections(s) == Some(2)
+    tmux.wait_for("3 connections after the kick", |s| {
+        shown_connections(s) == Some(3)
     });
+
+    // 2b. An announcement to the group from the console: a SYSTEM message from `system`.
+    tmux.keys(&["M"]);
+    tmux.wait_for("the announce form", |s| {
+        s.contains("announce a SYSTEM message")
+    });
+    tmux.type_text("ops");
+    tmux.keys(&["Tab"]);
+    tmux.type_text("hello from ops");
+    tmux.keys(&["Enter"]);
+    let screen = tmux.wait_for("the announce result", |s| s.contains("announced to ops"));
+    assert!(
+        screen.contains("seq 2"),
+        "after the CREATE event:\n{screen}"
+    );
+    let got = rt.block_on(async {
+        let req = proto::SyncRequest {
+            cursors: vec![],
+            limit: 100,
+        };
+        dave.send(&proto::frame(8, Body::Sync(req))).await.unwrap();
+        loop {
+            match dave.recv_timeout(WAIT).await {
+                Ok(RawEvent::Frame(f)) if f.req_id == 8 => match f.body {
+                    Some(Body::SyncResp(r)) => break r.messages,
+                    other => panic!("{other:?}"),
+                },
+                Ok(RawEvent::Frame(_)) => {}
+                other => panic!("syncing: {other:?}"),
+            }
+        }
+    });
+    let m = got
+        .iter()
+        .find(|m| m.sender == "system")
+        .unwrap_or_else(|| panic!("the announcement in dave's sync: {got:?}"));
+    assert_eq!(
+        (m.conversation_id.as_str(), m.r#type, &m.payload[..]),
+        (
+            "g:ops",
+            proto::MessageType::System as i32,
+            &b"hello from ops"[..]
+        )
+    );
 
     // 3. A per-uid log filter set from the Logs view reaches the node.
     let (status, body) = server.admin_get("/admin/v1/log-filters");

@@ -399,3 +399,77 @@ async fn unauthorized_node() {
     state.on_update(0, Update::Overview(c.overview().await.map(Box::new)), t0);
     insta::assert_snapshot!("unauthorized", draw(&state, 120, 20));
 }
+
+/// `M`: the announcement form (group id, text), its validation, and the status line after
+/// the node answers (a recorded 200, then a recorded 404 for an unknown group); the
+/// request the console sends is a SYSTEM message to the group with an Idempotency-Key.
+#[tokio::test]
+async fn announce_to_a_group() {
+    let (mut state, _n, t0) = loaded().await;
+    go(&mut state, View::Connections);
+    state.apply(Action::Announce);
+    assert!(state.apply(Action::Submit).is_empty(), "empty group id");
+    for c in "ops".chars() {
+        state.apply(Action::Char(c));
+    }
+    state.apply(Action::NextField);
+    for c in "maintenance at 22:00 UTC".chars() {
+        state.apply(Action::Char(c));
+    }
+    insta::assert_snapshot!("announce_form", draw(&state, 120, 30));
+    let cmds = state.apply(Action::Submit);
+    let (group_id, text) = match &cmds[..] {
+        [im_console::state::Command::Announce { group_id, text, .. }] => {
+            (group_id.clone(), text.clone())
+        }
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        (group_id.as_str(), text.as_str()),
+        ("ops", "maintenance at 22:00 UTC")
+    );
+
+    let n = MockNode::start().await;
+    n.fixture("POST", "/admin/v1/messages", 200, "posted_messages.json");
+    n.fixture("POST", "/admin/v1/messages", 404, "error_no_group.json");
+    let c = AdminClient::new(&n.url, None, Duration::from_secs(5)).expect("client");
+    let body = im_console::api::PostMessage {
+        group_id: Some(group_id.clone()),
+        kind: im_console::api::MessageKind::System,
+        payload: Some(text),
+        ..Default::default()
+    };
+    let result = c.post_message(&body, Some("k-1")).await;
+    state.on_update(
+        0,
+        Update::Announced {
+            group_id: group_id.clone(),
+            result,
+        },
+        at(t0, 10),
+    );
+    insta::assert_snapshot!("announce_done_status", draw(&state, 120, 30));
+    let sent = n
+        .seen
+        .lock()
+        .expect("seen")
+        .last()
+        .cloned()
+        .expect("a request");
+    let sent: serde_json::Value = serde_json::from_str(&sent.1).expect("a JSON body");
+    assert_eq!(
+        sent,
+        serde_json::json!({"group_id": "ops", "kind": "system", "payload": "maintenance at 22:00 UTC"})
+    );
+    let result = c.post_message(&body, Some("k-2")).await;
+    state.on_update(0, Update::Announced { group_id, result }, at(t0, 11));
+    let status = state
+        .status
+        .as_ref()
+        .map(|s| s.text.clone())
+        .unwrap_or_default();
+    assert_eq!(
+        status, "announce to ops failed: HTTP 404: no group ops",
+        "{status}"
+    );
+}

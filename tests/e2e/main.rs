@@ -4,6 +4,7 @@
 mod support;
 
 mod access;
+mod announce;
 mod bad_input;
 mod bounds;
 mod chat;

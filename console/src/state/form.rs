@@ -1,5 +1,5 @@
-//! Forms: the popups that ask for a log filter, a global level or a CPU capture, and
-//! their field parsing.
+//! Forms: the popups that ask for a log filter, a global level, a CPU capture or a
+//! group announcement, and their field parsing.
 
 use std::path::PathBuf;
 
@@ -25,6 +25,8 @@ pub enum FormKind {
     Profile,
     /// Set the node's global log level.
     GlobalLevel,
+    /// Announce a SYSTEM message to a group: group id, text.
+    Announce,
 }
 
 /// A small form in a popup.
@@ -76,6 +78,27 @@ impl Form {
                 value: current.to_owned(),
                 choices: None,
             }],
+            focus: 0,
+            error: None,
+        }
+    }
+
+    /// The announcement form: group id and text, both empty.
+    pub fn announce() -> Form {
+        Form {
+            kind: FormKind::Announce,
+            fields: vec![
+                Field {
+                    label: "group id",
+                    value: String::new(),
+                    choices: None,
+                },
+                Field {
+                    label: "text",
+                    value: String::new(),
+                    choices: None,
+                },
+            ],
             focus: 0,
             error: None,
         }

@@ -152,5 +152,6 @@ pub fn matches_filter(c: &Connection, filter: &str) -> bool {
     c.user_id.to_lowercase().contains(&f)
         || c.remote.to_lowercase().contains(&f)
         || c.state.to_lowercase().contains(&f)
+        || c.device.to_lowercase().contains(&f)
         || c.conn_id.to_string() == f
 }

@@ -9,7 +9,8 @@ use super::form::parse_in;
 use super::*;
 use crate::action::Action;
 use crate::api::{
-    ApiError, ConnectionList, Kicked, LogFilters, Logs, Memory, Overview, Revoked, SlowConsumers,
+    ApiError, ConnectionList, Kicked, LogFilters, Logs, Memory, Overview, PostedMessages, Revoked,
+    SlowConsumers,
 };
 
 /// A side effect for the app to run; its result comes back as an [`Update`].
@@ -64,6 +65,15 @@ pub enum Command {
         frequency: u64,
         /// Folder for the files.
         dir: PathBuf,
+    },
+    /// `POST /admin/v1/messages`: a SYSTEM message to a group.
+    Announce {
+        /// Node index.
+        node: usize,
+        /// The group.
+        group_id: String,
+        /// The text.
+        text: String,
     },
     /// Poll everything now.
     Refresh,
@@ -122,6 +132,13 @@ pub enum Update {
     GlobalLevelSet(Result<String, ApiError>),
     /// A capture finished (and was saved, or not).
     Profile(Result<ProfileResult, ApiError>),
+    /// An announcement was posted (or not).
+    Announced {
+        /// The group.
+        group_id: String,
+        /// The result.
+        result: Result<PostedMessages, ApiError>,
+    },
 }
 
 /// What the pollers fetch for a node besides the overview.
@@ -315,6 +332,7 @@ impl AppState {
                     .map_or("info".to_owned(), |f| f.global_level.clone());
                 self.mode = Mode::Form(Form::global_level(&current));
             }
+            Action::Announce => self.mode = Mode::Form(Form::announce()),
             Action::Add if self.view == View::Profile => self.start_profile_form(),
             Action::Submit if self.view == View::Profile => self.start_profile_form(),
             _ => {}
@@ -404,6 +422,7 @@ impl AppState {
                 }
             }
             Action::Char(c) => {
+                form.error = None;
                 if let Some(f) = form.fields.get_mut(form.focus) {
                     match f.choices {
                         // Typing the first letter of a choice picks it.
@@ -461,6 +480,29 @@ impl AppState {
                 }
                 self.info(format!("setting global level {level}…"));
                 Ok(vec![Command::SetGlobalLevel { node, level }])
+            }
+            FormKind::Announce => {
+                let group_id = form.value(0).to_owned();
+                if group_id.is_empty() {
+                    return Err("group id is empty".into());
+                }
+                if group_id.len() > 64
+                    || !group_id.bytes().all(|b| {
+                        b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'@' | b'-')
+                    })
+                {
+                    return Err("group id: 1-64 of A-Z a-z 0-9 _ . @ -".into());
+                }
+                let text = form.value(1).to_owned();
+                if text.is_empty() {
+                    return Err("text is empty".into());
+                }
+                self.info(format!("announcing to {group_id}…"));
+                Ok(vec![Command::Announce {
+                    node,
+                    group_id,
+                    text,
+                }])
             }
             FormKind::Profile => {
                 let seconds = parse_in(form.value(0), "seconds", 1, 300)?;
@@ -651,6 +693,24 @@ impl AppState {
                     n.profile = ProfileState::Failed(text);
                 }
             },
+            Update::Announced { group_id, result } => {
+                message = Some(match result.map(|r| r.results.into_iter().next()) {
+                    Ok(Some(p)) => (
+                        Level::Info,
+                        format!(
+                            "announced to {group_id} on {name}: msg_id {} seq {}{}",
+                            p.msg_id,
+                            p.seq,
+                            if p.duplicate { " (duplicate)" } else { "" }
+                        ),
+                    ),
+                    Ok(None) => (
+                        Level::Error,
+                        format!("announce to {group_id}: the node answered no result"),
+                    ),
+                    Err(e) => (Level::Error, format!("announce to {group_id} failed: {e}")),
+                });
+            }
         }
         if let Some((level, text)) = message {
             match level {

@@ -80,6 +80,7 @@ pub fn render_connections(frame: &mut Frame<'_>, area: Rect, state: &AppState, n
     let header = Row::new(vec![
         sort_label(state, SortKey::ConnId, "conn"),
         sort_label(state, SortKey::User, "user"),
+        "device".to_owned(),
         "remote".to_owned(),
         sort_label(state, SortKey::Age, "age"),
         sort_label(state, SortKey::Queued, "queued"),
@@ -88,11 +89,12 @@ pub fn render_connections(frame: &mut Frame<'_>, area: Rect, state: &AppState, n
         sort_label(state, SortKey::State, "state"),
     ])
     .style(header_style());
-    let body = rows.iter().map(|c| conn_row(c, None, None));
+    let body = rows.iter().map(|c| conn_row(c, true, None, None));
     let widths = [
         Constraint::Length(8),
-        Constraint::Length(24),
-        Constraint::Length(24),
+        Constraint::Length(20),
+        Constraint::Length(14),
+        Constraint::Length(22),
         Constraint::Length(9),
         Constraint::Length(11),
         Constraint::Length(10),
@@ -106,14 +108,28 @@ pub fn render_connections(frame: &mut Frame<'_>, area: Rect, state: &AppState, n
 // `growth`: `None` leaves the column out (connections view); `Some(None)` shows it with no
 // figure yet (a slow consumer seen once).
 #[allow(clippy::option_option)]
-fn conn_row<'a>(c: &Connection, growth: Option<Option<f64>>, hard_mark: Option<u64>) -> Row<'a> {
+// `device`: whether the device column is shown (connections view).
+fn conn_row<'a>(
+    c: &Connection,
+    device: bool,
+    growth: Option<Option<f64>>,
+    hard_mark: Option<u64>,
+) -> Row<'a> {
     let mut cells = vec![
         Cell::from(c.conn_id.to_string()),
         Cell::from(display_user(&c.user_id).to_owned()),
+    ];
+    if device {
+        cells.push(Cell::from(Span::styled(
+            c.device.clone(),
+            Style::new().fg(DIM),
+        )));
+    }
+    cells.extend([
         Cell::from(c.remote.clone()),
         Cell::from(fmt::secs(c.age_secs.max(0.0) as u64)),
         Cell::from(fmt::bytes(c.queued_bytes)),
-    ];
+    ]);
     if let Some(g) = growth {
         cells.push(match g {
             Some(g) => Cell::from(Span::styled(
@@ -257,6 +273,7 @@ pub fn render_slow(frame: &mut Frame<'_>, area: Rect, state: &AppState, node: &N
     let body = rows.iter().map(|c| {
         conn_row(
             c,
+            false,
             Some(slow.growth.get(&c.conn_id).copied()),
             Some(s.hard_mark_bytes),
         )

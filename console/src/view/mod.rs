@@ -541,6 +541,7 @@ fn render_form(frame: &mut Frame<'_>, area: Rect, form: &Form) {
         crate::state::FormKind::LogFilter => "add per-uid log filter",
         crate::state::FormKind::Profile => "capture CPU profile",
         crate::state::FormKind::GlobalLevel => "global log level (EnvFilter syntax)",
+        crate::state::FormKind::Announce => "announce a SYSTEM message to a group",
     };
     let mut lines = Vec::new();
     for (i, f) in form.fields.iter().enumerate() {

@@ -147,7 +147,7 @@ async fn list_filters() -> Result<Response, Refused> {
 
 /// Reads a JSON object body into its typed request. The error names what is wrong: the
 /// field (its path) for a bad or unknown one, `body` when it is not a JSON object.
-fn body<T: DeserializeOwned>(body: &[u8]) -> Result<T, Refused> {
+pub(super) fn body<T: DeserializeOwned>(body: &[u8]) -> Result<T, Refused> {
     let value = match serde_json::from_slice::<serde_json::Value>(body) {
         Ok(v @ serde_json::Value::Object(_)) => v,
         Ok(_) => return Err(bad("body: expected a JSON object")),

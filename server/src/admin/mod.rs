@@ -6,6 +6,7 @@
 //! `routes`, so the server, the console and the bench share one declaration.
 
 pub mod diag;
+pub mod messages;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use im_admin_api::{
     routes, ClusterInfo, ClusterSummary, Connection, ConnectionList, ErrorBody, Group, GroupMember,
@@ -31,11 +32,12 @@ pub fn router(node: Arc<Node>) -> Router {
         .route(routes::METRICS, get(metrics))
         .route(routes::OVERVIEW, get(overview))
         .route(routes::CONNECTIONS, get(connections))
-        .route(routes::CONNECTION, delete(kick))
+        .route(routes::CONNECTION, get(connection).delete(kick))
         .route(routes::SLOW_CONSUMERS, get(slow_consumers))
         .route(routes::MEMORY, get(memory))
         .route(routes::GROUP, get(group))
         .route(routes::REVOKE, post(revoke))
+        .route(routes::MESSAGES, post(messages::post))
         .merge(diag::routes())
         .route_layer(middleware::from_fn_with_state(node.clone(), require_token));
     Router::new()
@@ -220,6 +222,7 @@ fn connection_of(o: &Outbound) -> Connection {
             ConnState::Closing => "closing",
         }
         .to_owned(),
+        device: o.device().unwrap_or_default(),
     }
 }
 
@@ -296,6 +299,19 @@ async fn connections(State(node): State<Arc<Node>>, Query(q): Query<ListQuery>) 
         })
         .into_response(),
         Err(r) => *r,
+    }
+}
+
+async fn connection(State(node): State<Arc<Node>>, Path(conn_id): Path<String>) -> Response {
+    let Ok(id) = conn_id.parse::<u64>() else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("conn_id {conn_id:?} is not a number"),
+        );
+    };
+    match node.conns.get(id) {
+        Some(o) => Json(connection_of(&o)).into_response(),
+        None => error(StatusCode::NOT_FOUND, format!("no connection {id}")),
     }
 }
 

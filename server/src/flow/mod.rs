@@ -94,6 +94,7 @@ pub struct Outbound {
     /// Remote address.
     pub remote: String,
     user: Mutex<Option<String>>,
+    device: Mutex<Option<String>>,
     tx: mpsc::UnboundedSender<OutFrame>,
     queued: AtomicUsize,
     soft: usize,
@@ -163,6 +164,7 @@ impl Outbound {
             opened: Instant::now(),
             remote,
             user: Mutex::new(None),
+            device: Mutex::new(None),
             tx,
             queued: AtomicUsize::new(0),
             soft: soft as usize,
@@ -306,6 +308,18 @@ impl Outbound {
     /// The logged-in user, if any.
     pub fn user(&self) -> Option<String> {
         self.user.lock().ok().and_then(|u| u.clone())
+    }
+
+    /// Records the logged-in device (`Login.device_id`, `default` when empty).
+    pub fn set_device(&self, device: &str) {
+        if let Ok(mut d) = self.device.lock() {
+            *d = Some(if device.is_empty() { "default" } else { device }.to_owned());
+        }
+    }
+
+    /// The logged-in device, if any.
+    pub fn device(&self) -> Option<String> {
+        self.device.lock().ok().and_then(|d| d.clone())
     }
 
     /// Bytes queued and not yet written.

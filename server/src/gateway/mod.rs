@@ -220,6 +220,11 @@ impl Connections {
         mine.len()
     }
 
+    /// One connection, when it is here.
+    pub fn get(&self, conn_id: u64) -> Option<Arc<Outbound>> {
+        self.map.lock().ok().and_then(|m| m.get(&conn_id).cloned())
+    }
+
     /// Closes one connection; false when it is not here.
     pub fn close(&self, conn_id: u64, reason: CloseReason) -> bool {
         let out = self.map.lock().ok().and_then(|m| m.get(&conn_id).cloned());

@@ -456,6 +456,15 @@ impl Protocol {
                 return Err(CloseReason::new(CloseReason::POLICY, "invalid token"));
             }
         };
+        if !crate::pipeline::announce::may_log_in(&user_id) {
+            m.bad_frame("unauthenticated");
+            self.error(
+                f.req_id,
+                ErrorCode::Unauthenticated,
+                "this user id is reserved for server messages",
+            );
+            return Err(CloseReason::new(CloseReason::POLICY, "invalid token"));
+        }
         let max_sessions = gw.limits.max_sessions_per_user as usize;
         if !gw
             .pipeline
@@ -473,6 +482,7 @@ impl Protocol {
             return Err(CloseReason::new(CloseReason::POLICY, "too many sessions"));
         }
         self.out.set_user(&user_id);
+        self.out.set_device(&l.device_id);
         crate::obs::logfilter::set_conn_uid(&user_id);
         let ok = frame(
             f.req_id,

@@ -6,6 +6,7 @@
 //! connection; replies and pushes leave through the connection's [`Outbound`].
 
 mod edits;
+pub mod announce;
 pub mod persist;
 pub mod reads;
 pub mod receipts;
@@ -423,6 +424,13 @@ impl Pipeline {
             )));
         }
         let target = match send.target {
+            Some(send::Target::ToUser(u)) if u == announce::SYSTEM_SENDER => {
+                return Err(Refusal::code(
+                    ErrorCode::Forbidden,
+                    "the system sender takes no messages",
+                    Some("forbidden"),
+                ))
+            }
             Some(send::Target::ToUser(u)) if im_proto::valid_id(&u) => send::Target::ToUser(u),
             Some(send::Target::GroupId(g)) if im_proto::valid_id(&g) => send::Target::GroupId(g),
             Some(_) => return Err(Refusal::bad("invalid to_user or group_id")),

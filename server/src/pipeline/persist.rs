@@ -111,6 +111,23 @@ impl PersistHandle {
         r
     }
 
+    /// Queues a request, waiting up to `within` for room (server-sent messages: the
+    /// operator's request may wait where a client's Send is refused at once).
+    pub async fn submit(&self, req: WriteReq, within: Duration) -> Result<(), QueueFull> {
+        let r = match self.tx.try_send(req) {
+            Ok(()) => Ok(()),
+            Err(mpsc::error::TrySendError::Full(req)) => {
+                match tokio::time::timeout(within, self.tx.send(req)).await {
+                    Ok(Ok(())) => Ok(()),
+                    _ => Err(QueueFull),
+                }
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(QueueFull),
+        };
+        self.metrics.persist_queue_depth.set(self.depth() as f64);
+        r
+    }
+
     /// Waits until everything queued so far is committed (shutdown).
     pub async fn flush(&self) {
         let (tx, rx) = oneshot::channel();
@@ -549,7 +566,9 @@ fn recheck_groups(relations: &Relations, sends: &mut Vec<PersistReq>) {
         let Some(members) = relations.cached(g) else {
             return true;
         };
-        if super::relation::is_in(&members, &req.message.sender) {
+        // SYSTEM messages are the server's own (clients cannot send them): no sender check.
+        let system = req.message.msg_type == im_proto::MessageType::System as i32;
+        if system || super::relation::is_in(&members, &req.message.sender) {
             req.recipients = Recipients::Group(members);
             return true;
         }
