@@ -514,6 +514,13 @@ impl Driver {
                     trace!(req_id = id, "sync page for an expired sync");
                 }
             }
+            // Presence and typing pushes go to the app as they are.
+            Some(Body::Presence(p)) if id == 0 => {
+                let _ = self.ev_tx.send(Event::Presence(p));
+            }
+            Some(Body::Typing(t)) if id == 0 => {
+                let _ = self.ev_tx.send(Event::Typing(t));
+            }
             Some(Body::SendAck(ack)) => {
                 self.note_own(&ack);
                 self.complete(id, Ok(Body::SendAck(ack)));

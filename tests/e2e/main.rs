@@ -15,5 +15,6 @@ mod durability;
 mod flow;
 mod groups;
 mod hardening;
+mod live;
 mod obs;
 mod offline;

@@ -72,6 +72,23 @@ pub struct Limits {
     /// A session ends this many seconds after its token's `exp` (close 4003 "token
     /// expired"); also the clock skew allowed when a token is verified.
     pub token_leeway_secs: u32,
+    /// Most users one connection may watch the presence of (one PresenceSubscribe
+    /// names at most this many; more is a bad frame).
+    pub presence_subscriptions_max: u32,
+    /// PresenceSubscribes per second one connection may sustain (0: unlimited).
+    pub presence_subscribe_rate_per_sec: u32,
+    /// PresenceSubscribes one connection may burst above the sustained rate.
+    pub presence_subscribe_burst: u32,
+    /// SetPresence frames per second one connection may sustain (0: unlimited).
+    pub set_presence_rate_per_sec: u32,
+    /// SetPresence frames one connection may burst above the sustained rate.
+    pub set_presence_burst: u32,
+    /// Typing frames per second one connection may sustain (0: unlimited).
+    pub typing_rate_per_sec: u32,
+    /// Typing frames one connection may burst above the sustained rate.
+    pub typing_burst: u32,
+    /// Groups with more members than this get no typing fan-out (0: none do).
+    pub typing_group_max: u32,
 }
 
 /// File descriptors kept free for the store, log files, the admin listener and NATS
@@ -107,6 +124,14 @@ impl Default for Limits {
             max_batch_frames: 128,
             max_groups_per_user: 100,
             token_leeway_secs: 5,
+            presence_subscriptions_max: 500,
+            presence_subscribe_rate_per_sec: 1,
+            presence_subscribe_burst: 10,
+            set_presence_rate_per_sec: 1,
+            set_presence_burst: 5,
+            typing_rate_per_sec: 2,
+            typing_burst: 10,
+            typing_group_max: 500,
         }
     }
 }
@@ -194,11 +219,36 @@ impl Limits {
                 "limits.group_op_burst",
                 l.group_op_burst,
             ),
+            (
+                "limits.presence_subscribe_rate_per_sec",
+                l.presence_subscribe_rate_per_sec,
+                "limits.presence_subscribe_burst",
+                l.presence_subscribe_burst,
+            ),
+            (
+                "limits.set_presence_rate_per_sec",
+                l.set_presence_rate_per_sec,
+                "limits.set_presence_burst",
+                l.set_presence_burst,
+            ),
+            (
+                "limits.typing_rate_per_sec",
+                l.typing_rate_per_sec,
+                "limits.typing_burst",
+                l.typing_burst,
+            ),
         ] {
             range(key, rate, 0, 1_000_000)?;
             range(burst_key, burst, 1, 1_000_000)?;
         }
         range("limits.max_batch_frames", l.max_batch_frames, 1, 100_000)?;
+        range(
+            "limits.presence_subscriptions_max",
+            l.presence_subscriptions_max,
+            1,
+            100_000,
+        )?;
+        range("limits.typing_group_max", l.typing_group_max, 0, 10_000_000)?;
         Ok(())
     }
 

@@ -5,7 +5,9 @@
 //! [`Pipeline::handle`] is called by the gateway's read loop, one frame at a time per
 //! connection; replies and pushes leave through the connection's [`Outbound`].
 
+pub mod live;
 pub mod persist;
+pub mod presence;
 pub mod relation;
 pub mod route;
 
@@ -44,6 +46,8 @@ pub struct Session {
     limits: std::sync::Mutex<FrameBuckets>,
     /// Last seqs of conversations this session has seen (DeliverAck checks), bounded.
     last_seqs: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    /// Its PresenceSubscribe, SetPresence and Typing rate limits (`pipeline::live`).
+    live: std::sync::Mutex<live::LiveBuckets>,
 }
 
 /// The per-connection token buckets of the frame kinds other than Send and Ping.
@@ -110,6 +114,7 @@ impl Session {
                 group_ops: TokenBucket::new(limits.group_op_rate_per_sec, limits.group_op_burst),
             }),
             last_seqs: std::sync::Mutex::new(std::collections::HashMap::new()),
+            live: std::sync::Mutex::new(live::LiveBuckets::new(limits)),
         }
     }
 
@@ -341,6 +346,9 @@ impl Pipeline {
                 Ok(())
             }
             Body::GroupOp(op) => self.on_group_op(s, req_id, op).await,
+            Body::PresenceSubscribe(p) => self.on_presence_subscribe(s, req_id, p).await,
+            Body::SetPresence(p) => self.on_set_presence(s, req_id, p).await,
+            Body::Typing(t) => self.on_typing(s, req_id, t).await,
             Body::Login(_) => Err(Refusal::bad("already logged in")),
             Body::Batch(_) => Err(Refusal::bad("nested batch")),
             _ => Err(Refusal::bad("not a client frame")),

@@ -43,6 +43,15 @@ pub enum WriteReq {
     },
     /// Answered once everything queued before it is committed.
     Flush(oneshot::Sender<()>),
+    /// A user hides (or shows again) their presence (`SetPresence`).
+    SetPresence {
+        /// The user.
+        user_id: String,
+        /// Hidden from now on.
+        hidden: bool,
+        /// Where the outcome goes.
+        reply: oneshot::Sender<Result<(), StoreError>>,
+    },
 }
 
 /// A validated Send waiting for its commit.
@@ -217,6 +226,7 @@ pub async fn run_writer(
     let mut cursors: HashMap<(String, String), u64> = HashMap::new();
     let mut groups = Vec::new();
     let mut flushes = Vec::new();
+    let mut presence_settings = Vec::new();
     let mut fault_since: Option<Instant> = None;
     let mut last_try = Instant::now();
     loop {
@@ -245,6 +255,11 @@ pub async fn run_writer(
                 reply,
             } => groups.push((group_id, req, reply)),
             WriteReq::Flush(reply) => flushes.push(reply),
+            WriteReq::SetPresence {
+                user_id,
+                hidden,
+                reply,
+            } => presence_settings.push((user_id, hidden, reply)),
         };
         if let Some(first) = first {
             take(first, &mut sends);
@@ -270,13 +285,20 @@ pub async fn run_writer(
                 for (_, _, reply) in groups.drain(..) {
                     let _ = reply.send(Err(StoreError::Unavailable(fault.name())));
                 }
+                for (_, _, reply) in presence_settings.drain(..) {
+                    let _ = reply.send(Err(StoreError::Unavailable(fault.name())));
+                }
                 for reply in flushes.drain(..) {
                     let _ = reply.send(());
                 }
                 continue;
             }
             last_try = Instant::now();
-            if sends.is_empty() && cursors.is_empty() && groups.is_empty() {
+            if sends.is_empty()
+                && cursors.is_empty()
+                && groups.is_empty()
+                && presence_settings.is_empty()
+            {
                 let probe = guard.bounded(store.probe_write()).await;
                 guard.record(probe.as_ref().map(|_| ()), &mut fault_since);
             }
@@ -331,6 +353,13 @@ pub async fn run_writer(
                 }
                 Err(e) => Err(e),
             };
+            let _ = reply.send(result);
+        }
+        for (user_id, hidden, reply) in presence_settings.drain(..) {
+            let result = guard
+                .bounded(store.set_presence_hidden(&user_id, hidden))
+                .await;
+            guard.record(result.as_ref().map(|_| ()), &mut fault_since);
             let _ = reply.send(result);
         }
         for reply in flushes.drain(..) {
