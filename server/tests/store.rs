@@ -455,12 +455,18 @@ async fn presence_peers_and_hidden_flags() {
         s.group_change("gp", &group_req(Op::Leave, "d", &[], 10))
             .await
             .unwrap();
-        assert_eq!(s.presence_peers("a", &["d"]).await.unwrap(), Vec::<String>::new());
+        assert_eq!(
+            s.presence_peers("a", &["d"]).await.unwrap(),
+            Vec::<String>::new()
+        );
 
         assert!(s.presence_hidden(&["a", "b"]).await.unwrap().is_empty());
         s.set_presence_hidden("b", true).await.unwrap();
         s.set_presence_hidden("c", true).await.unwrap();
         s.set_presence_hidden("c", false).await.unwrap();
-        assert_eq!(s.presence_hidden(&["a", "b", "c"]).await.unwrap(), vec!["b"]);
+        assert_eq!(
+            s.presence_hidden(&["a", "b", "c"]).await.unwrap(),
+            vec!["b"]
+        );
     }
 }

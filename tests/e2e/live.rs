@@ -220,18 +220,22 @@ async fn typing_reaches_members_and_is_never_stored() {
     chat(&mut alice, "bob", "m1").await;
     let conv = proto::direct_conversation("alice", "bob");
 
-    alice
-        .send(&typing_frame(40, &conv, true))
-        .await
-        .unwrap();
+    alice.send(&typing_frame(40, &conv, true)).await.unwrap();
     let f = next_frame(&mut alice).await;
-    assert!(matches!(f.body, Some(Body::Done(_))) && f.req_id == 40, "{f:?}");
+    assert!(
+        matches!(f.body, Some(Body::Done(_))) && f.req_id == 40,
+        "{f:?}"
+    );
     for c in [&mut bob, &mut alice_phone] {
         let got = frames_before_pong(c, 41).await;
         let t = typings(&got);
         assert_eq!(t.len(), 1, "{got:?}");
         assert_eq!(
-            (t[0].conversation_id.as_str(), t[0].typing, t[0].user_id.as_str()),
+            (
+                t[0].conversation_id.as_str(),
+                t[0].typing,
+                t[0].user_id.as_str()
+            ),
             (conv.as_str(), true, "alice")
         );
     }
@@ -257,11 +261,15 @@ async fn typing_reaches_members_and_is_never_stored() {
 
     // Groups: every other member's connections.
     create_group(&mut alice, "g-typing", vec!["bob".into()]).await;
-    let body = request(&mut bob, 45, Body::Typing(Typing {
-        conversation_id: "g:g-typing".into(),
-        typing: true,
-        user_id: "forged".into(),
-    }))
+    let body = request(
+        &mut bob,
+        45,
+        Body::Typing(Typing {
+            conversation_id: "g:g-typing".into(),
+            typing: true,
+            user_id: "forged".into(),
+        }),
+    )
     .await;
     assert!(matches!(body, Body::Done(_)), "{body:?}");
     let got = frames_before_pong(&mut alice, 46).await;
@@ -290,7 +298,12 @@ async fn typing_is_rate_limited() {
     chat(&mut alice, "bob", "m1").await;
     let conv = proto::direct_conversation("alice", "bob");
     for i in 0..2 {
-        let body = request(&mut alice, 50 + i, typing_frame(0, &conv, true).body.unwrap()).await;
+        let body = request(
+            &mut alice,
+            50 + i,
+            typing_frame(0, &conv, true).body.unwrap(),
+        )
+        .await;
         assert!(matches!(body, Body::Done(_)), "{body:?}");
     }
     let body = request(&mut alice, 60, typing_frame(0, &conv, true).body.unwrap()).await;
@@ -309,10 +322,7 @@ async fn sdk_gets_presence_and_typing_events() {
     let alice = s.client("alice").await;
     alice.send_text("bob", "hi").await.unwrap();
     let bob = s.client("bob").await;
-    alice
-        .subscribe_presence(vec!["bob".into()])
-        .await
-        .unwrap();
+    alice.subscribe_presence(vec!["bob".into()]).await.unwrap();
     let conv = proto::direct_conversation("alice", "bob");
     bob.typing(conv.clone(), true).await.unwrap();
     bob.set_presence_hidden(true).await.unwrap();

@@ -221,16 +221,12 @@ impl Link {
 
     /// `user` now has a connection here (first one).
     pub fn user_up(&self, user: &str) {
-        let _ = self
-            .presence_tx
-            .send(PresenceOp::Set(user.to_owned(), 1));
+        let _ = self.presence_tx.send(PresenceOp::Set(user.to_owned(), 1));
     }
 
     /// `user` has no connection here any more.
     pub fn user_down(&self, user: &str) {
-        let _ = self
-            .presence_tx
-            .send(PresenceOp::Set(user.to_owned(), 0));
+        let _ = self.presence_tx.send(PresenceOp::Set(user.to_owned(), 0));
     }
 
     /// The cross-node part of a delivery to `users`: `None` when no other live node has
@@ -1112,20 +1108,19 @@ async fn write_presence(
     errors.absolute(0);
     let mut pending: HashMap<String, u32> = HashMap::new();
     let mut failed: HashMap<String, u32> = HashMap::new();
-    let take = |op: PresenceOp,
-                pending: &mut HashMap<String, u32>,
-                failed: &mut HashMap<String, u32>| {
-        match op {
-            PresenceOp::Set(user, up) => {
-                pending.insert(user, up);
-            }
-            PresenceOp::Retry => {
-                for (user, up) in failed.drain() {
-                    pending.entry(user).or_insert(up);
+    let take =
+        |op: PresenceOp, pending: &mut HashMap<String, u32>, failed: &mut HashMap<String, u32>| {
+            match op {
+                PresenceOp::Set(user, up) => {
+                    pending.insert(user, up);
+                }
+                PresenceOp::Retry => {
+                    for (user, up) in failed.drain() {
+                        pending.entry(user).or_insert(up);
+                    }
                 }
             }
-        }
-    };
+        };
     while let Some(op) = rx.recv().await {
         take(op, &mut pending, &mut failed);
         while let Ok(op) = rx.try_recv() {

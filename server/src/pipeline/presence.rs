@@ -231,11 +231,13 @@ impl PresenceHub {
         let Some(w) = inner.watched.get_mut(user) else {
             return;
         };
+        // Shown again while offline: same state, but the last seen time is news.
+        let unhidden = hidden == Some(false) && w.hidden;
         if let Some(h) = hidden {
             w.hidden = h;
         }
         let s = shown(n, w.hidden);
-        if s == w.shown {
+        if s == w.shown && !unhidden {
             return;
         }
         w.shown = s;
@@ -331,7 +333,9 @@ mod tests {
             inner.record_last_seen(&format!("u{i}"), i as i64);
         }
         assert!(inner.last_seen.len() <= LAST_SEEN_MAX);
-        assert!(inner.last_seen.contains_key(&format!("u{}", LAST_SEEN_MAX + 9)));
+        assert!(inner
+            .last_seen
+            .contains_key(&format!("u{}", LAST_SEEN_MAX + 9)));
         assert!(!inner.last_seen.contains_key("u0"));
     }
 }
