@@ -64,10 +64,13 @@ pub fn devices_of(value: &[u8]) -> u32 {
         .unwrap_or(1)
 }
 
+/// The other nodes one user is connected to, with its device count on each.
+type Nodes = Vec<(Arc<str>, u32)>;
+
 /// User -> the other nodes it is connected to, with its device count there.
 #[derive(Default)]
 pub struct PresenceMap {
-    users: RwLock<HashMap<String, Vec<(Arc<str>, u32)>>>,
+    users: RwLock<HashMap<String, Nodes>>,
 }
 
 impl PresenceMap {

@@ -107,7 +107,7 @@ impl Pipeline {
                 .await
                 .map_err(Refusal::store)?
         };
-        if users.iter().any(|u| *u == s.user_id) {
+        if users.contains(&s.user_id) {
             allowed.push(s.user_id.clone());
         }
         let hidden = if allowed.is_empty() {
