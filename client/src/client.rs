@@ -12,8 +12,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use im_proto::{
     group_op, send, Body, ChatMessage, ConversationList, ErrorCode, GroupOp, GroupOpOk,
-    ListConversations, MarkRead, MessageType, Ping, Pong, ReadReceipt, SendAck,
-    SetConversationFlags,
+    ListConversations, MarkRead, MessageType, Ping, Pong, Presence, PresenceSubscribe,
+    ReadReceipt, SendAck, SetConversationFlags, SetPresence, Typing,
 };
 use tokio::sync::{mpsc, oneshot, Mutex};
 use tokio::task::JoinHandle;
@@ -42,6 +42,13 @@ pub enum Event {
         /// The node now serving this client.
         node_id: String,
     },
+    /// A watched user's presence ([`Client::subscribe_presence`]): their state at the
+    /// subscription, then each change. Subscriptions end with the connection: after
+    /// `Reconnected`, subscribe again.
+    Presence(Presence),
+    /// Someone is typing (or stopped) in a conversation: ephemeral, never stored, not
+    /// sent again after a reconnect.
+    Typing(Typing),
     /// Someone read a conversation up to a seq (pushed; `user_id` empty and
     /// `read_count` set for a large group's counted receipt).
     ReadReceipt(ReadReceipt),
@@ -409,6 +416,42 @@ impl Client {
             let _ = tokio::time::timeout(CLOSE_TIMEOUT, rx).await;
         }
         let _ = tokio::time::timeout(CLOSE_TIMEOUT, self.task).await;
+    }
+
+    /// Watches the presence of `users` (replacing the previous set; empty: none), those
+    /// the caller shares a conversation with; the others are ignored by the server.
+    /// Their state and each change arrive as [`Event::Presence`].
+    pub async fn subscribe_presence(&self, users: Vec<String>) -> Result<(), ClientError> {
+        let body = Body::PresenceSubscribe(PresenceSubscribe { users });
+        self.expect_done(body).await
+    }
+
+    /// Hides (or shows again) this user's presence: watchers see them offline.
+    pub async fn set_presence_hidden(&self, hidden: bool) -> Result<(), ClientError> {
+        self.expect_done(Body::SetPresence(SetPresence { hidden }))
+            .await
+    }
+
+    /// Tells the conversation's other members (and this user's other devices) that
+    /// this user is typing (`true`) or stopped (`false`); nothing is stored.
+    pub async fn typing(
+        &self,
+        conversation_id: impl Into<String>,
+        typing: bool,
+    ) -> Result<(), ClientError> {
+        let body = Body::Typing(Typing {
+            conversation_id: conversation_id.into(),
+            typing,
+            user_id: String::new(),
+        });
+        self.expect_done(body).await
+    }
+
+    async fn expect_done(&self, body: Body) -> Result<(), ClientError> {
+        match self.request(body, false).await? {
+            Body::Done(_) => Ok(()),
+            other => Err(unexpected("Done", &other)),
+        }
     }
 
     /// Sends one request and waits for its reply. `patient`: while the client is

@@ -517,6 +517,13 @@ impl Driver {
             Some(Body::ReadReceipt(r)) if id == 0 => {
                 let _ = self.ev_tx.send(Event::ReadReceipt(r));
             }
+            // Presence and typing pushes go to the app as they are.
+            Some(Body::Presence(p)) if id == 0 => {
+                let _ = self.ev_tx.send(Event::Presence(p));
+            }
+            Some(Body::Typing(t)) if id == 0 => {
+                let _ = self.ev_tx.send(Event::Typing(t));
+            }
             Some(Body::SendAck(ack)) => {
                 self.note_own(&ack);
                 self.complete(id, Ok(Body::SendAck(ack)));

@@ -789,3 +789,42 @@ async fn recall_edit_and_hide_render_in_sync_and_history() {
         );
     }
 }
+
+#[tokio::test]
+async fn presence_peers_and_hidden_flags() {
+    for (s, _dir) in stores().await {
+        // a-b talk one-to-one; a, c and d share a group; e is a stranger to a.
+        s.commit_batch(&[msg("u:a:b", "a", "p1", "hi")], &[])
+            .await
+            .unwrap();
+        s.group_change("gp", &group_req(Op::Create, "a", &["c", "d"], 10))
+            .await
+            .unwrap();
+        s.commit_batch(&[msg("u:e:f", "e", "p2", "hi")], &[])
+            .await
+            .unwrap();
+        let peers = s
+            .presence_peers("a", &["b", "c", "d", "e", "f", "zz"])
+            .await
+            .unwrap();
+        assert_eq!(peers, vec!["b", "c", "d"], "{}", s.backend());
+        assert_eq!(s.presence_peers("b", &["a", "c"]).await.unwrap(), vec!["a"]);
+        // Leaving the group ends the sharing.
+        s.group_change("gp", &group_req(Op::Leave, "d", &[], 10))
+            .await
+            .unwrap();
+        assert_eq!(
+            s.presence_peers("a", &["d"]).await.unwrap(),
+            Vec::<String>::new()
+        );
+
+        assert!(s.presence_hidden(&["a", "b"]).await.unwrap().is_empty());
+        s.set_presence_hidden("b", true).await.unwrap();
+        s.set_presence_hidden("c", true).await.unwrap();
+        s.set_presence_hidden("c", false).await.unwrap();
+        assert_eq!(
+            s.presence_hidden(&["a", "b", "c"]).await.unwrap(),
+            vec!["b"]
+        );
+    }
+}

@@ -17,6 +17,7 @@ mod edits;
 mod flow;
 mod groups;
 mod hardening;
+mod live;
 mod obs;
 mod offline;
 mod reads;

@@ -110,8 +110,8 @@ const KV_ERROR: u8 = 3;
 
 /// A change of this node's presence, or a retry of the writes that failed.
 enum PresenceOp {
-    /// `user` is (true) or is not (false) connected here any more.
-    Set(String, bool),
+    /// `user` has this many connections here (0: none any more).
+    Set(String, u32),
     /// Write again what failed (after a resync).
     Retry,
 }
@@ -221,16 +221,12 @@ impl Link {
 
     /// `user` now has a connection here (first one).
     pub fn user_up(&self, user: &str) {
-        let _ = self
-            .presence_tx
-            .send(PresenceOp::Set(user.to_owned(), true));
+        let _ = self.presence_tx.send(PresenceOp::Set(user.to_owned(), 1));
     }
 
     /// `user` has no connection here any more.
     pub fn user_down(&self, user: &str) {
-        let _ = self
-            .presence_tx
-            .send(PresenceOp::Set(user.to_owned(), false));
+        let _ = self.presence_tx.send(PresenceOp::Set(user.to_owned(), 0));
     }
 
     /// The cross-node part of a delivery to `users`: `None` when no other live node has
@@ -344,6 +340,58 @@ impl Link {
         false
     }
 
+    /// `user` has `devices` connections here (0: none).
+    pub fn user_devices(&self, user: &str, devices: usize) {
+        let n = u32::try_from(devices).unwrap_or(u32::MAX);
+        let _ = self.presence_tx.send(PresenceOp::Set(user.to_owned(), n));
+    }
+
+    /// `user`'s connections on the other live nodes.
+    pub fn remote_devices(&self, user: &str) -> u32 {
+        self.presence
+            .devices(user, |n| n != self.node_id && self.registry.alive(n))
+    }
+
+    /// Publishes an ephemeral plan (typing): one envelope per node, marked so the
+    /// receiver skips slow connections. A failed publish is counted, not resynced.
+    pub async fn forward_ephemeral(&self, f: Forward) {
+        if !self.connected() {
+            self.publish_errors.increment(1);
+            return;
+        }
+        for (node, users) in f.targets {
+            let mut env = Envelope {
+                from: self.node_id.clone(),
+                users,
+                frame: f.frame.clone(),
+                ephemeral: true,
+                ..Default::default()
+            };
+            self.key.seal_envelope(&mut env);
+            let bytes = Bytes::from(env.encode_to_vec());
+            let sent = tokio::time::timeout(
+                PUBLISH_TIMEOUT,
+                self.client.publish(self.subject(&node), bytes),
+            )
+            .await;
+            match sent {
+                Ok(Ok(())) => self.forwarded.increment(1),
+                _ => self.publish_errors.increment(1),
+            }
+        }
+    }
+
+    /// Tells every other live node that `user` now hides (or shows) their presence.
+    pub async fn presence_hidden(&self, user: &str, hidden: bool) {
+        self.broadcast(Envelope {
+            from: self.node_id.clone(),
+            presence_user: user.to_owned(),
+            presence_hidden: hidden,
+            ..Default::default()
+        })
+        .await;
+    }
+
     /// Tells every other live node that a group's membership changed (at `version`).
     pub async fn group_changed(&self, group_id: &str, version: u64) {
         self.broadcast(Envelope {
@@ -427,6 +475,23 @@ impl Peers for Link {
 
     fn forward(&self, f: Forward) -> futures_util::future::BoxFuture<'_, ()> {
         Box::pin(Link::forward(self, f))
+    }
+
+    fn user_devices(&self, user: &str, devices: usize) {
+        Link::user_devices(self, user, devices);
+    }
+
+    fn remote_devices(&self, user: &str) -> u32 {
+        Link::remote_devices(self, user)
+    }
+
+    fn forward_ephemeral(&self, f: Forward) -> futures_util::future::BoxFuture<'_, ()> {
+        Box::pin(Link::forward_ephemeral(self, f))
+    }
+
+    fn presence_hidden(&self, user: &str, hidden: bool) -> futures_util::future::BoxFuture<'_, ()> {
+        let user = user.to_owned();
+        Box::pin(async move { Link::presence_hidden(self, &user, hidden).await })
     }
 }
 
@@ -874,7 +939,11 @@ impl Supervisor {
     fn spawn_watchers(&mut self) {
         self.watchers = Watchers(vec![
             tokio::spawn(watch_registry(self.buckets.clone(), self.link.clone())),
-            tokio::spawn(watch_presence(self.buckets.clone(), self.link.clone())),
+            tokio::spawn(watch_presence(
+                self.buckets.clone(),
+                self.link.clone(),
+                self.router.clone(),
+            )),
         ]);
     }
 
@@ -975,10 +1044,11 @@ async fn watch_registry(buckets: Arc<Buckets>, link: Arc<Link>) {
     }
 }
 
-/// Follows the presence bucket into the link's map, skipping this node's own keys. The
-/// map is not cleared when the watch restarts: the replay brings every key back, and a
-/// stale entry costs at most a publish nobody on that node wants.
-async fn watch_presence(buckets: Arc<Buckets>, link: Arc<Link>) {
+/// Follows the presence bucket into the link's map, skipping this node's own keys, and
+/// tells the router of each change (presence subscriptions). The map is not cleared
+/// when the watch restarts: the replay brings every key back, and a stale entry costs
+/// at most a publish nobody on that node wants.
+async fn watch_presence(buckets: Arc<Buckets>, link: Arc<Link>, router: Arc<Router>) {
     let map = &link.presence;
     loop {
         let error = match buckets.presence().watch_with_history(">").await {
@@ -992,11 +1062,14 @@ async fn watch_presence(buckets: Arc<Buckets>, link: Arc<Link>) {
                             continue;
                         }
                         match e.operation {
-                            kv::Operation::Put => map.put(&node, &user),
+                            kv::Operation::Put => {
+                                map.put_devices(&node, &user, presence::devices_of(&e.value))
+                            }
                             kv::Operation::Delete | kv::Operation::Purge => {
                                 map.delete(&node, &user)
                             }
                         }
+                        router.presence_changed(&user);
                     }
                     Some(Err(e)) => break e.to_string(),
                     None => break "the watch ended".to_owned(),
@@ -1033,22 +1106,21 @@ async fn write_presence(
 ) {
     let errors = metrics::counter!("im_cluster_presence_errors_total");
     errors.absolute(0);
-    let mut pending: HashMap<String, bool> = HashMap::new();
-    let mut failed: HashMap<String, bool> = HashMap::new();
-    let take = |op: PresenceOp,
-                pending: &mut HashMap<String, bool>,
-                failed: &mut HashMap<String, bool>| {
-        match op {
-            PresenceOp::Set(user, up) => {
-                pending.insert(user, up);
-            }
-            PresenceOp::Retry => {
-                for (user, up) in failed.drain() {
-                    pending.entry(user).or_insert(up);
+    let mut pending: HashMap<String, u32> = HashMap::new();
+    let mut failed: HashMap<String, u32> = HashMap::new();
+    let take =
+        |op: PresenceOp, pending: &mut HashMap<String, u32>, failed: &mut HashMap<String, u32>| {
+            match op {
+                PresenceOp::Set(user, up) => {
+                    pending.insert(user, up);
+                }
+                PresenceOp::Retry => {
+                    for (user, up) in failed.drain() {
+                        pending.entry(user).or_insert(up);
+                    }
                 }
             }
-        }
-    };
+        };
     while let Some(op) = rx.recv().await {
         take(op, &mut pending, &mut failed);
         while let Ok(op) = rx.try_recv() {
@@ -1061,13 +1133,13 @@ async fn write_presence(
         // JetStream round trip per batch, not per user: a login burst would otherwise
         // leave the other nodes' presence maps seconds behind); the next batch waits.
         let kv = buckets.presence();
-        let results: Vec<(String, bool, Result<(), String>)> =
+        let results: Vec<(String, u32, Result<(), String>)> =
             futures_util::stream::iter(pending.drain())
                 .map(|(user, up)| {
                     let (kv, key) = (&kv, presence::key(&link.node_id, &user));
                     async move {
-                        let r = if up {
-                            kv.put(&key, Bytes::new())
+                        let r = if up > 0 {
+                            kv.put(&key, Bytes::from(up.to_string()))
                                 .await
                                 .map(|_| ())
                                 .map_err(|e| e.to_string())
@@ -1165,6 +1237,14 @@ async fn inbound(
         }
         if !env.revoked_user.is_empty() {
             revoked(&env.revoked_user, env.revoked_at);
+            continue;
+        }
+        if !env.presence_user.is_empty() {
+            router.presence_hidden(&env.presence_user, env.presence_hidden);
+            continue;
+        }
+        if env.ephemeral {
+            router.deliver_ephemeral_remote(&env.users, &env.frame);
             continue;
         }
         router.deliver_remote(&env.users, &env.frame, env.direct);

@@ -2,7 +2,9 @@
 //! `<prefix>-presence` (one key `<node>.<user>` per user and node while the user has a
 //! connection there). The KV watch in `cluster` feeds this map; the router reads it to
 //! find the nodes a message must be forwarded to. This node's own users are not kept
-//! here (the router's session registry knows them).
+//! here (the router's session registry knows them). A key's value is the user's device
+//! count on that node (decimal; empty, as older nodes write it, means one), which
+//! presence subscriptions show.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
@@ -53,28 +55,59 @@ fn unescape(s: &str) -> Option<String> {
     (!out.is_empty()).then_some(out)
 }
 
-/// User -> the other nodes it is connected to.
+/// The device count a presence key's value holds (empty or unreadable: one).
+pub fn devices_of(value: &[u8]) -> u32 {
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(1)
+}
+
+/// The other nodes one user is connected to, with its device count on each.
+type Nodes = Vec<(Arc<str>, u32)>;
+
+/// User -> the other nodes it is connected to, with its device count there.
 #[derive(Default)]
 pub struct PresenceMap {
-    users: RwLock<HashMap<String, Vec<Arc<str>>>>,
+    users: RwLock<HashMap<String, Nodes>>,
 }
 
 impl PresenceMap {
     /// `user` has a connection on `node`.
     pub fn put(&self, node: &str, user: &str) {
+        self.put_devices(node, user, 1);
+    }
+
+    /// `user` has `devices` connections on `node`.
+    pub fn put_devices(&self, node: &str, user: &str, devices: u32) {
         if let Ok(mut u) = self.users.write() {
             let nodes = u.entry(user.to_owned()).or_default();
-            if !nodes.iter().any(|n| &**n == node) {
-                nodes.push(node.into());
+            match nodes.iter_mut().find(|(n, _)| &**n == node) {
+                Some((_, d)) => *d = devices,
+                None => nodes.push((node.into(), devices)),
             }
         }
+    }
+
+    /// `user`'s connections on the other nodes that `alive` accepts.
+    pub fn devices(&self, user: &str, alive: impl Fn(&str) -> bool) -> u32 {
+        let Ok(u) = self.users.read() else {
+            return 0;
+        };
+        u.get(user)
+            .into_iter()
+            .flatten()
+            .filter(|(n, _)| alive(n))
+            .map(|(_, d)| *d)
+            .sum()
     }
 
     /// `user` has no connection on `node` any more.
     pub fn delete(&self, node: &str, user: &str) {
         if let Ok(mut u) = self.users.write() {
             if let Some(nodes) = u.get_mut(user) {
-                nodes.retain(|n| &**n != node);
+                nodes.retain(|(n, _)| &**n != node);
                 if nodes.is_empty() {
                     u.remove(user);
                 }
@@ -105,7 +138,7 @@ impl PresenceMap {
         }
         let mut live: HashMap<Arc<str>, bool> = HashMap::new();
         for user in users {
-            for node in u.get(user).into_iter().flatten() {
+            for (node, _) in u.get(user).into_iter().flatten() {
                 let ok = *live.entry(node.clone()).or_insert_with(|| alive(node));
                 if ok {
                     out.entry(node.clone()).or_default().push(user.to_owned());
@@ -166,5 +199,20 @@ mod tests {
         let by = p.by_node(["u1", "u3", "u4"].into_iter(), |n| n != "d");
         assert_eq!(by.len(), 1);
         assert_eq!(by[&Arc::<str>::from("b")], vec!["u1".to_owned()]);
+    }
+
+    #[test]
+    fn counts_devices_per_node() {
+        let p = PresenceMap::default();
+        p.put_devices("b", "u1", devices_of(b"2"));
+        p.put_devices("c", "u1", devices_of(b""));
+        assert_eq!(p.devices("u1", |_| true), 3);
+        assert_eq!(p.devices("u1", |n| n != "b"), 1);
+        p.put_devices("b", "u1", 5);
+        assert_eq!(p.devices("u1", |_| true), 6);
+        p.delete("c", "u1");
+        assert_eq!(p.devices("u1", |_| true), 5);
+        assert_eq!(p.devices("u2", |_| true), 0);
+        assert_eq!(devices_of(b"x"), 1);
     }
 }

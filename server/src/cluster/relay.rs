@@ -44,6 +44,15 @@ pub struct Envelope {
     /// With `revoked_user`: unix seconds.
     #[prost(int64, tag = "10")]
     pub revoked_at: i64,
+    /// An ephemeral push (typing): queued only to connections that are not slow.
+    #[prost(bool, tag = "11")]
+    pub ephemeral: bool,
+    /// Set on a presence notice: this user now hides (or shows) their presence.
+    #[prost(string, tag = "12")]
+    pub presence_user: String,
+    /// With `presence_user`: hidden from now on.
+    #[prost(bool, tag = "13")]
+    pub presence_hidden: bool,
 }
 
 #[cfg(test)]

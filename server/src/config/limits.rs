@@ -93,6 +93,23 @@ pub struct Limits {
     pub recall_window_secs: u32,
     /// How long after sending a user may edit their message (0: no limit).
     pub edit_window_secs: u32,
+    /// Most users one connection may watch the presence of (one PresenceSubscribe
+    /// names at most this many; more is a bad frame).
+    pub presence_subscriptions_max: u32,
+    /// PresenceSubscribes per second one connection may sustain (0: unlimited).
+    pub presence_subscribe_rate_per_sec: u32,
+    /// PresenceSubscribes one connection may burst above the sustained rate.
+    pub presence_subscribe_burst: u32,
+    /// SetPresence frames per second one connection may sustain (0: unlimited).
+    pub set_presence_rate_per_sec: u32,
+    /// SetPresence frames one connection may burst above the sustained rate.
+    pub set_presence_burst: u32,
+    /// Typing frames per second one connection may sustain (0: unlimited).
+    pub typing_rate_per_sec: u32,
+    /// Typing frames one connection may burst above the sustained rate.
+    pub typing_burst: u32,
+    /// Groups with more members than this get no typing fan-out (0: none do).
+    pub typing_group_max: u32,
 }
 
 /// File descriptors kept free for the store, log files, the admin listener and NATS
@@ -138,6 +155,14 @@ impl Default for Limits {
             conversation_preview_bytes: 256,
             recall_window_secs: 120,
             edit_window_secs: 0,
+            presence_subscriptions_max: 500,
+            presence_subscribe_rate_per_sec: 1,
+            presence_subscribe_burst: 10,
+            set_presence_rate_per_sec: 1,
+            set_presence_burst: 5,
+            typing_rate_per_sec: 2,
+            typing_burst: 10,
+            typing_group_max: 500,
         }
     }
 }
@@ -243,6 +268,24 @@ impl Limits {
                 "limits.set_flags_burst",
                 l.set_flags_burst,
             ),
+            (
+                "limits.presence_subscribe_rate_per_sec",
+                l.presence_subscribe_rate_per_sec,
+                "limits.presence_subscribe_burst",
+                l.presence_subscribe_burst,
+            ),
+            (
+                "limits.set_presence_rate_per_sec",
+                l.set_presence_rate_per_sec,
+                "limits.set_presence_burst",
+                l.set_presence_burst,
+            ),
+            (
+                "limits.typing_rate_per_sec",
+                l.typing_rate_per_sec,
+                "limits.typing_burst",
+                l.typing_burst,
+            ),
         ] {
             range(key, rate, 0, 1_000_000)?;
             range(burst_key, burst, 1, 1_000_000)?;
@@ -272,6 +315,13 @@ impl Limits {
             0,
             365 * 86_400,
         )?;
+        range(
+            "limits.presence_subscriptions_max",
+            l.presence_subscriptions_max,
+            1,
+            100_000,
+        )?;
+        range("limits.typing_group_max", l.typing_group_max, 0, 10_000_000)?;
         Ok(())
     }
 

@@ -327,6 +327,13 @@ impl Outbound {
         self.queued.load(Relaxed)
     }
 
+    /// Whether the queue is above its low mark (half the soft mark, where a slow
+    /// consumer recovers) or the connection is marked slow: ephemeral frames (typing)
+    /// skip it.
+    pub fn above_low_mark(&self) -> bool {
+        self.slow.load(Relaxed) || self.queued.load(Relaxed) > self.soft / 2
+    }
+
     /// Current state.
     pub fn state(&self) -> ConnState {
         if self.close.borrow().is_some() {

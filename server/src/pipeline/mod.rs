@@ -5,9 +5,11 @@
 //! [`Pipeline::handle`] is called by the gateway's read loop, one frame at a time per
 //! connection; replies and pushes leave through the connection's [`Outbound`].
 
-mod edits;
 pub mod announce;
+mod edits;
+pub mod live;
 pub mod persist;
+pub mod presence;
 pub mod reads;
 pub mod receipts;
 pub mod relation;
@@ -53,6 +55,8 @@ pub struct Session {
     last_seqs: std::sync::Mutex<std::collections::HashMap<String, u64>>,
     /// Its MarkRead, ListConversations and SetConversationFlags rate limits.
     reads: std::sync::Mutex<reads::ReadBuckets>,
+    /// Its PresenceSubscribe, SetPresence and Typing rate limits (`pipeline::live`).
+    live: std::sync::Mutex<live::LiveBuckets>,
 }
 
 /// The per-connection token buckets of the frame kinds other than Send and Ping.
@@ -121,6 +125,7 @@ impl Session {
             }),
             last_seqs: std::sync::Mutex::new(std::collections::HashMap::new()),
             reads: std::sync::Mutex::new(reads::ReadBuckets::new(limits)),
+            live: std::sync::Mutex::new(live::LiveBuckets::new(limits)),
         }
     }
 
@@ -368,6 +373,9 @@ impl Pipeline {
             Body::Recall(r) => self.on_recall(s, req_id, r, started).await,
             Body::Edit(e) => self.on_edit(s, req_id, e, started).await,
             Body::DeleteForMe(d) => self.on_delete_for_me(s, req_id, d).await,
+            Body::PresenceSubscribe(p) => self.on_presence_subscribe(s, req_id, p).await,
+            Body::SetPresence(p) => self.on_set_presence(s, req_id, p).await,
+            Body::Typing(t) => self.on_typing(s, req_id, t).await,
             Body::Login(_) => Err(Refusal::bad("already logged in")),
             Body::Batch(_) => Err(Refusal::bad("nested batch")),
             _ => Err(Refusal::bad("not a client frame")),

@@ -51,6 +51,15 @@ pub enum WriteReq {
     /// A DeleteForMe: committed with the others of its round, then answered `Done` (or
     /// an `Error`) on the origin connection.
     Hide(HideReq),
+    /// A user hides (or shows again) their presence (`SetPresence`).
+    SetPresence {
+        /// The user.
+        user_id: String,
+        /// Hidden from now on.
+        hidden: bool,
+        /// Where the outcome goes.
+        reply: oneshot::Sender<Result<(), StoreError>>,
+    },
 }
 
 /// A MarkRead or SetConversationFlags waiting for its commit (`pipeline::reads`).
@@ -268,6 +277,7 @@ pub async fn run_writer(
     let mut groups = Vec::new();
     let mut flushes = Vec::new();
     let mut hides: Vec<HideReq> = Vec::new();
+    let mut presence_settings = Vec::new();
     let mut fault_since: Option<Instant> = None;
     let mut last_try = Instant::now();
     loop {
@@ -300,6 +310,11 @@ pub async fn run_writer(
             } => groups.push((group_id, req, reply)),
             WriteReq::Flush(reply) => flushes.push(reply),
             WriteReq::Hide(h) => hides.push(h),
+            WriteReq::SetPresence {
+                user_id,
+                hidden,
+                reply,
+            } => presence_settings.push((user_id, hidden, reply)),
         };
         if let Some(first) = first {
             take(first, &mut sends);
@@ -330,6 +345,9 @@ pub async fn run_writer(
                     let _ = reply.send(Err(StoreError::Unavailable(fault.name())));
                 }
                 refuse_hides(&mut hides, &Refusal::store_unavailable(fault.name(), 1000));
+                for (_, _, reply) in presence_settings.drain(..) {
+                    let _ = reply.send(Err(StoreError::Unavailable(fault.name())));
+                }
                 for reply in flushes.drain(..) {
                     let _ = reply.send(());
                 }
@@ -341,6 +359,7 @@ pub async fn run_writer(
                 && groups.is_empty()
                 && states.is_empty()
                 && hides.is_empty()
+                && presence_settings.is_empty()
             {
                 let probe = guard.bounded(store.probe_write()).await;
                 guard.record(probe.as_ref().map(|_| ()), &mut fault_since);
@@ -466,6 +485,13 @@ pub async fn run_writer(
                 }
                 Err(e) => refuse_hides(&mut hides, &Refusal::store(e)),
             }
+        }
+        for (user_id, hidden, reply) in presence_settings.drain(..) {
+            let result = guard
+                .bounded(store.set_presence_hidden(&user_id, hidden))
+                .await;
+            guard.record(result.as_ref().map(|_| ()), &mut fault_since);
+            let _ = reply.send(result);
         }
         for reply in flushes.drain(..) {
             let _ = reply.send(());

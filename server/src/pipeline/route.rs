@@ -15,6 +15,7 @@ use futures_util::future::BoxFuture;
 use im_proto::{frame, Body, ChatMessage, Deliver};
 use tokio::sync::mpsc;
 
+use super::presence::PresenceHub;
 use super::relation::Members;
 use crate::flow::{Outbound, Pushed};
 use crate::obs::{EndToEnd, Metrics, Stage};
@@ -76,6 +77,27 @@ pub trait Peers: Send + Sync {
     /// Publishes a forward plan: one envelope per node. The router awaits each before
     /// the next delivery, so every node receives this node's pushes in commit order.
     fn forward(&self, f: Forward) -> BoxFuture<'_, ()>;
+    /// `user` now has `devices` connections here (0: none). The router calls it under
+    /// its session lock at every change, so the counts go out in order.
+    fn user_devices(&self, user: &str, devices: usize) {
+        match devices {
+            0 => self.user_down(user),
+            _ => self.user_up(user),
+        }
+    }
+    /// Connections `user` has on the other live nodes (presence).
+    fn remote_devices(&self, _user: &str) -> u32 {
+        0
+    }
+    /// Publishes an ephemeral plan (typing): the receiving nodes push it only to
+    /// connections that are not slow, and a lost one is not resynced.
+    fn forward_ephemeral(&self, f: Forward) -> BoxFuture<'_, ()> {
+        self.forward(f)
+    }
+    /// Tells the other nodes that `user` now hides (or shows) their presence.
+    fn presence_hidden(&self, _user: &str, _hidden: bool) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
 }
 
 /// One message's cross-node part: the users to push to, per other node.
@@ -96,6 +118,10 @@ pub struct Router {
     hint: Bytes,
     hints: metrics::Counter,
     link: Option<Arc<dyn Peers>>,
+    /// Presence subscriptions (`pipeline::presence`).
+    presence: PresenceHub,
+    /// Typing pushes skipped for slow connections.
+    typing_skipped_slow: metrics::Counter,
 }
 
 impl Router {
@@ -116,6 +142,12 @@ impl Router {
             hint,
             hints: metrics::counter!("im_sync_hints_total"),
             link,
+            presence: PresenceHub::new(),
+            typing_skipped_slow: {
+                let c = metrics::counter!("im_typing_skipped_slow_total");
+                c.absolute(0);
+                c
+            },
         }
     }
 
@@ -157,8 +189,8 @@ impl Router {
         let (Some(link), Ok(sessions)) = (&self.link, self.sessions.read()) else {
             return 0;
         };
-        for user in sessions.keys() {
-            link.user_up(user);
+        for (user, outs) in sessions.iter() {
+            link.user_devices(user, outs.len());
         }
         sessions.len()
     }
@@ -171,37 +203,45 @@ impl Router {
     /// Registers a logged-in connection for `user` unless it holds `max` already (0:
     /// no cap); false when refused.
     pub fn try_register(&self, user: &str, out: Arc<Outbound>, max: usize) -> bool {
-        let first = match self.sessions.write() {
+        match self.sessions.write() {
             Ok(mut s) => {
                 let list = s.entry(user.to_owned()).or_default();
                 if max > 0 && list.len() >= max {
                     return false;
                 }
                 list.push(out);
-                list.len() == 1
+                if let Some(link) = &self.link {
+                    link.user_devices(user, list.len());
+                }
             }
-            Err(_) => false,
-        };
-        if let (true, Some(link)) = (first, &self.link) {
-            link.user_up(user);
+            Err(_) => return true,
         }
+        self.presence_changed(user);
         true
     }
 
     /// Removes a connection of `user`.
     pub fn unregister(&self, user: &str, conn_id: u64) {
-        let mut last = false;
+        self.presence.drop_conn(conn_id);
+        let mut changed = false;
         if let Ok(mut s) = self.sessions.write() {
             if let Some(list) = s.get_mut(user) {
+                let before = list.len();
                 list.retain(|o| o.conn_id != conn_id);
-                if list.is_empty() {
+                let n = list.len();
+                if n == 0 {
                     s.remove(user);
-                    last = true;
+                }
+                if n != before {
+                    changed = true;
+                    if let Some(link) = &self.link {
+                        link.user_devices(user, n);
+                    }
                 }
             }
         }
-        if let (true, Some(link)) = (last, &self.link) {
-            link.user_down(user);
+        if changed {
+            self.presence_changed(user);
         }
     }
 
@@ -329,6 +369,87 @@ impl Router {
         if let Some(link) = &self.link {
             link.forward(f).await;
         }
+    }
+
+    /// Connections `user` has on every live node (here and, through presence, the
+    /// others).
+    pub fn devices(&self, user: &str) -> u32 {
+        let here = self.online(user) as u32;
+        here + self.link.as_ref().map_or(0, |l| l.remote_devices(user))
+    }
+
+    /// `user`'s connections here or on another node changed: their presence
+    /// subscribers are told what they now see (`pipeline::presence`).
+    pub fn presence_changed(&self, user: &str) {
+        self.presence.changed(user, |u| self.devices(u));
+    }
+
+    /// Replaces the presence subscriptions of connection `out` with `targets` (user,
+    /// hidden) and pushes their current state; returns how many it watches.
+    pub fn presence_subscribe(&self, out: &Arc<Outbound>, targets: Vec<(String, bool)>) -> usize {
+        self.presence.subscribe(out, targets, |u| self.devices(u))
+    }
+
+    /// `user` hides (or shows) their presence: subscribers here see the change.
+    pub fn presence_hidden(&self, user: &str, hidden: bool) {
+        self.presence.set_hidden(user, hidden, |u| self.devices(u));
+    }
+
+    /// Tells the other nodes that `user` hides (or shows) their presence.
+    pub async fn publish_presence_hidden(&self, user: &str, hidden: bool) {
+        if let Some(link) = &self.link {
+            link.presence_hidden(user, hidden).await;
+        }
+    }
+
+    /// The presence subscriber table.
+    pub fn presence_hub(&self) -> &PresenceHub {
+        &self.presence
+    }
+
+    /// Pushes an ephemeral frame (typing) to every connection here of `users` but
+    /// `origin_conn`, skipping connections above their low mark (counted); then
+    /// publishes it to the other nodes that have any of `users`. Returns how many
+    /// connections here got it.
+    pub async fn deliver_ephemeral(
+        &self,
+        users: &[String],
+        bytes: &Bytes,
+        origin_conn: u64,
+    ) -> u64 {
+        let queued = self.push_ephemeral(users, bytes, origin_conn);
+        if let Some(link) = &self.link {
+            if let Some(f) = link.plan(&mut users.iter().map(String::as_str), bytes, false) {
+                link.forward_ephemeral(f).await;
+            }
+        }
+        queued
+    }
+
+    /// Pushes an ephemeral frame from another node to this node's sessions of `users`
+    /// that are not slow.
+    pub fn deliver_ephemeral_remote(&self, users: &[String], bytes: &Bytes) {
+        self.push_ephemeral(users, bytes, 0);
+    }
+
+    fn push_ephemeral(&self, users: &[String], bytes: &Bytes, origin_conn: u64) -> u64 {
+        let (mut queued, mut skipped) = (0u64, 0u64);
+        if let Ok(sessions) = self.sessions.read() {
+            for out in users.iter().filter_map(|u| sessions.get(u)).flatten() {
+                if out.conn_id == origin_conn {
+                    continue;
+                }
+                if out.above_low_mark() {
+                    skipped += 1;
+                } else if out.push(bytes.clone(), false) == Pushed::Queued {
+                    queued += 1;
+                } else {
+                    skipped += 1;
+                }
+            }
+        }
+        self.typing_skipped_slow.increment(skipped);
+        queued
     }
 
     /// The router task: delivers committed batches in commit order.

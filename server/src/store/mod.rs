@@ -537,6 +537,19 @@ pub trait Store: Send + Sync + 'static {
     /// Records messages as deleted for their users (DeleteForMe), in one transaction;
     /// hiding one twice is a no-op.
     async fn hide_messages(&self, hidden: &[HiddenMessage]) -> Result<(), StoreError>;
+    /// Of `candidates`, those who share a conversation with `user_id`: a one-to-one
+    /// conversation between them exists, or both are members of a group (presence).
+    async fn presence_peers(
+        &self,
+        user_id: &str,
+        candidates: &[&str],
+    ) -> Result<Vec<String>, StoreError>;
+
+    /// Of `users`, those who hide their presence (`SetPresence`).
+    async fn presence_hidden(&self, users: &[&str]) -> Result<Vec<String>, StoreError>;
+
+    /// Records whether `user_id` hides their presence (the persistence writer only).
+    async fn set_presence_hidden(&self, user_id: &str, hidden: bool) -> Result<(), StoreError>;
 }
 
 /// How long the store may take before it counts as not answering.

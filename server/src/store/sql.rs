@@ -796,6 +796,96 @@ macro_rules! sql_store_impl {
                 }
                 out
             }
+
+            async fn presence_peers(
+                &self,
+                user_id: &str,
+                candidates: &[&str],
+            ) -> Result<Vec<String>, $crate::store::StoreError> {
+                let mut out = Vec::new();
+                for chunk in candidates.chunks($crate::store::sql::CHUNK) {
+                    // One-to-one conversations that exist between them.
+                    let direct: Vec<(String, &str)> = chunk
+                        .iter()
+                        .map(|u| (im_proto::direct_conversation(user_id, u), *u))
+                        .collect();
+                    let mut qb = sqlx::QueryBuilder::<$db>::new(
+                        "SELECT conversation_id FROM user_conversations WHERE user_id = ",
+                    );
+                    qb.push_bind(user_id);
+                    qb.push(" AND conversation_id IN (");
+                    let mut list = qb.separated(", ");
+                    for (c, _) in &direct {
+                        list.push_bind(c.as_str());
+                    }
+                    qb.push(")");
+                    let rows: Vec<(String,)> = qb.build_query_as().fetch_all(&self.read).await?;
+                    for (c,) in rows {
+                        if let Some((_, u)) = direct.iter().find(|(d, _)| *d == c) {
+                            out.push((*u).to_owned());
+                        }
+                    }
+                    // A group both are members of.
+                    let mut qb = sqlx::QueryBuilder::<$db>::new(
+                        "SELECT DISTINCT b.user_id FROM group_members a \
+                         JOIN group_members b ON b.group_id = a.group_id WHERE a.user_id = ",
+                    );
+                    qb.push_bind(user_id);
+                    qb.push(" AND b.user_id IN (");
+                    let mut list = qb.separated(", ");
+                    for u in chunk {
+                        list.push_bind(*u);
+                    }
+                    qb.push(")");
+                    let rows: Vec<(String,)> = qb.build_query_as().fetch_all(&self.read).await?;
+                    out.extend(rows.into_iter().map(|(u,)| u));
+                }
+                out.sort_unstable();
+                out.dedup();
+                Ok(out)
+            }
+
+            async fn presence_hidden(
+                &self,
+                users: &[&str],
+            ) -> Result<Vec<String>, $crate::store::StoreError> {
+                let mut out = Vec::new();
+                for chunk in users.chunks($crate::store::sql::CHUNK) {
+                    let mut qb = sqlx::QueryBuilder::<$db>::new(
+                        "SELECT user_id FROM presence_settings WHERE hidden <> 0 AND user_id IN (",
+                    );
+                    let mut list = qb.separated(", ");
+                    for u in chunk {
+                        list.push_bind(*u);
+                    }
+                    qb.push(")");
+                    let rows: Vec<(String,)> = qb.build_query_as().fetch_all(&self.read).await?;
+                    out.extend(rows.into_iter().map(|(u,)| u));
+                }
+                Ok(out)
+            }
+
+            async fn set_presence_hidden(
+                &self,
+                user_id: &str,
+                hidden: bool,
+            ) -> Result<(), $crate::store::StoreError> {
+                let mut conn = self.writer().await?;
+                let out: Result<(), $crate::store::StoreError> = sqlx::query(
+                    "INSERT INTO presence_settings (user_id, hidden) VALUES ($1, $2) \
+                     ON CONFLICT (user_id) DO UPDATE SET hidden = excluded.hidden",
+                )
+                .bind(user_id)
+                .bind(i32::from(hidden))
+                .execute(&mut *conn)
+                .await
+                .map(|_| ())
+                .map_err(Into::into);
+                if out.is_err() {
+                    self.discard_writer(conn).await;
+                }
+                out
+            }
         }
 
         /// The write transactions, each on the connection `writer()` checked; the
