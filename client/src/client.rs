@@ -12,8 +12,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use im_proto::{
     group_op, send, Body, ChatMessage, ConversationList, ErrorCode, GroupOp, GroupOpOk,
-    ListConversations, MarkRead, MessageType, Ping, Pong, Presence, PresenceSubscribe,
-    ReadReceipt, SendAck, SetConversationFlags, SetPresence, Typing,
+    ListConversations, MarkRead, MessageType, Ping, Pong, Presence, PresenceSubscribe, ReadReceipt,
+    SendAck, SetConversationFlags, SetPresence, Typing,
 };
 use tokio::sync::{mpsc, oneshot, Mutex};
 use tokio::task::JoinHandle;

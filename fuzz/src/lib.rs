@@ -373,7 +373,9 @@ impl FFrame {
                 let one = |i: u64| -> Body {
                     match kind % 9 {
                         0 => Body::Send(Send {
-                            target: Some(send::Target::ToUser(USERS[i as usize % USERS.len()].into())),
+                            target: Some(send::Target::ToUser(
+                                USERS[i as usize % USERS.len()].into(),
+                            )),
                             r#type: 0,
                             payload: Bytes::from_static(b"flood"),
                             client_msg_id: format!("f{}-{i}", self.req_id),
@@ -386,7 +388,9 @@ impl FFrame {
                             cursors: vec![],
                             limit: 5,
                         }),
-                        3 => Body::Ping(Ping { client_time: i as i64 }),
+                        3 => Body::Ping(Ping {
+                            client_time: i as i64,
+                        }),
                         5 => Body::MarkRead(MarkRead {
                             conversation_id: conv.get(),
                             seq: i,
@@ -640,12 +644,36 @@ fn count_pings(f: &Frame, max_batch: usize) -> usize {
 }
 
 /// The RATE_LIMITED message of each frame kind and the close reason of its flood.
-const FLOODS: [(&str, &str); 5] = [
+const FLOODS: [(&str, &str); 15] = [
     ("pinging too fast", "ping flood"),
     ("sending too fast", "send flood"),
+    ("recalling too fast", "send flood"),
+    ("editing too fast", "send flood"),
+    ("deleting too fast", "send flood"),
     ("acking too fast", "deliver_ack flood"),
     ("syncing too fast", "sync flood"),
+    ("fetching history too fast", "sync flood"),
     ("changing groups too fast", "group_op flood"),
+    ("marking read too fast", "mark_read flood"),
+    ("listing conversations too fast", "conversations flood"),
+    ("setting conversation flags too fast", "conversations flood"),
+    ("subscribing to presence too fast", "presence flood"),
+    ("setting presence too fast", "presence flood"),
+    ("typing notices too fast", "typing flood"),
+];
+
+/// The close reasons of [`FLOODS`], each once: refusals are counted per reason (the
+/// server counts per frame kind, and several refusal texts share one).
+const FLOOD_REASONS: [&str; 9] = [
+    "ping flood",
+    "send flood",
+    "deliver_ack flood",
+    "sync flood",
+    "group_op flood",
+    "mark_read flood",
+    "conversations flood",
+    "presence flood",
+    "typing flood",
 ];
 
 /// What the harness knows about an input before the machine sees it.
@@ -677,8 +705,8 @@ struct Model {
     ping_rate: u32,
     started: Instant,
     bad_frames: u32,
-    /// RATE_LIMITED refusals by frame kind, in the order of [`FLOODS`].
-    limited: [u32; FLOODS.len()],
+    /// RATE_LIMITED refusals by frame kind, in the order of [`FLOOD_REASONS`].
+    limited: [u32; FLOOD_REASONS.len()],
     pings: usize,
     pongs: usize,
 }
@@ -694,7 +722,7 @@ impl Model {
             ping_rate: gw.limits.ping_rate_per_sec,
             started: Instant::now(),
             bad_frames: 0,
-            limited: [0; FLOODS.len()],
+            limited: [0; FLOOD_REASONS.len()],
             pings: 0,
             pongs: 0,
         }
@@ -713,7 +741,10 @@ impl Model {
                     }
                     if e.code == ErrorCode::RateLimited as i32 {
                         assert!(e.retry_after_ms > 0, "RATE_LIMITED without a retry hint");
-                        let kind = FLOODS.iter().position(|(m, _)| *m == e.message);
+                        let kind = FLOODS
+                            .iter()
+                            .find(|(m, _)| *m == e.message)
+                            .and_then(|(_, r)| FLOOD_REASONS.iter().position(|x| x == r));
                         match kind {
                             Some(k) => self.limited[k] += 1,
                             // The session cap (a refused login) is the one other.
@@ -739,7 +770,13 @@ impl Model {
                     | Body::SendAck(_)
                     | Body::Deliver(_)
                     | Body::SyncResp(_)
-                    | Body::GroupOpOk(_),
+                    | Body::GroupOpOk(_)
+                    | Body::Done(_)
+                    | Body::ConversationList(_)
+                    | Body::HistoryPage(_)
+                    | Body::ReadReceipt(_)
+                    | Body::Presence(_)
+                    | Body::Typing(_),
                 ) => assert!(logged_in, "a reply before login: {frame:?}"),
                 other => panic!("the server sent a client-only frame: {other:?}"),
             }
@@ -864,7 +901,7 @@ impl Model {
         // Floods, every frame kind counted apart: the refusal past max_rate_limited
         // closes, exactly.
         let reason = close.as_ref().map(|r| r.reason);
-        for (k, (_, flood)) in FLOODS.iter().enumerate() {
+        for (k, flood) in FLOOD_REASONS.iter().enumerate() {
             assert_eq!(
                 reason == Some(*flood),
                 self.limited[k] > self.max_rate_limited,

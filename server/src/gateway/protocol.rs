@@ -55,24 +55,37 @@ enum Flood {
     DeliverAck,
     Sync,
     GroupOp,
+    MarkRead,
+    Conversations,
+    Presence,
+    Typing,
 }
 
 impl Flood {
     /// Every kind, in the order of [`Protocol`]'s refusal windows.
-    const ALL: [Flood; 5] = [
+    const ALL: [Flood; 9] = [
         Flood::Ping,
         Flood::Send,
         Flood::DeliverAck,
         Flood::Sync,
         Flood::GroupOp,
+        Flood::MarkRead,
+        Flood::Conversations,
+        Flood::Presence,
+        Flood::Typing,
     ];
 
     fn of(what: Handled) -> Flood {
         match what {
             Handled::Ping => Flood::Ping,
             Handled::DeliverAck { .. } => Flood::DeliverAck,
-            Handled::Sync { .. } => Flood::Sync,
+            // FetchHistory takes the sync bucket; Recall, Edit and DeleteForMe the Send one.
+            Handled::Sync { .. } | Handled::History => Flood::Sync,
             Handled::GroupOp => Flood::GroupOp,
+            Handled::MarkRead => Flood::MarkRead,
+            Handled::Conversations => Flood::Conversations,
+            Handled::Presence => Flood::Presence,
+            Handled::Typing => Flood::Typing,
             Handled::Send { .. } | Handled::Other => Flood::Send,
         }
     }
@@ -89,6 +102,10 @@ impl Flood {
             Flood::DeliverAck => "deliver_ack flood",
             Flood::Sync => "sync flood",
             Flood::GroupOp => "group_op flood",
+            Flood::MarkRead => "mark_read flood",
+            Flood::Conversations => "conversations flood",
+            Flood::Presence => "presence flood",
+            Flood::Typing => "typing flood",
         };
         CloseReason::new(CloseReason::POLICY, reason)
     }
@@ -511,6 +528,11 @@ enum Handled {
     Sync { cursors: usize, limit: u32 },
     Ping,
     GroupOp,
+    MarkRead,
+    Conversations,
+    History,
+    Presence,
+    Typing,
     Other,
 }
 
@@ -528,6 +550,13 @@ impl Handled {
             },
             Some(Body::Ping(_)) => Handled::Ping,
             Some(Body::GroupOp(_)) => Handled::GroupOp,
+            Some(Body::MarkRead(_)) => Handled::MarkRead,
+            Some(Body::ListConversations(_) | Body::SetConversationFlags(_)) => {
+                Handled::Conversations
+            }
+            Some(Body::FetchHistory(_)) => Handled::History,
+            Some(Body::PresenceSubscribe(_) | Body::SetPresence(_)) => Handled::Presence,
+            Some(Body::Typing(_)) => Handled::Typing,
             _ => Handled::Other,
         }
     }
@@ -542,7 +571,14 @@ impl Handled {
             Handled::Sync { cursors, limit } => {
                 tracing::debug!(req_id, cursors, limit, "sync served")
             }
-            Handled::Ping | Handled::GroupOp | Handled::Other => {}
+            Handled::Ping
+            | Handled::GroupOp
+            | Handled::MarkRead
+            | Handled::Conversations
+            | Handled::History
+            | Handled::Presence
+            | Handled::Typing
+            | Handled::Other => {}
         }
     }
 }

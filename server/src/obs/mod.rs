@@ -146,7 +146,17 @@ pub const REFUSED_REASONS: [&str; 3] = ["node_full", "per_ip", "draining"];
 
 /// The `frame` labels of `im_flood_disconnects_total`, in the order of the gateway's
 /// flood kinds (ping, send, deliver_ack, sync, group_op).
-pub const FLOOD_FRAMES: [&str; 5] = ["ping", "send", "deliver_ack", "sync", "group_op"];
+pub const FLOOD_FRAMES: [&str; 9] = [
+    "ping",
+    "send",
+    "deliver_ack",
+    "sync",
+    "group_op",
+    "mark_read",
+    "conversations",
+    "presence",
+    "typing",
+];
 
 /// The `reason` labels of `im_http_rejected_total`: why `listen` closed a socket in the
 /// HTTP layer.

@@ -25,8 +25,8 @@ use crate::config::Persist;
 use crate::flow::Outbound;
 use crate::obs::{Metrics, Stage};
 use crate::store::{
-    health, CursorUpdate, Fault, FlagsUpdate, GroupRequest, GroupState, HiddenMessage,
-    NewMessage, ReadUpdate, Store, StoreError, StoreHealth,
+    health, CursorUpdate, Fault, FlagsUpdate, GroupRequest, GroupState, HiddenMessage, NewMessage,
+    ReadUpdate, Store, StoreError, StoreHealth,
 };
 
 /// One request to the writer.
