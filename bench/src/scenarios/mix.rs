@@ -16,7 +16,8 @@
 //! Beside the messages, the users act as a chat app does (`--read-share`,
 //! `--typing-share`, `--list-rate`): a receiver marks the conversation read after a share
 //! of the messages it gets (an app on screen does, one in the background does not; the
-//! default 0.6), a share of the sends is preceded by a typing signal (default 0.3), and
+//! default 0.6), a share of the sends is preceded by a typing signal (default 0.3; at
+//! most one a second per connection, as apps throttle them), and
 //! users open their conversation list (default one call per 20 messages, at random
 //! users). Read receipts and typing signals pushed back are counted; a refused MarkRead,
 //! Typing or ListConversations fails the run.
@@ -732,7 +733,8 @@ async fn user(
                     continue;
                 }
                 let peer = ctx.user(to as usize);
-                if typing {
+                // Apps throttle typing signals: at most one a second per connection.
+                if typing && actions.typing_due(Instant::now()) {
                     let f = actions.frame(Body::Typing(Typing {
                         conversation_id: im_proto::direct_conversation(&me, &peer),
                         typing: true,
@@ -791,9 +793,22 @@ async fn user(
 struct Actions {
     next: u64,
     timed: Vec<(u64, Instant)>,
+    last_typing: Option<Instant>,
 }
 
 impl Actions {
+    /// Whether a typing signal may go now (one a second), recording it.
+    fn typing_due(&mut self, now: Instant) -> bool {
+        if self
+            .last_typing
+            .is_some_and(|t| now.saturating_duration_since(t) < Duration::from_secs(1))
+        {
+            return false;
+        }
+        self.last_typing = Some(now);
+        true
+    }
+
     /// The encoded frame of a new action; `timed` records when it was sent.
     fn frame(&mut self, body: Body, timed: Option<Instant>) -> Vec<u8> {
         self.next += 1;
