@@ -334,6 +334,34 @@ pub const BAD_FRAME_REASONS: &[&str] = &[
 pub const STORE_FAULTS: &[&str] = &["disk_full", "io_error", "read_only", "store_down"];
 
 fn describe() {
+    describe_counter!(
+        "im_receipts_sent_total",
+        "ReadReceipt pushes sent (per member, or one counted receipt for a large group)."
+    );
+    describe_counter!(
+        "im_receipts_dropped_total",
+        "Committed reads whose receipt was dropped because the receipt queue was full."
+    );
+    describe_counter!(
+        "im_presence_pushes_total",
+        "Presence pushes queued to subscribed connections."
+    );
+    describe_gauge!(
+        "im_presence_subscriptions",
+        "Presence subscriptions held by connections on this node."
+    );
+    describe_counter!(
+        "im_typing_skipped_slow_total",
+        "Typing signals not queued to a connection above its low mark (a slow consumer)."
+    );
+    describe_counter!(
+        "im_admin_messages_total",
+        "Messages sent through POST /admin/v1/messages, by kind and target."
+    );
+    describe_counter!(
+        "im_admin_message_refusals_total",
+        "POST /admin/v1/messages requests refused, by HTTP status."
+    );
     describe_gauge!(
         "im_store_writable",
         "1 while the store takes commits; 0 while a store fault holds and Sends are refused."
