@@ -16,12 +16,14 @@
 //! (allocation-light frame encoding for the hot path, malformed frames), [`stats`]
 //! (sharded histograms, counters, summaries), [`check`] (the exactly-once, in-order
 //! delivery checker), [`report`] (text report pieces and the progress line),
-//! [`config`] (TOML scenario files), [`util`] (flag parsers and formatting).
+//! [`config`] (TOML scenario files), [`util`] (flag parsers and formatting), [`peer`]
+//! (the same loads against Mosquitto and nats-server over WebSocket, for comparison).
 
 pub mod admin;
 pub mod check;
 pub mod config;
 pub mod outbox;
+pub mod peer;
 pub mod report;
 pub mod scenarios;
 pub mod spawn;

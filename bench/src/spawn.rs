@@ -153,6 +153,11 @@ impl SpawnedServer {
         self.log.lock().map(|l| l.clone()).unwrap_or_default()
     }
 
+    /// The child's process id (`None` once it has been reaped).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     /// Whether the child is still running.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))

@@ -219,6 +219,11 @@ impl Target {
         Ok(slots.into_iter().flatten().collect())
     }
 
+    /// The spawned server's process id (`None` with `--url`).
+    pub fn server_pid(&self) -> Option<u32> {
+        self.server.as_ref().and_then(SpawnedServer::pid)
+    }
+
     /// Whether a spawned server is still running (always true with `--url`).
     pub fn server_alive(&mut self) -> bool {
         self.server.as_mut().is_none_or(SpawnedServer::is_running)

@@ -239,7 +239,11 @@ const GROUP_OP_BYTES: usize = 32 * 1024;
 /// Creates group `id` with `members` from the sender's connection (its owner): `CREATE`
 /// with the first members, then `ADD`s with the rest, each frame well under the frame
 /// limit. Returns the group's version (the seq of its last membership event).
-async fn create_group(conn: &mut RawConn, id: &str, members: Vec<String>) -> anyhow::Result<u64> {
+pub(crate) async fn create_group(
+    conn: &mut RawConn,
+    id: &str,
+    members: Vec<String>,
+) -> anyhow::Result<u64> {
     let want = members.len();
     let mut chunks: Vec<Vec<String>> = vec![Vec::new()];
     let mut bytes = 0;

@@ -16,7 +16,7 @@
 //! Beside the messages, the users act as a chat app does (`--read-share`,
 //! `--typing-share`, `--list-rate`): a receiver marks the conversation read after a share
 //! of the messages it gets (an app on screen does, one in the background does not; the
-//! default 0.6), a share of the sends is preceded by a typing signal (default 0.3; at
+//! default 0.6; at most one MarkRead per 100 ms per connection, as apps coalesce them), a share of the sends is preceded by a typing signal (default 0.3; at
 //! most one a second per connection, as apps throttle them), and
 //! users open their conversation list (default one call per 20 messages, at random
 //! users). Read receipts and typing signals pushed back are counted; a refused MarkRead,
@@ -61,6 +61,9 @@ const SHARDS: usize = 16;
 const JOB_QUEUE: usize = 256;
 /// How often a user connection checks ack timeouts and heartbeats.
 const HOUSEKEEPING: Duration = Duration::from_millis(250);
+/// Shortest interval between two MarkReads of one connection: an app marks what is on
+/// screen read as messages arrive, coalesced (well under `limits.mark_read_rate_per_sec`).
+const READ_EVERY: Duration = Duration::from_millis(100);
 /// req_ids of the app actions (MarkRead, Typing, ListConversations) start here, far
 /// above the outbox's message numbers.
 const ACTION_REQ: u64 = 1 << 60;
@@ -666,7 +669,9 @@ async fn user(
                                 ctx.stats[class].deliver.record(idx, now_us.saturating_sub(sent_us));
                             }
                         }
-                        if let Some((conversation_id, seq)) = read {
+                        if let Some((conversation_id, seq)) =
+                            read.filter(|_| actions.read_due(now))
+                        {
                             let f = actions.frame(Body::MarkRead(MarkRead {
                                 conversation_id: conversation_id.to_owned(),
                                 seq,
@@ -794,6 +799,7 @@ struct Actions {
     next: u64,
     timed: Vec<(u64, Instant)>,
     last_typing: Option<Instant>,
+    last_read: Option<Instant>,
 }
 
 impl Actions {
@@ -806,6 +812,19 @@ impl Actions {
             return false;
         }
         self.last_typing = Some(now);
+        true
+    }
+
+    /// Whether a MarkRead may go now (apps coalesce them: at most one per
+    /// [`READ_EVERY`] per connection, naming the latest message read), recording it.
+    fn read_due(&mut self, now: Instant) -> bool {
+        if self
+            .last_read
+            .is_some_and(|t| now.saturating_duration_since(t) < READ_EVERY)
+        {
+            return false;
+        }
+        self.last_read = Some(now);
         true
     }
 

@@ -160,6 +160,11 @@ pub enum Scenario {
     /// --max-p99-ratio times the baseline.
     #[command(args_override_self = true)]
     Abuse(abuse::AbuseArgs),
+    /// The same idle, broadcast and pairs loads against im-server, an MQTT broker
+    /// (`--protocol mqtt-ws`) or nats-server (`--protocol nats-ws`), with the server's
+    /// CPU and RSS from /proc (`--server-pid`), for side-by-side comparisons.
+    #[command(subcommand)]
+    Peer(crate::peer::PeerScenario),
 }
 
 /// Where the server under test is.
@@ -218,6 +223,7 @@ pub async fn run(scenario: Scenario) -> anyhow::Result<Outcome> {
         Scenario::Roundtrip(args) => roundtrip::run(args).await,
         Scenario::Chaos(args) => chaos::run(args).await,
         Scenario::Abuse(args) => abuse::run(args).await,
+        Scenario::Peer(scenario) => crate::peer::run(crate::peer::PeerArgs { scenario }).await,
     }
 }
 
