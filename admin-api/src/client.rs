@@ -11,14 +11,17 @@ use serde::Serialize;
 
 use crate::routes::{self, segments};
 use crate::{
-    Connection, ConnectionList, ErrorBody, GlobalLevel, Kicked, LogFilter, LogFilterRemoved,
-    LogFilters, Logs, Memory, Overview, PostMessage, PostedMessages, ProfileBundle, Revoked,
-    SetLogFilter, SetLogLevel, SlowConsumers, IDEMPOTENCY_KEY, NO_SUCH_ROUTE,
+    Connection, ConnectionList, ErrorBody, GlobalLevel, HeapProfileBundle, Kicked, LogFilter,
+    LogFilterRemoved, LogFilters, LogTailLine, Logs, Memory, Overview, PostMessage, PostedMessages,
+    ProfileBundle, Revoked, SetLogFilter, SetLogLevel, SlowConsumers, IDEMPOTENCY_KEY,
+    NO_SUCH_ROUTE,
 };
 
 /// Largest response body read from a node (a profile bundle with its SVG is the biggest).
 pub const MAX_BODY_BYTES: usize = 64 << 20;
-/// Extra time a CPU capture may take past its `seconds` before the request gives up.
+/// Longest line of a log tail read from a node.
+pub const MAX_TAIL_LINE_BYTES: usize = 1 << 20;
+/// Extra time a CPU or heap capture may take past its `seconds` before the request gives up.
 pub const PROFILE_SLACK: Duration = Duration::from_secs(30);
 
 /// Why a request to a node failed.
@@ -239,6 +242,47 @@ impl AdminClient {
         self.get(routes::LOGS, &[], &[]).await
     }
 
+    /// `GET /admin/v1/logs/tail?uid=&level=&backlog=`: opens the live tail of a user who
+    /// has a log filter. The answer's head must come within the timeout; the stream then
+    /// lasts until the node ends it or the [`LogTail`] is dropped.
+    pub async fn log_tail(
+        &self,
+        uid: &str,
+        level: Option<&str>,
+        backlog: u32,
+    ) -> Result<LogTail, ApiError> {
+        let backlog = backlog.to_string();
+        let mut query = vec![("uid", uid), ("backlog", backlog.as_str())];
+        if let Some(l) = level {
+            query.push(("level", l));
+        }
+        let url = self.url(&segments(routes::LOGS_TAIL, &[]), &query)?;
+        let path = url.path().to_owned();
+        let mut req = self.http.get(url);
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let timeout = self.timeout;
+        let resp = tokio::time::timeout(timeout, req.send())
+            .await
+            .map_err(|_| ApiError::Timeout(timeout))?
+            .map_err(|e| transport(e, timeout))?;
+        let status = resp.status();
+        if !status.is_success() {
+            let body = tokio::time::timeout(timeout, resp.bytes())
+                .await
+                .map_err(|_| ApiError::Timeout(timeout))?
+                .map_err(|e| transport(e, timeout))?;
+            let body = &body[..body.len().min(MAX_TAIL_LINE_BYTES)];
+            return Err(status_error(status, body, &path));
+        }
+        Ok(LogTail {
+            resp,
+            buf: Vec::new(),
+            path,
+        })
+    }
+
     /// `GET /admin/v1/profile/cpu?seconds=&frequency=&format=bundle`: blocks for the
     /// capture; 409 means another capture is running on the node.
     pub async fn profile(&self, seconds: u64, frequency: u64) -> Result<ProfileBundle, ApiError> {
@@ -249,6 +293,22 @@ impl AdminClient {
             Method::GET,
             &path,
             &[("seconds", &s), ("frequency", &f), ("format", "bundle")],
+            None::<()>,
+            timeout,
+        )
+        .await
+    }
+
+    /// `GET /admin/v1/profile/heap?seconds=&format=bundle`: blocks for the sampling window;
+    /// 409 means another heap capture is running on the node, 503 that it has no profiler.
+    pub async fn heap_profile(&self, seconds: u64) -> Result<HeapProfileBundle, ApiError> {
+        let s = seconds.to_string();
+        let timeout = self.timeout + Duration::from_secs(seconds) + PROFILE_SLACK;
+        let path = segments(routes::PROFILE_HEAP, &[]);
+        self.call(
+            Method::GET,
+            &path,
+            &[("seconds", &s), ("format", "bundle")],
             None::<()>,
             timeout,
         )
@@ -313,17 +373,7 @@ impl AdminClient {
         body: Option<B>,
         timeout: Duration,
     ) -> Result<T, ApiError> {
-        let mut url = self.base.clone();
-        {
-            let mut path = url.path_segments_mut().map_err(|()| ApiError::BadUrl {
-                url: self.base.to_string(),
-                reason: "cannot be a base".into(),
-            })?;
-            path.pop_if_empty().extend(segments);
-        }
-        if !query.is_empty() {
-            url.query_pairs_mut().extend_pairs(query);
-        }
+        let url = self.url(segments, query)?;
         let path = url.path().to_owned();
         let mut req = self.http.request(method, url).timeout(timeout);
         if let Some(t) = &self.token {
@@ -361,6 +411,64 @@ impl AdminClient {
             path,
             reason: e.to_string(),
         })
+    }
+}
+
+impl AdminClient {
+    /// The URL of path `segments` (each percent-encoded) with the `query` pairs.
+    fn url(&self, segments: &[&str], query: &[(&str, &str)]) -> Result<Url, ApiError> {
+        let mut url = self.base.clone();
+        {
+            let mut path = url.path_segments_mut().map_err(|()| ApiError::BadUrl {
+                url: self.base.to_string(),
+                reason: "cannot be a base".into(),
+            })?;
+            path.pop_if_empty().extend(segments);
+        }
+        if !query.is_empty() {
+            url.query_pairs_mut().extend_pairs(query);
+        }
+        Ok(url)
+    }
+}
+
+/// An open log tail ([`AdminClient::log_tail`]): its lines as they come.
+pub struct LogTail {
+    resp: reqwest::Response,
+    buf: Vec<u8>,
+    path: String,
+}
+
+impl LogTail {
+    /// The next line (keep-alive blank lines skipped); `Ok(None)` once the node has
+    /// ended the stream. A line longer than [`MAX_TAIL_LINE_BYTES`] is an error.
+    pub async fn next_line(&mut self) -> Result<Option<LogTailLine>, ApiError> {
+        loop {
+            if let Some(i) = self.buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=i).collect();
+                let line = line.trim_ascii();
+                if line.is_empty() {
+                    continue;
+                }
+                let de = &mut serde_json::Deserializer::from_slice(line);
+                return serde_path_to_error::deserialize(de).map(Some).map_err(|e| {
+                    ApiError::Decode {
+                        path: self.path.clone(),
+                        reason: e.to_string(),
+                    }
+                });
+            }
+            if self.buf.len() > MAX_TAIL_LINE_BYTES {
+                return Err(ApiError::TooLarge {
+                    limit: MAX_TAIL_LINE_BYTES,
+                });
+            }
+            match self.resp.chunk().await {
+                Ok(Some(c)) => self.buf.extend_from_slice(&c),
+                Ok(None) => return Ok(None),
+                Err(e) => return Err(transport(e, Duration::ZERO)),
+            }
+        }
     }
 }
 

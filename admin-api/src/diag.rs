@@ -1,5 +1,8 @@
 //! The diagnosis routes: per-uid log filters and the global log level (the two routes
-//! with a JSON request body), the log files, and CPU profile bundles.
+//! with a JSON request body), the log files, the live tail of a filtered user's events,
+//! and CPU and heap profile bundles.
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -122,6 +125,39 @@ pub struct Logs {
     pub dropped_lines_total: u64,
 }
 
+/// One line of `GET /admin/v1/logs/tail` (NDJSON, one JSON object a line; blank lines
+/// are keep-alives). Either an event of the tailed user, or a `{"dropped": N}` line: N
+/// events were lost at this point because the reader fell behind (the other fields
+/// absent).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LogTailLine {
+    /// Events lost at this point of the stream; `None` on an event line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dropped: Option<u64>,
+    /// The event's position in the node's tail ring (rises by one per kept event of any
+    /// user; a jump is other users' events or dropped ones).
+    pub seq: u64,
+    /// When it was emitted, Unix milliseconds.
+    pub ts_ms: i64,
+    /// `error`, `warn`, `info`, `debug` or `trace`.
+    #[serde(deserialize_with = "crate::lenient_string")]
+    pub level: String,
+    /// The emitting module (e.g. `im_server::pipeline::persist`).
+    #[serde(deserialize_with = "crate::lenient_string")]
+    pub target: String,
+    /// The user the event belongs to.
+    #[serde(deserialize_with = "crate::lenient_string")]
+    pub uid: String,
+    /// The message.
+    #[serde(deserialize_with = "crate::lenient_string")]
+    pub message: String,
+    /// The event's other fields, by name (numbers and bools as such, the rest text).
+    pub fields: BTreeMap<String, serde_json::Value>,
+    /// True for the ring's history sent first, false for live events.
+    pub backlog: bool,
+}
+
 /// One function of a CPU profile's top list.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
@@ -149,5 +185,38 @@ pub struct ProfileBundle {
     /// Flamegraph SVG.
     pub svg: String,
     /// gzipped pprof protobuf, base64.
+    pub pprof_gz_base64: String,
+}
+
+/// One function of a heap profile's top list.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HeapTopFunction {
+    /// Demangled name, without the hash suffix.
+    pub function: String,
+    /// In-use bytes allocated with this function as the allocation site: the innermost
+    /// frame outside the Rust standard library.
+    pub self_bytes: u64,
+    /// In-use bytes allocated with this function anywhere on the stack.
+    pub total_bytes: u64,
+}
+
+/// `GET /admin/v1/profile/heap?format=bundle`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HeapProfileBundle {
+    /// Sampling window in seconds.
+    pub seconds: u64,
+    /// Average bytes between samples (jemalloc's `2^lg_prof_sample`).
+    pub sample_interval_bytes: u64,
+    /// Estimated bytes still in use at the end of the window from allocations made during it.
+    pub inuse_bytes: u64,
+    /// Distinct allocation stacks sampled.
+    pub stacks: u64,
+    /// Functions by self bytes, largest first.
+    pub top: Vec<HeapTopFunction>,
+    /// Flamegraph SVG (widths are in-use bytes).
+    pub svg: String,
+    /// gzipped pprof protobuf (`inuse_space`, bytes), base64.
     pub pprof_gz_base64: String,
 }

@@ -22,8 +22,9 @@ pub mod routes;
 pub mod client;
 
 pub use diag::{
-    GlobalLevel, LogFile, LogFilter, LogFilterRemoved, LogFilters, LogWindow, Logs, ProfileBundle,
-    SetLogFilter, SetLogLevel, TopFunction,
+    GlobalLevel, HeapProfileBundle, HeapTopFunction, LogFile, LogFilter, LogFilterRemoved,
+    LogFilters, LogTailLine, LogWindow, Logs, ProfileBundle, SetLogFilter, SetLogLevel,
+    TopFunction,
 };
 pub use messages::{MessageKind, PostMessage, PostedMessage, PostedMessages, IDEMPOTENCY_KEY};
 pub use nodes::{
@@ -32,7 +33,7 @@ pub use nodes::{
 };
 pub use overview::{
     AllocStats, Capacity, ClusterInfo, ClusterNode, ClusterSummary, NodeReport, Overview,
-    ProcessStats, Refusals, StageLatency,
+    ProcessStats, Refusals, RuntimeStats, StageLatency, TaskStats,
 };
 
 /// The body of every error answer: `{"error": "<message>"}`, with a 4xx or 5xx status.

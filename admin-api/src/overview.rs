@@ -164,6 +164,68 @@ pub struct Overview {
     pub capacity: Capacity,
     /// The cluster as this node sees it (`enabled: false` on a single node).
     pub cluster: ClusterInfo,
+    /// The tokio runtime and the task monitors of the long-lived tasks (`None`: an
+    /// older server, or no runtime to read).
+    pub runtime: Option<RuntimeStats>,
+}
+
+/// `overview.runtime`: tokio's stable runtime metrics and the task monitors of the
+/// node's long-lived tasks (see `runbooks/runtime-saturated.md`). Ratios and means are
+/// over the last sampler interval; `*_total` figures count since start.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RuntimeStats {
+    /// Worker threads of the runtime.
+    pub workers: u64,
+    /// Tasks alive on the runtime (spawned, not yet finished).
+    pub alive_tasks: u64,
+    /// Tasks waiting in the runtime's global (injection) queue.
+    pub global_queue_depth: u64,
+    /// Share of the interval the workers spent polling tasks, over all workers (0..1).
+    pub busy_ratio: f64,
+    /// The same per worker, in worker order.
+    pub worker_busy_ratio: Vec<f64>,
+    /// Seconds the workers spent polling tasks since start, summed over the workers.
+    pub busy_secs_total: f64,
+    /// Whether the task monitors are on (`obs.task_monitors`); `tasks` is empty when off.
+    pub task_monitors: bool,
+    /// A poll at least this long counts as slow, microseconds.
+    pub slow_poll_threshold_us: u64,
+    /// One entry per monitored task kind (`writer`, `router`, `receipts`,
+    /// `cluster_inbound`, `cluster`).
+    pub tasks: Vec<TaskStats>,
+}
+
+/// One monitored task kind of `overview.runtime.tasks`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TaskStats {
+    /// The task label (`im_task_*{task}`).
+    pub task: String,
+    /// Tasks of this kind instrumented since start.
+    pub instrumented: u64,
+    /// Tasks of this kind running now (instrumented and not dropped).
+    pub alive: u64,
+    /// Polls since start.
+    pub polls_total: u64,
+    /// Seconds spent in polls since start.
+    pub poll_secs_total: f64,
+    /// Slow polls since start.
+    pub slow_polls_total: u64,
+    /// Seconds spent in slow polls since start.
+    pub slow_poll_secs_total: f64,
+    /// Times the task was woken and then waited for a worker, since start.
+    pub scheduled_total: u64,
+    /// Seconds between the wakes and the polls that followed, since start.
+    pub scheduled_delay_secs_total: f64,
+    /// Polls in the last interval.
+    pub polls: u64,
+    /// Mean poll duration in the last interval, microseconds (0: not polled).
+    pub mean_poll_us: f64,
+    /// Slow polls in the last interval.
+    pub slow_polls: u64,
+    /// Mean scheduled delay (wake to poll) in the last interval, microseconds.
+    pub mean_scheduled_delay_us: f64,
 }
 
 /// `overview.cluster`: every node of the registry and a summary. On a single node only

@@ -23,6 +23,8 @@ pub const GROUP: &str = "/admin/v1/groups/{group_id}";
 pub const REVOKE: &str = "/admin/v1/users/{uid}/revoke";
 /// `GET ?seconds=&frequency=&format=`: an SVG, a pprof file or a [`crate::ProfileBundle`].
 pub const PROFILE_CPU: &str = "/admin/v1/profile/cpu";
+/// `GET ?seconds=&format=`: an SVG, a pprof file or a [`crate::HeapProfileBundle`].
+pub const PROFILE_HEAP: &str = "/admin/v1/profile/heap";
 /// `GET`: [`crate::LogFilters`].
 pub const LOG_FILTERS: &str = "/admin/v1/log-filters";
 /// `PUT` [`crate::SetLogFilter`]: [`crate::LogFilter`]; `DELETE`: [`crate::LogFilterRemoved`].
@@ -31,6 +33,9 @@ pub const LOG_FILTER: &str = "/admin/v1/log-filters/{uid}";
 pub const LOG_LEVEL: &str = "/admin/v1/log-level";
 /// `GET`: [`crate::Logs`].
 pub const LOGS: &str = "/admin/v1/logs";
+/// `GET ?uid=&level=&backlog=`: a stream of [`crate::LogTailLine`] (chunked NDJSON) until
+/// the client goes away.
+pub const LOGS_TAIL: &str = "/admin/v1/logs/tail";
 /// `POST` [`crate::PostMessage`] (header `Idempotency-Key`): [`crate::PostedMessages`].
 pub const MESSAGES: &str = "/admin/v1/messages";
 /// `GET ?avoid=ID,ID` on the client listener (no token): [`crate::RouteAnswer`].

@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 
 use im_admin_api::{
-    ConnectionList, ErrorBody, LogFilters, Logs, Memory, Overview, PostedMessages, ProfileBundle,
-    SlowConsumers,
+    ConnectionList, ErrorBody, HeapProfileBundle, LogFilters, LogTailLine, Logs, Memory, Overview,
+    PostedMessages, ProfileBundle, SlowConsumers,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -59,12 +59,41 @@ fn strict<T: DeserializeOwned + Serialize>(file: &str) {
     );
 }
 
+/// Decodes each line of the NDJSON `file` as `T`, strictly as [`strict`] does (blank
+/// lines are keep-alives and skipped); fails on an empty file.
+fn strict_lines<T: DeserializeOwned + Serialize>(file: &str) {
+    let text = std::fs::read_to_string(dir().join(file)).expect("fixture readable");
+    let mut n = 0;
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let recorded: Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("{file}:{}: not JSON: {e}", i + 1));
+        let de = &mut serde_json::Deserializer::from_str(line);
+        let typed: T = serde_path_to_error::deserialize(de)
+            .unwrap_or_else(|e| panic!("{file}:{}: does not decode: {e}", i + 1));
+        let decoded = serde_json::to_value(&typed).expect("serializes");
+        let mut out = Vec::new();
+        unknown(&recorded, &decoded, "", &mut out);
+        assert!(
+            out.is_empty(),
+            "{file}:{}: fields the types do not declare: {out:?}",
+            i + 1
+        );
+        n += 1;
+    }
+    assert!(n > 0, "{file}: no lines");
+}
+
 const FILES: &[&str] = &[
     "overview.json",
     "overview_cluster.json",
     "overview_limits.json",
     "overview_store_full.json",
     "overview_series.json",
+    "overview_runtime.json",
     "connections.json",
     "slow_consumers_1.json",
     "slow_consumers_2.json",
@@ -73,12 +102,14 @@ const FILES: &[&str] = &[
     "logs.json",
     "logs_rotated.json",
     "profile_bundle.json",
+    "heap_profile_bundle.json",
     "error_unauthorized.json",
     "error_no_such_route.json",
     "error_no_connection.json",
     "error_profile_busy.json",
     "posted_messages.json",
     "error_no_group.json",
+    "log_tail.ndjson",
 ];
 
 #[test]
@@ -88,6 +119,7 @@ fn every_recorded_answer_decodes_strictly() {
     strict::<Overview>("overview_limits.json");
     strict::<Overview>("overview_store_full.json");
     strict::<Vec<Overview>>("overview_series.json");
+    strict::<Overview>("overview_runtime.json");
     strict::<ConnectionList>("connections.json");
     strict::<SlowConsumers>("slow_consumers_1.json");
     strict::<SlowConsumers>("slow_consumers_2.json");
@@ -96,10 +128,12 @@ fn every_recorded_answer_decodes_strictly() {
     strict::<Logs>("logs.json");
     strict::<Logs>("logs_rotated.json");
     strict::<ProfileBundle>("profile_bundle.json");
+    strict::<HeapProfileBundle>("heap_profile_bundle.json");
     strict::<PostedMessages>("posted_messages.json");
     for f in FILES.iter().filter(|f| f.starts_with("error_")) {
         strict::<ErrorBody>(f);
     }
+    strict_lines::<LogTailLine>("log_tail.ndjson");
 }
 
 #[test]
@@ -107,7 +141,7 @@ fn every_fixture_is_checked() {
     let mut on_disk: Vec<String> = std::fs::read_dir(dir())
         .expect("fixtures dir")
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.ends_with(".json"))
+        .filter(|n| n.ends_with(".json") || n.ends_with(".ndjson"))
         .collect();
     on_disk.sort();
     let mut listed: Vec<String> = FILES.iter().map(|s| s.to_string()).collect();

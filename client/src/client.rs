@@ -43,8 +43,8 @@ pub enum Event {
         node_id: String,
     },
     /// A watched user's presence ([`Client::subscribe_presence`]): their state at the
-    /// subscription, then each change. Subscriptions end with the connection: after
-    /// `Reconnected`, subscribe again.
+    /// subscription, then each change. After a reconnect the SDK subscribes again to the
+    /// last list given.
     Presence(Presence),
     /// Someone is typing (or stopped) in a conversation: ephemeral, never stored, not
     /// sent again after a reconnect.

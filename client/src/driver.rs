@@ -161,6 +161,9 @@ pub(crate) struct Driver {
     token_rx: mpsc::UnboundedReceiver<Result<String, String>>,
     /// The re-Login in flight: its req_id and token.
     refresh_req: Option<(u64, String)>,
+    /// The users of the app's last `PresenceSubscribe`: subscriptions end with a
+    /// connection, so they are sent again after a reconnect.
+    presence_watch: Vec<String>,
 }
 
 impl Driver {
@@ -194,6 +197,7 @@ impl Driver {
             token_tx,
             token_rx,
             refresh_req: None,
+            presence_watch: Vec::new(),
         }
         .with_refresh_planned()
     }
@@ -329,6 +333,9 @@ impl Driver {
         }
         if resync {
             self.bg_wanted = true;
+            if let Err(stop) = self.resubscribe_presence(conn).await {
+                return stop;
+            }
         }
         let hb = self.heartbeat;
         let mut heartbeat = tokio::time::interval_at(Instant::now() + hb, hb);
@@ -410,6 +417,9 @@ impl Driver {
                 if reply.is_closed() {
                     return Ok(()); // the caller gave up (timeout) while it was queued
                 }
+                if let Body::PresenceSubscribe(p) = &body {
+                    self.presence_watch.clone_from(&p.users);
+                }
                 let id = self.alloc_req_id();
                 self.pending.insert(id, reply);
                 conn.send(&im_proto::frame(id, body)).await.map_err(lost)
@@ -421,6 +431,18 @@ impl Driver {
                 self.start_sync(conn, Some(reply)).await
             }
         }
+    }
+
+    /// After a reconnect: watches again the users the app last subscribed to (the
+    /// server's `Done` finds no waiting request and is dropped; a refusal is logged).
+    async fn resubscribe_presence(&mut self, conn: &mut RawConn) -> Result<(), Stop> {
+        if self.presence_watch.is_empty() {
+            return Ok(());
+        }
+        let users = self.presence_watch.clone();
+        let id = self.alloc_req_id();
+        let body = Body::PresenceSubscribe(im_proto::PresenceSubscribe { users });
+        conn.send(&im_proto::frame(id, body)).await.map_err(lost)
     }
 
     /// Sends the first page request: the SDK's own cursor for every conversation held

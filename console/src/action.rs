@@ -42,7 +42,7 @@ pub enum Action {
     Sort,
     /// Reverse the sort.
     ReverseSort,
-    /// Toggle the latency scale (log/linear).
+    /// `t`: toggle the latency scale (log/linear), or the Profile view's CPU / heap.
     ToggleScale,
     /// Poll now.
     Refresh,
@@ -74,4 +74,6 @@ pub enum Action {
     Right,
     /// Announce a SYSTEM message to a group (any view).
     Announce,
+    /// Start the live tail of the selected filter's user, or stop the open one (Logs view).
+    Tail,
 }

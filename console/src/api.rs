@@ -5,11 +5,12 @@
 //! break the console.
 
 pub use im_admin_api::client::{
-    parse_base_url, AdminClient, ApiError, MAX_BODY_BYTES, PROFILE_SLACK,
+    parse_base_url, AdminClient, ApiError, LogTail, MAX_BODY_BYTES, PROFILE_SLACK,
 };
 pub use im_admin_api::{
     AllocStats, Capacity, ClusterInfo, ClusterNode, ClusterSummary, Connection, ConnectionList,
-    GlobalLevel, Kicked, LogFile, LogFilter, LogFilters, LogWindow, Logs, Memory, MessageKind,
-    Overview, PostMessage, PostedMessage, PostedMessages, ProcessStats, ProfileBundle, Refusals,
-    Revoked, SetLogFilter, SlowConsumers, StageLatency, TopFunction,
+    GlobalLevel, HeapProfileBundle, HeapTopFunction, Kicked, LogFile, LogFilter, LogFilters,
+    LogTailLine, LogWindow, Logs, Memory, MessageKind, Overview, PostMessage, PostedMessage,
+    PostedMessages, ProcessStats, ProfileBundle, Refusals, Revoked, RuntimeStats, SetLogFilter,
+    SlowConsumers, StageLatency, TaskStats, TopFunction,
 };

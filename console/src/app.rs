@@ -1,6 +1,6 @@
 //! App: the event loop. Pollers run as background tasks (one overview loop and one
-//! view loop per node), commands (kick, filters, profile) as one-off tasks; all of them
-//! report through one channel, so the loop only ever waits on keys, results and a
+//! view loop per node), commands (kick, filters, profile) as one-off tasks, the live log
+//! tail as one long task (at most one at a time); all of them report through one channel, so the loop only ever waits on keys, results and a
 //! redraw tick and the UI never blocks on a slow node.
 
 use std::sync::Arc;
@@ -10,16 +10,22 @@ use crossterm::event::{Event, EventStream, KeyEventKind};
 use futures_util::StreamExt;
 use ratatui::DefaultTerminal;
 use tokio::sync::{mpsc, watch};
-use tokio::task::JoinSet;
+use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::MissedTickBehavior;
 
-use crate::api::{AdminClient, ApiError, MessageKind, PostMessage};
+use crate::api::{AdminClient, ApiError, LogTail, MessageKind, PostMessage};
 use crate::config::Settings;
-use crate::state::{AppState, Command, Plan, Update, CONNECTIONS_LIMIT, TOP_QUEUED_LIMIT};
+use crate::state::{
+    AppState, Command, Plan, Update, CONNECTIONS_LIMIT, TAIL_BACKLOG, TOP_QUEUED_LIMIT,
+};
 use crate::{input, save, view};
 
 /// How often the screen is redrawn when nothing else happens (progress, ages).
 const REDRAW: Duration = Duration::from_millis(250);
+/// A tail's lines are handed to the loop in batches: at most this long after the first.
+const TAIL_BATCH_WAIT: Duration = Duration::from_millis(100);
+/// ... and at most this many lines.
+const TAIL_BATCH_LINES: usize = 500;
 
 /// Why the console stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +73,7 @@ pub async fn run(terminal: &mut DefaultTerminal, settings: Settings) -> Result<(
         tasks.spawn(view_loop(i, c.clone(), tx.clone(), prx, settings.interval));
     }
 
+    let mut tail_task: Option<AbortHandle> = None;
     let mut events = EventStream::new();
     let mut redraw = tokio::time::interval(REDRAW);
     redraw.set_missed_tick_behavior(MissedTickBehavior::Skip);
@@ -78,7 +85,28 @@ pub async fn run(terminal: &mut DefaultTerminal, settings: Settings) -> Result<(
                     state.tick(Instant::now());
                     if let Some(action) = input::map_key(key, &state.mode) {
                         for cmd in state.apply(action) {
-                            run_command(cmd, &clients, &state, &tx, &mut tasks);
+                            match cmd {
+                                Command::StartTail { node, uid, generation } => {
+                                    if let Some(t) = tail_task.take() {
+                                        t.abort();
+                                    }
+                                    if let Some(c) = clients.get(node).cloned() {
+                                        tail_task = Some(tasks.spawn(tail_loop(
+                                            node,
+                                            c,
+                                            uid,
+                                            generation,
+                                            tx.clone(),
+                                        )));
+                                    }
+                                }
+                                Command::StopTail => {
+                                    if let Some(t) = tail_task.take() {
+                                        t.abort();
+                                    }
+                                }
+                                cmd => run_command(cmd, &clients, &state, &tx, &mut tasks),
+                            }
                         }
                     }
                 }
@@ -193,9 +221,12 @@ fn run_command(
         | Command::DeleteLogFilter { node, .. }
         | Command::SetGlobalLevel { node, .. }
         | Command::Profile { node, .. }
+        | Command::HeapProfile { node, .. }
         | Command::Announce { node, .. } => *node,
         // The plan's generation changed; the pollers wake on their own.
         Command::Refresh => return,
+        // The loop runs the tail itself.
+        Command::StartTail { .. } | Command::StopTail => return,
     };
     let Some(client) = clients.get(node).cloned() else {
         return;
@@ -266,6 +297,25 @@ fn run_command(
                 }
                 Err(e) => Update::Profile(Err(e)),
             },
+            Command::HeapProfile { seconds, dir, .. } => match client.heap_profile(seconds).await {
+                Ok(bundle) => {
+                    let unix = SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs());
+                    let saved = tokio::task::spawn_blocking(move || {
+                        save::save_heap_result(&dir, &node_name, bundle, unix)
+                    })
+                    .await;
+                    match saved {
+                        Ok(r) => Update::HeapProfile(Ok(r)),
+                        Err(e) => Update::HeapProfile(Err(ApiError::Decode {
+                            path: "heap profile".into(),
+                            reason: format!("saving failed: {e}"),
+                        })),
+                    }
+                }
+                Err(e) => Update::HeapProfile(Err(e)),
+            },
             Command::Announce { group_id, text, .. } => {
                 let body = PostMessage {
                     group_id: Some(group_id.clone()),
@@ -277,10 +327,73 @@ fn run_command(
                 let result = client.post_message(&body, Some(&key)).await;
                 Update::Announced { group_id, result }
             }
-            Command::Refresh => return,
+            Command::Refresh | Command::StartTail { .. } | Command::StopTail => return,
         };
         let _ = tx.send((node, update)).await;
     });
+}
+
+/// Runs one live tail: opens it, hands its lines to the loop in small batches, reports
+/// how it ended. Aborted when the operator stops it or opens another.
+async fn tail_loop(
+    node: usize,
+    client: Arc<AdminClient>,
+    uid: String,
+    generation: u64,
+    tx: mpsc::Sender<Msg>,
+) {
+    let result = match client.log_tail(&uid, None, TAIL_BACKLOG).await {
+        Ok(tail) => pump_tail(node, tail, generation, &tx).await,
+        Err(e) => Err(e),
+    };
+    let _ = tx
+        .send((node, Update::TailEnded { generation, result }))
+        .await;
+}
+
+/// Reads `tail` until it ends, sending its lines as [`Update::TailLines`] batches.
+async fn pump_tail(
+    node: usize,
+    mut tail: LogTail,
+    generation: u64,
+    tx: &mpsc::Sender<Msg>,
+) -> Result<(), ApiError> {
+    let mut batch = Vec::new();
+    let mut until: Option<tokio::time::Instant> = None;
+    loop {
+        let next = match until {
+            None => Some(tail.next_line().await),
+            Some(t) => tokio::time::timeout_at(t, tail.next_line()).await.ok(),
+        };
+        let end = match next {
+            Some(Ok(Some(line))) => {
+                batch.push(line);
+                until.get_or_insert_with(|| tokio::time::Instant::now() + TAIL_BATCH_WAIT);
+                if batch.len() < TAIL_BATCH_LINES {
+                    continue;
+                }
+                None
+            }
+            Some(Ok(None)) => Some(Ok(())),
+            Some(Err(e)) => Some(Err(e)),
+            // The batch's time is up.
+            None => None,
+        };
+        until = None;
+        if !batch.is_empty() {
+            let lines = std::mem::take(&mut batch);
+            if tx
+                .send((node, Update::TailLines { generation, lines }))
+                .await
+                .is_err()
+            {
+                return Ok(());
+            }
+        }
+        if let Some(r) = end {
+            return r;
+        }
+    }
 }
 
 /// A fresh Idempotency-Key for one announcement: the process id, the wall clock in

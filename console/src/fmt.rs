@@ -79,6 +79,18 @@ pub fn percent(r: f64) -> String {
     format!("{:.1}%", r * 100.0)
 }
 
+/// Unix milliseconds as the UTC time of day with milliseconds, `HH:MM:SS.mmm`.
+pub fn utc_time_ms(ms: i64) -> String {
+    let rem = ms.rem_euclid(86_400_000);
+    format!(
+        "{:02}:{:02}:{:02}.{:03}",
+        rem / 3_600_000,
+        rem / 60_000 % 60,
+        rem / 1000 % 60,
+        rem % 1000
+    )
+}
+
 /// Unix milliseconds as `2026-12-02 15:07:00Z`.
 pub fn utc_ms(ms: i64) -> String {
     let secs = ms.div_euclid(1000);

@@ -54,16 +54,21 @@ pub const HELP: &[(&str, &[HelpLine])] = &[
     ("Latency", &[("t", "toggle log / linear scale")]),
     (
         "Profile",
-        &[(
-            "c, enter",
-            "capture a CPU profile: seconds, Hz, folder; saves .svg and .pb.gz",
-        )],
+        &[
+            (
+                "c, enter",
+                "capture the shown profile (CPU or heap); saves .svg and .pb.gz",
+            ),
+            ("t", "toggle CPU / heap profile"),
+        ],
     ),
     (
         "Logs",
         &[
             ("a", "add a per-uid log filter (uid, level, ttl)"),
             ("x, del", "remove the selected filter"),
+            ("f", "live tail of the selected user: start / stop"),
+            ("pgup pgdn, G", "scroll the tail back / follow the newest"),
             (
                 "L",
                 "set the node's global level (e.g. info or info,im_server::store=debug)",
@@ -150,6 +155,7 @@ fn normal(key: KeyEvent, ctrl: bool) -> Option<Action> {
         KeyCode::Char('L') => Action::GlobalLevel,
         KeyCode::Char('R') => Action::Revoke,
         KeyCode::Char('M') => Action::Announce,
+        KeyCode::Char('f') => Action::Tail,
         KeyCode::Enter => Action::Submit,
         KeyCode::Esc => Action::Cancel,
         _ => return None,

@@ -1,12 +1,12 @@
-//! Save: writes a CPU profile bundle to a folder as `<name>.svg` (flamegraph) and
+//! Save: writes a CPU or heap profile bundle to a folder as `<name>.svg` (flamegraph) and
 //! `<name>.pb.gz` (the pprof protobuf, base64-decoded; the node sends it gzipped).
 
 use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
 
-use crate::api::ProfileBundle;
-use crate::state::ProfileResult;
+use crate::api::{HeapProfileBundle, ProfileBundle};
+use crate::state::{ProfileKind, ProfileResult};
 
 /// Why the files could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -60,11 +60,25 @@ pub fn save_bundle(
     bundle: &ProfileBundle,
     unix_secs: u64,
 ) -> Result<(Option<PathBuf>, Option<PathBuf>), SaveError> {
+    save_files(
+        dir,
+        &format!("im-cpu-{}-{unix_secs}", safe(node)),
+        &bundle.svg,
+        &bundle.pprof_gz_base64,
+    )
+}
+
+/// Writes `<stem>.svg` and `<stem>.pb.gz` (from base64) into `dir`, each if not empty.
+fn save_files(
+    dir: &Path,
+    stem: &str,
+    svg: &str,
+    pprof_gz_base64: &str,
+) -> Result<(Option<PathBuf>, Option<PathBuf>), SaveError> {
     std::fs::create_dir_all(dir).map_err(|source| SaveError::Dir {
         path: dir.to_owned(),
         source,
     })?;
-    let stem = format!("im-cpu-{}-{unix_secs}", safe(node));
     let write = |path: PathBuf, bytes: &[u8]| -> Result<PathBuf, SaveError> {
         std::fs::write(&path, bytes).map_err(|source| SaveError::Write {
             path: path.clone(),
@@ -72,19 +86,15 @@ pub fn save_bundle(
         })?;
         Ok(path)
     };
-    let svg = if bundle.svg.is_empty() {
+    let svg = if svg.is_empty() {
         None
     } else {
-        Some(write(
-            dir.join(format!("{stem}.svg")),
-            bundle.svg.as_bytes(),
-        )?)
+        Some(write(dir.join(format!("{stem}.svg")), svg.as_bytes())?)
     };
-    let pprof = if bundle.pprof_gz_base64.is_empty() {
+    let pprof = if pprof_gz_base64.is_empty() {
         None
     } else {
-        let cleaned: String = bundle
-            .pprof_gz_base64
+        let cleaned: String = pprof_gz_base64
             .chars()
             .filter(|c| !c.is_ascii_whitespace())
             .collect();
@@ -104,10 +114,39 @@ pub fn save_result(dir: &Path, node: &str, bundle: ProfileBundle, unix_secs: u64
         Err(e) => (None, None, Some(e.to_string())),
     };
     ProfileResult {
+        kind: ProfileKind::Cpu,
         seconds: bundle.seconds as f64,
         frequency: bundle.frequency,
         samples: bundle.samples,
-        top: bundle.top,
+        total: bundle.samples,
+        top: bundle.top.into_iter().map(Into::into).collect(),
+        svg_path,
+        pprof_path,
+        save_error,
+    }
+}
+
+/// Saves a heap bundle as `im-heap-<node>-<unix_secs>.{svg,pb.gz}` and folds the outcome
+/// into the [`ProfileResult`] the console keeps.
+pub fn save_heap_result(
+    dir: &Path,
+    node: &str,
+    bundle: HeapProfileBundle,
+    unix_secs: u64,
+) -> ProfileResult {
+    let stem = format!("im-heap-{}-{unix_secs}", safe(node));
+    let (svg_path, pprof_path, save_error) =
+        match save_files(dir, &stem, &bundle.svg, &bundle.pprof_gz_base64) {
+            Ok((s, p)) => (s, p, None),
+            Err(e) => (None, None, Some(e.to_string())),
+        };
+    ProfileResult {
+        kind: ProfileKind::Heap,
+        seconds: bundle.seconds as f64,
+        frequency: 0,
+        samples: bundle.stacks,
+        total: bundle.inuse_bytes,
+        top: bundle.top.into_iter().map(Into::into).collect(),
         svg_path,
         pprof_path,
         save_error,
@@ -137,6 +176,24 @@ mod tests {
             std::fs::read(r.pprof_path.unwrap()).unwrap(),
             [0x1f, 0x8b, 8]
         );
+    }
+
+    #[test]
+    fn heap_bundles_are_saved_as_heap_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = HeapProfileBundle {
+            seconds: 5,
+            inuse_bytes: 4096,
+            stacks: 3,
+            svg: "<svg/>".into(),
+            pprof_gz_base64: base64::engine::general_purpose::STANDARD.encode([0x1f, 0x8b]),
+            ..HeapProfileBundle::default()
+        };
+        let r = save_heap_result(dir.path(), "n1", b, 7);
+        assert_eq!(r.save_error, None);
+        assert_eq!((r.kind, r.total, r.samples), (ProfileKind::Heap, 4096, 3));
+        assert!(r.svg_path.unwrap().ends_with("im-heap-n1-7.svg"));
+        assert!(r.pprof_path.unwrap().ends_with("im-heap-n1-7.pb.gz"));
     }
 
     #[test]

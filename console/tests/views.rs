@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use common::{fixture, MockNode};
 use im_console::action::Action;
 use im_console::api::{AdminClient, ApiError, ProfileBundle};
-use im_console::state::{AppState, ProfileResult, ProfileState, Update, View};
+use im_console::state::{
+    AppState, Command, ProfileKind, ProfileResult, ProfileState, TailStatus, Update, View,
+};
 use im_console::view;
 use ratatui::backend::TestBackend;
 use ratatui::Terminal;
@@ -151,6 +153,20 @@ async fn overview_while_the_store_refuses_sends() {
     insta::assert_snapshot!("overview_store_full_120x40", screen);
 }
 
+/// A node that reports its runtime: the panel shows the workers' busy share, the global
+/// queue and each monitored task's polls, slow polls and scheduled delay.
+#[tokio::test]
+async fn overview_with_the_runtime_panel() {
+    let screen = overview_of("overview_runtime.json", 120, 48).await;
+    assert!(screen.contains("runtime: 2 workers"), "{screen}");
+    assert!(screen.contains("workers busy"), "{screen}");
+    for task in ["writer", "router", "receipts"] {
+        assert!(screen.contains(task), "{task}: {screen}");
+    }
+    assert!(screen.contains("sched delay"), "{screen}");
+    insta::assert_snapshot!("overview_runtime_120x48", screen);
+}
+
 #[tokio::test]
 async fn connections_sorted_and_filtered() {
     let (mut state, _n, _) = loaded().await;
@@ -178,7 +194,7 @@ async fn kick_confirmation_and_result() {
     let cmds = state.apply(Action::Confirm);
     assert_eq!(cmds.len(), 1);
     let conn_id = match &cmds[0] {
-        im_console::state::Command::Kick { conn_id, .. } => *conn_id,
+        Command::Kick { conn_id, .. } => *conn_id,
         other => panic!("{other:?}"),
     };
     // The node answers 404 for a connection that is already gone (recorded).
@@ -204,7 +220,7 @@ async fn revoke_confirmation_and_result() {
     insta::assert_snapshot!("revoke_confirm", draw(&state, 120, 30));
     let cmds = state.apply(Action::Confirm);
     let user = match &cmds[..] {
-        [im_console::state::Command::Revoke { user, .. }] => user.clone(),
+        [Command::Revoke { user, .. }] => user.clone(),
         other => panic!("{other:?}"),
     };
     let result = Ok(im_console::api::Revoked {
@@ -271,10 +287,12 @@ async fn profile_states() {
     let bundle: ProfileBundle =
         serde_json::from_slice(&fixture("profile_bundle.json")).expect("bundle");
     let result = ProfileResult {
+        kind: ProfileKind::Cpu,
         seconds: bundle.seconds as f64,
         frequency: bundle.frequency,
         samples: bundle.samples,
-        top: bundle.top,
+        total: bundle.samples,
+        top: bundle.top.into_iter().map(Into::into).collect(),
         svg_path: Some(PathBuf::from("./profiles/im-cpu-node-a-1796225340.svg")),
         pprof_path: Some(PathBuf::from("./profiles/im-cpu-node-a-1796225340.pb.gz")),
         save_error: None,
@@ -282,6 +300,76 @@ async fn profile_states() {
     state.on_update(0, Update::Profile(Ok(result)), at(t0, 24));
     assert!(matches!(state.nodes[0].profile, ProfileState::Done(_)));
     insta::assert_snapshot!("profile_done", draw(&state, 120, 36));
+}
+
+#[tokio::test]
+async fn heap_profile_states() {
+    let (mut state, _n, t0) = loaded().await;
+    go(&mut state, View::Profile);
+    // `t` toggles the view to the heap profile; the help line names the way back.
+    state.apply(Action::ToggleScale);
+    assert_eq!(state.profile_kind, ProfileKind::Heap);
+    insta::assert_snapshot!("heap_profile_idle", draw(&state, 120, 20));
+
+    state.apply(Action::Add);
+    insta::assert_snapshot!("heap_profile_form", draw(&state, 120, 20));
+    let cmds = state.apply(Action::Submit);
+    assert_eq!(cmds.len(), 1, "defaults are valid");
+    assert!(matches!(state.nodes[0].heap, ProfileState::Running { .. }));
+    assert!(matches!(state.nodes[0].profile, ProfileState::Idle));
+    state.tick(at(t0, 14));
+    insta::assert_snapshot!("heap_profile_running", draw(&state, 120, 12));
+
+    // The recorded bundle, fetched through the console's client from a mock node.
+    let n = MockNode::start().await;
+    n.fixture(
+        "GET",
+        "/admin/v1/profile/heap",
+        200,
+        "heap_profile_bundle.json",
+    );
+    let c = AdminClient::new(&n.url, None, Duration::from_secs(5)).expect("client");
+    let bundle = c.heap_profile(5).await.expect("heap bundle");
+    let seen = n.seen.lock().unwrap().clone();
+    assert!(seen
+        .iter()
+        .any(|(r, _)| r == "GET /admin/v1/profile/heap?seconds=5&format=bundle"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut result = im_console::save::save_heap_result(dir.path(), "node-a", bundle, 1796225340);
+    assert_eq!(result.save_error, None);
+    assert!(result.pprof_path.as_ref().is_some_and(|p| p.exists()));
+    // Shown paths independent of the temp dir.
+    result.svg_path = Some(PathBuf::from("./profiles/im-heap-node-a-1796225340.svg"));
+    result.pprof_path = Some(PathBuf::from("./profiles/im-heap-node-a-1796225340.pb.gz"));
+    state.on_update(0, Update::HeapProfile(Ok(result)), at(t0, 24));
+    assert!(matches!(state.nodes[0].heap, ProfileState::Done(_)));
+    insta::assert_snapshot!("heap_profile_done", draw(&state, 120, 36));
+
+    // Back to the CPU profile: its own (idle) state, not the heap's.
+    state.apply(Action::ToggleScale);
+    assert_eq!(state.profile_kind, ProfileKind::Cpu);
+    assert!(state.visible_top().is_empty());
+
+    // A node built without the profiler answers 503.
+    let n = MockNode::start().await;
+    n.reply(
+        "GET",
+        "/admin/v1/profile/heap",
+        common::Reply::json(
+            503,
+            r#"{"error":"heap profiling is not available in this build (cargo feature heap-profiling, jemalloc opt.prof)"}"#.to_owned(),
+        ),
+    );
+    let c = AdminClient::new(&n.url, None, Duration::from_secs(5)).expect("client");
+    let r = c
+        .heap_profile(1)
+        .await
+        .map(|_| unreachable!("the mock answers 503"));
+    state.on_update(0, Update::HeapProfile(r), at(t0, 30));
+    let ProfileState::Failed(text) = &state.nodes[0].heap else {
+        panic!("a failed capture")
+    };
+    assert!(text.contains("503"), "{text}");
 }
 
 #[tokio::test]
@@ -301,6 +389,61 @@ async fn logs() {
     let c = AdminClient::new(&n.url, None, Duration::from_secs(5)).expect("client");
     state.on_update(0, Update::Logs(c.logs().await), at(t0, 10));
     insta::assert_snapshot!("logs_rotated_files", draw(&state, 120, 30));
+}
+
+/// `f` on the selected filter opens the live tail: the recorded stream (a real node's
+/// lines, read with the console's client) scrolls in the lower pane with the dropped
+/// count; page up scrolls back; `f` again stops it.
+#[tokio::test]
+async fn logs_live_tail() {
+    let (mut state, n, t0) = loaded().await;
+    n.fixture("GET", "/admin/v1/logs/tail", 200, "log_tail.ndjson");
+    go(&mut state, View::Logs);
+    let cmds = state.apply(Action::Tail);
+    let [Command::StartTail {
+        node: 0,
+        uid,
+        generation,
+    }] = cmds.as_slice()
+    else {
+        panic!("f opens a tail: {cmds:?}");
+    };
+    assert_eq!(uid, "r1", "the selected filter's user");
+    let client = AdminClient::new(&n.url, Some("x".into()), Duration::from_secs(5)).unwrap();
+    let mut tail = client.log_tail(uid, None, 200).await.expect("tail opens");
+    let mut lines = Vec::new();
+    while let Some(l) = tail.next_line().await.expect("a line") {
+        lines.push(l);
+    }
+    assert!(lines.iter().any(|l| l.dropped.is_some()), "a dropped line");
+    let seen = n.seen.lock().unwrap().clone();
+    assert!(
+        seen.iter()
+            .any(|(r, _)| r == "GET /admin/v1/logs/tail?uid=r1&backlog=200"),
+        "{seen:?}"
+    );
+    let generation = *generation;
+    state.on_update(0, Update::TailLines { generation, lines }, at(t0, 11));
+    state.status = None;
+    insta::assert_snapshot!("logs_live_tail", draw(&state, 160, 32));
+    state.apply(Action::PageUp);
+    insta::assert_snapshot!("logs_live_tail_scrolled", draw(&state, 160, 32));
+    state.apply(Action::Bottom);
+    assert_eq!(state.tail.as_ref().map(|t| t.scroll), Some(0));
+    // Lines of an earlier tail are ignored; `f` stops this one.
+    state.on_update(
+        0,
+        Update::TailLines {
+            generation: generation + 7,
+            lines: vec![Default::default()],
+        },
+        at(t0, 12),
+    );
+    assert_eq!(state.apply(Action::Tail), [Command::StopTail]);
+    let t = state.tail.as_ref().unwrap();
+    assert_eq!((t.status.clone(), t.dropped), (TailStatus::Stopped, 12));
+    state.status = None;
+    insta::assert_snapshot!("logs_live_tail_stopped", draw(&state, 160, 32));
 }
 
 #[tokio::test]
@@ -419,9 +562,7 @@ async fn announce_to_a_group() {
     insta::assert_snapshot!("announce_form", draw(&state, 120, 30));
     let cmds = state.apply(Action::Submit);
     let (group_id, text) = match &cmds[..] {
-        [im_console::state::Command::Announce { group_id, text, .. }] => {
-            (group_id.clone(), text.clone())
-        }
+        [Command::Announce { group_id, text, .. }] => (group_id.clone(), text.clone()),
         other => panic!("{other:?}"),
     };
     assert_eq!(

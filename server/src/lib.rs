@@ -193,6 +193,7 @@ impl Node {
     pub async fn build(config: Config) -> anyhow::Result<Built> {
         let prometheus = obs::install_recorder();
         let metrics = Metrics::new(config.obs.probes);
+        obs::runtime::set_task_monitors(config.obs.task_monitors);
         let secrets = Secrets::load(&config).context("loading secrets")?;
         let store = store::open(&config).await.context("opening the store")?;
         let node_id = if config.node_id.is_empty() {

@@ -8,6 +8,23 @@ use anyhow::Context;
 
 #[global_allocator]
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's options, read once at its start: the heap profiler is loaded but inactive,
+/// sampling one allocation per 2^19 bytes on average once `GET /admin/v1/profile/heap`
+/// switches it on (`im_server::obs::heap`). `_rjem_` is tikv-jemalloc-sys's symbol prefix.
+#[cfg(feature = "heap-profiling")]
+#[export_name = "_rjem_malloc_conf"]
+static MALLOC_CONF: MallocConf =
+    MallocConf(c"prof:true,prof_active:false,lg_prof_sample:19".as_ptr());
+
+/// A C string pointer jemalloc reads as `const char *malloc_conf`.
+#[cfg(feature = "heap-profiling")]
+#[repr(transparent)]
+struct MallocConf(*const std::ffi::c_char);
+
+// SAFETY: the pointer is to a `'static` C string literal that nothing writes.
+#[cfg(feature = "heap-profiling")]
+unsafe impl Sync for MallocConf {}
 use clap::{Parser, Subcommand};
 use im_server::config::{Config, Overrides};
 

@@ -206,6 +206,22 @@ async fn users_on_three_nodes_get_every_message_once_in_order() {
             .await;
         }
     }
+    // The cluster link runs under its task monitors: each node's inbound task was
+    // polled for the pushes the others sent it, and the rest of the link (reports,
+    // presence, watches) under `cluster`.
+    for i in 0..3 {
+        c.wait_for(i, "the cluster link's task figures", |o| {
+            let polls = |name: &str| {
+                o["runtime"]["tasks"]
+                    .as_array()
+                    .and_then(|ts| ts.iter().find(|t| t["task"] == name))
+                    .and_then(|t| t["polls_total"].as_u64())
+                    .unwrap_or(0)
+            };
+            polls("cluster_inbound") > 0 && polls("cluster") > 0 && polls("writer") > 0
+        })
+        .await;
+    }
     // The raw pushes: every group message once, each sender's in seq order (one origin
     // node publishes in commit order; the receiving node pushes in arrival order). Across
     // senders they may arrive out of seq order; that is what the SDK puts right.

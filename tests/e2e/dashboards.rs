@@ -20,7 +20,7 @@ use serde_json::Value;
 use crate::support::*;
 
 /// The repository root (the e2e target belongs to `server/`).
-fn repo() -> PathBuf {
+pub(crate) fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("repo root")
@@ -42,7 +42,7 @@ struct Expr {
 }
 
 /// `dashboards/*.json`, parsed, by file name.
-fn dashboards() -> Vec<(String, Value)> {
+pub(crate) fn dashboards() -> Vec<(String, Value)> {
     let dir = repo().join("dashboards");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .expect("dashboards/")
@@ -64,7 +64,7 @@ fn dashboards() -> Vec<(String, Value)> {
 }
 
 /// Every panel of a dashboard, rows' nested panels included.
-fn panels(d: &Value) -> Vec<&Value> {
+pub(crate) fn panels(d: &Value) -> Vec<&Value> {
     let mut out = Vec::new();
     for p in d["panels"].as_array().expect("panels") {
         out.push(p);

@@ -1,6 +1,7 @@
 //! Live diagnosis: CPU profiles under traffic (SVG naming im-server functions,
 //! a pprof protobuf with samples, one capture at a time), per-uid debug filters that
-//! show one user's handling in the JSON log file and not another's, TTL expiry, the
+//! show one user's handling (their connection's, and the writer's and router's events
+//! about their messages) in the JSON log file and not another's, TTL expiry, the
 //! runtime global level, and the log files listing.
 
 use std::io::Read;
@@ -31,7 +32,7 @@ struct Sample {
 }
 
 /// Keeps `pairs` sender/receiver pairs busy until `stop` is set.
-fn traffic(
+pub(crate) fn traffic(
     server: &TestServer,
     pairs: usize,
     stop: Arc<AtomicBool>,
@@ -224,7 +225,12 @@ fn debug_events(data_dir: &Path) -> Vec<(String, String)> {
         .filter(|v| v["level"] == "DEBUG")
         .map(|v| {
             (
-                v["span"]["uid"].as_str().unwrap_or("").to_owned(),
+                // The connection span's uid, or (writer and router events) the event's own.
+                v["span"]["uid"]
+                    .as_str()
+                    .or(v["fields"]["uid"].as_str())
+                    .unwrap_or("")
+                    .to_owned(),
                 v["fields"]["message"].as_str().unwrap_or("").to_owned(),
             )
         })
@@ -271,7 +277,7 @@ async fn exchange(a: &mut im_client::RawConn, b: &mut im_client::RawConn, tag: &
     }
 }
 
-async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+pub(crate) async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     let end = Instant::now() + WAIT;
     while !f() {
         assert!(Instant::now() < end, "timed out waiting for {what}");
@@ -339,9 +345,15 @@ async fn per_uid_log_filter_shows_one_user_until_its_ttl() {
     exchange(&mut a, &mut b, "during").await;
     eventually("alice's debug events in the log file", || {
         let ev = debug_events(&dir);
-        ["send accepted", "sync served", "deliver ack"]
-            .iter()
-            .all(|m| ev.iter().any(|(u, msg)| u == "alice" && msg == m))
+        [
+            "send accepted",
+            "sync served",
+            "deliver ack",
+            "message committed",
+            "message routed",
+        ]
+        .iter()
+        .all(|m| ev.iter().any(|(u, msg)| u == "alice" && msg == m))
     })
     .await;
     let ev = debug_events(&dir);

@@ -345,6 +345,45 @@ async fn sdk_gets_presence_and_typing_events() {
     alice.ping().await.unwrap();
 }
 
+/// The SDK subscribes again after a reconnect: a watcher whose node restarted still
+/// gets the watched user's presence without calling `subscribe_presence` again.
+#[tokio::test]
+async fn sdk_subscribes_again_after_a_reconnect() {
+    let mut s = TestServer::start();
+    let alice = s.client("alice").await;
+    alice.send_text("bob", "hi").await.unwrap();
+    alice.subscribe_presence(vec!["bob".into()]).await.unwrap();
+    s.restart();
+    let end = Instant::now() + WAIT;
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        let ev = tokio::time::timeout(left, alice.next_event())
+            .await
+            .expect("reconnected in time")
+            .expect("an event");
+        if matches!(ev, Event::Reconnected { .. }) {
+            break;
+        }
+    }
+    // Bob comes online after alice's reconnect: only a subscription sent again by the
+    // SDK makes that a Presence event for alice.
+    let bob = s.client("bob").await;
+    let end = Instant::now() + WAIT;
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        let ev = tokio::time::timeout(left, alice.next_event())
+            .await
+            .expect("bob's presence after the reconnect")
+            .expect("an event");
+        if let Event::Presence(p) = ev {
+            if p.user_id == "bob" && p.online {
+                break;
+            }
+        }
+    }
+    bob.ping().await.unwrap();
+}
+
 /// Waits until node `i` sees `user` online on another node (its presence map).
 async fn wait_remote(c: &TestCluster, i: usize, users: u64) {
     c.wait_for(i, "presence from the other node", |o| {

@@ -23,6 +23,8 @@ pub enum FormKind {
     LogFilter,
     /// Start a CPU capture: seconds, frequency, folder.
     Profile,
+    /// Start a heap capture: seconds, folder.
+    HeapProfile,
     /// Set the node's global log level.
     GlobalLevel,
     /// Announce a SYSTEM message to a group: group id, text.
@@ -130,18 +132,41 @@ impl Form {
         }
     }
 
+    /// The heap capture form, prefilled from the last settings.
+    pub fn heap_profile(p: &ProfileSettings) -> Form {
+        Form {
+            kind: FormKind::HeapProfile,
+            fields: vec![
+                Field {
+                    label: "seconds (1-60)",
+                    value: p.heap_seconds.to_string(),
+                    choices: None,
+                },
+                Field {
+                    label: "save to folder",
+                    value: p.dir.display().to_string(),
+                    choices: None,
+                },
+            ],
+            focus: 0,
+            error: None,
+        }
+    }
+
     pub(super) fn value(&self, i: usize) -> &str {
         self.fields.get(i).map_or("", |f| f.value.trim())
     }
 }
 
-/// The last CPU capture settings.
+/// The last capture settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProfileSettings {
-    /// Capture length (1..=300 s).
+    /// CPU capture length (1..=300 s).
     pub seconds: u64,
-    /// Sampling frequency (1..=1000 Hz).
+    /// CPU sampling frequency (1..=1000 Hz).
     pub frequency: u64,
+    /// Heap sampling window (1..=60 s).
+    pub heap_seconds: u64,
     /// Folder the SVG and pprof files go to.
     pub dir: PathBuf,
 }
@@ -151,6 +176,7 @@ impl Default for ProfileSettings {
         ProfileSettings {
             seconds: 10,
             frequency: 99,
+            heap_seconds: 10,
             dir: PathBuf::from("."),
         }
     }

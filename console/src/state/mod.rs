@@ -15,15 +15,16 @@ mod reducer;
 #[cfg(test)]
 mod tests;
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use crate::api::{Connection, TopFunction};
+use crate::api::{Connection, LogTailLine};
 
 pub use form::{Field, Form, FormKind, ProfileSettings};
 pub use nav::{matches_filter, SortKey, View};
 pub use node::{
-    display_user, ClusterSummary, Fetched, Health, History, NodeState, ProfileResult, ProfileState,
-    SlowEvent, SlowState,
+    display_user, ClusterSummary, Fetched, Health, History, NodeState, ProfileKind, ProfileResult,
+    ProfileState, SlowEvent, SlowState, TopRow,
 };
 pub use reducer::{Command, Plan, Update};
 
@@ -37,6 +38,10 @@ pub const TOP_QUEUED_LIMIT: u32 = 20;
 pub const SLOW_EVENTS_LEN: usize = 50;
 /// How long an info message stays on the status line.
 pub const INFO_TTL: Duration = Duration::from_secs(10);
+/// Lines a live tail keeps; older ones scroll away.
+pub const TAIL_LINES: usize = 2000;
+/// Lines of the node's ring a tail starts with.
+pub const TAIL_BACKLOG: u32 = 200;
 /// Levels offered for a per-uid log filter.
 pub const LEVELS: &[&str] = &["trace", "debug", "info", "warn", "error"];
 
@@ -92,6 +97,47 @@ pub struct Status {
     pub at: Instant,
 }
 
+/// Where a live tail stands.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TailStatus {
+    /// Asked for; no line yet.
+    Opening,
+    /// Lines are coming.
+    Live,
+    /// Closed by the operator.
+    Stopped,
+    /// The node ended it or it failed (why).
+    Ended(String),
+}
+
+/// The live tail of one filtered user on one node (Logs view; one at a time).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TailState {
+    /// Node index.
+    pub node: usize,
+    /// The user.
+    pub uid: String,
+    /// Tells this tail's results from an earlier one's.
+    pub generation: u64,
+    /// The latest lines (events and `dropped` markers), oldest first.
+    pub lines: VecDeque<LogTailLine>,
+    /// Events the node dropped for this tail because it fell behind, in all.
+    pub dropped: u64,
+    /// Event lines received in all.
+    pub received: u64,
+    /// Where it stands.
+    pub status: TailStatus,
+    /// Lines scrolled back from the newest (0: following).
+    pub scroll: usize,
+}
+
+impl TailState {
+    /// True while lines may still come.
+    pub fn is_open(&self) -> bool {
+        matches!(self.status, TailStatus::Opening | TailStatus::Live)
+    }
+}
+
 /// The whole console.
 #[derive(Debug, Clone)]
 pub struct AppState {
@@ -117,12 +163,18 @@ pub struct AppState {
     pub latency_log_scale: bool,
     /// Last capture settings.
     pub profile_settings: ProfileSettings,
+    /// The profile the Profile view shows and captures (`t` toggles CPU / heap).
+    pub profile_kind: ProfileKind,
     /// Set by `q`.
     pub quit: bool,
     /// The time views measure ages against (set by `tick` and every update).
     pub now: Instant,
     /// Bumped by `r` to poll now.
     pub refresh_generation: u64,
+    /// The live log tail, if one was opened.
+    pub tail: Option<TailState>,
+    /// Bumped for every tail opened.
+    pub tail_generation: u64,
 }
 
 impl AppState {
@@ -140,9 +192,12 @@ impl AppState {
             sort_reversed: false,
             latency_log_scale: true,
             profile_settings: ProfileSettings::default(),
+            profile_kind: ProfileKind::Cpu,
             quit: false,
             now,
             refresh_generation: 0,
+            tail: None,
+            tail_generation: 0,
         }
     }
 
@@ -245,9 +300,10 @@ impl AppState {
         rows
     }
 
-    /// The profile's top functions as shown (filtered by `/` text).
-    pub fn visible_top(&self) -> Vec<&TopFunction> {
-        let Some(ProfileState::Done(r)) = self.node().map(|n| &n.profile) else {
+    /// The shown profile's top functions (CPU or heap, filtered by `/` text).
+    pub fn visible_top(&self) -> Vec<&TopRow> {
+        let Some(ProfileState::Done(r)) = self.node().map(|n| n.profile_of(self.profile_kind))
+        else {
             return Vec::new();
         };
         let needle = self.filter.to_lowercase();

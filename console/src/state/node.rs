@@ -1,5 +1,5 @@
 //! Node data: what the console knows about one node (health, the latest answers, the
-//! sparkline history, slow-consumer events, the CPU profile) and the sums across nodes.
+//! sparkline history, slow-consumer events, the CPU and heap profiles) and the sums across nodes.
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
@@ -7,7 +7,8 @@ use std::time::Instant;
 
 use super::{HISTORY_LEN, SLOW_EVENTS_LEN};
 use crate::api::{
-    ApiError, ConnectionList, LogFilters, Logs, Memory, Overview, SlowConsumers, TopFunction,
+    ApiError, ConnectionList, HeapTopFunction, LogFilters, Logs, Memory, Overview, SlowConsumers,
+    TopFunction,
 };
 
 /// A fetched resource: the last good value, and the last error if the latest fetch failed.
@@ -238,17 +239,80 @@ pub fn display_user(u: &str) -> &str {
     }
 }
 
+/// Which profiler the Profile view shows and captures with (`t` toggles).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ProfileKind {
+    /// CPU samples (`GET /admin/v1/profile/cpu`).
+    #[default]
+    Cpu,
+    /// In-use heap bytes (`GET /admin/v1/profile/heap`).
+    Heap,
+}
+
+impl ProfileKind {
+    /// `CPU` or `heap`, as titles say it.
+    pub fn label(self) -> &'static str {
+        match self {
+            ProfileKind::Cpu => "CPU",
+            ProfileKind::Heap => "heap",
+        }
+    }
+
+    /// The other one.
+    pub fn toggled(self) -> ProfileKind {
+        match self {
+            ProfileKind::Cpu => ProfileKind::Heap,
+            ProfileKind::Heap => ProfileKind::Cpu,
+        }
+    }
+}
+
+/// One function of a profile's top list: samples (CPU) or in-use bytes (heap).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TopRow {
+    /// Demangled name.
+    pub function: String,
+    /// Samples or bytes with this function innermost.
+    pub self_value: u64,
+    /// Samples or bytes with this function anywhere on the stack.
+    pub total_value: u64,
+}
+
+impl From<TopFunction> for TopRow {
+    fn from(t: TopFunction) -> Self {
+        TopRow {
+            function: t.function,
+            self_value: t.self_samples,
+            total_value: t.total_samples,
+        }
+    }
+}
+
+impl From<HeapTopFunction> for TopRow {
+    fn from(t: HeapTopFunction) -> Self {
+        TopRow {
+            function: t.function,
+            self_value: t.self_bytes,
+            total_value: t.total_bytes,
+        }
+    }
+}
+
 /// A finished capture, as the console keeps it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProfileResult {
+    /// CPU or heap.
+    pub kind: ProfileKind,
     /// Capture length in seconds.
     pub seconds: f64,
-    /// Sampling frequency in Hz.
+    /// Sampling frequency in Hz (CPU; 0 for heap).
     pub frequency: u64,
-    /// Samples taken.
+    /// Samples taken (CPU) or allocation stacks sampled (heap).
     pub samples: u64,
-    /// Functions by samples.
-    pub top: Vec<TopFunction>,
+    /// What the top list's shares are of: samples (CPU) or estimated in-use bytes (heap).
+    pub total: u64,
+    /// Functions by self samples or bytes.
+    pub top: Vec<TopRow>,
     /// Where the SVG was saved.
     pub svg_path: Option<PathBuf>,
     /// Where the pprof file was saved.
@@ -257,7 +321,7 @@ pub struct ProfileResult {
     pub save_error: Option<String>,
 }
 
-/// The CPU profile of one node.
+/// One profile (CPU or heap) of one node.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub enum ProfileState {
     /// Nothing captured yet.
@@ -269,7 +333,7 @@ pub enum ProfileState {
         started: Instant,
         /// Capture length.
         seconds: u64,
-        /// Sampling frequency.
+        /// Sampling frequency (CPU; 0 for heap).
         frequency: u64,
     },
     /// The last capture finished.
@@ -303,6 +367,8 @@ pub struct NodeState {
     pub logs: Fetched<Logs>,
     /// CPU profile.
     pub profile: ProfileState,
+    /// Heap profile.
+    pub heap: ProfileState,
 }
 
 impl NodeState {
@@ -320,6 +386,23 @@ impl NodeState {
             log_filters: Fetched::default(),
             logs: Fetched::default(),
             profile: ProfileState::Idle,
+            heap: ProfileState::Idle,
+        }
+    }
+
+    /// The profile of `kind`.
+    pub fn profile_of(&self, kind: ProfileKind) -> &ProfileState {
+        match kind {
+            ProfileKind::Cpu => &self.profile,
+            ProfileKind::Heap => &self.heap,
+        }
+    }
+
+    /// The profile of `kind`, to change.
+    pub fn profile_of_mut(&mut self, kind: ProfileKind) -> &mut ProfileState {
+        match kind {
+            ProfileKind::Cpu => &mut self.profile,
+            ProfileKind::Heap => &mut self.heap,
         }
     }
 

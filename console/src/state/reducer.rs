@@ -9,8 +9,8 @@ use super::form::parse_in;
 use super::*;
 use crate::action::Action;
 use crate::api::{
-    ApiError, ConnectionList, Kicked, LogFilters, Logs, Memory, Overview, PostedMessages, Revoked,
-    SlowConsumers,
+    ApiError, ConnectionList, Kicked, LogFilters, LogTailLine, Logs, Memory, Overview,
+    PostedMessages, Revoked, SlowConsumers,
 };
 
 /// A side effect for the app to run; its result comes back as an [`Update`].
@@ -66,6 +66,15 @@ pub enum Command {
         /// Folder for the files.
         dir: PathBuf,
     },
+    /// Capture a heap profile and save it.
+    HeapProfile {
+        /// Node index.
+        node: usize,
+        /// Sampling window.
+        seconds: u64,
+        /// Folder for the files.
+        dir: PathBuf,
+    },
     /// `POST /admin/v1/messages`: a SYSTEM message to a group.
     Announce {
         /// Node index.
@@ -75,6 +84,17 @@ pub enum Command {
         /// The text.
         text: String,
     },
+    /// `GET /admin/v1/logs/tail`: open the live tail of `uid` (closing any other).
+    StartTail {
+        /// Node index.
+        node: usize,
+        /// The user.
+        uid: String,
+        /// The tail's generation, echoed on its updates.
+        generation: u64,
+    },
+    /// Close the open tail.
+    StopTail,
     /// Poll everything now.
     Refresh,
 }
@@ -130,8 +150,24 @@ pub enum Update {
     },
     /// The global level was set (or not); `Ok` holds the level in force.
     GlobalLevelSet(Result<String, ApiError>),
-    /// A capture finished (and was saved, or not).
+    /// A CPU capture finished (and was saved, or not).
     Profile(Result<ProfileResult, ApiError>),
+    /// Lines of a live tail.
+    TailLines {
+        /// The tail's generation.
+        generation: u64,
+        /// The lines, in order.
+        lines: Vec<LogTailLine>,
+    },
+    /// A live tail ended: the node closed it (`Ok`) or it failed.
+    TailEnded {
+        /// The tail's generation.
+        generation: u64,
+        /// How.
+        result: Result<(), ApiError>,
+    },
+    /// A heap capture finished (and was saved, or not).
+    HeapProfile(Result<ProfileResult, ApiError>),
     /// An announcement was posted (or not).
     Announced {
         /// The group.
@@ -273,10 +309,14 @@ impl AppState {
             }
             Action::Down => self.move_cursor(1),
             Action::Up => self.move_cursor(-1),
+            Action::PageDown | Action::PageUp | Action::Bottom if self.tail_shown() => {
+                self.scroll_tail(action)
+            }
             Action::PageDown => self.move_cursor(20),
             Action::PageUp => self.move_cursor(-20),
             Action::Top => self.cursor[self.view.index()] = 0,
             Action::Bottom => self.cursor[self.view.index()] = usize::MAX,
+            Action::Tail if self.view == View::Logs => return self.toggle_tail(),
             Action::StartFilter => {
                 if matches!(
                     self.view,
@@ -313,6 +353,15 @@ impl AppState {
             Action::ToggleScale if self.view == View::Latency => {
                 self.latency_log_scale = !self.latency_log_scale;
             }
+            Action::ToggleScale if self.view == View::Profile => {
+                self.profile_kind = self.profile_kind.toggled();
+                self.cursor[View::Profile.index()] = 0;
+                self.info(format!(
+                    "{} profile (t: {})",
+                    self.profile_kind.label(),
+                    self.profile_kind.toggled().label()
+                ));
+            }
             Action::Refresh => {
                 self.refresh_generation += 1;
                 self.info("refreshing…");
@@ -340,12 +389,101 @@ impl AppState {
         Vec::new()
     }
 
+    /// True when the Logs view shows a tail (of the selected node).
+    pub fn tail_shown(&self) -> bool {
+        self.view == View::Logs && self.tail.as_ref().is_some_and(|t| t.node == self.selected)
+    }
+
+    /// Page up / down through the tail's lines; `G` follows the newest again.
+    fn scroll_tail(&mut self, action: Action) {
+        let Some(t) = &mut self.tail else {
+            return;
+        };
+        let max = t.lines.len().saturating_sub(1);
+        t.scroll = match action {
+            Action::PageUp => (t.scroll + 20).min(max),
+            Action::PageDown => t.scroll.saturating_sub(20),
+            _ => 0,
+        };
+    }
+
+    /// `f` in the Logs view: stops the open tail, or opens one of the selected filter's
+    /// user on this node.
+    fn toggle_tail(&mut self) -> Vec<Command> {
+        if let Some(t) = &mut self.tail {
+            if t.is_open() && t.node == self.selected {
+                t.status = TailStatus::Stopped;
+                let uid = t.uid.clone();
+                self.info(format!("live tail of {uid} stopped"));
+                return vec![Command::StopTail];
+            }
+        }
+        let Some(uid) = self
+            .visible_log_filters()
+            .get(self.cursor())
+            .map(|f| f.uid.clone())
+        else {
+            self.error("no log filter selected: add one with a, then f tails its user");
+            return Vec::new();
+        };
+        self.tail_generation += 1;
+        let generation = self.tail_generation;
+        let node = self.selected;
+        self.tail = Some(TailState {
+            node,
+            uid: uid.clone(),
+            generation,
+            lines: VecDeque::new(),
+            dropped: 0,
+            received: 0,
+            status: TailStatus::Opening,
+            scroll: 0,
+        });
+        self.info(format!("opening the live tail of {uid}…"));
+        vec![Command::StartTail {
+            node,
+            uid,
+            generation,
+        }]
+    }
+
+    /// Adds a tail's lines (when they are the open tail's).
+    fn tail_lines(&mut self, generation: u64, lines: Vec<LogTailLine>) {
+        let Some(t) = self.tail.as_mut().filter(|t| t.generation == generation) else {
+            return;
+        };
+        if t.status == TailStatus::Opening {
+            t.status = TailStatus::Live;
+        }
+        for l in lines {
+            match l.dropped {
+                Some(n) => t.dropped += n,
+                None => t.received += 1,
+            }
+            t.lines.push_back(l);
+            if t.scroll > 0 {
+                t.scroll += 1;
+            }
+        }
+        while t.lines.len() > TAIL_LINES {
+            t.lines.pop_front();
+        }
+        t.scroll = t.scroll.min(t.lines.len().saturating_sub(1));
+    }
+
     fn start_profile_form(&mut self) {
-        if let Some(ProfileState::Running { .. }) = self.node().map(|n| &n.profile) {
-            self.error("a capture is already running on this node");
+        let kind = self.profile_kind;
+        if let Some(ProfileState::Running { .. }) = self.node().map(|n| n.profile_of(kind)) {
+            self.error(format!(
+                "a {} capture is already running on this node",
+                kind.label()
+            ));
             return;
         }
-        self.mode = Mode::Form(Form::profile(&self.profile_settings));
+        self.mode = Mode::Form(match kind {
+            ProfileKind::Cpu => Form::profile(&self.profile_settings),
+            ProfileKind::Heap => Form::heap_profile(&self.profile_settings),
+        });
     }
 
     /// Asks before revoking the selected connection's user.
@@ -516,6 +654,7 @@ impl AppState {
                     seconds,
                     frequency,
                     dir: dir.clone(),
+                    ..self.profile_settings.clone()
                 };
                 let now = self.now;
                 if let Some(n) = self.node_mut() {
@@ -532,6 +671,26 @@ impl AppState {
                     frequency,
                     dir,
                 }])
+            }
+            FormKind::HeapProfile => {
+                let seconds = parse_in(form.value(0), "seconds", 1, 60)?;
+                let dir = form.value(1);
+                if dir.is_empty() {
+                    return Err("folder is empty".into());
+                }
+                let dir = PathBuf::from(dir);
+                self.profile_settings.heap_seconds = seconds;
+                self.profile_settings.dir = dir.clone();
+                let now = self.now;
+                if let Some(n) = self.node_mut() {
+                    n.heap = ProfileState::Running {
+                        started: now,
+                        seconds,
+                        frequency: 0,
+                    };
+                }
+                self.info(format!("sampling the heap for {seconds}s…"));
+                Ok(vec![Command::HeapProfile { node, seconds, dir }])
             }
         }
     }
@@ -664,35 +823,35 @@ impl AppState {
                     Err(e) => (Level::Error, format!("set global level failed: {e}")),
                 });
             }
-            Update::Profile(r) => match r {
-                Ok(p) => {
-                    message = Some(match (&p.save_error, &p.svg_path) {
-                        (Some(e), _) => (Level::Error, format!("profile captured, not saved: {e}")),
-                        (None, Some(svg)) => (
-                            Level::Info,
-                            format!("profile saved: {} (+ .pb.gz)", svg.display()),
-                        ),
-                        (None, None) => (Level::Info, "profile captured".to_owned()),
-                    });
-                    n.profile = ProfileState::Done(Box::new(p));
+            Update::Profile(r) => {
+                let (state, text) = profile_outcome(ProfileKind::Cpu, &name, r);
+                message = Some(text);
+                n.profile = state;
+            }
+            Update::HeapProfile(r) => {
+                let (state, text) = profile_outcome(ProfileKind::Heap, &name, r);
+                message = Some(text);
+                n.heap = state;
+            }
+            Update::TailLines { generation, lines } => {
+                self.tail_lines(generation, lines);
+                return;
+            }
+            Update::TailEnded { generation, result } => {
+                let Some(t) = self.tail.as_mut().filter(|t| t.generation == generation) else {
+                    return;
+                };
+                if !t.is_open() {
+                    return;
                 }
-                Err(e) => {
-                    let text = match &e {
-                        ApiError::Status {
-                            status: 409,
-                            message,
-                        } => {
-                            format!("a capture is already running on {name} (409): {message}")
-                        }
-                        ApiError::RouteMissing { .. } => {
-                            format!("{name} has no profile route yet (404 no such route)")
-                        }
-                        _ => format!("profile on {name} failed: {e}"),
-                    };
-                    message = Some((Level::Error, text.clone()));
-                    n.profile = ProfileState::Failed(text);
-                }
-            },
+                let why = match result {
+                    Ok(()) => "the node closed the stream".to_owned(),
+                    Err(e) => e.to_string(),
+                };
+                let text = format!("live tail of {} ended: {why}", t.uid);
+                t.status = TailStatus::Ended(why);
+                message = Some((Level::Error, text));
+            }
             Update::Announced { group_id, result } => {
                 message = Some(match result.map(|r| r.results.into_iter().next()) {
                     Ok(Some(p)) => (
@@ -717,6 +876,50 @@ impl AppState {
                 Level::Info => self.info(text),
                 Level::Error => self.error(text),
             }
+        }
+    }
+}
+
+/// A finished capture's state and status line.
+fn profile_outcome(
+    kind: ProfileKind,
+    name: &str,
+    r: Result<ProfileResult, ApiError>,
+) -> (ProfileState, (Level, String)) {
+    let label = kind.label();
+    match r {
+        Ok(p) => {
+            let text = match (&p.save_error, &p.svg_path) {
+                (Some(e), _) => (
+                    Level::Error,
+                    format!("{label} profile captured, not saved: {e}"),
+                ),
+                (None, Some(svg)) => (
+                    Level::Info,
+                    format!("{label} profile saved: {} (+ .pb.gz)", svg.display()),
+                ),
+                (None, None) => (Level::Info, format!("{label} profile captured")),
+            };
+            (ProfileState::Done(Box::new(p)), text)
+        }
+        Err(e) => {
+            let text = match &e {
+                ApiError::Status {
+                    status: 409,
+                    message,
+                } => {
+                    format!("a {label} capture is already running on {name} (409): {message}")
+                }
+                ApiError::Status {
+                    status: 503,
+                    message,
+                } => format!("{name} cannot take {label} profiles (503): {message}"),
+                ApiError::RouteMissing { .. } => {
+                    format!("{name} has no {label} profile route yet (404 no such route)")
+                }
+                _ => format!("{label} profile on {name} failed: {e}"),
+            };
+            (ProfileState::Failed(text.clone()), (Level::Error, text))
         }
     }
 }

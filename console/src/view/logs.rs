@@ -1,15 +1,17 @@
 //! Logs view: the node's global level and per-uid filters (add with `a`, remove with `x`),
-//! and its log files with their compression state and the off-peak window.
+//! and below them either its log files with their compression state and the off-peak
+//! window, or the live tail of the selected filter's user (`f` starts and stops it).
 
 use ratatui::layout::{Constraint, Flex, Layout, Rect};
 use ratatui::style::Style;
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Paragraph, Row, Table, Wrap};
+use ratatui::widgets::{Block, Paragraph, Row, Table, Wrap};
 use ratatui::Frame;
 
 use super::{block, header_style, problem, BAD, DIM, OK, WARN};
+use crate::api::LogTailLine;
 use crate::fmt;
-use crate::state::{AppState, NodeState};
+use crate::state::{AppState, NodeState, TailState, TailStatus};
 
 fn level_style(level: &str) -> Style {
     match level {
@@ -25,8 +27,18 @@ fn secs_of(v: f64) -> String {
 
 /// Draws the logs view of `node`.
 pub fn render(frame: &mut Frame<'_>, area: Rect, state: &AppState, node: &NodeState) {
-    let [filters_area, files_area] =
-        Layout::vertical([Constraint::Percentage(45), Constraint::Min(8)]).areas(area);
+    // With a tail open, the filters table shrinks to its rows and the tail takes the rest.
+    let top = if state.tail_shown() {
+        let rows = node
+            .log_filters
+            .data
+            .as_ref()
+            .map_or(0, |f| f.filters.len());
+        Constraint::Length((rows as u16).saturating_add(4).clamp(5, 12))
+    } else {
+        Constraint::Percentage(45)
+    };
+    let [filters_area, files_area] = Layout::vertical([top, Constraint::Min(8)]).areas(area);
 
     // Per-uid filters.
     match node.log_filters.data.as_ref() {
@@ -42,7 +54,7 @@ pub fn render(frame: &mut Frame<'_>, area: Rect, state: &AppState, node: &NodeSt
         Some(f) => {
             let rows = state.visible_log_filters();
             let mut title = format!(
-                "per-uid log filters · global level {} · {} active · a: add · x: remove",
+                "per-uid log filters · global level {} · {} active · a: add · x: remove · f: live tail",
                 f.global_level,
                 f.filters.len()
             );
@@ -99,6 +111,11 @@ pub fn render(frame: &mut Frame<'_>, area: Rect, state: &AppState, node: &NodeSt
                 }
             }
         }
+    }
+
+    if let Some(t) = state.tail.as_ref().filter(|_| state.tail_shown()) {
+        render_tail(frame, files_area, t);
+        return;
     }
 
     // Log files.
@@ -183,4 +200,107 @@ pub fn render(frame: &mut Frame<'_>, area: Rect, state: &AppState, node: &NodeSt
         Table::new(body, widths).header(header).flex(Flex::Start),
         table,
     );
+}
+
+/// The level as shown in a tail line: five columns, coloured.
+fn tail_level(level: &str) -> Span<'static> {
+    let style = match level {
+        "error" => Style::new().fg(BAD).bold(),
+        "warn" => Style::new().fg(WARN).bold(),
+        "info" => Style::new().fg(OK),
+        _ => Style::new().fg(DIM),
+    };
+    Span::styled(format!("{:<5}", level.to_uppercase()), style)
+}
+
+/// One tail line: time, level, target (without the crate), message, fields.
+fn tail_line(l: &LogTailLine) -> Line<'static> {
+    if let Some(n) = l.dropped {
+        return Line::from(Span::styled(
+            format!(" ⋯ {n} events dropped here: the console fell behind"),
+            Style::new().fg(WARN),
+        ));
+    }
+    let target = l.target.strip_prefix("im_server::").unwrap_or(&l.target);
+    let mut spans = vec![
+        Span::styled(
+            format!(" {} ", fmt::utc_time_ms(l.ts_ms)),
+            Style::new().fg(DIM),
+        ),
+        tail_level(&l.level),
+        Span::styled(format!(" {target:<18} "), Style::new().fg(DIM)),
+        Span::styled(l.message.clone(), Style::new().bold()),
+    ];
+    // The role (sender / recipient) first: it says how the event concerns the user.
+    let role = l.fields.get_key_value("role");
+    for (k, v) in role
+        .into_iter()
+        .chain(l.fields.iter().filter(|(k, _)| *k != "role"))
+    {
+        let v = match v {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        spans.push(Span::styled(format!(" {k}="), Style::new().fg(DIM)));
+        spans.push(Span::raw(v));
+    }
+    Line::from(spans)
+}
+
+/// The live tail pane: the newest lines that fit (or those `scroll` lines back).
+fn render_tail(frame: &mut Frame<'_>, area: Rect, t: &TailState) {
+    let status = match &t.status {
+        TailStatus::Opening => Span::styled("opening…", Style::new().fg(WARN)),
+        TailStatus::Live => Span::styled("live", Style::new().fg(OK).bold()),
+        TailStatus::Stopped => Span::styled("stopped", Style::new().fg(DIM)),
+        TailStatus::Ended(why) => Span::styled(format!("ended: {why}"), Style::new().fg(BAD)),
+    };
+    let mut title = vec![
+        Span::raw(format!(" live tail of {} · ", t.uid)),
+        status,
+        Span::raw(format!(" · {} events", t.received)),
+    ];
+    if t.dropped > 0 {
+        title.push(Span::styled(
+            format!(" · {} dropped", t.dropped),
+            Style::new().fg(WARN).bold(),
+        ));
+    }
+    if t.scroll > 0 {
+        title.push(Span::styled(
+            format!(" · {} lines back (G follows)", t.scroll),
+            Style::new().fg(WARN),
+        ));
+    }
+    title.push(Span::styled(
+        if t.is_open() {
+            " · f: stop · pgup pgdn: scroll "
+        } else {
+            " · f: tail again "
+        },
+        Style::new().fg(DIM),
+    ));
+    let outer = Block::bordered()
+        .border_style(Style::new().fg(DIM))
+        .title(Line::from(title));
+    let inner = outer.inner(area);
+    frame.render_widget(outer, area);
+    let rows = inner.height as usize;
+    if t.lines.is_empty() {
+        let hint = if t.is_open() {
+            " waiting for events: the user's actions show here as they happen"
+        } else {
+            " no events"
+        };
+        frame.render_widget(Line::from(Span::styled(hint, Style::new().fg(DIM))), inner);
+        return;
+    }
+    // `scroll` lines back from the newest; scrolled to the top, a full page from the oldest.
+    let mut end = t.lines.len().saturating_sub(t.scroll);
+    let start = end.saturating_sub(rows);
+    if start == 0 {
+        end = t.lines.len().min(rows);
+    }
+    let lines: Vec<Line<'static>> = t.lines.range(start..end).map(tail_line).collect();
+    frame.render_widget(Paragraph::new(lines), inner);
 }

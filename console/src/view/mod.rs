@@ -540,6 +540,7 @@ fn render_form(frame: &mut Frame<'_>, area: Rect, form: &Form) {
     let title = match form.kind {
         crate::state::FormKind::LogFilter => "add per-uid log filter",
         crate::state::FormKind::Profile => "capture CPU profile",
+        crate::state::FormKind::HeapProfile => "capture heap profile",
         crate::state::FormKind::GlobalLevel => "global log level (EnvFilter syntax)",
         crate::state::FormKind::Announce => "announce a SYSTEM message to a group",
     };

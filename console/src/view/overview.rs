@@ -1,5 +1,6 @@
 //! Overview view: the node's figures, sparklines of the last minutes (kept client-side),
-//! capacity headroom gauges per resource and the p50/p99 of every stage.
+//! capacity headroom gauges per resource, the tokio runtime and its monitored tasks (when
+//! the node reports them) and the p50/p99 of every stage.
 
 use std::collections::VecDeque;
 
@@ -10,7 +11,7 @@ use ratatui::widgets::{LineGauge, Paragraph, Row, Sparkline, Table};
 use ratatui::Frame;
 
 use super::{block, header_style, headroom_color, ACCENT, BAD, DIM, WARN};
-use crate::api::Overview;
+use crate::api::{Overview, RuntimeStats};
 use crate::fmt;
 use crate::state::{AppState, NodeState, HISTORY_LEN};
 
@@ -30,10 +31,18 @@ pub fn render(frame: &mut Frame<'_>, area: Rect, _state: &AppState, node: &NodeS
     } else {
         0
     };
-    let [top, capacity, cluster, stages] = Layout::vertical([
+    // The runtime panel (a node that reports it) under those, with what height is left.
+    let runtime_rows = o.runtime.as_ref().map_or(0, |r| {
+        (r.tasks.len() as u16 + 4 + u16::from(r.tasks.is_empty())).min(
+            area.height
+                .saturating_sub(6 + 8 + stage_rows + cluster_rows),
+        )
+    });
+    let [top, capacity, cluster, runtime, stages] = Layout::vertical([
         Constraint::Min(0),
         Constraint::Length(6),
         Constraint::Length(cluster_rows),
+        Constraint::Length(runtime_rows),
         Constraint::Length(stage_rows),
     ])
     .areas(area);
@@ -45,7 +54,111 @@ pub fn render(frame: &mut Frame<'_>, area: Rect, _state: &AppState, node: &NodeS
     if cluster_rows > 0 {
         render_cluster(frame, cluster, o);
     }
+    if let (Some(r), true) = (&o.runtime, runtime_rows > 0) {
+        render_runtime(frame, runtime, r);
+    }
     render_stages(frame, stages, o);
+}
+
+/// Green/yellow/red for a busy ratio (1 = saturated).
+fn busy_color(r: f64) -> ratatui::style::Color {
+    headroom_color(1.0 - r)
+}
+
+/// The tokio runtime (workers' busy share, global queue, alive tasks) and, per
+/// monitored task, its polls, mean poll, slow polls and mean scheduled delay over the
+/// last second.
+fn render_runtime(frame: &mut Frame<'_>, area: Rect, r: &RuntimeStats) {
+    let title = format!(
+        "runtime: {} workers {} busy · global queue {} · {} alive tasks",
+        r.workers,
+        fmt::percent(r.busy_ratio),
+        r.global_queue_depth,
+        r.alive_tasks
+    );
+    let outer = block(title);
+    let inner = outer.inner(area);
+    frame.render_widget(outer, area);
+    let [workers, table] =
+        Layout::vertical([Constraint::Length(1), Constraint::Min(0)]).areas(inner);
+    let mut spans = vec![Span::styled(
+        format!(" {:<14}", "workers busy"),
+        Style::new().fg(DIM),
+    )];
+    for (i, b) in r.worker_busy_ratio.iter().enumerate() {
+        spans.push(Span::styled(format!("w{i} "), Style::new().fg(DIM)));
+        spans.push(Span::styled(
+            format!("{:<8}", fmt::percent(*b)),
+            Style::new().fg(busy_color(*b)).bold(),
+        ));
+    }
+    if r.global_queue_depth > 0 {
+        spans.push(Span::styled(
+            format!(" {} waiting for a worker", r.global_queue_depth),
+            Style::new().fg(WARN).bold(),
+        ));
+    }
+    frame.render_widget(Line::from(spans), workers);
+    if r.tasks.is_empty() {
+        let why = if r.task_monitors {
+            " no monitored task has started"
+        } else {
+            " task monitors off (obs.task_monitors = false)"
+        };
+        frame.render_widget(Line::styled(why, Style::new().fg(DIM)), table);
+        return;
+    }
+    let header = Row::new([
+        "task",
+        "alive",
+        "polls/s",
+        "mean poll",
+        "slow/s",
+        "slow total",
+        "sched delay",
+        "polls total",
+    ])
+    .style(header_style());
+    // A scheduled delay past a millisecond is a task waiting behind others for a worker.
+    let rows = r.tasks.iter().map(|t| {
+        let delay_style = if t.mean_scheduled_delay_us >= 10_000.0 {
+            Style::new().fg(BAD).bold()
+        } else if t.mean_scheduled_delay_us >= 1_000.0 {
+            Style::new().fg(WARN).bold()
+        } else {
+            Style::new()
+        };
+        let slow_style = if t.slow_polls > 0 {
+            Style::new().fg(WARN).bold()
+        } else {
+            Style::new()
+        };
+        Row::new(vec![
+            Span::raw(t.task.clone()),
+            Span::raw(t.alive.to_string()),
+            Span::raw(t.polls.to_string()),
+            Span::raw(fmt::micros(t.mean_poll_us)),
+            Span::styled(t.slow_polls.to_string(), slow_style),
+            Span::raw(format!(
+                "{} ({})",
+                t.slow_polls_total,
+                fmt::micros(t.slow_poll_secs_total * 1e6)
+            )),
+            Span::styled(fmt::micros(t.mean_scheduled_delay_us), delay_style),
+            Span::raw(t.polls_total.to_string()),
+        ])
+    });
+    let widths = [
+        Constraint::Length(16),
+        Constraint::Length(6),
+        Constraint::Length(8),
+        Constraint::Length(10),
+        Constraint::Length(7),
+        Constraint::Length(16),
+        Constraint::Length(12),
+        Constraint::Min(11),
+    ];
+    frame.render_widget(Table::new(rows, widths).header(header), table);
 }
 
 /// The cluster's nodes as this node's registry sees them, and the total.

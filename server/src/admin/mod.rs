@@ -124,11 +124,11 @@ async fn readyz(State(node): State<Arc<Node>>) -> Response {
 
 async fn metrics(State(node): State<Arc<Node>>) -> Response {
     match &node.prometheus {
-        Some(h) => (
-            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-            h.render(),
-        )
-            .into_response(),
+        Some(h) => {
+            let mut body = h.render();
+            node.metrics.render_stages(&mut body);
+            ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
+        }
         None => error(
             StatusCode::SERVICE_UNAVAILABLE,
             "metrics recorder not installed",

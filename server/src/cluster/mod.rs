@@ -55,6 +55,7 @@ use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
 use crate::config::Config;
+use crate::obs::runtime::{spawn, Task};
 use crate::pipeline::relation::Relations;
 use crate::pipeline::route::{Forward, Peers, Router};
 use presence::PresenceMap;
@@ -612,28 +613,33 @@ impl Cluster {
             tracing::warn!(error = %e, "could not publish the first load report");
         }
         let mut tasks = vec![
-            tokio::spawn(inbound(
-                futures_util::stream::select_all(subs),
-                router.clone(),
-                relations.clone(),
-                revoked,
-                link.node_id.clone(),
-                link.key.clone(),
-            )),
-            tokio::spawn(report_loop(
-                self.buckets.clone(),
-                link.clone(),
-                report.clone(),
-                self.report_interval,
-            )),
-            tokio::spawn(group_notices(link.clone(), group_changes)),
+            spawn(
+                Task::ClusterInbound,
+                inbound(
+                    futures_util::stream::select_all(subs),
+                    router.clone(),
+                    relations.clone(),
+                    revoked,
+                    link.node_id.clone(),
+                    link.key.clone(),
+                ),
+            ),
+            spawn(
+                Task::Cluster,
+                report_loop(
+                    self.buckets.clone(),
+                    link.clone(),
+                    report.clone(),
+                    self.report_interval,
+                ),
+            ),
+            spawn(Task::Cluster, group_notices(link.clone(), group_changes)),
         ];
         if let Some(rx) = self.presence_rx.lock().ok().and_then(|mut r| r.take()) {
-            tasks.push(tokio::spawn(write_presence(
-                self.buckets.clone(),
-                link.clone(),
-                rx,
-            )));
+            tasks.push(spawn(
+                Task::Cluster,
+                write_presence(self.buckets.clone(), link.clone(), rx),
+            ));
         }
         let mut supervisor = Supervisor {
             js: self.js.clone(),
@@ -650,7 +656,7 @@ impl Cluster {
         supervisor.recreated.absolute(0);
         supervisor.resyncs.absolute(0);
         supervisor.spawn_watchers();
-        tasks.push(tokio::spawn(supervisor.run()));
+        tasks.push(spawn(Task::Cluster, supervisor.run()));
         Ok(tasks)
     }
 
@@ -938,12 +944,14 @@ impl Supervisor {
 
     fn spawn_watchers(&mut self) {
         self.watchers = Watchers(vec![
-            tokio::spawn(watch_registry(self.buckets.clone(), self.link.clone())),
-            tokio::spawn(watch_presence(
-                self.buckets.clone(),
-                self.link.clone(),
-                self.router.clone(),
-            )),
+            spawn(
+                Task::Cluster,
+                watch_registry(self.buckets.clone(), self.link.clone()),
+            ),
+            spawn(
+                Task::Cluster,
+                watch_presence(self.buckets.clone(), self.link.clone(), self.router.clone()),
+            ),
         ]);
     }
 

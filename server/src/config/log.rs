@@ -33,6 +33,10 @@ pub struct LogConfig {
     pub uid_filters: bool,
     /// Most per-uid filters at once.
     pub max_uid_filters: u32,
+    /// Recent events of filtered users kept in memory for the live tail.
+    pub tail_ring_events: u32,
+    /// Most live tails (`GET /admin/v1/logs/tail`) open at once.
+    pub max_tails: u32,
     /// Off-peak window start, local `HH:MM`: rotated files are compressed inside it.
     pub window_start: String,
     /// Off-peak window end, local `HH:MM` (may be before the start: the window wraps midnight).
@@ -63,6 +67,8 @@ impl Default for LogConfig {
             buffered_lines: 128_000,
             uid_filters: true,
             max_uid_filters: 10_000,
+            tail_ring_events: 4096,
+            max_tails: 8,
             window_start: "03:00".into(),
             window_end: "05:00".into(),
             retention_hours: 168,
@@ -83,6 +89,8 @@ impl LogConfig {
             level: self.level.clone(),
             uid_filters: self.uid_filters,
             max_uid_filters: self.max_uid_filters as usize,
+            tail_ring_events: self.tail_ring_events as usize,
+            max_tails: self.max_tails as usize,
             dir: self.files.then(|| self.dir_in(data_dir)),
             prefix: self.prefix.clone(),
             rotation: self.rotation.clone(),
@@ -120,6 +128,8 @@ impl LogConfig {
         name_chars("log.prefix", &self.prefix)?;
         range("log.buffered_lines", self.buffered_lines, 1, 10_000_000)?;
         range("log.max_uid_filters", self.max_uid_filters, 1, 1_000_000)?;
+        range("log.tail_ring_events", self.tail_ring_events, 16, 1_000_000)?;
+        range("log.max_tails", self.max_tails, 1, 64)?;
         let start = crate::obs::compactor::TimeOfDay::parse(&self.window_start)
             .map_err(|e| invalid("log.window_start", &self.window_start, &e))?;
         let end = crate::obs::compactor::TimeOfDay::parse(&self.window_end)

@@ -472,6 +472,7 @@ mod tests {
         .unwrap();
         assert_eq!(c.log.level, "info,im_server::store=debug");
         assert_eq!(c.log.idle_msgs_per_sec, 2.5);
+        assert_eq!((c.log.tail_ring_events, c.log.max_tails), (4096, 8));
         for (var, value, key) in [
             ("IM_LOG_LEVEL", "loud", "log.level"),
             ("IM_LOG_ROTATION", "weekly", "log.rotation"),
@@ -480,6 +481,10 @@ mod tests {
             ("IM_LOG_ZSTD_LEVEL", "30", "log.zstd_level"),
             ("IM_LOG_COMPRESS_CPU_SHARE", "0", "log.compress_cpu_share"),
             ("IM_LOG_PREFIX", "a/b", "log.prefix"),
+            ("IM_LOG_TAIL_RING_EVENTS", "8", "log.tail_ring_events"),
+            ("IM_LOG_TAIL_RING_EVENTS", "many", "log.tail_ring_events"),
+            ("IM_LOG_MAX_TAILS", "0", "log.max_tails"),
+            ("IM_LOG_MAX_TAILS", "65", "log.max_tails"),
         ] {
             let e = Config::load_from(None, &Overrides::default(), env(&[(var, value)]))
                 .unwrap_err()

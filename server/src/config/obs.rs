@@ -1,4 +1,4 @@
-//! `[obs]`: stage probes and the sampler, with their defaults and validation.
+//! `[obs]`: stage probes, task monitors and the sampler, with their defaults and validation.
 
 use serde::{Deserialize, Serialize};
 
@@ -17,6 +17,8 @@ pub struct Obs {
     pub conn_bytes_estimate: u64,
     /// Memory limit for headroom when no cgroup limit is set (0: physical memory).
     pub memory_limit_bytes: u64,
+    /// Task monitors on the long-lived tasks (`im_task_*`; off only to measure their cost).
+    pub task_monitors: bool,
 }
 
 impl Default for Obs {
@@ -26,6 +28,7 @@ impl Default for Obs {
             sample_interval_ms: 1000,
             conn_bytes_estimate: 32 * 1024,
             memory_limit_bytes: 0,
+            task_monitors: true,
         }
     }
 }

@@ -1,8 +1,8 @@
 //! Log outputs: the process's `tracing` subscriber. Owns
 //! [`init`], which installs human text on stderr plus JSON lines into rolling files
 //! (`tracing-appender`, written by a non-blocking worker thread whose bytes are counted),
-//! both behind one [`DiagFilter`], and the process-wide [`LogControl`] that the admin API
-//! and the compactor use.
+//! both behind one [`DiagFilter`] together with the live tail's ring (`tail`), and the
+//! process-wide [`LogControl`] that the admin API and the compactor use.
 
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -17,6 +17,7 @@ use tracing_subscriber::Layer;
 
 use super::compactor::{LogStats, Window};
 use super::logfilter::{DiagFilter, LevelSpec, LogFilters};
+use super::tail::{Tail, TailLayer, SUBSCRIBER_QUEUE};
 
 /// What [`init`] needs: the `[log]` settings that shape the outputs, with the file
 /// directory resolved (the config builds it: `LogConfig::options`).
@@ -28,6 +29,10 @@ pub struct LogOptions {
     pub uid_filters: bool,
     /// Most per-uid filters at once (`log.max_uid_filters`).
     pub max_uid_filters: usize,
+    /// Events the live tail's ring keeps (`log.tail_ring_events`).
+    pub tail_ring_events: usize,
+    /// Most live tails at once (`log.max_tails`).
+    pub max_tails: usize,
     /// Directory of the JSON files; `None` when `log.files = false`.
     pub dir: Option<PathBuf>,
     /// File name prefix (`log.prefix`).
@@ -77,6 +82,8 @@ pub enum LogInitError {
 pub struct LogControl {
     /// Global level and per-uid filters.
     pub filters: Arc<LogFilters>,
+    /// The live tail's ring and subscribers.
+    pub tail: Arc<Tail>,
     /// The log directory (None when `log.files = false`).
     pub dir: Option<PathBuf>,
     /// File name prefix.
@@ -147,6 +154,12 @@ pub fn init(lc: &LogOptions) -> Result<LogGuard, LogInitError> {
     })?;
     let filters = LogFilters::new(spec, lc.uid_filters, lc.max_uid_filters);
     filters.install();
+    let tail = Tail::new(
+        filters.clone(),
+        lc.tail_ring_events,
+        lc.max_tails,
+        SUBSCRIBER_QUEUE,
+    );
     let stats = Arc::new(LogStats::default());
     let stderr = tracing_subscriber::fmt::layer()
         .with_writer(io::stderr)
@@ -195,6 +208,7 @@ pub fn init(lc: &LogOptions) -> Result<LogGuard, LogInitError> {
         .with(
             stderr
                 .and_then(file_layer)
+                .and_then(TailLayer::new(tail.clone()))
                 .with_filter(DiagFilter::new(filters.clone())),
         )
         .try_init()
@@ -204,6 +218,7 @@ pub fn init(lc: &LogOptions) -> Result<LogGuard, LogInitError> {
     let window = Window::parse(&lc.window_start, &lc.window_end).map_err(LogInitError::Window)?;
     let _ = CONTROL.set(Arc::new(LogControl {
         filters,
+        tail,
         dir,
         prefix: lc.prefix.clone(),
         stats,

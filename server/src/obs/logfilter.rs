@@ -14,8 +14,13 @@
 //! thread-local connection and one relaxed load of its uid's level slot: no global lock,
 //! no map lookup, nothing put or removed per message. Changes call
 //! `tracing::callsite::rebuild_interest_cache()`.
+//!
+//! Attribution. Tasks shared by every user (the persistence writer, the router) emit
+//! one user's events with [`as_uid`]: [`filtered_uids`] says (one relaxed load when no
+//! filter is set) whether any uid is filtered and at what level, and inside `as_uid`
+//! the event passes this filter at that uid's level, as if it ran on its connection.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -45,6 +50,8 @@ static CONN_FILTERS: OnceLock<Arc<LogFilters>> = OnceLock::new();
 struct ConnCell {
     span: Span,
     slot: OnceLock<Arc<UidSlot>>,
+    /// The logged-in user, once known.
+    uid: OnceLock<Arc<str>>,
     filters: Arc<LogFilters>,
 }
 
@@ -54,6 +61,7 @@ impl ConnCell {
             // ERROR-level so that it exists whatever the global level.
             span: tracing::error_span!(target: CONN_TARGET, CONN_SPAN, conn_id, uid = tracing::field::Empty),
             slot: OnceLock::new(),
+            uid: OnceLock::new(),
             filters: filters.clone(),
         })
     }
@@ -73,6 +81,55 @@ impl ConnCell {
 thread_local! {
     /// The connection whose future is being polled on this thread (null: none).
     static CURRENT: Cell<*const ConnCell> = const { Cell::new(std::ptr::null()) };
+    /// The user the events emitted now are attributed to, with its filter level
+    /// ([`as_uid`]); `None` outside.
+    static ATTRIBUTED: RefCell<Option<(Arc<str>, u8)>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with its events attributed to `uid` at filter `level` (a rank, as in
+/// [`filtered_uids`]): they pass the log filter at that level and the live tail files
+/// them under `uid`. For the shared tasks (writer, router) that emit one user's events.
+pub fn as_uid<R>(uid: &Arc<str>, level: u8, f: impl FnOnce() -> R) -> R {
+    struct Reset(Option<(Arc<str>, u8)>);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            let prev = self.0.take();
+            ATTRIBUTED.with(|a| *a.borrow_mut() = prev);
+        }
+    }
+    let prev = ATTRIBUTED.with(|a| a.borrow_mut().replace((uid.clone(), level)));
+    let _reset = Reset(prev);
+    f()
+}
+
+/// The attributed level, if an [`as_uid`] scope is open on this thread.
+fn attributed_level() -> Option<u8> {
+    ATTRIBUTED.with(|a| a.borrow().as_ref().map(|(_, l)| *l))
+}
+
+/// The uids under a filter, with their levels (ranks: 1 error to 5 trace); `None`, for
+/// the cost of one relaxed load, while no filter is set (or logging is not managed).
+pub fn filtered_uids() -> Option<Arc<HashMap<Arc<str>, u8>>> {
+    let f = CONN_FILTERS.get()?;
+    if !f.any.load(Ordering::Relaxed) {
+        return None;
+    }
+    Some(f.levels())
+}
+
+/// The user of the open [`as_uid`] scope on this thread, with its level.
+pub(crate) fn attributed_uid() -> Option<(Arc<str>, u8)> {
+    ATTRIBUTED.with(|a| a.borrow().clone())
+}
+
+/// The user of the connection being polled on this thread, with its level, if its uid
+/// has a filter.
+pub(crate) fn conn_uid() -> Option<(Arc<str>, u8)> {
+    with_current(|c| {
+        let l = c.level()?;
+        Some((c.uid.get()?.clone(), l))
+    })
+    .flatten()
 }
 
 /// Restores the previous current connection, also when a poll panics.
@@ -151,12 +208,13 @@ pub fn in_current_conn<F: Future>(fut: F) -> InConn<F> {
 pub fn set_conn_uid(uid: &str) {
     with_current(|c| {
         c.span.record("uid", uid);
+        let _ = c.uid.set(Arc::from(uid));
         let _ = c.slot.set(c.filters.slot_for(uid));
     });
 }
 
 /// Rank of an event level: 1 (error) to 5 (trace).
-fn rank(level: &Level) -> u8 {
+pub(crate) fn rank(level: &Level) -> u8 {
     match *level {
         Level::ERROR => 1,
         Level::WARN => 2,
@@ -332,7 +390,8 @@ pub struct FilterInfo {
     pub remaining_secs: f64,
 }
 
-fn level_name(r: u8) -> &'static str {
+/// The name of a level rank (`error` .. `trace`).
+pub(crate) fn level_name(r: u8) -> &'static str {
     match r {
         1 => "error",
         2 => "warn",
@@ -364,6 +423,9 @@ pub struct LogFilters {
     uid_max: AtomicU8,
     uid_min: AtomicU8,
     table: Mutex<Table>,
+    /// The filtered uids and their levels, rebuilt at every change (read by
+    /// [`filtered_uids`] and the live tail without taking the table's lock).
+    levels: RwLock<Arc<HashMap<Arc<str>, u8>>>,
     uid_enabled: bool,
     max_filters: usize,
     /// The global level is above `info`: connections enter their span on every poll.
@@ -381,6 +443,7 @@ impl LogFilters {
             uid_max: AtomicU8::new(0),
             uid_min: AtomicU8::new(0),
             table: Mutex::new(Table::default()),
+            levels: RwLock::new(Arc::new(HashMap::new())),
             uid_enabled,
             max_filters,
         })
@@ -400,6 +463,27 @@ impl LogFilters {
 
     fn table(&self) -> std::sync::MutexGuard<'_, Table> {
         self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The filtered uids and their levels (ranks).
+    pub fn levels(&self) -> Arc<HashMap<Arc<str>, u8>> {
+        match self.levels.read() {
+            Ok(l) => l.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    /// Whether any uid filter is set (one relaxed load).
+    pub fn any_filter(&self) -> bool {
+        self.any.load(Ordering::Relaxed)
+    }
+
+    /// The filter level (rank) of `uid`, if it has a filter.
+    pub fn level_of(&self, uid: &str) -> Option<u8> {
+        if !self.any_filter() {
+            return None;
+        }
+        self.levels().get(uid).copied()
     }
 
     /// The global level spec in force.
@@ -530,6 +614,15 @@ impl LogFilters {
     fn summarize(&self, t: &Table) -> bool {
         let n = t.filters.len();
         metrics::gauge!("im_log_filters_active").set(n as f64);
+        let levels: HashMap<Arc<str>, u8> = t
+            .filters
+            .iter()
+            .map(|(k, e)| (k.clone(), e.level))
+            .collect();
+        match self.levels.write() {
+            Ok(mut l) => *l = Arc::new(levels),
+            Err(p) => *p.into_inner() = Arc::new(levels),
+        }
         let (max, min) = t
             .filters
             .values()
@@ -669,6 +762,9 @@ impl<S: tracing::Subscriber> Filter<S> for DiagFilter {
             return false;
         }
         if self.filters.any.load(Ordering::Relaxed) {
+            if let Some(l) = attributed_level() {
+                return rank(meta.level()) <= l;
+            }
             if let Some(Some(l)) = with_current(ConnCell::level) {
                 return rank(meta.level()) <= l;
             }
@@ -692,7 +788,8 @@ mod tests {
     /// The hot-path cost per message of the per-uid machinery, in-process and precise
     /// where end-to-end throughput on a shared machine is not. Per message: four polls
     /// of a connection future (read loop, write loop, the receiver's write loop, one
-    /// spare) and one debug event, with both outputs installed (writing to a sink).
+    /// spare), one debug event and the writer's and router's two looks at the filter
+    /// set, with both outputs and the live tail's layer installed (writing to a sink).
     /// `cargo test --release -p im-server --lib hot_path_cost -- --ignored --nocapture`
     #[test]
     #[ignore]
@@ -700,8 +797,9 @@ mod tests {
         use tracing_subscriber::layer::SubscriberExt;
         use tracing_subscriber::Layer;
 
-        /// Polled forever; every fifth poll emits the message's debug event.
-        struct Conn(u64, u64);
+        /// Polled forever; every fifth poll emits the message's debug event, and asks
+        /// the filter set twice, as the writer and the router do for each message.
+        struct Conn(u64, u64, Arc<LogFilters>);
         impl Future for Conn {
             type Output = ();
             fn poll(mut self: Pin<&mut Self>, _: &mut std::task::Context<'_>) -> Poll<()> {
@@ -709,6 +807,12 @@ mod tests {
                 if self.1 == 5 {
                     self.1 = 0;
                     self.0 += 1;
+                    for _ in 0..2 {
+                        // `filtered_uids`, on this run's filters.
+                        if self.2.any_filter() {
+                            std::hint::black_box(self.2.levels());
+                        }
+                    }
                     tracing::debug!(
                         req_id = self.0,
                         bytes = 100usize,
@@ -738,13 +842,16 @@ mod tests {
                             .with_current_span(true)
                             .with_writer(std::io::sink),
                     )
+                    .and_then(super::super::tail::TailLayer::new(
+                        super::super::tail::Tail::new(f.clone(), 4096, 8, 1024),
+                    ))
                     .with_filter(DiagFilter::new(f.clone())),
             );
             let _g = tracing::subscriber::set_default(sub);
             rebuild();
             let mut conn = InConn {
                 cell: uid_enabled.then(|| ConnCell::new(&f, 7)),
-                fut: Box::pin(Conn(0, 0)),
+                fut: Box::pin(Conn(0, 0, f.clone())),
             };
             let waker = std::task::Waker::noop();
             let mut cx = std::task::Context::from_waker(waker);

@@ -2,20 +2,24 @@
 //! process) and the [`Metrics`] handles every stage records into; handles are looked up
 //! once here, never per message (names: docs/design.md). Submodules read the
 //! allocator (`alloc`), the OS (`process`), compute capacity headroom (`capacity`), keep
-//! in-process latency histograms (`latency`) and sample it all each second (`sampler`).
+//! in-process latency histograms (`latency`), read the tokio runtime and the task monitors
+//! of the long-lived tasks (`runtime`) and sample it all each second (`sampler`).
 //! The operator's live-diagnosis tools live here too: on-demand CPU profiles
-//! (`profile`), per-uid log filters (`logfilter`), rolling log files (`logfiles`) and their
-//! off-peak compression (`compactor`).
+//! (`profile`), per-uid log filters (`logfilter`), the live tail of filtered users' events
+//! (`tail`), rolling log files (`logfiles`) and their off-peak compression (`compactor`).
 
 pub mod alloc;
 pub mod capacity;
 pub mod compactor;
+pub mod heap;
 pub mod latency;
 pub mod logfiles;
 pub mod logfilter;
 pub mod process;
 pub mod profile;
+pub mod runtime;
 pub mod sampler;
+pub mod tail;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -88,11 +92,6 @@ impl Stage {
     }
 }
 
-/// Histogram buckets for stage latencies: 1 us to 10 s.
-const STAGE_BUCKETS: &[f64] = &[
-    1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2,
-    5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
 /// Buckets for batch sizes.
 const BATCH_BUCKETS: &[f64] = &[
     1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
@@ -104,17 +103,12 @@ static RECORDER: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 pub fn install_recorder() -> Option<PrometheusHandle> {
     RECORDER
         .get_or_init(|| {
-            let builder = PrometheusBuilder::new()
-                .set_buckets_for_metric(
-                    Matcher::Full("im_stage_duration_seconds".into()),
-                    STAGE_BUCKETS,
-                )
-                .and_then(|b| {
-                    b.set_buckets_for_metric(
-                        Matcher::Full("im_persist_batch_size".into()),
-                        BATCH_BUCKETS,
-                    )
-                });
+            // `im_stage_duration_seconds` is not the recorder's: [`Metrics::render_stages`]
+            // writes it from the probes' own histograms.
+            let builder = PrometheusBuilder::new().set_buckets_for_metric(
+                Matcher::Full("im_persist_batch_size".into()),
+                BATCH_BUCKETS,
+            );
             match builder.and_then(|b| b.install_recorder()) {
                 Ok(handle) => Some(handle),
                 Err(e) => {
@@ -170,7 +164,6 @@ pub const REJECT_REASONS: [&str; 4] = [
 /// Cheap, cloneable metric handles for the hot path.
 #[derive(Clone)]
 pub struct Metrics {
-    stages: [Histogram; 11],
     hists: Arc<[latency::LatencyHist; 11]>,
     probes: Arc<AtomicBool>,
     /// Running totals.
@@ -206,8 +199,6 @@ impl Metrics {
     /// With `probes` false, stage timings are not recorded (for overhead comparisons).
     pub fn new(probes: bool) -> Self {
         describe();
-        let stages =
-            Stage::ALL.map(|s| histogram!("im_stage_duration_seconds", "stage" => s.name()));
         // Labelled series that dashboards expect exist from the start, at zero.
         for reason in BAD_FRAME_REASONS {
             counter!("im_bad_frames_total", "reason" => *reason).absolute(0);
@@ -228,9 +219,13 @@ impl Metrics {
         }
         // Fed by the log and profiling tools; present (at zero) from the start.
         gauge!("im_log_filters_active").set(0.0);
+        gauge!("im_log_tail_subscribers").set(0.0);
+        counter!("im_log_tail_events_total").absolute(0);
+        counter!("im_log_tail_dropped_total").absolute(0);
         counter!("im_log_bytes_written_total").absolute(0);
         counter!("im_log_compressed_bytes_total").absolute(0);
         counter!("im_profiles_captured_total").absolute(0);
+        counter!("im_heap_profiles_captured_total").absolute(0);
         // Store health (set by the persistence writer and the sampler).
         for reason in STORE_FAULTS {
             counter!("im_store_faults_total", "reason" => *reason).absolute(0);
@@ -239,7 +234,6 @@ impl Metrics {
         counter!("im_store_refused_sends_total", "reason" => "disk_low").absolute(0);
         counter!("im_store_connection_resets_total").absolute(0);
         Metrics {
-            stages,
             hists: Arc::new(std::array::from_fn(|_| latency::LatencyHist::default())),
             probes: Arc::new(AtomicBool::new(probes)),
             totals: Arc::new(Totals::default()),
@@ -259,14 +253,44 @@ impl Metrics {
         }
     }
 
-    /// Records one stage duration (one relaxed load when probes are off).
+    /// Records one stage duration, once: the overview's percentiles and the scrape both
+    /// read this histogram (one relaxed load when probes are off).
     #[inline]
     pub fn stage(&self, stage: Stage, d: Duration) {
         if !self.probes.load(Ordering::Relaxed) {
             return;
         }
-        self.stages[stage as usize].record(d.as_secs_f64());
-        self.hists[stage as usize].record_ns(d.as_nanos() as u64);
+        self.hists[stage as usize].record_ns(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    }
+
+    /// Appends `im_stage_duration_seconds` (every stage, its Prometheus buckets, sum and
+    /// count) to a scrape in the text exposition format.
+    pub fn render_stages(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        out.push_str(
+            "# HELP im_stage_duration_seconds Latency of each stage of the message path.\n\
+             # TYPE im_stage_duration_seconds histogram\n",
+        );
+        for (stage, hist) in Stage::ALL.iter().zip(self.hists.iter()) {
+            let p = hist.prometheus();
+            let name = stage.name();
+            for (le, count) in latency::PROM_BUCKETS.iter().zip(p.le) {
+                let _ = writeln!(
+                    out,
+                    "im_stage_duration_seconds_bucket{{stage=\"{name}\",le=\"{le}\"}} {count}"
+                );
+            }
+            let _ = writeln!(
+                out,
+                "im_stage_duration_seconds_bucket{{stage=\"{name}\",le=\"+Inf\"}} {}\n\
+                 im_stage_duration_seconds_sum{{stage=\"{name}\"}} {}\n\
+                 im_stage_duration_seconds_count{{stage=\"{name}\"}} {}",
+                p.count,
+                p.sum_ns as f64 / 1e9,
+                p.count
+            );
+        }
+        out.push('\n');
     }
 
     /// Whether stage probes are on.
@@ -424,11 +448,6 @@ fn describe() {
         "Deliveries encoded (once per message, whatever the recipient count)."
     );
     describe_counter!("im_bad_frames_total", "Bad client input, by reason.");
-    describe_histogram!(
-        "im_stage_duration_seconds",
-        Unit::Seconds,
-        "Latency of each stage of the message path."
-    );
     describe_counter!(
         "im_sync_hints_total",
         "Sync hints sent: notify-and-pull to members of large groups, and to every session after a cluster resync."
@@ -486,6 +505,18 @@ fn describe() {
         "im_log_filters_active",
         "Per-uid log level overrides in force."
     );
+    describe_gauge!(
+        "im_log_tail_subscribers",
+        "Live log tails (GET /admin/v1/logs/tail) open now."
+    );
+    describe_counter!(
+        "im_log_tail_events_total",
+        "Events of filtered users filed in the live tail's ring."
+    );
+    describe_counter!(
+        "im_log_tail_dropped_total",
+        "Live tail events dropped because a tail's reader fell behind."
+    );
     describe_counter!(
         "im_log_bytes_written_total",
         Unit::Bytes,
@@ -497,6 +528,10 @@ fn describe() {
         "Bytes of rotated log files compressed."
     );
     describe_counter!("im_profiles_captured_total", "CPU profiles captured.");
+    describe_counter!(
+        "im_heap_profiles_captured_total",
+        "Heap profiles captured (GET /admin/v1/profile/heap)."
+    );
     describe_gauge!(
         "im_cluster_link_up",
         "1 while this node's cluster link works (NATS connected, KV buckets usable), else 0."
@@ -548,6 +583,77 @@ fn describe() {
     describe_counter!(
         "im_cluster_presence_errors_total",
         "Presence writes to the KV bucket that failed (written again after a resync)."
+    );
+    describe_gauge!("im_runtime_workers", "Worker threads of the tokio runtime.");
+    describe_gauge!(
+        "im_runtime_alive_tasks",
+        "Tasks alive on the tokio runtime (spawned, not yet finished)."
+    );
+    describe_gauge!(
+        "im_runtime_global_queue_depth",
+        "Tasks waiting in the tokio runtime's global (injection) queue."
+    );
+    describe_gauge!(
+        "im_runtime_busy_ratio",
+        "Share of the last sampler interval the runtime's workers spent polling tasks, over all workers (0..1)."
+    );
+    describe_gauge!(
+        "im_runtime_worker_busy_ratio",
+        "Share of the last sampler interval each runtime worker spent polling tasks (0..1)."
+    );
+    describe_counter!(
+        "im_runtime_worker_busy_seconds_total",
+        Unit::Seconds,
+        "Time each runtime worker spent polling tasks (whole seconds)."
+    );
+    describe_counter!(
+        "im_runtime_worker_parks_total",
+        "Times each runtime worker parked (ran out of work and went to sleep)."
+    );
+    describe_counter!(
+        "im_task_instrumented_total",
+        "Long-lived tasks started under a task monitor, by task (writer, router, receipts, cluster_inbound, cluster)."
+    );
+    describe_gauge!(
+        "im_task_alive",
+        "Monitored long-lived tasks running now, by task."
+    );
+    describe_counter!(
+        "im_task_polls_total",
+        "Polls of the monitored tasks, by task."
+    );
+    describe_counter!(
+        "im_task_poll_seconds_total",
+        Unit::Seconds,
+        "Time spent polling the monitored tasks, by task (whole seconds)."
+    );
+    describe_counter!(
+        "im_task_slow_polls_total",
+        "Polls of the monitored tasks that took 1 ms or more (held a worker), by task."
+    );
+    describe_counter!(
+        "im_task_slow_poll_seconds_total",
+        Unit::Seconds,
+        "Time spent in slow polls of the monitored tasks, by task (whole seconds)."
+    );
+    describe_counter!(
+        "im_task_scheduled_total",
+        "Times a monitored task was woken and waited for a worker, by task."
+    );
+    describe_counter!(
+        "im_task_scheduled_delay_seconds_total",
+        Unit::Seconds,
+        "Time the monitored tasks waited between a wake and their next poll, by task (whole seconds)."
+    );
+    describe_gauge!(
+        "im_task_mean_poll_seconds",
+        Unit::Seconds,
+        "Mean poll duration of each monitored task over the last sampler interval (0: not polled)."
+    );
+    describe_gauge!(
+        "im_task_mean_scheduled_delay_seconds",
+        Unit::Seconds,
+        "Mean scheduled delay (wake to poll) of each monitored task over the last sampler interval."
     );
     describe_gauge!(
         "process_resident_memory_bytes",

@@ -213,7 +213,7 @@ fn display_name(sym: &pprof::Symbol) -> String {
 }
 
 /// `<crate dir>/src/<path>` of an absolute source path (registry crates by crate-version).
-fn short_path(file: &str) -> &str {
+pub(crate) fn short_path(file: &str) -> &str {
     if let Some(i) = file.find("/registry/src/") {
         let rest = &file[i + "/registry/src/".len()..];
         return rest.split_once('/').map_or(rest, |(_, r)| r);

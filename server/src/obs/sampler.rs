@@ -1,4 +1,5 @@
-//! The once-a-second sampler: reads the allocator and the OS, turns running totals into
+//! The once-a-second sampler: reads the allocator, the OS and the tokio runtime (with the
+//! task monitors, `runtime`), turns running totals into
 //! rates, computes stage percentiles over a recent window and the capacity headroom,
 //! sets the gauges, runs the Prometheus upkeep, and publishes one [`Snapshot`] that the
 //! admin API serves (so a request never does this work itself).
@@ -14,6 +15,7 @@ use super::alloc;
 use super::capacity;
 use super::latency::Counts;
 use super::process;
+use super::runtime::RuntimeSampler;
 use super::{Metrics, Stage};
 
 /// Window over which the overview's stage percentiles are computed.
@@ -59,6 +61,7 @@ pub struct Sampler {
     memory_limit_override: u64,
     history: VecDeque<(Instant, Vec<Counts>)>,
     last: Option<(Instant, u64, u64, f64)>,
+    runtime: RuntimeSampler,
 }
 
 impl Sampler {
@@ -89,6 +92,7 @@ impl Sampler {
             memory_limit_override,
             history: VecDeque::new(),
             last: None,
+            runtime: RuntimeSampler::new(),
         }
     }
 
@@ -201,6 +205,7 @@ impl Sampler {
         gauge!("process_open_fds").set(proc.open_fds as f64);
         gauge!("process_max_fds").set(proc.max_fds as f64);
         self.metrics.persist_queue_depth.set(backlog as f64);
+        let runtime = self.runtime.sample(now);
         if let Some(p) = &self.prometheus {
             p.run_upkeep();
         }
@@ -224,6 +229,7 @@ impl Sampler {
             process: proc,
             cpu_busy: busy,
             capacity: headroom,
+            runtime,
             ..Snapshot::default()
         }
     }

@@ -25,6 +25,7 @@ use im_proto::{
 
 use crate::config::Limits;
 use crate::flow::Outbound;
+use crate::obs::runtime::{spawn, Task};
 use crate::obs::{Metrics, Stage};
 use crate::store::{CursorUpdate, GroupRequest, NewMessage, Store, StoreError, StoreHealth};
 use persist::{PersistHandle, PersistReq, WriteReq};
@@ -303,29 +304,35 @@ impl Pipeline {
             link,
         ));
         let (route_tx, route_rx) = tokio::sync::mpsc::channel(1024);
-        tokio::spawn(router.clone().run(route_rx));
+        spawn(Task::Router, router.clone().run(route_rx));
         let (persist, persist_rx) =
             persist::queue(config.persist.queue_capacity as usize, metrics.clone());
         let guard = persist::Guard::new(&config.store);
         let health = guard.health.clone();
         let (receipts_tx, receipts_rx) = receipts::channel(&config.receipts);
-        tokio::spawn(receipts::run(
-            receipts_rx,
-            store.clone(),
-            relations.clone(),
-            router.clone(),
-            config.receipts.clone(),
-        ));
-        let writer = tokio::spawn(persist::run_writer(
-            store.clone(),
-            relations.clone(),
-            persist_rx,
-            route_tx,
-            config.persist.clone(),
-            guard,
-            metrics.clone(),
-            Some(receipts_tx),
-        ));
+        spawn(
+            Task::Receipts,
+            receipts::run(
+                receipts_rx,
+                store.clone(),
+                relations.clone(),
+                router.clone(),
+                config.receipts.clone(),
+            ),
+        );
+        let writer = spawn(
+            Task::Writer,
+            persist::run_writer(
+                store.clone(),
+                relations.clone(),
+                persist_rx,
+                route_tx,
+                config.persist.clone(),
+                guard,
+                metrics.clone(),
+                Some(receipts_tx),
+            ),
+        );
         let pipeline = Arc::new(Pipeline {
             store,
             relations,

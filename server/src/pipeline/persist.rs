@@ -9,6 +9,11 @@
 //! event goes to the members after the change and to those it removed. MarkReads and
 //! conversation flags (`WriteReq::State`) are committed together after the batch, each
 //! answered `Done` then; read cursors that moved go to the receipts task.
+//!
+//! Log attribution: while a log filter is set (`obs::logfilter::filtered_uids`), each
+//! message of a batch emits a `message committed` (or `message not committed`) event per
+//! filtered sender or recipient, attributed to that uid; with no filter set this costs
+//! one relaxed load per batch.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,6 +28,7 @@ use super::route::{Delivery, Recipients};
 use super::Refusal;
 use crate::config::Persist;
 use crate::flow::Outbound;
+use crate::obs::logfilter::{self, as_uid};
 use crate::obs::{Metrics, Stage};
 use crate::store::{
     health, CursorUpdate, Fault, FlagsUpdate, GroupRequest, GroupState, HiddenMessage, NewMessage,
@@ -644,6 +650,25 @@ fn refuse_states(states: &mut Vec<StateReq>, refusal: &Refusal) {
 /// batch alone is INTERNAL. Both carry a retry hint.
 fn failed(sends: &mut Vec<PersistReq>, e: &StoreError, guard: &Guard) {
     tracing::error!(error = %e, batch = sends.len(), "commit failed; senders told to retry");
+    if let Some(levels) = logfilter::filtered_uids() {
+        let batch = sends.len();
+        for req in sends.iter() {
+            let m = &req.message;
+            for (uid, level, role) in req.recipients.filtered(&m.sender, &levels) {
+                as_uid(&uid, level, || {
+                    tracing::warn!(
+                        uid = %uid,
+                        role,
+                        conversation = %m.conversation_id,
+                        client_msg_id = %m.client_msg_id,
+                        batch,
+                        error = %e,
+                        "message not committed; sender told to retry"
+                    )
+                });
+            }
+        }
+    }
     match health::classify(e) {
         Some(fault) => refuse(sends, fault, guard),
         None => {
@@ -669,7 +694,27 @@ async fn acked(
     router: &mpsc::Sender<Vec<Delivery>>,
 ) {
     let mut deliveries = Vec::with_capacity(sends.len());
+    let batch = sends.len();
+    let filtered = logfilter::filtered_uids();
     for (req, c) in sends.drain(..).zip(committed) {
+        if let Some(levels) = &filtered {
+            for (uid, level, role) in req.recipients.filtered(&req.message.sender, levels) {
+                as_uid(&uid, level, || {
+                    tracing::debug!(
+                        uid = %uid,
+                        role,
+                        conversation = %c.conversation_id,
+                        seq = c.seq,
+                        msg_id = %c.msg_id,
+                        client_msg_id = %req.message.client_msg_id,
+                        duplicate = c.duplicate,
+                        batch,
+                        since_queued_ms = req.enqueued.elapsed().as_secs_f64() * 1e3,
+                        "message committed"
+                    )
+                });
+            }
+        }
         let ack = im_proto::encode(&frame(
             req.req_id,
             Body::SendAck(SendAck {

@@ -5,6 +5,11 @@
 //! cluster link implements it; the router knows only this trait, so the dependency runs
 //! from the cluster to the router and not back), and envelopes from other nodes come
 //! back in through [`Router::deliver_remote`].
+//!
+//! Log attribution: while a log filter is set (`obs::logfilter::filtered_uids`), each
+//! delivery emits one `message routed` debug event per filtered sender or recipient,
+//! attributed to that uid (so the user's filter and live tail show it); with no filter
+//! set this costs one relaxed load per delivery.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -18,6 +23,7 @@ use tokio::sync::mpsc;
 use super::presence::PresenceHub;
 use super::relation::Members;
 use crate::flow::{Outbound, Pushed};
+use crate::obs::logfilter::{self, as_uid};
 use crate::obs::{EndToEnd, Metrics, Stage};
 
 /// Who receives a message.
@@ -39,6 +45,43 @@ impl Recipients {
         a.into_iter()
             .chain(b)
             .chain(group.iter().map(String::as_str))
+    }
+
+    /// The users among `sender` and these recipients that have a log filter in `levels`,
+    /// each once with its level and role (`sender` first, then `recipient`s). A group
+    /// larger than the filter set is searched from the filters' side (member lists are
+    /// sorted).
+    pub fn filtered(
+        &self,
+        sender: &str,
+        levels: &HashMap<Arc<str>, u8>,
+    ) -> Vec<(Arc<str>, u8, &'static str)> {
+        let mut out = Vec::new();
+        if let Some((k, l)) = levels.get_key_value(sender) {
+            out.push((k.clone(), *l, "sender"));
+        }
+        let mut add = |k: &Arc<str>, l: u8| {
+            if **k != *sender {
+                out.push((k.clone(), l, "recipient"));
+            }
+        };
+        match self {
+            Recipients::Group(m) if levels.len() < m.len() => {
+                for (k, l) in levels {
+                    if super::relation::is_in(m, k) {
+                        add(k, *l);
+                    }
+                }
+            }
+            _ => {
+                for u in self.users() {
+                    if let Some((k, l)) = levels.get_key_value(u) {
+                        add(k, *l);
+                    }
+                }
+            }
+        }
+        out
     }
 }
 
@@ -262,6 +305,9 @@ impl Router {
     /// recipient connection here but the sender's own; returns the part for other nodes.
     pub fn deliver(&self, d: Delivery) -> Option<Forward> {
         let t = Instant::now();
+        if let Some(levels) = logfilter::filtered_uids() {
+            self.log_routed(&d, &levels);
+        }
         if d.hint_only {
             let users: Vec<String> = d.recipients.users().map(str::to_owned).collect();
             return self.hint_instead(&users, d.origin_conn, t);
@@ -296,6 +342,39 @@ impl Router {
         self.metrics.stage_since(Stage::Route, t);
         e2e.done(&self.metrics);
         forward
+    }
+
+    /// One `message routed` event per filtered sender or recipient of `d`, attributed
+    /// to that uid: what the message is and how it reaches them from here.
+    fn log_routed(&self, d: &Delivery, levels: &HashMap<Arc<str>, u8>) {
+        let concerned = d.recipients.filtered(&d.message.sender, levels);
+        if concerned.is_empty() {
+            return;
+        }
+        let how = if d.hint_only {
+            "sync_hint"
+        } else if matches!(&d.recipients, Recipients::Group(m) if m.len() > self.notify_threshold) {
+            "sync_hint_large_group"
+        } else {
+            "push"
+        };
+        let recipients = d.recipients.users().count();
+        for (uid, level, role) in concerned {
+            let conns_here = self.online(&uid);
+            as_uid(&uid, level, || {
+                tracing::debug!(
+                    uid = %uid,
+                    role,
+                    conversation = %d.message.conversation_id,
+                    seq = d.message.seq,
+                    msg_id = %d.message.msg_id,
+                    how,
+                    recipients,
+                    conns_here,
+                    "message routed"
+                )
+            });
+        }
     }
 
     /// A sync hint instead of the message: to `users`' sessions here but `origin_conn`,
@@ -340,6 +419,22 @@ impl Router {
     /// encoded frame, or a sync hint when `frame` is empty.
     pub fn deliver_remote(&self, users: &[String], frame: &Bytes, direct: bool) {
         let t = Instant::now();
+        if let Some(levels) = logfilter::filtered_uids() {
+            for u in users {
+                if let Some((uid, level)) = levels.get_key_value(u.as_str()) {
+                    let conns_here = self.online(uid);
+                    as_uid(uid, *level, || {
+                        tracing::debug!(
+                            uid = %uid,
+                            role = "recipient",
+                            how = if frame.is_empty() { "sync_hint" } else { "push" },
+                            conns_here,
+                            "message from another node routed"
+                        )
+                    });
+                }
+            }
+        }
         if frame.is_empty() {
             self.hint_members(users, 0);
         } else {
