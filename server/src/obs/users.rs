@@ -175,7 +175,7 @@ impl UserDiag {
         }
         let mut h = self.hasher.build_hasher();
         h.write(uid.as_bytes());
-        h.finish() % self.sample_every == 0
+        h.finish().is_multiple_of(self.sample_every)
     }
 
     /// The hot path's one check: `None` (one relaxed load and an integer test) while no
