@@ -1,6 +1,6 @@
 //! The per-user diagnosis route, `GET /admin/v1/users/{uid}`, against the real binary:
 //! a user's two sessions, their real unread backlog and, once under a log filter, the
-//! messages they send and receive; refusals and rate-limit hits; two nodes over the real
+//! messages they send and receive; refusals and rate-limit hits; sampled users; two nodes over the real
 //! NATS merged into one answer (a stopped node listed as missing, forged queries
 //! dropped and counted); bad input and no token.
 
@@ -166,10 +166,12 @@ async fn two_sessions_real_backlog_and_recorded_messages() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn refusals_and_rate_limit_hits_are_counted() {
+async fn refusals_and_rate_limit_hits_are_counted_and_sampled_users_recorded() {
+    // Every uid sampled: messages are recorded without a log filter.
     let server = TestServer::start_with(&[
         ("IM_LIMITS_PING_RATE_PER_SEC", "1"),
         ("IM_LIMITS_PING_BURST", "1"),
+        ("IM_OBS_USER_DIAG_SAMPLE_EVERY", "1"),
     ]);
     let mut alice = login(&server, "alice", "web").await;
     create_group(&mut alice, "club", vec!["carol".into()]).await;
@@ -202,6 +204,20 @@ async fn refusals_and_rate_limit_hits_are_counted() {
     assert_eq!(u.rate_limited, limited);
     assert_eq!(u.floods, 0);
     assert!(u.refusals.iter().all(|r| r.last_ms > 0));
+    // Sampled, with no log filter: what alice sends bob is in both rings.
+    let a = send_acked(&mut alice, 7, "bob", "s1").await;
+    let u = user_until(&server, "bob", "bob's sampled message", |u| {
+        u.messages.iter().any(|m| m.msg_id == a.msg_id)
+    })
+    .await;
+    assert!(u.tracked && u.log_filters.is_empty(), "{u:#?}");
+    let u = user(&server, "alice");
+    assert!(
+        u.messages
+            .iter()
+            .any(|m| m.msg_id == a.msg_id && m.direction == "sent"),
+        "{u:#?}"
+    );
     // Nothing is known of a user who never did anything: 404 naming them.
     let (status, body) = server.admin_get("/admin/v1/users/nobody");
     assert_eq!(status, 404, "{body}");
