@@ -189,6 +189,18 @@ impl AdminClient {
             .await
     }
 
+    /// `GET /admin/v1/users/{uid}?backlog=&messages=`: the user's diagnosis, cluster-wide.
+    pub async fn user(
+        &self,
+        uid: &str,
+        backlog: u32,
+        messages: u32,
+    ) -> Result<crate::UserDiag, ApiError> {
+        let (b, m) = (backlog.to_string(), messages.to_string());
+        self.get(routes::USER, &[uid], &[("backlog", &b), ("messages", &m)])
+            .await
+    }
+
     /// `GET /admin/v1/slow-consumers`.
     pub async fn slow_consumers(&self) -> Result<SlowConsumers, ApiError> {
         self.get(routes::SLOW_CONSUMERS, &[], &[]).await

@@ -17,6 +17,7 @@ pub mod messages;
 pub mod nodes;
 pub mod overview;
 pub mod routes;
+pub mod users;
 
 #[cfg(feature = "client")]
 pub mod client;
@@ -34,6 +35,9 @@ pub use nodes::{
 pub use overview::{
     AllocStats, Capacity, ClusterInfo, ClusterNode, ClusterSummary, NodeReport, Overview,
     ProcessStats, Refusals, RuntimeStats, StageLatency, TaskStats,
+};
+pub use users::{
+    Backlog, StageTiming, UserDiag, UserLogFilter, UserMessage, UserNode, UserRefusal, UserSession,
 };
 
 /// The body of every error answer: `{"error": "<message>"}`, with a 4xx or 5xx status.

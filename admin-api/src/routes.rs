@@ -21,6 +21,8 @@ pub const MEMORY: &str = "/admin/v1/memory";
 pub const GROUP: &str = "/admin/v1/groups/{group_id}";
 /// `POST`: revokes a user's tokens, [`crate::Revoked`].
 pub const REVOKE: &str = "/admin/v1/users/{uid}/revoke";
+/// `GET ?backlog=&messages=`: [`crate::UserDiag`], the user's diagnosis over the cluster.
+pub const USER: &str = "/admin/v1/users/{uid}";
 /// `GET ?seconds=&frequency=&format=`: an SVG, a pprof file or a [`crate::ProfileBundle`].
 pub const PROFILE_CPU: &str = "/admin/v1/profile/cpu";
 /// `GET ?seconds=&format=`: an SVG, a pprof file or a [`crate::HeapProfileBundle`].

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use im_admin_api::{
     ConnectionList, ErrorBody, HeapProfileBundle, LogFilters, LogTailLine, Logs, Memory, Overview,
-    PostedMessages, ProfileBundle, SlowConsumers,
+    PostedMessages, ProfileBundle, SlowConsumers, UserDiag,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -110,6 +110,9 @@ const FILES: &[&str] = &[
     "posted_messages.json",
     "error_no_group.json",
     "log_tail.ndjson",
+    "user.json",
+    "user_missing_node.json",
+    "error_no_user.json",
 ];
 
 #[test]
@@ -130,6 +133,8 @@ fn every_recorded_answer_decodes_strictly() {
     strict::<ProfileBundle>("profile_bundle.json");
     strict::<HeapProfileBundle>("heap_profile_bundle.json");
     strict::<PostedMessages>("posted_messages.json");
+    strict::<UserDiag>("user.json");
+    strict::<UserDiag>("user_missing_node.json");
     for f in FILES.iter().filter(|f| f.starts_with("error_")) {
         strict::<ErrorBody>(f);
     }

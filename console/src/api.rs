@@ -14,3 +14,4 @@ pub use im_admin_api::{
     PostedMessages, ProcessStats, ProfileBundle, Refusals, Revoked, RuntimeStats, SetLogFilter,
     SlowConsumers, StageLatency, TaskStats, TopFunction,
 };
+pub use im_admin_api::{Backlog, UserDiag, UserMessage, UserRefusal, UserSession};

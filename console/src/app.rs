@@ -17,6 +17,7 @@ use crate::api::{AdminClient, ApiError, LogTail, MessageKind, PostMessage};
 use crate::config::Settings;
 use crate::state::{
     AppState, Command, Plan, Update, CONNECTIONS_LIMIT, TAIL_BACKLOG, TOP_QUEUED_LIMIT,
+    USER_BACKLOG, USER_MESSAGES,
 };
 use crate::{input, save, view};
 
@@ -197,6 +198,13 @@ async fn view_loop(
             let (f, l) = tokio::join!(client.log_filters(), client.logs());
             updates.push(Update::LogFilters(f));
             updates.push(Update::Logs(l));
+        }
+        if let Some(uid) = &p.user {
+            let result = client.user(uid, USER_BACKLOG, USER_MESSAGES).await;
+            updates.push(Update::User {
+                uid: uid.clone(),
+                result,
+            });
         }
         for u in updates {
             if tx.send((node, u)).await.is_err() {

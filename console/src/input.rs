@@ -19,8 +19,8 @@ pub const HELP: &[(&str, &[HelpLine])] = &[
             ("q, ctrl-c", "quit"),
             ("tab, shift-tab", "next / previous view"),
             (
-                "1..7",
-                "go to view: 1 Overview 2 Connections 3 Slow 4 Latency 5 Memory 6 Profile 7 Logs",
+                "1..8",
+                "1 Overview 2 Connections 3 Slow 4 Latency 5 Memory 6 Profile 7 Logs 8 Users",
             ),
             ("h l, ← →", "previous / next view"),
             ("] [", "next / previous node"),
@@ -73,6 +73,21 @@ pub const HELP: &[(&str, &[HelpLine])] = &[
                 "L",
                 "set the node's global level (e.g. info or info,im_server::store=debug)",
             ),
+        ],
+    ),
+    (
+        "Users",
+        &[
+            (
+                "/",
+                "type a user id, enter: show its sessions, backlog, refusals, messages",
+            ),
+            ("x, del", "kick the selected session (asks first: y / n)"),
+            (
+                "a",
+                "add a log filter for this user (records their messages)",
+            ),
+            ("R", "revoke the user (asks first)"),
         ],
     ),
     (
@@ -135,7 +150,7 @@ fn normal(key: KeyEvent, ctrl: bool) -> Option<Action> {
         KeyCode::BackTab => Action::PrevView,
         KeyCode::Char('l') | KeyCode::Right => Action::NextView,
         KeyCode::Char('h') | KeyCode::Left => Action::PrevView,
-        KeyCode::Char(c @ '1'..='7') => Action::GoView(View::ALL[c as usize - '1' as usize]),
+        KeyCode::Char(c @ '1'..='8') => Action::GoView(View::ALL[c as usize - '1' as usize]),
         KeyCode::Char(']') => Action::NextNode,
         KeyCode::Char('[') => Action::PrevNode,
         KeyCode::Char('n') => Action::NodePicker,
@@ -199,6 +214,10 @@ mod tests {
         assert_eq!(map_key(key(KeyCode::Up), &m), Some(Action::Up));
         assert_eq!(map_key(key(KeyCode::Char('z')), &m), None);
         assert_eq!(map_key(key(KeyCode::Char('M')), &m), Some(Action::Announce));
+        assert_eq!(
+            map_key(key(KeyCode::Char('8')), &m),
+            Some(Action::GoView(View::Users))
+        );
         let cc = KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL);
         assert_eq!(map_key(cc, &Mode::Filter), Some(Action::Quit));
     }

@@ -4,7 +4,8 @@
 //! that a kick from the console closes the chosen connection with code 4002, that a
 //! per-uid log filter set from the console shows up in `GET /admin/v1/log-filters`, that
 //! the connections table shows each connection's device, that an announcement typed
-//! into the console reaches the group as a SYSTEM message, and that `q` quits.
+//! into the console reaches the group as a SYSTEM message, that the Users view shows a
+//! filtered user's session and sent messages, and that `q` quits.
 
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -347,6 +348,21 @@ fn console_drives_a_live_node() {
     tmux.wait_for("alice in the filters table", |s| {
         s.lines()
             .any(|l| l.contains("alice") && l.contains("debug"))
+    });
+
+    // 3b. The Users view: `/` and alice's id show her session and, with her log filter
+    //     set just above, the messages she sends.
+    tmux.keys(&["8"]);
+    tmux.wait_for("the Users view's prompt", |s| s.contains("no user shown"));
+    tmux.keys(&["/"]);
+    tmux.type_text("alice");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("alice's session and her recorded messages", |s| {
+        s.contains("sessions · 1")
+            && s.lines()
+                .any(|l| l.contains("e2e-node") && l.contains("active"))
+            && s.lines()
+                .any(|l| l.contains("sent") && l.contains("u:alice:bob"))
     });
 
     // 4. q quits (and the session ends with it).

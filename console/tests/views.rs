@@ -614,3 +614,120 @@ async fn announce_to_a_group() {
         "{status}"
     );
 }
+
+/// The Users view: before any search, a user found in a two-node cluster (kick of a
+/// session on a watched node asks first; one on an unwatched node says so), a user
+/// nothing is known of (404) and an answer with a node missing.
+#[tokio::test]
+async fn users_view() {
+    let (mut state, n, t0) = loaded().await;
+    go(&mut state, View::Users);
+    insta::assert_snapshot!("users_empty", draw(&state, 120, 40));
+    assert_eq!(state.plan(0).user, None);
+
+    state.apply(Action::StartFilter);
+    for c in "bob".chars() {
+        state.apply(Action::Char(c));
+    }
+    insta::assert_snapshot!("users_typing", draw(&state, 120, 12));
+    state.apply(Action::Submit);
+    assert_eq!(state.plan(0).user.as_deref(), Some("bob"));
+
+    n.fixture("GET", "/admin/v1/users/bob", 200, "user.json");
+    n.fixture("GET", "/admin/v1/users/zed", 404, "error_no_user.json");
+    let client =
+        AdminClient::new(&n.url, Some("x".into()), Duration::from_secs(5)).expect("client");
+    let result = client.user("bob", 50, 20).await;
+    state.on_update(
+        0,
+        Update::User {
+            uid: "bob".into(),
+            result,
+        },
+        at(t0, 10),
+    );
+    state.status = None;
+    let screen = draw(&state, 120, 40);
+    assert!(screen.contains("sessions · 3"), "{screen}");
+    assert!(screen.contains("45"), "{screen}");
+    insta::assert_snapshot!("users_found", screen);
+    assert!(n
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|(r, _)| r.contains("/admin/v1/users/bob?backlog=50&messages=20")));
+
+    // x on the first session (node-a, this node): the kick confirmation.
+    state.apply(Action::Delete);
+    insta::assert_snapshot!("users_kick_confirm", draw(&state, 120, 40));
+    let cmds = state.apply(Action::Confirm);
+    assert!(
+        matches!(
+            &cmds[..],
+            [Command::Kick {
+                node: 0,
+                conn_id: 17
+            }]
+        ),
+        "{cmds:?}"
+    );
+    // The third session is on node-b, which this console does not watch.
+    state.apply(Action::Down);
+    state.apply(Action::Down);
+    assert!(state.apply(Action::Delete).is_empty());
+    let text = state
+        .status
+        .as_ref()
+        .map(|s| s.text.clone())
+        .unwrap_or_default();
+    assert!(text.contains("node-b"), "{text}");
+    // a: the log filter form, prefilled with the user; R: the revoke confirmation.
+    state.apply(Action::Add);
+    let screen = draw(&state, 120, 40);
+    assert!(screen.contains("bob"), "{screen}");
+    state.apply(Action::Cancel);
+    state.apply(Action::Revoke);
+    let cmds = state.apply(Action::Confirm);
+    assert!(
+        matches!(&cmds[..], [Command::Revoke { user, .. }] if user == "bob"),
+        "{cmds:?}"
+    );
+
+    // A node missing from the cluster's answer.
+    let missing: im_console::api::UserDiag =
+        serde_json::from_slice(&fixture("user_missing_node.json")).expect("fixture");
+    state.on_update(
+        0,
+        Update::User {
+            uid: "bob".into(),
+            result: Ok(missing),
+        },
+        at(t0, 11),
+    );
+    state.status = None;
+    let screen = draw(&state, 120, 40);
+    assert!(screen.contains("missing: node-b"), "{screen}");
+    insta::assert_snapshot!("users_node_missing", screen);
+
+    // A user nothing is known of: 404.
+    state.apply(Action::StartFilter);
+    for c in "zed".chars() {
+        state.apply(Action::Char(c));
+    }
+    state.apply(Action::Submit);
+    let result = client.user("zed", 50, 20).await;
+    assert!(matches!(result, Err(ApiError::Status { status: 404, .. })));
+    state.on_update(
+        0,
+        Update::User {
+            uid: "zed".into(),
+            result,
+        },
+        at(t0, 12),
+    );
+    state.status = None;
+    let screen = draw(&state, 120, 40);
+    assert!(screen.contains("user zed not found"), "{screen}");
+    insta::assert_snapshot!("users_not_found", screen);
+}

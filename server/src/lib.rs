@@ -373,6 +373,11 @@ impl Built {
                 .await
                 .context("starting cluster mode")?;
             background.extend(tasks);
+            background.push(
+                c.serve_queries(user_query_fn(&node))
+                    .await
+                    .context("starting cluster mode")?,
+            );
             background.push(tokio::spawn(reload_revocations(
                 node.store.clone(),
                 node.secrets.keys.clone(),
@@ -426,6 +431,16 @@ async fn reload_revocations(store: Arc<dyn Store>, keys: auth::TokenKeys) {
             Err(e) => tracing::debug!(error = %e, "reading revocations failed"),
         }
     }
+}
+
+/// How this node answers another's per-user diagnosis query: its own part
+/// (`admin::users::local_part`); empty once the node is gone.
+fn user_query_fn(node: &Arc<Node>) -> cluster::query::AnswerFn {
+    let weak = Arc::downgrade(node);
+    Arc::new(move |uid: &str, messages: usize| match weak.upgrade() {
+        Some(node) => admin::users::local_part(&node, uid, messages),
+        None => im_admin_api::UserNode::default(),
+    })
 }
 
 /// What a revocation notice from another node does here: record it, close the user's

@@ -828,3 +828,89 @@ async fn presence_peers_and_hidden_flags() {
         );
     }
 }
+
+#[tokio::test]
+async fn user_backlog_lists_unread_per_conversation_largest_first() {
+    for (s, _dir) in stores().await {
+        let mut batch = Vec::new();
+        for i in 0..5 {
+            batch.push(msg("u:a:b", "a", &format!("ab{i}"), "x"));
+        }
+        for i in 0..2 {
+            batch.push(msg("u:b:c", "c", &format!("bc{i}"), "x"));
+        }
+        // b's own message: b has read it, so it is no backlog of b's.
+        batch.push(msg("u:b:d", "b", "bd0", "x"));
+        batch.push(msg("u:a:c", "a", "ac", "not b's"));
+        s.commit_batch(&batch, &[]).await.unwrap();
+        s.group_change("g1", &group_req(Op::Create, "c", &["b"], 10))
+            .await
+            .unwrap();
+        for i in 0..3 {
+            s.commit_batch(&[msg("g:g1", "c", &format!("g{i}"), "x")], &[])
+                .await
+                .unwrap();
+        }
+        s.commit_batch(
+            &[],
+            &[CursorUpdate {
+                user_id: "b".into(),
+                device_id: "default".into(),
+                conversation_id: "u:a:b".into(),
+                seq: 1,
+            }],
+        )
+        .await
+        .unwrap();
+        let backend = s.backend();
+        let rows: Vec<(String, u64, u64)> = s
+            .user_backlog("b", 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.conversation_id, r.cursor, r.last_seq))
+            .collect();
+        // The group's cursor is set by the join; its CREATE event is seq 1.
+        let group_cursor = s.cursor("b", "g:g1").await.unwrap();
+        assert_eq!(
+            rows,
+            [
+                ("u:a:b".to_owned(), 1, 5),
+                ("g:g1".to_owned(), group_cursor, 4),
+                ("u:b:c".to_owned(), 0, 2),
+            ]
+            .into_iter()
+            .filter(|r| r.2 > r.1)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .fold(Vec::new(), |mut v, r| {
+                v.push(r);
+                v.sort_by(|a, b| (b.2 - b.1).cmp(&(a.2 - a.1)).then(a.0.cmp(&b.0)));
+                v
+            }),
+            "{backend}"
+        );
+        assert_eq!(s.user_backlog("b", 1).await.unwrap().len(), 1, "{backend}");
+        assert!(s.user_backlog("nobody", 10).await.unwrap().is_empty());
+        // Fully delivered: no backlog.
+        s.commit_batch(
+            &[],
+            &[CursorUpdate {
+                user_id: "b".into(),
+                device_id: "default".into(),
+                conversation_id: "u:a:b".into(),
+                seq: 5,
+            }],
+        )
+        .await
+        .unwrap();
+        let convs: Vec<String> = s
+            .user_backlog("b", 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.conversation_id)
+            .collect();
+        assert!(!convs.contains(&"u:a:b".to_owned()), "{backend}: {convs:?}");
+    }
+}

@@ -42,6 +42,10 @@ pub const INFO_TTL: Duration = Duration::from_secs(10);
 pub const TAIL_LINES: usize = 2000;
 /// Lines of the node's ring a tail starts with.
 pub const TAIL_BACKLOG: u32 = 200;
+/// Conversations asked for in the Users view's backlog.
+pub const USER_BACKLOG: u32 = 50;
+/// Recent messages asked for in the Users view.
+pub const USER_MESSAGES: u32 = 20;
 /// Levels offered for a per-uid log filter.
 pub const LEVELS: &[&str] = &["trace", "debug", "info", "warn", "error"];
 
@@ -175,6 +179,8 @@ pub struct AppState {
     pub tail: Option<TailState>,
     /// Bumped for every tail opened.
     pub tail_generation: u64,
+    /// The user the Users view shows (typed after `/` there).
+    pub user: Option<String>,
 }
 
 impl AppState {
@@ -198,6 +204,7 @@ impl AppState {
             refresh_generation: 0,
             tail: None,
             tail_generation: 0,
+            user: None,
         }
     }
 
@@ -252,6 +259,7 @@ impl AppState {
             View::Slow => p.slow = true,
             View::Memory => p.memory = true,
             View::Logs => p.logs = true,
+            View::Users => p.user = self.user.clone(),
             View::Overview | View::Latency | View::Profile => {}
         }
         p
@@ -300,6 +308,29 @@ impl AppState {
         rows
     }
 
+    /// The searched user's sessions as the selected node answered them (Users view),
+    /// when the answer is about that user.
+    pub fn visible_user_sessions(&self) -> Vec<&crate::api::UserSession> {
+        self.user_answer()
+            .map_or_else(Vec::new, |u| u.sessions.iter().collect())
+    }
+
+    /// The selected node's answer about the searched user, if it has one.
+    pub fn user_answer(&self) -> Option<&crate::api::UserDiag> {
+        let uid = self.user.as_deref()?;
+        self.node()?.user.data.as_ref().filter(|u| u.user_id == uid)
+    }
+
+    /// The index of the console's node whose id is `node_id`.
+    pub fn node_index_of(&self, node_id: &str) -> Option<usize> {
+        self.nodes.iter().position(|n| {
+            n.overview
+                .data
+                .as_ref()
+                .is_some_and(|o| o.node_id == node_id)
+        })
+    }
+
     /// The shown profile's top functions (CPU or heap, filtered by `/` text).
     pub fn visible_top(&self) -> Vec<&TopRow> {
         let Some(ProfileState::Done(r)) = self.node().map(|n| n.profile_of(self.profile_kind))
@@ -320,6 +351,7 @@ impl AppState {
             View::Slow => self.visible_slow().len(),
             View::Logs => self.visible_log_filters().len(),
             View::Profile => self.visible_top().len(),
+            View::Users => self.visible_user_sessions().len(),
             View::Overview | View::Latency | View::Memory => 0,
         }
     }

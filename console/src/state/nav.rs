@@ -20,11 +20,13 @@ pub enum View {
     Profile,
     /// Per-uid log filters and log files.
     Logs,
+    /// One user's diagnosis across the cluster (`/` searches a uid).
+    Users,
 }
 
 impl View {
-    /// All views in tab order (number keys 1..7).
-    pub const ALL: [View; 7] = [
+    /// All views in tab order (number keys 1..8).
+    pub const ALL: [View; 8] = [
         View::Overview,
         View::Connections,
         View::Slow,
@@ -32,6 +34,7 @@ impl View {
         View::Memory,
         View::Profile,
         View::Logs,
+        View::Users,
     ];
 
     /// Tab title.
@@ -44,6 +47,7 @@ impl View {
             View::Memory => "Memory",
             View::Profile => "Profile",
             View::Logs => "Logs",
+            View::Users => "Users",
         }
     }
 

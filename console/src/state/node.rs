@@ -8,7 +8,7 @@ use std::time::Instant;
 use super::{HISTORY_LEN, SLOW_EVENTS_LEN};
 use crate::api::{
     ApiError, ConnectionList, HeapTopFunction, LogFilters, Logs, Memory, Overview, SlowConsumers,
-    TopFunction,
+    TopFunction, UserDiag,
 };
 
 /// A fetched resource: the last good value, and the last error if the latest fetch failed.
@@ -369,6 +369,8 @@ pub struct NodeState {
     pub profile: ProfileState,
     /// Heap profile.
     pub heap: ProfileState,
+    /// The searched user's diagnosis as this node answered it (Users view).
+    pub user: Fetched<UserDiag>,
 }
 
 impl NodeState {
@@ -387,6 +389,7 @@ impl NodeState {
             logs: Fetched::default(),
             profile: ProfileState::Idle,
             heap: ProfileState::Idle,
+            user: Fetched::default(),
         }
     }
 

@@ -10,7 +10,7 @@ use super::*;
 use crate::action::Action;
 use crate::api::{
     ApiError, ConnectionList, Kicked, LogFilters, LogTailLine, Logs, Memory, Overview,
-    PostedMessages, Revoked, SlowConsumers,
+    PostedMessages, Revoked, SlowConsumers, UserDiag,
 };
 
 /// A side effect for the app to run; its result comes back as an [`Update`].
@@ -168,6 +168,13 @@ pub enum Update {
     },
     /// A heap capture finished (and was saved, or not).
     HeapProfile(Result<ProfileResult, ApiError>),
+    /// The Users view's poll of one user's diagnosis.
+    User {
+        /// The user asked about.
+        uid: String,
+        /// The answer (404: nothing known of the user).
+        result: Result<UserDiag, ApiError>,
+    },
     /// An announcement was posted (or not).
     Announced {
         /// The group.
@@ -188,6 +195,8 @@ pub struct Plan {
     pub memory: bool,
     /// Log filters and log files.
     pub logs: bool,
+    /// The diagnosis of this user (Users view).
+    pub user: Option<String>,
     /// Bumped to ask for an immediate poll.
     pub generation: u64,
 }
@@ -207,6 +216,7 @@ impl AppState {
                 }
                 Vec::new()
             }
+            Mode::Filter if self.view == View::Users => self.apply_user_search(action),
             Mode::Filter => {
                 match action {
                     Action::Char(c) => self.filter.push(c),
@@ -318,7 +328,10 @@ impl AppState {
             Action::Bottom => self.cursor[self.view.index()] = usize::MAX,
             Action::Tail if self.view == View::Logs => return self.toggle_tail(),
             Action::StartFilter => {
-                if matches!(
+                if self.view == View::Users {
+                    self.filter.clear();
+                    self.mode = Mode::Filter;
+                } else if matches!(
                     self.view,
                     View::Connections | View::Slow | View::Logs | View::Profile
                 ) {
@@ -371,6 +384,26 @@ impl AppState {
             Action::Revoke if matches!(self.view, View::Connections | View::Slow) => {
                 self.revoke_selected()
             }
+            Action::Revoke if self.view == View::Users => match self.user.clone() {
+                Some(user) => {
+                    self.mode = Mode::ConfirmRevoke {
+                        node: self.selected,
+                        user,
+                    }
+                }
+                None => self.error("no user shown: press / and type a user id"),
+            },
+            Action::Add if self.view == View::Users => match self.user.clone() {
+                Some(uid) => {
+                    let mut form = Form::log_filter();
+                    if let Some(f) = form.fields.first_mut() {
+                        f.value = uid;
+                    }
+                    form.focus = 1;
+                    self.mode = Mode::Form(form);
+                }
+                None => self.error("no user shown: press / and type a user id"),
+            },
             Action::Add if self.view == View::Logs => {
                 self.mode = Mode::Form(Form::log_filter());
             }
@@ -387,6 +420,73 @@ impl AppState {
             _ => {}
         }
         Vec::new()
+    }
+
+    /// Typing a user id after `/` in the Users view: enter looks it up, esc cancels.
+    fn apply_user_search(&mut self, action: Action) -> Vec<Command> {
+        match action {
+            Action::Char(c) => self.filter.push(c),
+            Action::Backspace => {
+                self.filter.pop();
+            }
+            Action::Cancel => {
+                self.filter.clear();
+                return Vec::new();
+            }
+            Action::Submit => {
+                let uid = self.filter.trim().to_owned();
+                self.filter.clear();
+                if uid.is_empty() {
+                    self.error("user id is empty");
+                } else if !valid_uid(&uid) {
+                    self.error(format!(
+                        "user id {uid:?}: 1-64 characters of A-Z a-z 0-9 _ . @ -"
+                    ));
+                } else {
+                    for n in &mut self.nodes {
+                        n.user = Fetched::default();
+                    }
+                    self.cursor[View::Users.index()] = 0;
+                    self.info(format!("looking up {uid}…"));
+                    self.user = Some(uid);
+                }
+                return Vec::new();
+            }
+            _ => {}
+        }
+        self.mode = Mode::Filter;
+        Vec::new()
+    }
+
+    /// Asks before kicking the Users view's selected session, on the node that holds it.
+    fn kick_user_session(&mut self) {
+        let Some(s) = self
+            .visible_user_sessions()
+            .get(self.cursor())
+            .map(|s| (*s).clone())
+        else {
+            self.error("no session selected");
+            return;
+        };
+        let Some(node) = self.node_index_of(&s.node) else {
+            self.error(format!(
+                "session {} is on node {}, which this console does not watch (add its --url)",
+                s.conn_id, s.node
+            ));
+            return;
+        };
+        let conn = Connection {
+            conn_id: s.conn_id,
+            user_id: self.user.clone().unwrap_or_default(),
+            remote: s.remote,
+            age_secs: s.age_secs,
+            queued_bytes: s.queued_bytes,
+            msgs_in: s.msgs_in,
+            msgs_out: s.msgs_out,
+            state: s.state,
+            device: s.device,
+        };
+        self.mode = Mode::ConfirmKick { node, conn };
     }
 
     /// True when the Logs view shows a tail (of the selected node).
@@ -523,6 +623,10 @@ impl AppState {
                     }
                     None => self.error("no connection selected"),
                 }
+                Vec::new()
+            }
+            View::Users => {
+                self.kick_user_session();
                 Vec::new()
             }
             View::Logs => match self.visible_log_filters().get(cursor) {
@@ -852,6 +956,26 @@ impl AppState {
                 t.status = TailStatus::Ended(why);
                 message = Some((Level::Error, text));
             }
+            Update::User { uid, result } => {
+                if self.user.as_deref() != Some(uid.as_str()) {
+                    return;
+                }
+                if let Err(e) = &result {
+                    if n.user.error.as_ref().map(|x| x.to_string()) != Some(e.to_string())
+                        && !matches!(e, ApiError::Status { status: 404, .. })
+                    {
+                        message = Some((Level::Error, format!("user {uid} on {name}: {e}")));
+                    }
+                    // An answer about another user is not this one's stale data.
+                    if n.user.data.as_ref().is_some_and(|d| d.user_id != uid) {
+                        n.user.data = None;
+                    }
+                    if matches!(e, ApiError::Status { status: 404, .. }) {
+                        n.user.data = None;
+                    }
+                }
+                n.user.set(result, now);
+            }
             Update::Announced { group_id, result } => {
                 message = Some(match result.map(|r| r.results.into_iter().next()) {
                     Ok(Some(p)) => (
@@ -878,6 +1002,15 @@ impl AppState {
             }
         }
     }
+}
+
+/// A user id as the server takes it: 1-64 characters of A-Z a-z 0-9 _ . @ -.
+fn valid_uid(uid: &str) -> bool {
+    !uid.is_empty()
+        && uid.len() <= 64
+        && uid
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'@' | b'-'))
 }
 
 /// A finished capture's state and status line.

@@ -177,3 +177,61 @@ fn slow_growth_and_events() {
     assert!(texts[0].contains("conn 7 (r0) left the list"), "{texts:?}");
     assert!(texts[1].contains("disconnected 1"), "{texts:?}");
 }
+
+#[test]
+fn users_view_searches_a_valid_uid_and_drops_answers_about_another() {
+    let now = Instant::now();
+    let mut s = AppState::new(["http://a:1".to_owned()], now);
+    s.apply(Action::GoView(View::Users));
+    assert_eq!(s.plan(0).user, None);
+    s.apply(Action::StartFilter);
+    for c in "bad uid".chars() {
+        s.apply(Action::Char(c));
+    }
+    s.apply(Action::Submit);
+    assert_eq!(s.user, None, "a space is no user id");
+    assert_eq!(s.mode, Mode::Normal);
+    s.apply(Action::StartFilter);
+    for c in "bob".chars() {
+        s.apply(Action::Char(c));
+    }
+    s.apply(Action::Submit);
+    assert_eq!(s.plan(0).user.as_deref(), Some("bob"));
+    assert!(s.filter.is_empty());
+    // A late answer about someone else is not shown as bob's.
+    let other = UserDiag {
+        user_id: "eve".into(),
+        ..UserDiag::default()
+    };
+    s.on_update(
+        0,
+        Update::User {
+            uid: "eve".into(),
+            result: Ok(other),
+        },
+        now,
+    );
+    assert!(s.user_answer().is_none());
+    let bob = UserDiag {
+        user_id: "bob".into(),
+        sessions: vec![UserSession {
+            node: "n9".into(),
+            conn_id: 3,
+            ..UserSession::default()
+        }],
+        ..UserDiag::default()
+    };
+    s.on_update(
+        0,
+        Update::User {
+            uid: "bob".into(),
+            result: Ok(bob),
+        },
+        now,
+    );
+    assert_eq!(s.visible_user_sessions().len(), 1);
+    // Its node is not one the console watches: no confirmation, an error instead.
+    assert!(s.apply(Action::Delete).is_empty());
+    assert_eq!(s.mode, Mode::Normal);
+    assert!(s.status.as_ref().is_some_and(|st| st.text.contains("n9")));
+}

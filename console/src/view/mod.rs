@@ -10,6 +10,7 @@ mod memory;
 mod overview;
 mod profile;
 mod table;
+mod users;
 
 use ratatui::layout::{Constraint, Flex, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
@@ -182,6 +183,7 @@ fn render_tabs(frame: &mut Frame<'_>, area: Rect, state: &AppState) {
 
 fn render_status(frame: &mut Frame<'_>, area: Rect, state: &AppState) {
     let hint = match &state.mode {
+        Mode::Filter if state.view == View::Users => " enter: look up user · esc: cancel ",
         Mode::Filter => " enter: keep · esc: clear ",
         Mode::Form(_) => " tab: next field · enter: submit · esc: cancel ",
         Mode::ConfirmKick { .. } => " y: kick · n: cancel ",
@@ -246,6 +248,7 @@ fn render_body(frame: &mut Frame<'_>, area: Rect, state: &AppState, node: &NodeS
         View::Memory => memory::render(frame, view_area, state, node),
         View::Profile => profile::render(frame, view_area, state, node),
         View::Logs => logs::render(frame, view_area, state, node),
+        View::Users => users::render(frame, view_area, state, node),
     }
 }
 

@@ -7,6 +7,7 @@
 
 pub mod diag;
 pub mod messages;
+pub mod users;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -37,6 +38,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route(routes::MEMORY, get(memory))
         .route(routes::GROUP, get(group))
         .route(routes::REVOKE, post(revoke))
+        .route(routes::USER, get(users::get))
         .route(routes::MESSAGES, post(messages::post))
         .merge(diag::routes())
         .route_layer(middleware::from_fn_with_state(node.clone(), require_token));

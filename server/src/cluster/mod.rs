@@ -10,7 +10,9 @@
 //! - delivery, subject `<prefix>.node.<id>`: after commit, the router publishes one
 //!   envelope per other node that has recipients online (`relay`); this node's
 //!   subscription pushes what arrives to its own sessions. Subject `<prefix>.all`
-//!   carries resync notices to every node.
+//!   carries resync notices to every node;
+//! - admin queries, subject `<prefix>.query.<id>`: request/reply between nodes for the
+//!   cluster-wide admin answers (`query`).
 //!
 //! Both buckets are memory-backed JetStream streams on purpose: they hold only soft
 //! state that the nodes themselves rebuild within a report interval (each report is
@@ -38,6 +40,7 @@
 //! seq order.
 
 pub mod presence;
+pub mod query;
 pub mod registry;
 pub mod relay;
 pub mod trust;

@@ -79,6 +79,25 @@ impl ClusterKey {
     }
 }
 
+impl ClusterKey {
+    /// The HMAC-SHA256 of `bytes` under the key (empty without a key): the `sig` of a
+    /// cluster query or reply (`cluster::query`), computed as an envelope's is.
+    pub fn sign(&self, bytes: &[u8]) -> bytes::Bytes {
+        match &self.0 {
+            Some(k) => hmac::sign(k, bytes).as_ref().to_vec().into(),
+            None => bytes::Bytes::new(),
+        }
+    }
+
+    /// Whether `sig` is the HMAC of `bytes` (always true without a key).
+    pub fn verify(&self, bytes: &[u8], sig: &[u8]) -> bool {
+        match &self.0 {
+            Some(k) => hmac::verify(k, bytes, sig).is_ok(),
+            None => true,
+        }
+    }
+}
+
 /// NATS connect options from `[cluster]`: one of user/password, token or a creds file,
 /// and TLS (trusted CAs, a client certificate, TLS required).
 pub async fn connect_options(

@@ -49,6 +49,9 @@ pub struct ClusterConfig {
     pub nats_tls_key_file: String,
     /// Refuse to talk to NATS without TLS (also implied by a `tls://` URL).
     pub nats_tls_required: bool,
+    /// How long a cluster-wide admin query (`GET /admin/v1/users/{uid}`) waits for each
+    /// other node's answer; a node that does not answer in time is listed as missing.
+    pub query_timeout_ms: u32,
 }
 
 impl std::fmt::Debug for ClusterConfig {
@@ -70,6 +73,7 @@ impl std::fmt::Debug for ClusterConfig {
             .field("nats_creds_file", &self.nats_creds_file)
             .field("nats_tls_ca_file", &self.nats_tls_ca_file)
             .field("nats_tls_cert_file", &self.nats_tls_cert_file)
+            .field("query_timeout_ms", &self.query_timeout_ms)
             .field("nats_tls_key_file", &self.nats_tls_key_file)
             .field("nats_tls_required", &self.nats_tls_required)
             .finish()
@@ -96,6 +100,7 @@ impl Default for ClusterConfig {
             nats_tls_cert_file: String::new(),
             nats_tls_key_file: String::new(),
             nats_tls_required: false,
+            query_timeout_ms: 1000,
         }
     }
 }
@@ -125,6 +130,12 @@ impl ClusterConfig {
             ));
         }
         name_chars("cluster.prefix", &self.prefix)?;
+        range(
+            "cluster.query_timeout_ms",
+            self.query_timeout_ms,
+            10,
+            60_000,
+        )?;
         range(
             "cluster.membership_ttl_ms",
             self.membership_ttl_ms,

@@ -651,4 +651,48 @@ mod tests {
         .to_string();
         assert!(e.contains("database_url") && e.contains("mysql://x"), "{e}");
     }
+
+    #[test]
+    fn user_diag_keys_default_override_and_validate() {
+        let c = Config::load_from(None, &Overrides::default(), env(&[])).unwrap();
+        assert_eq!(c.obs.user_diag_ring, 32);
+        assert_eq!(c.obs.user_diag_sample_every, 0);
+        assert_eq!(c.obs.user_diag_max_users, 1000);
+        assert_eq!(c.cluster.query_timeout_ms, 1000);
+        let c = Config::load_from(
+            None,
+            &Overrides::default(),
+            env(&[
+                ("IM_OBS_USER_DIAG_RING", "8"),
+                ("IM_OBS_USER_DIAG_SAMPLE_EVERY", "100"),
+                ("IM_OBS_USER_DIAG_MAX_USERS", "5"),
+                ("IM_CLUSTER_QUERY_TIMEOUT_MS", "250"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.obs.user_diag_ring, 8);
+        assert_eq!(c.obs.user_diag_sample_every, 100);
+        assert_eq!(c.obs.user_diag_max_users, 5);
+        assert_eq!(c.cluster.query_timeout_ms, 250);
+        for (var, value, key) in [
+            ("IM_OBS_USER_DIAG_RING", "0", "obs.user_diag_ring"),
+            ("IM_OBS_USER_DIAG_RING", "5000", "obs.user_diag_ring"),
+            (
+                "IM_OBS_USER_DIAG_SAMPLE_EVERY",
+                "2000000",
+                "obs.user_diag_sample_every",
+            ),
+            ("IM_OBS_USER_DIAG_MAX_USERS", "0", "obs.user_diag_max_users"),
+            (
+                "IM_CLUSTER_QUERY_TIMEOUT_MS",
+                "1",
+                "cluster.query_timeout_ms",
+            ),
+        ] {
+            let e = Config::load_from(None, &Overrides::default(), env(&[(var, value)]))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key) && e.contains(value), "{var}={value}: {e}");
+        }
+    }
 }

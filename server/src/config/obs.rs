@@ -19,6 +19,13 @@ pub struct Obs {
     pub memory_limit_bytes: u64,
     /// Task monitors on the long-lived tasks (`im_task_*`; off only to measure their cost).
     pub task_monitors: bool,
+    /// Messages kept per tracked user in the per-user diagnosis ring (`obs::users`).
+    pub user_diag_ring: u32,
+    /// Track every Nth user id by hash in the per-user diagnosis (0: off; users under a
+    /// log filter are tracked whatever this says).
+    pub user_diag_sample_every: u32,
+    /// Most users the per-user diagnosis keeps at once (the oldest goes first).
+    pub user_diag_max_users: u32,
 }
 
 impl Default for Obs {
@@ -29,6 +36,9 @@ impl Default for Obs {
             conn_bytes_estimate: 32 * 1024,
             memory_limit_bytes: 0,
             task_monitors: true,
+            user_diag_ring: 32,
+            user_diag_sample_every: 0,
+            user_diag_max_users: 1000,
         }
     }
 }
@@ -46,6 +56,19 @@ impl Obs {
             self.conn_bytes_estimate,
             1,
             1 << 30,
+        )?;
+        range("obs.user_diag_ring", self.user_diag_ring, 1, 1024)?;
+        range(
+            "obs.user_diag_sample_every",
+            self.user_diag_sample_every,
+            0,
+            1_000_000,
+        )?;
+        range(
+            "obs.user_diag_max_users",
+            self.user_diag_max_users,
+            1,
+            100_000,
         )?;
         Ok(())
     }

@@ -359,6 +359,9 @@ impl Protocol {
             }
             Err(r) => r,
         };
+        if let Some(user) = self.user() {
+            self.gw.pipeline.users.refused(user, r.code);
+        }
         if let Some(reason) = r.bad_reason {
             self.gw.metrics.bad_frame(reason);
         }
@@ -392,6 +395,9 @@ impl Protocol {
             return Step::Continue;
         }
         metrics::counter!("im_flood_disconnects_total", "frame" => kind.label()).increment(1);
+        if let Some(user) = self.user() {
+            self.gw.pipeline.users.flooded(user);
+        }
         // Once per connection: it closes now.
         tracing::warn!(
             conn_id = self.out.conn_id,

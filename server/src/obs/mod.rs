@@ -6,7 +6,8 @@
 //! of the long-lived tasks (`runtime`) and sample it all each second (`sampler`).
 //! The operator's live-diagnosis tools live here too: on-demand CPU profiles
 //! (`profile`), per-uid log filters (`logfilter`), the live tail of filtered users' events
-//! (`tail`), rolling log files (`logfiles`) and their off-peak compression (`compactor`).
+//! (`tail`), rolling log files (`logfiles`) and their off-peak compression (`compactor`),
+//! and the per-user diagnosis rings and refusal counts (`users`).
 
 pub mod alloc;
 pub mod capacity;
@@ -20,6 +21,7 @@ pub mod profile;
 pub mod runtime;
 pub mod sampler;
 pub mod tail;
+pub mod users;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -575,6 +577,10 @@ fn describe() {
     describe_counter!(
         "im_cluster_bad_envelopes_total",
         "Undecodable envelopes received from other nodes."
+    );
+    describe_counter!(
+        "im_cluster_bad_queries_total",
+        "Cluster admin queries and replies dropped: undecodable, unsigned, badly signed or oversized."
     );
     describe_counter!(
         "im_cluster_publish_errors_total",

@@ -269,6 +269,8 @@ pub struct Pipeline {
     pub sync_page_bytes: usize,
     /// Metric handles.
     pub metrics: Metrics,
+    /// The per-user diagnosis (`obs::users`): rings of tracked users, refusal counts.
+    pub users: Arc<crate::obs::users::UserDiag>,
     /// Per-user GroupOp rate limits on this node.
     group_op_users: std::sync::Mutex<std::collections::HashMap<String, TokenBucket>>,
 }
@@ -298,11 +300,15 @@ impl Pipeline {
         config: &crate::config::Config,
         metrics: Metrics,
     ) -> (Arc<Self>, tokio::task::JoinHandle<()>) {
-        let router = Arc::new(route::Router::new(
-            metrics.clone(),
-            config.flow.notify_group_threshold,
-            link,
-        ));
+        let users = crate::obs::users::UserDiag::new(
+            config.obs.user_diag_ring,
+            config.obs.user_diag_sample_every,
+            config.obs.user_diag_max_users,
+        );
+        let router = Arc::new(
+            route::Router::new(metrics.clone(), config.flow.notify_group_threshold, link)
+                .with_users(users.clone()),
+        );
         let (route_tx, route_rx) = tokio::sync::mpsc::channel(1024);
         spawn(Task::Router, router.clone().run(route_rx));
         let (persist, persist_rx) =
@@ -344,6 +350,7 @@ impl Pipeline {
             unhealthy_retry_ms: config.store.probe_interval_ms,
             sync_page_bytes: config.flow.sync_page_budget(),
             metrics,
+            users,
             group_op_users: Default::default(),
         });
         (pipeline, writer)

@@ -10,6 +10,11 @@
 //! delivery emits one `message routed` debug event per filtered sender or recipient,
 //! attributed to that uid (so the user's filter and live tail show it); with no filter
 //! set this costs one relaxed load per delivery.
+//!
+//! Per-user diagnosis: the same deliveries are filed in the rings of the tracked users
+//! (`obs::users`: under a log filter or sampled), the sender's as `sent` and each
+//! recipient's as `received`; [`UserDiag::tracking`] costs one relaxed load and an
+//! integer test per delivery while nobody is tracked.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -24,6 +29,7 @@ use super::presence::PresenceHub;
 use super::relation::Members;
 use crate::flow::{Outbound, Pushed};
 use crate::obs::logfilter::{self, as_uid};
+use crate::obs::users::{Direction, Recorded, Tracking, UserDiag};
 use crate::obs::{EndToEnd, Metrics, Stage};
 
 /// Who receives a message.
@@ -165,6 +171,8 @@ pub struct Router {
     presence: PresenceHub,
     /// Typing pushes skipped for slow connections.
     typing_skipped_slow: metrics::Counter,
+    /// The per-user diagnosis rings (`obs::users`).
+    users: Arc<UserDiag>,
 }
 
 impl Router {
@@ -191,7 +199,27 @@ impl Router {
                 c.absolute(0);
                 c
             },
+            users: UserDiag::new(32, 0, 1000),
         }
+    }
+
+    /// The router with `users` as its per-user diagnosis (instead of the default one).
+    pub fn with_users(mut self, users: Arc<UserDiag>) -> Self {
+        self.users = users;
+        self
+    }
+
+    /// The per-user diagnosis the router files deliveries in.
+    pub fn users(&self) -> &Arc<UserDiag> {
+        &self.users
+    }
+
+    /// The user's connections on this node, newest last.
+    pub fn sessions_of(&self, user: &str) -> Vec<Arc<Outbound>> {
+        self.sessions
+            .read()
+            .map(|s| s.get(user).cloned().unwrap_or_default())
+            .unwrap_or_default()
     }
 
     /// Notify-and-pull: a sync hint to every online member but the sender.
@@ -308,6 +336,9 @@ impl Router {
         if let Some(levels) = logfilter::filtered_uids() {
             self.log_routed(&d, &levels);
         }
+        if let Some(tracking) = self.users.tracking() {
+            self.record_routed(&d, &tracking);
+        }
         if d.hint_only {
             let users: Vec<String> = d.recipients.users().map(str::to_owned).collect();
             return self.hint_instead(&users, d.origin_conn, t);
@@ -377,6 +408,92 @@ impl Router {
         }
     }
 
+    /// Files `d` in the rings of its tracked sender (`sent`) and recipients (`received`).
+    fn record_routed(&self, d: &Delivery, tracking: &Tracking<'_>) {
+        let m = &d.message;
+        let stages = vec![("read_to_route", d.started.elapsed().as_secs_f64() * 1e3)];
+        if !m.sender.is_empty() && tracking.tracked(&m.sender) {
+            self.users.record(
+                &m.sender,
+                Recorded {
+                    direction: Direction::Sent,
+                    msg_id: m.msg_id.clone(),
+                    conversation_id: m.conversation_id.clone(),
+                    seq: m.seq,
+                    how: "committed",
+                    sessions: u32::try_from(self.online(&m.sender)).unwrap_or(u32::MAX),
+                    stages: stages.clone(),
+                },
+            );
+        }
+        let hint = d.hint_only
+            || matches!(&d.recipients, Recipients::Group(g) if g.len() > self.notify_threshold);
+        for uid in d.recipients.users() {
+            if uid == m.sender || !tracking.tracked(uid) {
+                continue;
+            }
+            let sessions = self.online(uid);
+            let how = match (sessions, hint) {
+                (0, _) => "not_here",
+                (_, true) => "sync_hint",
+                _ => "push",
+            };
+            self.users.record(
+                uid,
+                Recorded {
+                    direction: Direction::Received,
+                    msg_id: m.msg_id.clone(),
+                    conversation_id: m.conversation_id.clone(),
+                    seq: m.seq,
+                    how,
+                    sessions: u32::try_from(sessions).unwrap_or(u32::MAX),
+                    stages: stages.clone(),
+                },
+            );
+        }
+    }
+
+    /// Files a delivery from another node in the rings of its tracked `users` here (the
+    /// frame is decoded only when one of them is tracked).
+    fn record_remote(&self, users: &[String], frame: &Bytes, tracking: &Tracking<'_>) {
+        let mut decoded = false;
+        let mut message: Option<ChatMessage> = None;
+        for uid in users.iter().filter(|u| tracking.tracked(u)) {
+            if !decoded {
+                decoded = true;
+                message = (!frame.is_empty())
+                    .then(|| <im_proto::Frame as im_proto::Message>::decode(frame.as_ref()).ok())
+                    .flatten()
+                    .and_then(|f| match f.body {
+                        Some(Body::Deliver(d)) => d.messages.into_iter().next(),
+                        _ => None,
+                    });
+            }
+            let m = &message;
+            let sessions = self.online(uid);
+            let (msg_id, conversation_id, seq) = m.as_ref().map_or_else(
+                || (String::new(), String::new(), 0),
+                |m| (m.msg_id.clone(), m.conversation_id.clone(), m.seq),
+            );
+            self.users.record(
+                uid,
+                Recorded {
+                    direction: Direction::Received,
+                    msg_id,
+                    conversation_id,
+                    seq,
+                    how: if frame.is_empty() {
+                        "sync_hint"
+                    } else {
+                        "push"
+                    },
+                    sessions: u32::try_from(sessions).unwrap_or(u32::MAX),
+                    stages: Vec::new(),
+                },
+            );
+        }
+    }
+
     /// A sync hint instead of the message: to `users`' sessions here but `origin_conn`,
     /// and (the empty frame of the returned plan) on the nodes that have the others.
     fn hint_instead(&self, users: &[String], origin_conn: u64, t: Instant) -> Option<Forward> {
@@ -434,6 +551,9 @@ impl Router {
                     });
                 }
             }
+        }
+        if let Some(tracking) = self.users.tracking() {
+            self.record_remote(users, frame, &tracking);
         }
         if frame.is_empty() {
             self.hint_members(users, 0);

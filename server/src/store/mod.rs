@@ -550,6 +550,25 @@ pub trait Store: Send + Sync + 'static {
 
     /// Records whether `user_id` hides their presence (the persistence writer only).
     async fn set_presence_hidden(&self, user_id: &str, hidden: bool) -> Result<(), StoreError>;
+
+    /// The conversations of `user_id` (one-to-one and current groups) with unread
+    /// messages, largest backlog first, at most `limit`: the user's cursor (the furthest
+    /// of their delivered cursor and read position, so their own messages count as
+    /// read) against the conversation's last seq. Each row is a primary-key or index
+    /// probe from the user's memberships (the admin API's per-user diagnosis).
+    async fn user_backlog(&self, user_id: &str, limit: u32)
+        -> Result<Vec<UserBacklog>, StoreError>;
+}
+
+/// One conversation's unread backlog for a user ([`Store::user_backlog`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserBacklog {
+    /// The conversation.
+    pub conversation_id: String,
+    /// The user's cursor in it (0: nothing delivered or read).
+    pub cursor: u64,
+    /// Its last seq.
+    pub last_seq: u64,
 }
 
 /// How long the store may take before it counts as not answering.

@@ -865,6 +865,40 @@ macro_rules! sql_store_impl {
                 Ok(out)
             }
 
+            async fn user_backlog(
+                &self,
+                user_id: &str,
+                limit: u32,
+            ) -> Result<Vec<$crate::store::UserBacklog>, $crate::store::StoreError> {
+                let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+                    "SELECT conversation_id, last_seq, cur FROM (\
+                     SELECT c.conversation_id AS conversation_id, v.last_seq AS last_seq, \
+                     CASE WHEN COALESCE(k.seq, 0) > COALESCE(s.read_seq, 0) \
+                     THEN COALESCE(k.seq, 0) ELSE COALESCE(s.read_seq, 0) END AS cur \
+                     FROM (SELECT conversation_id FROM user_conversations WHERE user_id = $1 \
+                     UNION ALL SELECT 'g:' || group_id FROM group_members WHERE user_id = $1) c \
+                     JOIN conversations v ON v.conversation_id = c.conversation_id \
+                     LEFT JOIN cursors k \
+                     ON k.user_id = $1 AND k.conversation_id = c.conversation_id \
+                     LEFT JOIN conversation_state s \
+                     ON s.user_id = $1 AND s.conversation_id = c.conversation_id) b \
+                     WHERE last_seq > cur ORDER BY last_seq - cur DESC, conversation_id \
+                     LIMIT $2",
+                )
+                .bind(user_id)
+                .bind(i64::from(limit))
+                .fetch_all(&self.read)
+                .await?;
+                Ok(rows
+                    .into_iter()
+                    .map(|(conversation_id, last_seq, cur)| $crate::store::UserBacklog {
+                        conversation_id,
+                        cursor: cur.max(0) as u64,
+                        last_seq: last_seq.max(0) as u64,
+                    })
+                    .collect())
+            }
+
             async fn set_presence_hidden(
                 &self,
                 user_id: &str,
