@@ -47,9 +47,11 @@ async fn drive(clients: &[(im_client::Client, String)], per_client: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runtime_and_task_figures_move_under_load() {
     let server = TestServer::start_with(&[("IM_OBS_SAMPLE_INTERVAL_MS", "200")]);
-    // The sampler's first sample has run: the series exist.
-    eventually("the runtime series", || {
+    // The sampler's first sample has run and been published: the series exist and the
+    // overview carries it (the gauges are set a moment before the snapshot is swapped in).
+    eventually("the runtime series and the overview's runtime", || {
         server.metric("im_runtime_workers", &[]) > 0.0
+            && overview(&server)["runtime"]["busy_secs_total"].is_f64()
     })
     .await;
     let first = server.metrics();
