@@ -17,6 +17,7 @@ pub mod messages;
 pub mod nodes;
 pub mod overview;
 pub mod routes;
+pub mod trace;
 
 #[cfg(feature = "client")]
 pub mod client;
@@ -35,6 +36,7 @@ pub use overview::{
     AllocStats, Capacity, ClusterInfo, ClusterNode, ClusterSummary, NodeReport, Overview,
     ProcessStats, Refusals, RuntimeStats, StageLatency, TaskStats,
 };
+pub use trace::{MessageTrace, TraceStage};
 
 /// The body of every error answer: `{"error": "<message>"}`, with a 4xx or 5xx status.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

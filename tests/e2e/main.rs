@@ -25,3 +25,4 @@ mod offline;
 mod prometheus;
 mod reads;
 mod runtime;
+mod trace;

@@ -7,6 +7,7 @@
 
 pub mod diag;
 pub mod messages;
+pub mod trace;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -39,6 +40,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route(routes::REVOKE, post(revoke))
         .route(routes::MESSAGES, post(messages::post))
         .merge(diag::routes())
+        .merge(trace::routes())
         .route_layer(middleware::from_fn_with_state(node.clone(), require_token));
     Router::new()
         .route(routes::HEALTHZ, get(|| async { "ok" }))

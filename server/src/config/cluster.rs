@@ -49,6 +49,8 @@ pub struct ClusterConfig {
     pub nats_tls_key_file: String,
     /// Refuse to talk to NATS without TLS (also implied by a `tls://` URL).
     pub nats_tls_required: bool,
+    /// How long the node serving a trace request waits for the other nodes' parts.
+    pub trace_timeout_ms: u32,
 }
 
 impl std::fmt::Debug for ClusterConfig {
@@ -72,6 +74,7 @@ impl std::fmt::Debug for ClusterConfig {
             .field("nats_tls_cert_file", &self.nats_tls_cert_file)
             .field("nats_tls_key_file", &self.nats_tls_key_file)
             .field("nats_tls_required", &self.nats_tls_required)
+            .field("trace_timeout_ms", &self.trace_timeout_ms)
             .finish()
     }
 }
@@ -96,6 +99,7 @@ impl Default for ClusterConfig {
             nats_tls_cert_file: String::new(),
             nats_tls_key_file: String::new(),
             nats_tls_required: false,
+            trace_timeout_ms: 1000,
         }
     }
 }
@@ -125,6 +129,12 @@ impl ClusterConfig {
             ));
         }
         name_chars("cluster.prefix", &self.prefix)?;
+        range(
+            "cluster.trace_timeout_ms",
+            self.trace_timeout_ms,
+            10,
+            30_000,
+        )?;
         range(
             "cluster.membership_ttl_ms",
             self.membership_ttl_ms,
