@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 
 use im_admin_api::{
-    ConnectionList, ErrorBody, HeapProfileBundle, LogFilters, LogTailLine, Logs, Memory, Overview,
-    PostedMessages, ProfileBundle, SlowConsumers,
+    ConnectionList, ErrorBody, HeapProfileBundle, LogFilters, LogTailLine, Logs, Memory,
+    MessageTrace, Overview, PostedMessages, ProfileBundle, SlowConsumers,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -110,6 +110,8 @@ const FILES: &[&str] = &[
     "posted_messages.json",
     "error_no_group.json",
     "log_tail.ndjson",
+    "trace.json",
+    "error_no_trace.json",
 ];
 
 #[test]
@@ -134,6 +136,7 @@ fn every_recorded_answer_decodes_strictly() {
         strict::<ErrorBody>(f);
     }
     strict_lines::<LogTailLine>("log_tail.ndjson");
+    strict::<MessageTrace>("trace.json");
 }
 
 #[test]

@@ -26,6 +26,10 @@ pub const HELP: &[(&str, &[HelpLine])] = &[
             ("] [", "next / previous node"),
             ("n", "node picker (j/k, enter; 1..9 picks directly)"),
             ("r, ctrl-r", "refresh now"),
+            (
+                "9",
+                "go to the Trace view (one message's stages across the nodes)",
+            ),
             ("M", "announce a SYSTEM message to a group (group id, text)"),
             ("esc", "clear the filter, close a popup"),
         ],
@@ -68,11 +72,22 @@ pub const HELP: &[(&str, &[HelpLine])] = &[
             ("a", "add a per-uid log filter (uid, level, ttl)"),
             ("x, del", "remove the selected filter"),
             ("f", "live tail of the selected user: start / stop"),
+            (
+                "m",
+                "trace the message of the selected tail line (Trace view)",
+            ),
             ("pgup pgdn, G", "scroll the tail back / follow the newest"),
             (
                 "L",
                 "set the node's global level (e.g. info or info,im_server::store=debug)",
             ),
+        ],
+    ),
+    (
+        "Trace",
+        &[
+            ("/", "type a msg_id (32 hex digits) and see its waterfall"),
+            ("r", "ask again"),
         ],
     ),
     (
@@ -136,6 +151,8 @@ fn normal(key: KeyEvent, ctrl: bool) -> Option<Action> {
         KeyCode::Char('l') | KeyCode::Right => Action::NextView,
         KeyCode::Char('h') | KeyCode::Left => Action::PrevView,
         KeyCode::Char(c @ '1'..='7') => Action::GoView(View::ALL[c as usize - '1' as usize]),
+        KeyCode::Char('9') => Action::GoView(View::Trace),
+        KeyCode::Char('m') => Action::TraceMessage,
         KeyCode::Char(']') => Action::NextNode,
         KeyCode::Char('[') => Action::PrevNode,
         KeyCode::Char('n') => Action::NodePicker,
@@ -199,6 +216,14 @@ mod tests {
         assert_eq!(map_key(key(KeyCode::Up), &m), Some(Action::Up));
         assert_eq!(map_key(key(KeyCode::Char('z')), &m), None);
         assert_eq!(map_key(key(KeyCode::Char('M')), &m), Some(Action::Announce));
+        assert_eq!(
+            map_key(key(KeyCode::Char('9')), &m),
+            Some(Action::GoView(View::Trace))
+        );
+        assert_eq!(
+            map_key(key(KeyCode::Char('m')), &m),
+            Some(Action::TraceMessage)
+        );
         let cc = KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL);
         assert_eq!(map_key(cc, &Mode::Filter), Some(Action::Quit));
     }

@@ -6,7 +6,7 @@
 //!
 //! Split by concern: [`nav`] (views, sort keys, the table filter), [`node`] (what is known
 //! about each node), [`form`] (the popup forms), [`reducer`] (key actions and API results
-//! in, commands out). This file holds the console-wide state they change.
+//! in, commands out), [`trace`] (the Trace view's message). This file holds the console-wide state they change.
 
 mod form;
 mod nav;
@@ -14,6 +14,7 @@ mod node;
 mod reducer;
 #[cfg(test)]
 mod tests;
+mod trace;
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -27,6 +28,7 @@ pub use node::{
     ProfileState, SlowEvent, SlowState, TopRow,
 };
 pub use reducer::{Command, Plan, Update};
+pub use trace::{line_msg_id, valid_msg_id, TraceState, TraceStatus};
 
 /// Samples kept per series for the sparklines (10 minutes at one per second).
 pub const HISTORY_LEN: usize = 600;
@@ -175,6 +177,8 @@ pub struct AppState {
     pub tail: Option<TailState>,
     /// Bumped for every tail opened.
     pub tail_generation: u64,
+    /// The message the Trace view shows, if one was asked for.
+    pub trace: Option<TraceState>,
 }
 
 impl AppState {
@@ -198,6 +202,7 @@ impl AppState {
             refresh_generation: 0,
             tail: None,
             tail_generation: 0,
+            trace: None,
         }
     }
 
@@ -252,7 +257,7 @@ impl AppState {
             View::Slow => p.slow = true,
             View::Memory => p.memory = true,
             View::Logs => p.logs = true,
-            View::Overview | View::Latency | View::Profile => {}
+            View::Overview | View::Latency | View::Profile | View::Trace => {}
         }
         p
     }
@@ -320,7 +325,7 @@ impl AppState {
             View::Slow => self.visible_slow().len(),
             View::Logs => self.visible_log_filters().len(),
             View::Profile => self.visible_top().len(),
-            View::Overview | View::Latency | View::Memory => 0,
+            View::Overview | View::Latency | View::Memory | View::Trace => 0,
         }
     }
 

@@ -20,11 +20,13 @@ pub enum View {
     Profile,
     /// Per-uid log filters and log files.
     Logs,
+    /// One message's stage timeline across the nodes (key 9).
+    Trace,
 }
 
 impl View {
-    /// All views in tab order (number keys 1..7).
-    pub const ALL: [View; 7] = [
+    /// All views in tab order (number keys: [`View::key`]).
+    pub const ALL: [View; 8] = [
         View::Overview,
         View::Connections,
         View::Slow,
@@ -32,6 +34,7 @@ impl View {
         View::Memory,
         View::Profile,
         View::Logs,
+        View::Trace,
     ];
 
     /// Tab title.
@@ -44,6 +47,15 @@ impl View {
             View::Memory => "Memory",
             View::Profile => "Profile",
             View::Logs => "Logs",
+            View::Trace => "Trace",
+        }
+    }
+
+    /// The number key that shows this view (and its tab's number).
+    pub fn key(self) -> char {
+        match self {
+            View::Trace => '9',
+            v => char::from(b'1' + v.index() as u8),
         }
     }
 
