@@ -146,7 +146,14 @@ async fn sample_rate_one_traces_everyone_and_bad_requests_are_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_across_two_nodes_has_stages_from_both() {
-    let c = TestCluster::start(2, &[("IM_CLUSTER_KEY", "trace-test-cluster-key-of-32-bytes-or-more")]).await;
+    let c = TestCluster::start(
+        2,
+        &[(
+            "IM_CLUSTER_KEY",
+            "trace-test-cluster-key-of-32-bytes-or-more",
+        )],
+    )
+    .await;
     for node in &c.nodes {
         let (status, resp) = node.admin_json(
             "PUT",

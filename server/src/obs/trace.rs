@@ -354,9 +354,9 @@ impl Tracer {
 
     /// Shares a trace among the copies of its message; the part is filed when the last
     /// holder lets go.
-    pub fn activate(self: &Arc<Self>, trace: Box<Trace>) -> Arc<Active> {
+    pub fn activate(self: &Arc<Self>, trace: Trace) -> Arc<Active> {
         Arc::new(Active {
-            trace: Mutex::new(*trace),
+            trace: Mutex::new(trace),
             tracer: self.clone(),
             recipients: AtomicUsize::new(0),
         })
@@ -429,7 +429,7 @@ mod tests {
         trace.set_message("m1", "u:alice:bob");
         trace.stage(Stage::Validate, started, started + Duration::from_micros(3));
         trace.set_committed("m1", 7);
-        let active = t.activate(trace);
+        let active = t.activate(*trace);
         let bob = active.copy_for("bob").expect("under the cap");
         assert!(active.copy_for("carol").is_none());
         active.stage(Stage::Route, started, started + Duration::from_micros(1));

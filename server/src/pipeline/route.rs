@@ -336,7 +336,7 @@ impl Router {
         if let Some(levels) = logfilter::filtered_uids() {
             self.log_routed(&d, &levels);
         }
-        let trace = d.trace.take().map(|tr| self.metrics.tracer.activate(tr));
+        let trace = d.trace.take().map(|tr| self.metrics.tracer.activate(*tr));
         if d.hint_only {
             let users: Vec<String> = d.recipients.users().map(str::to_owned).collect();
             let forward = self.hint_instead(&users, d.origin_conn, t);
@@ -465,7 +465,7 @@ impl Router {
         trace: Option<&TraceContext>,
     ) {
         let t = Instant::now();
-        let trace = trace.map(|c| self.metrics.tracer.activate(Box::new(Trace::remote(c))));
+        let trace = trace.map(|c| self.metrics.tracer.activate(Trace::remote(c)));
         if let Some(levels) = logfilter::filtered_uids() {
             for u in users {
                 if let Some((uid, level)) = levels.get_key_value(u.as_str()) {
