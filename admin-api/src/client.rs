@@ -12,9 +12,9 @@ use serde::Serialize;
 use crate::routes::{self, segments};
 use crate::{
     Connection, ConnectionList, ErrorBody, GlobalLevel, HeapProfileBundle, Kicked, LogFilter,
-    LogFilterRemoved, LogFilters, LogTailLine, Logs, Memory, Overview, PostMessage, PostedMessages,
-    ProfileBundle, Revoked, SetLogFilter, SetLogLevel, SlowConsumers, IDEMPOTENCY_KEY,
-    NO_SUCH_ROUTE,
+    LogFilterRemoved, LogFilters, LogTailLine, Logs, Memory, MessageTrace, Overview, PostMessage,
+    PostedMessages, ProfileBundle, Revoked, SetLogFilter, SetLogLevel, SlowConsumers,
+    IDEMPOTENCY_KEY, NO_SUCH_ROUTE,
 };
 
 /// Largest response body read from a node (a profile bundle with its SVG is the biggest).
@@ -347,6 +347,12 @@ impl AdminClient {
             .collect();
         self.request(Method::POST, &path, &[], &headers, Some(body), self.timeout)
             .await
+    }
+
+    /// `GET /admin/v1/messages/{msg_id}/trace`: the message's merged stage timeline
+    /// (404 when no node holds a trace of it).
+    pub async fn message_trace(&self, msg_id: &str) -> Result<MessageTrace, ApiError> {
+        self.get(routes::MESSAGE_TRACE, &[msg_id], &[]).await
     }
 
     /// `GET` of `route` with its parameters `args` and the `query` pairs.

@@ -18,6 +18,7 @@ pub mod nodes;
 pub mod overview;
 pub mod routes;
 pub mod users;
+pub mod trace;
 
 #[cfg(feature = "client")]
 pub mod client;
@@ -39,6 +40,7 @@ pub use overview::{
 pub use users::{
     Backlog, StageTiming, UserDiag, UserLogFilter, UserMessage, UserNode, UserRefusal, UserSession,
 };
+pub use trace::{MessageTrace, TraceStage};
 
 /// The body of every error answer: `{"error": "<message>"}`, with a 4xx or 5xx status.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

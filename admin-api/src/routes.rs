@@ -40,6 +40,9 @@ pub const LOGS: &str = "/admin/v1/logs";
 pub const LOGS_TAIL: &str = "/admin/v1/logs/tail";
 /// `POST` [`crate::PostMessage`] (header `Idempotency-Key`): [`crate::PostedMessages`].
 pub const MESSAGES: &str = "/admin/v1/messages";
+/// `GET`: [`crate::MessageTrace`], one message's stage timeline from every node
+/// (`msg_id`: 32 hex digits).
+pub const MESSAGE_TRACE: &str = "/admin/v1/messages/{msg_id}/trace";
 /// `GET ?avoid=ID,ID` on the client listener (no token): [`crate::RouteAnswer`].
 pub const ROUTE: &str = "/v1/route";
 

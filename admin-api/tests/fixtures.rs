@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 
 use im_admin_api::{
-    ConnectionList, ErrorBody, HeapProfileBundle, LogFilters, LogTailLine, Logs, Memory, Overview,
-    PostedMessages, ProfileBundle, SlowConsumers, UserDiag,
+    ConnectionList, ErrorBody, HeapProfileBundle, LogFilters, LogTailLine, Logs, Memory,
+    MessageTrace, Overview, PostedMessages, ProfileBundle, SlowConsumers, UserDiag,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -113,6 +113,8 @@ const FILES: &[&str] = &[
     "user.json",
     "user_missing_node.json",
     "error_no_user.json",
+    "trace.json",
+    "error_no_trace.json",
 ];
 
 #[test]
@@ -139,6 +141,7 @@ fn every_recorded_answer_decodes_strictly() {
         strict::<ErrorBody>(f);
     }
     strict_lines::<LogTailLine>("log_tail.ndjson");
+    strict::<MessageTrace>("trace.json");
 }
 
 #[test]

@@ -76,4 +76,6 @@ pub enum Action {
     Announce,
     /// Start the live tail of the selected filter's user, or stop the open one (Logs view).
     Tail,
+    /// `m`: open the Trace view on the selected tail line's message (Logs view).
+    TraceMessage,
 }

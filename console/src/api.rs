@@ -10,8 +10,8 @@ pub use im_admin_api::client::{
 pub use im_admin_api::{
     AllocStats, Capacity, ClusterInfo, ClusterNode, ClusterSummary, Connection, ConnectionList,
     GlobalLevel, HeapProfileBundle, HeapTopFunction, Kicked, LogFile, LogFilter, LogFilters,
-    LogTailLine, LogWindow, Logs, Memory, MessageKind, Overview, PostMessage, PostedMessage,
-    PostedMessages, ProcessStats, ProfileBundle, Refusals, Revoked, RuntimeStats, SetLogFilter,
-    SlowConsumers, StageLatency, TaskStats, TopFunction,
+    LogTailLine, LogWindow, Logs, Memory, MessageKind, MessageTrace, Overview, PostMessage,
+    PostedMessage, PostedMessages, ProcessStats, ProfileBundle, Refusals, Revoked, RuntimeStats,
+    SetLogFilter, SlowConsumers, StageLatency, TaskStats, TopFunction, TraceStage,
 };
 pub use im_admin_api::{Backlog, UserDiag, UserMessage, UserRefusal, UserSession};

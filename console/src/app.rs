@@ -230,7 +230,8 @@ fn run_command(
         | Command::SetGlobalLevel { node, .. }
         | Command::Profile { node, .. }
         | Command::HeapProfile { node, .. }
-        | Command::Announce { node, .. } => *node,
+        | Command::Announce { node, .. }
+        | Command::FetchTrace { node, .. } => *node,
         // The plan's generation changed; the pollers wake on their own.
         Command::Refresh => return,
         // The loop runs the tail itself.
@@ -335,6 +336,10 @@ fn run_command(
                 let result = client.post_message(&body, Some(&key)).await;
                 Update::Announced { group_id, result }
             }
+            Command::FetchTrace { msg_id, .. } => Update::Trace {
+                result: client.message_trace(&msg_id).await,
+                msg_id,
+            },
             Command::Refresh | Command::StartTail { .. } | Command::StopTail => return,
         };
         let _ = tx.send((node, update)).await;

@@ -19,13 +19,17 @@ pub const HELP: &[(&str, &[HelpLine])] = &[
             ("q, ctrl-c", "quit"),
             ("tab, shift-tab", "next / previous view"),
             (
-                "1..8",
-                "1 Overview 2 Connections 3 Slow 4 Latency 5 Memory 6 Profile 7 Logs 8 Users",
+                "1..9",
+                "1 Overview 2 Connections 3 Slow 4 Latency 5 Memory 6 Profile 7 Logs 8 Users 9 Trace",
             ),
             ("h l, ← →", "previous / next view"),
             ("] [", "next / previous node"),
             ("n", "node picker (j/k, enter; 1..9 picks directly)"),
             ("r, ctrl-r", "refresh now"),
+            (
+                "9",
+                "go to the Trace view (one message's stages across the nodes)",
+            ),
             ("M", "announce a SYSTEM message to a group (group id, text)"),
             ("esc", "clear the filter, close a popup"),
         ],
@@ -68,6 +72,10 @@ pub const HELP: &[(&str, &[HelpLine])] = &[
             ("a", "add a per-uid log filter (uid, level, ttl)"),
             ("x, del", "remove the selected filter"),
             ("f", "live tail of the selected user: start / stop"),
+            (
+                "m",
+                "trace the message of the selected tail line (Trace view)",
+            ),
             ("pgup pgdn, G", "scroll the tail back / follow the newest"),
             (
                 "L",
@@ -88,6 +96,13 @@ pub const HELP: &[(&str, &[HelpLine])] = &[
                 "add a log filter for this user (records their messages)",
             ),
             ("R", "revoke the user (asks first)"),
+        ],
+    ),
+    (
+        "Trace",
+        &[
+            ("/", "type a msg_id (32 hex digits) and see its waterfall"),
+            ("r", "ask again"),
         ],
     ),
     (
@@ -151,6 +166,8 @@ fn normal(key: KeyEvent, ctrl: bool) -> Option<Action> {
         KeyCode::Char('l') | KeyCode::Right => Action::NextView,
         KeyCode::Char('h') | KeyCode::Left => Action::PrevView,
         KeyCode::Char(c @ '1'..='8') => Action::GoView(View::ALL[c as usize - '1' as usize]),
+        KeyCode::Char('9') => Action::GoView(View::Trace),
+        KeyCode::Char('m') => Action::TraceMessage,
         KeyCode::Char(']') => Action::NextNode,
         KeyCode::Char('[') => Action::PrevNode,
         KeyCode::Char('n') => Action::NodePicker,
@@ -217,6 +234,14 @@ mod tests {
         assert_eq!(
             map_key(key(KeyCode::Char('8')), &m),
             Some(Action::GoView(View::Users))
+        );
+        assert_eq!(
+            map_key(key(KeyCode::Char('9')), &m),
+            Some(Action::GoView(View::Trace))
+        );
+        assert_eq!(
+            map_key(key(KeyCode::Char('m')), &m),
+            Some(Action::TraceMessage)
         );
         let cc = KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL);
         assert_eq!(map_key(cc, &Mode::Filter), Some(Action::Quit));

@@ -731,3 +731,126 @@ async fn users_view() {
     assert!(screen.contains("user zed not found"), "{screen}");
     insta::assert_snapshot!("users_not_found", screen);
 }
+
+/// The Trace view (key 9): empty at first; `/` and a msg_id ask the node, whose recorded
+/// answer (a message across two nodes) is drawn as a waterfall; an unknown id is the
+/// node's 404, said plainly.
+#[tokio::test]
+async fn trace_view() {
+    let (mut state, n, t0) = loaded().await;
+    go(&mut state, View::Trace);
+    state.status = None;
+    insta::assert_snapshot!("trace_empty", draw(&state, 120, 24));
+
+    let id = "01a2454c9182741abb2689668fd423af";
+    assert!(state.apply(Action::StartFilter).is_empty());
+    for c in "not-hex".chars() {
+        state.apply(Action::Char(c));
+    }
+    assert!(
+        state.apply(Action::Submit).is_empty(),
+        "a bad id is refused"
+    );
+    for _ in 0.."not-hex".len() {
+        state.apply(Action::Backspace);
+    }
+    for c in id.chars() {
+        state.apply(Action::Char(c));
+    }
+    let cmds = state.apply(Action::Submit);
+    assert_eq!(
+        cmds,
+        [Command::FetchTrace {
+            node: 0,
+            msg_id: id.into()
+        }]
+    );
+    n.fixture(
+        "GET",
+        &format!("/admin/v1/messages/{id}/trace"),
+        200,
+        "trace.json",
+    );
+    let client = AdminClient::new(&n.url, Some("x".into()), Duration::from_secs(5)).unwrap();
+    let result = client.message_trace(id).await;
+    let stages = result.as_ref().map(|t| t.stages.len()).unwrap_or(0);
+    assert_eq!(stages, 11);
+    state.on_update(
+        0,
+        Update::Trace {
+            msg_id: id.into(),
+            result,
+        },
+        at(t0, 11),
+    );
+    state.status = None;
+    insta::assert_snapshot!("trace_waterfall", draw(&state, 140, 30));
+
+    let unknown = "ffffffffffffffffffffffffffffffff";
+    state.apply(Action::StartFilter);
+    for _ in 0..id.len() {
+        state.apply(Action::Backspace);
+    }
+    for c in unknown.chars() {
+        state.apply(Action::Char(c));
+    }
+    assert_eq!(state.apply(Action::Submit).len(), 1);
+    n.fixture(
+        "GET",
+        &format!("/admin/v1/messages/{unknown}/trace"),
+        404,
+        "error_no_trace.json",
+    );
+    let result = client.message_trace(unknown).await;
+    assert!(
+        matches!(result, Err(ApiError::Status { status: 404, .. })),
+        "{result:?}"
+    );
+    state.on_update(
+        0,
+        Update::Trace {
+            msg_id: unknown.into(),
+            result,
+        },
+        at(t0, 12),
+    );
+    state.status = None;
+    insta::assert_snapshot!("trace_not_found", draw(&state, 120, 24));
+}
+
+/// `m` on the Logs view's live tail opens the Trace view on the selected line's msg_id.
+#[tokio::test]
+async fn m_on_a_tail_line_traces_its_message() {
+    let (mut state, n, t0) = loaded().await;
+    n.fixture("GET", "/admin/v1/logs/tail", 200, "log_tail.ndjson");
+    go(&mut state, View::Logs);
+    assert_eq!(
+        state.apply(Action::TraceMessage),
+        [],
+        "no tail, nothing to trace"
+    );
+    let cmds = state.apply(Action::Tail);
+    let [Command::StartTail {
+        uid, generation, ..
+    }] = cmds.as_slice()
+    else {
+        panic!("f opens a tail: {cmds:?}");
+    };
+    let client = AdminClient::new(&n.url, Some("x".into()), Duration::from_secs(5)).unwrap();
+    let mut tail = client.log_tail(uid, None, 200).await.expect("tail opens");
+    let mut lines = Vec::new();
+    while let Some(l) = tail.next_line().await.expect("a line") {
+        lines.push(l);
+    }
+    let generation = *generation;
+    state.on_update(0, Update::TailLines { generation, lines }, at(t0, 11));
+    // The newest line (a deliver ack) names no message: the nearest older one does.
+    assert_eq!(
+        state.apply(Action::TraceMessage),
+        [Command::FetchTrace {
+            node: 0,
+            msg_id: "01a2454c9182741abb2689668fd423af".into()
+        }]
+    );
+    assert_eq!(state.view, View::Trace);
+}

@@ -246,6 +246,7 @@ fn workload(
                 origin_conn: sender.out.conn_id,
                 started,
                 hint_only: false,
+                trace: None,
             });
             assert!(forward.is_none(), "single node: nothing to forward");
         }

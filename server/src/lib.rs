@@ -201,6 +201,12 @@ impl Node {
         } else {
             config.node_id.clone()
         };
+        metrics.tracer.configure(
+            &node_id,
+            config.obs.trace_sample_rate,
+            config.obs.trace_max_recipients as usize,
+            config.obs.trace_store_size as usize,
+        );
 
         let cluster = if config.clustered() {
             Some(Arc::new(

@@ -26,3 +26,4 @@ mod prometheus;
 mod reads;
 mod runtime;
 mod users;
+mod trace;

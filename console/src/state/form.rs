@@ -29,6 +29,8 @@ pub enum FormKind {
     GlobalLevel,
     /// Announce a SYSTEM message to a group: group id, text.
     Announce,
+    /// Trace a message: its msg_id.
+    Trace,
 }
 
 /// A small form in a popup.
@@ -101,6 +103,20 @@ impl Form {
                     choices: None,
                 },
             ],
+            focus: 0,
+            error: None,
+        }
+    }
+
+    /// The msg_id form of the Trace view, prefilled with the message shown.
+    pub fn trace(current: &str) -> Form {
+        Form {
+            kind: FormKind::Trace,
+            fields: vec![Field {
+                label: "msg_id",
+                value: current.to_owned(),
+                choices: None,
+            }],
             focus: 0,
             error: None,
         }

@@ -6,7 +6,7 @@
 //!
 //! Split by concern: [`nav`] (views, sort keys, the table filter), [`node`] (what is known
 //! about each node), [`form`] (the popup forms), [`reducer`] (key actions and API results
-//! in, commands out). This file holds the console-wide state they change.
+//! in, commands out), [`trace`] (the Trace view's message). This file holds the console-wide state they change.
 
 mod form;
 mod nav;
@@ -14,6 +14,7 @@ mod node;
 mod reducer;
 #[cfg(test)]
 mod tests;
+mod trace;
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -27,6 +28,7 @@ pub use node::{
     ProfileState, SlowEvent, SlowState, TopRow,
 };
 pub use reducer::{Command, Plan, Update};
+pub use trace::{line_msg_id, valid_msg_id, TraceState, TraceStatus};
 
 /// Samples kept per series for the sparklines (10 minutes at one per second).
 pub const HISTORY_LEN: usize = 600;
@@ -181,6 +183,8 @@ pub struct AppState {
     pub tail_generation: u64,
     /// The user the Users view shows (typed after `/` there).
     pub user: Option<String>,
+    /// The message the Trace view shows, if one was asked for.
+    pub trace: Option<TraceState>,
 }
 
 impl AppState {
@@ -205,6 +209,7 @@ impl AppState {
             tail: None,
             tail_generation: 0,
             user: None,
+            trace: None,
         }
     }
 
@@ -260,7 +265,7 @@ impl AppState {
             View::Memory => p.memory = true,
             View::Logs => p.logs = true,
             View::Users => p.user = self.user.clone(),
-            View::Overview | View::Latency | View::Profile => {}
+            View::Overview | View::Latency | View::Profile | View::Trace => {}
         }
         p
     }
@@ -352,7 +357,7 @@ impl AppState {
             View::Logs => self.visible_log_filters().len(),
             View::Profile => self.visible_top().len(),
             View::Users => self.visible_user_sessions().len(),
-            View::Overview | View::Latency | View::Memory => 0,
+            View::Overview | View::Latency | View::Memory | View::Trace => 0,
         }
     }
 

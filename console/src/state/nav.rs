@@ -22,11 +22,13 @@ pub enum View {
     Logs,
     /// One user's diagnosis across the cluster (`/` searches a uid).
     Users,
+    /// One message's stage timeline across the nodes (key 9).
+    Trace,
 }
 
 impl View {
-    /// All views in tab order (number keys 1..8).
-    pub const ALL: [View; 8] = [
+    /// All views in tab order (number keys: [`View::key`]).
+    pub const ALL: [View; 9] = [
         View::Overview,
         View::Connections,
         View::Slow,
@@ -35,6 +37,7 @@ impl View {
         View::Profile,
         View::Logs,
         View::Users,
+        View::Trace,
     ];
 
     /// Tab title.
@@ -48,7 +51,13 @@ impl View {
             View::Profile => "Profile",
             View::Logs => "Logs",
             View::Users => "Users",
+            View::Trace => "Trace",
         }
+    }
+
+    /// The number key that shows this view (and its tab's number).
+    pub fn key(self) -> char {
+        char::from(b'1' + self.index() as u8)
     }
 
     /// Position in [`View::ALL`].

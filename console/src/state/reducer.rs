@@ -9,8 +9,8 @@ use super::form::parse_in;
 use super::*;
 use crate::action::Action;
 use crate::api::{
-    ApiError, ConnectionList, Kicked, LogFilters, LogTailLine, Logs, Memory, Overview,
-    PostedMessages, Revoked, SlowConsumers, UserDiag,
+    ApiError, ConnectionList, Kicked, LogFilters, LogTailLine, Logs, Memory, MessageTrace,
+    Overview, PostedMessages, Revoked, SlowConsumers, UserDiag,
 };
 
 /// A side effect for the app to run; its result comes back as an [`Update`].
@@ -95,6 +95,13 @@ pub enum Command {
     },
     /// Close the open tail.
     StopTail,
+    /// `GET /admin/v1/messages/{msg_id}/trace`.
+    FetchTrace {
+        /// Node index.
+        node: usize,
+        /// The message.
+        msg_id: String,
+    },
     /// Poll everything now.
     Refresh,
 }
@@ -174,6 +181,13 @@ pub enum Update {
         uid: String,
         /// The answer (404: nothing known of the user).
         result: Result<UserDiag, ApiError>,
+    },
+    /// A message trace was fetched (or not).
+    Trace {
+        /// The message asked for.
+        msg_id: String,
+        /// The result.
+        result: Result<MessageTrace, ApiError>,
     },
     /// An announcement was posted (or not).
     Announced {
@@ -327,6 +341,19 @@ impl AppState {
             Action::Top => self.cursor[self.view.index()] = 0,
             Action::Bottom => self.cursor[self.view.index()] = usize::MAX,
             Action::Tail if self.view == View::Logs => return self.toggle_tail(),
+            Action::TraceMessage if self.view == View::Logs => return self.trace_from_tail(),
+            Action::StartFilter if self.view == View::Trace => {
+                let current = self.trace.as_ref().map_or("", |t| t.msg_id.as_str());
+                self.mode = Mode::Form(Form::trace(current));
+            }
+            Action::Refresh if self.view == View::Trace && self.trace.is_some() => {
+                let id = self
+                    .trace
+                    .as_ref()
+                    .map(|t| t.msg_id.clone())
+                    .unwrap_or_default();
+                return self.open_trace(id);
+            }
             Action::StartFilter => {
                 if self.view == View::Users {
                     self.filter.clear();
@@ -746,6 +773,13 @@ impl AppState {
                     text,
                 }])
             }
+            FormKind::Trace => {
+                let id = form.value(0).trim().to_owned();
+                if !valid_msg_id(&id) {
+                    return Err("msg_id must be 32 hex digits".into());
+                }
+                Ok(self.open_trace(id))
+            }
             FormKind::Profile => {
                 let seconds = parse_in(form.value(0), "seconds", 1, 300)?;
                 let frequency = parse_in(form.value(1), "frequency", 1, 1000)?;
@@ -975,6 +1009,20 @@ impl AppState {
                     }
                 }
                 n.user.set(result, now);
+            }
+            Update::Trace { msg_id, result } => {
+                message = Some(match &result {
+                    Ok(t) => (
+                        Level::Info,
+                        format!(
+                            "trace of {msg_id}: {} stages from {} node(s)",
+                            t.stages.len(),
+                            t.nodes.len()
+                        ),
+                    ),
+                    Err(e) => (Level::Error, format!("trace of {msg_id}: {e}")),
+                });
+                self.trace_answer(&msg_id, result);
             }
             Update::Announced { group_id, result } => {
                 message = Some(match result.map(|r| r.results.into_iter().next()) {

@@ -1,6 +1,7 @@
 //! Logs view: the node's global level and per-uid filters (add with `a`, remove with `x`),
 //! and below them either its log files with their compression state and the off-peak
-//! window, or the live tail of the selected filter's user (`f` starts and stops it).
+//! window, or the live tail of the selected filter's user (`f` starts and stops it). The
+//! tail's newest shown line is its selected one (reversed); `m` traces its message.
 
 use ratatui::layout::{Constraint, Flex, Layout, Rect};
 use ratatui::style::Style;
@@ -274,9 +275,9 @@ fn render_tail(frame: &mut Frame<'_>, area: Rect, t: &TailState) {
     }
     title.push(Span::styled(
         if t.is_open() {
-            " · f: stop · pgup pgdn: scroll "
+            " · f: stop · pgup pgdn: scroll · m: trace msg "
         } else {
-            " · f: tail again "
+            " · f: tail again · m: trace msg "
         },
         Style::new().fg(DIM),
     ));
@@ -301,6 +302,19 @@ fn render_tail(frame: &mut Frame<'_>, area: Rect, t: &TailState) {
     if start == 0 {
         end = t.lines.len().min(rows);
     }
-    let lines: Vec<Line<'static>> = t.lines.range(start..end).map(tail_line).collect();
+    let selected = t.selected();
+    let lines: Vec<Line<'static>> = t
+        .lines
+        .range(start..end)
+        .enumerate()
+        .map(|(i, l)| {
+            let line = tail_line(l);
+            if Some(start + i) == selected {
+                line.patch_style(Style::new().add_modifier(ratatui::style::Modifier::REVERSED))
+            } else {
+                line
+            }
+        })
+        .collect();
     frame.render_widget(Paragraph::new(lines), inner);
 }

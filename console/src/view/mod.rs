@@ -11,6 +11,7 @@ mod overview;
 mod profile;
 mod table;
 mod users;
+mod trace;
 
 use ratatui::layout::{Constraint, Flex, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
@@ -166,8 +167,7 @@ fn render_cluster(frame: &mut Frame<'_>, area: Rect, state: &AppState) {
 fn render_tabs(frame: &mut Frame<'_>, area: Rect, state: &AppState) {
     let titles = View::ALL
         .iter()
-        .enumerate()
-        .map(|(i, v)| Line::from(format!("{} {}", i + 1, v.title())));
+        .map(|v| Line::from(format!("{} {}", v.key(), v.title())));
     let tabs = Tabs::new(titles)
         .select(state.view.index())
         .style(Style::new().fg(DIM))
@@ -249,6 +249,7 @@ fn render_body(frame: &mut Frame<'_>, area: Rect, state: &AppState, node: &NodeS
         View::Profile => profile::render(frame, view_area, state, node),
         View::Logs => logs::render(frame, view_area, state, node),
         View::Users => users::render(frame, view_area, state, node),
+        View::Trace => trace::render(frame, view_area, state),
     }
 }
 
@@ -546,6 +547,7 @@ fn render_form(frame: &mut Frame<'_>, area: Rect, form: &Form) {
         crate::state::FormKind::HeapProfile => "capture heap profile",
         crate::state::FormKind::GlobalLevel => "global log level (EnvFilter syntax)",
         crate::state::FormKind::Announce => "announce a SYSTEM message to a group",
+        crate::state::FormKind::Trace => "trace a message (32 hex digits)",
     };
     let mut lines = Vec::new();
     for (i, f) in form.fields.iter().enumerate() {

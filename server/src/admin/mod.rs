@@ -8,6 +8,7 @@
 pub mod diag;
 pub mod messages;
 pub mod users;
+pub mod trace;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -41,6 +42,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route(routes::USER, get(users::get))
         .route(routes::MESSAGES, post(messages::post))
         .merge(diag::routes())
+        .merge(trace::routes())
         .route_layer(middleware::from_fn_with_state(node.clone(), require_token));
     Router::new()
         .route(routes::HEALTHZ, get(|| async { "ok" }))

@@ -13,6 +13,8 @@
 //!   carries resync notices to every node;
 //! - admin queries, subject `<prefix>.query.<id>`: request/reply between nodes for the
 //!   cluster-wide admin answers (`query`).
+//! - traces, subject `<prefix>.trace.<id>`: each node answers requests for its part of a
+//!   message's trace (`trace`), which the node serving the admin request gathers.
 //!
 //! Both buckets are memory-backed JetStream streams on purpose: they hold only soft
 //! state that the nodes themselves rebuild within a report interval (each report is
@@ -43,6 +45,7 @@ pub mod presence;
 pub mod query;
 pub mod registry;
 pub mod relay;
+pub mod trace;
 pub mod trust;
 
 use std::collections::{HashMap, HashSet};
@@ -210,6 +213,10 @@ pub struct Link {
     /// saw late), whatever the lost/back sweep made of the gap. Bounded by
     /// [`MAX_OWED_RESYNCS`].
     owed: Mutex<HashSet<Arc<str>>>,
+    /// The cluster prefix, for the trace subjects (`trace::subject`).
+    trace_prefix: String,
+    /// `cluster.trace_timeout_ms`: how long a trace request waits for the other nodes.
+    pub trace_timeout: Duration,
 }
 
 /// Most nodes remembered as owed a resync (presence names only nodes that wrote to the
@@ -258,6 +265,7 @@ impl Link {
             targets: by.into_iter().collect(),
             frame: frame.clone(),
             direct,
+            trace: None,
         })
     }
 
@@ -301,6 +309,7 @@ impl Link {
                 users,
                 frame: f.frame.clone(),
                 direct: f.direct,
+                trace: f.trace.as_ref().map(relay::TraceCtx::from),
                 ..Default::default()
             };
             self.publish(self.subject(&node), env, true).await;
@@ -564,6 +573,8 @@ impl Cluster {
             health,
             key: ClusterKey::new(&c.key),
             owed: Mutex::new(HashSet::new()),
+            trace_prefix: c.prefix.clone(),
+            trace_timeout: Duration::from_millis(u64::from(c.trace_timeout_ms)),
         });
         link.forwarded.absolute(0);
         link.publish_errors.absolute(0);
@@ -611,6 +622,15 @@ impl Cluster {
             })?;
             subs.push(sub);
         }
+        let trace_subject = trace::subject(&link.trace_prefix, &link.node_id);
+        let trace_sub = link
+            .client
+            .subscribe(trace_subject.clone())
+            .await
+            .map_err(|e| ClusterError::Subscribe {
+                subject: trace_subject,
+                message: e.to_string(),
+            })?;
         // First report before anything else, so the node is routable at once.
         if let Err(e) = put_report(&self.buckets.nodes(), &link, &report()).await {
             tracing::warn!(error = %e, "could not publish the first load report");
@@ -637,6 +657,10 @@ impl Cluster {
                 ),
             ),
             spawn(Task::Cluster, group_notices(link.clone(), group_changes)),
+            spawn(
+                Task::Cluster,
+                trace::serve(link.clone(), trace_sub, router.tracer().clone()),
+            ),
         ];
         if let Some(rx) = self.presence_rx.lock().ok().and_then(|mut r| r.take()) {
             tasks.push(spawn(
@@ -1258,6 +1282,12 @@ async fn inbound(
             router.deliver_ephemeral_remote(&env.users, &env.frame);
             continue;
         }
-        router.deliver_remote(&env.users, &env.frame, env.direct);
+        let trace = if key.check_trace(&env) {
+            env.trace.map(crate::obs::trace::TraceContext::from)
+        } else {
+            tracing::debug!(from = %env.from, "ignoring a badly signed trace context");
+            None
+        };
+        router.deliver_remote(&env.users, &env.frame, env.direct, trace.as_ref());
     }
 }

@@ -2,7 +2,9 @@
 //! for cross-node delivery, one per receiving node per message (never one per member),
 //! the group-change notice that evicts a stale membership cache entry, the revocation
 //! notice that closes a user's sessions, and the resync notice (to one node, or to
-//! every node on `<prefix>.all`) after pushes may have been lost.
+//! every node on `<prefix>.all`) after pushes may have been lost. A traced message's
+//! envelope also carries its trace context (`trace`, an optional field older nodes
+//! ignore), signed apart (`trace_sig`) so that `sig` covers what it always covered.
 
 use bytes::Bytes;
 
@@ -53,6 +55,52 @@ pub struct Envelope {
     /// With `presence_user`: hidden from now on.
     #[prost(bool, tag = "13")]
     pub presence_hidden: bool,
+    /// A traced message: the receiving node records its stages under this msg_id.
+    /// Not covered by `sig` (which an older node checks without knowing this field).
+    #[prost(message, optional, tag = "14")]
+    pub trace: Option<TraceCtx>,
+    /// With `trace` and a cluster key: HMAC-SHA256 of `sig` and the encoded `trace`.
+    #[prost(bytes = "bytes", tag = "15")]
+    pub trace_sig: Bytes,
+}
+
+/// The trace context of a traced message (`obs::trace::TraceContext` on the wire).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TraceCtx {
+    /// The message id.
+    #[prost(string, tag = "1")]
+    pub msg_id: String,
+    /// The sender.
+    #[prost(string, tag = "2")]
+    pub sender: String,
+    /// The conversation.
+    #[prost(string, tag = "3")]
+    pub conversation: String,
+    /// The seq.
+    #[prost(uint64, tag = "4")]
+    pub seq: u64,
+}
+
+impl From<&crate::obs::trace::TraceContext> for TraceCtx {
+    fn from(c: &crate::obs::trace::TraceContext) -> Self {
+        TraceCtx {
+            msg_id: c.msg_id.clone(),
+            sender: c.sender.clone(),
+            conversation: c.conversation.clone(),
+            seq: c.seq,
+        }
+    }
+}
+
+impl From<TraceCtx> for crate::obs::trace::TraceContext {
+    fn from(c: TraceCtx) -> Self {
+        crate::obs::trace::TraceContext {
+            msg_id: c.msg_id,
+            sender: c.sender,
+            conversation: c.conversation,
+            seq: c.seq,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -80,5 +128,47 @@ mod tests {
         };
         let back = Envelope::decode(&notice.encode_to_vec()[..]).unwrap();
         assert!(back.resync && back.users.is_empty() && back.frame.is_empty());
+    }
+
+    /// The envelope as a node that predates the trace fields declares it.
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct OldEnvelope {
+        #[prost(string, tag = "1")]
+        from: String,
+        #[prost(string, repeated, tag = "2")]
+        users: Vec<String>,
+        #[prost(bytes = "bytes", tag = "3")]
+        frame: Bytes,
+        #[prost(bytes = "bytes", tag = "7")]
+        sig: Bytes,
+    }
+
+    #[test]
+    fn an_old_node_reads_a_traced_envelope_and_its_signature_holds() {
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, b"k");
+        let k = crate::cluster::trust::ClusterKey::new("k");
+        let mut e = Envelope {
+            from: "a".into(),
+            users: vec!["u1".into()],
+            frame: Bytes::from_static(b"\x08\x01"),
+            trace: Some(TraceCtx {
+                msg_id: "0123456789abcdef0123456789abcdef".into(),
+                seq: 3,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        k.seal_envelope(&mut e);
+        assert!(k.check_envelope(&e) && k.check_trace(&e));
+        // The old node drops the unknown fields and checks `sig` over what it knows.
+        let mut old = OldEnvelope::decode(&e.encode_to_vec()[..]).unwrap();
+        let sig = std::mem::take(&mut old.sig);
+        assert!(ring::hmac::verify(&key, &old.encode_to_vec(), &sig).is_ok());
+        // A forged trace fails its own check, not the delivery's.
+        let mut forged = e.clone();
+        if let Some(t) = forged.trace.as_mut() {
+            t.seq = 4;
+        }
+        assert!(k.check_envelope(&forged) && !k.check_trace(&forged));
     }
 }

@@ -59,24 +59,72 @@ impl ClusterKey {
         serde_json::from_slice(json).ok()
     }
 
-    /// Signs an envelope (sets `sig`; nothing without a key).
+    /// Signs an envelope (sets `sig`, and `trace_sig` when it carries a trace; nothing
+    /// without a key). `sig` covers the envelope without `sig`, `trace` and
+    /// `trace_sig`, as it did before traces existed.
     pub fn seal_envelope(&self, env: &mut Envelope) {
         env.sig = Default::default();
+        env.trace_sig = Default::default();
         if let Some(k) = &self.0 {
+            let trace = env.trace.take();
             env.sig = hmac::sign(k, &env.encode_to_vec()).as_ref().to_vec().into();
+            env.trace = trace;
+            if let Some(t) = &env.trace {
+                env.trace_sig = hmac::sign(k, &trace_signed(&env.sig, t))
+                    .as_ref()
+                    .to_vec()
+                    .into();
+            }
         }
     }
 
     /// Whether an envelope may be believed: always without a key; with one, its `sig`
-    /// must be the HMAC of the envelope without it.
+    /// must be the HMAC of the envelope without it (and without the trace fields).
     pub fn check_envelope(&self, env: &Envelope) -> bool {
         let Some(k) = &self.0 else {
             return true;
         };
         let mut bare = env.clone();
         let sig = std::mem::take(&mut bare.sig);
+        bare.trace = None;
+        bare.trace_sig = Default::default();
         hmac::verify(k, &bare.encode_to_vec(), &sig).is_ok()
     }
+
+    /// Whether an envelope's trace context may be believed (true without a key or a
+    /// trace); a bad one is dropped, the delivery still stands.
+    pub fn check_trace(&self, env: &Envelope) -> bool {
+        match (&self.0, &env.trace) {
+            (Some(k), Some(t)) => {
+                hmac::verify(k, &trace_signed(&env.sig, t), &env.trace_sig).is_ok()
+            }
+            _ => true,
+        }
+    }
+
+    /// The HMAC of `bytes` under the key (empty without one).
+    pub fn sign(&self, bytes: &[u8]) -> bytes::Bytes {
+        match &self.0 {
+            Some(k) => hmac::sign(k, bytes).as_ref().to_vec().into(),
+            None => bytes::Bytes::new(),
+        }
+    }
+
+    /// Whether `sig` is the HMAC of `bytes` (always true without a key).
+    pub fn verify(&self, bytes: &[u8], sig: &[u8]) -> bool {
+        match &self.0 {
+            Some(k) => hmac::verify(k, bytes, sig).is_ok(),
+            None => true,
+        }
+    }
+}
+
+/// What `trace_sig` covers: a domain tag, the envelope's `sig` and the encoded trace.
+fn trace_signed(sig: &[u8], trace: &super::relay::TraceCtx) -> Vec<u8> {
+    let mut v = b"im-trace\0".to_vec();
+    v.extend_from_slice(sig);
+    v.extend_from_slice(&trace.encode_to_vec());
+    v
 }
 
 impl ClusterKey {

@@ -52,6 +52,8 @@ pub struct ClusterConfig {
     /// How long a cluster-wide admin query (`GET /admin/v1/users/{uid}`) waits for each
     /// other node's answer; a node that does not answer in time is listed as missing.
     pub query_timeout_ms: u32,
+    /// How long the node serving a trace request waits for the other nodes' parts.
+    pub trace_timeout_ms: u32,
 }
 
 impl std::fmt::Debug for ClusterConfig {
@@ -76,6 +78,7 @@ impl std::fmt::Debug for ClusterConfig {
             .field("query_timeout_ms", &self.query_timeout_ms)
             .field("nats_tls_key_file", &self.nats_tls_key_file)
             .field("nats_tls_required", &self.nats_tls_required)
+            .field("trace_timeout_ms", &self.trace_timeout_ms)
             .finish()
     }
 }
@@ -101,6 +104,7 @@ impl Default for ClusterConfig {
             nats_tls_key_file: String::new(),
             nats_tls_required: false,
             query_timeout_ms: 1000,
+            trace_timeout_ms: 1000,
         }
     }
 }
@@ -135,6 +139,12 @@ impl ClusterConfig {
             self.query_timeout_ms,
             10,
             60_000,
+        )?;
+        range(
+            "cluster.trace_timeout_ms",
+            self.trace_timeout_ms,
+            10,
+            30_000,
         )?;
         range(
             "cluster.membership_ttl_ms",

@@ -494,6 +494,53 @@ mod tests {
     }
 
     #[test]
+    fn trace_keys_default_override_and_validate() {
+        let c = Config::load_from(None, &Overrides::default(), env(&[])).unwrap();
+        assert_eq!(c.obs.trace_sample_rate, 0.0);
+        assert_eq!(c.obs.trace_max_recipients, 64);
+        assert_eq!(c.obs.trace_store_size, 1024);
+        assert_eq!(c.cluster.trace_timeout_ms, 1000);
+        let c = Config::load_from(
+            None,
+            &Overrides::default(),
+            env(&[
+                ("IM_OBS_TRACE_SAMPLE_RATE", "0.001"),
+                ("IM_OBS_TRACE_MAX_RECIPIENTS", "8"),
+                ("IM_OBS_TRACE_STORE_SIZE", "50"),
+                ("IM_CLUSTER_TRACE_TIMEOUT_MS", "250"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.obs.trace_sample_rate, 0.001);
+        assert_eq!(
+            (c.obs.trace_max_recipients, c.obs.trace_store_size),
+            (8, 50)
+        );
+        assert_eq!(c.cluster.trace_timeout_ms, 250);
+        for (var, value, key) in [
+            ("IM_OBS_TRACE_SAMPLE_RATE", "1.5", "obs.trace_sample_rate"),
+            ("IM_OBS_TRACE_SAMPLE_RATE", "-0.1", "obs.trace_sample_rate"),
+            ("IM_OBS_TRACE_SAMPLE_RATE", "often", "obs.trace_sample_rate"),
+            (
+                "IM_OBS_TRACE_MAX_RECIPIENTS",
+                "257",
+                "obs.trace_max_recipients",
+            ),
+            ("IM_OBS_TRACE_STORE_SIZE", "0", "obs.trace_store_size"),
+            (
+                "IM_CLUSTER_TRACE_TIMEOUT_MS",
+                "5",
+                "cluster.trace_timeout_ms",
+            ),
+        ] {
+            let e = Config::load_from(None, &Overrides::default(), env(&[(var, value)]))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key) && e.contains(value), "{var}={value}: {e}");
+        }
+    }
+
+    #[test]
     fn flood_limit_keys_default_and_validate() {
         let c = Config::load_from(None, &Overrides::default(), env(&[])).unwrap();
         assert_eq!(c.limits.ping_rate_per_sec, 10);

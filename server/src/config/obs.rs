@@ -1,8 +1,9 @@
-//! `[obs]`: stage probes, task monitors and the sampler, with their defaults and validation.
+//! `[obs]`: stage probes, task monitors, the sampler and message traces, with their
+//! defaults and validation.
 
 use serde::{Deserialize, Serialize};
 
-use super::check::range;
+use super::check::{invalid, range};
 use super::ConfigError;
 
 /// Observability settings.
@@ -26,6 +27,12 @@ pub struct Obs {
     pub user_diag_sample_every: u32,
     /// Most users the per-user diagnosis keeps at once (the oldest goes first).
     pub user_diag_max_users: u32,
+    /// Share of all messages traced (0..=1; 0: only filtered senders' messages).
+    pub trace_sample_rate: f64,
+    /// Recipients whose queue_wait and write a trace records (the rest are counted).
+    pub trace_max_recipients: u32,
+    /// Finished trace parts the node keeps (the oldest is evicted).
+    pub trace_store_size: u32,
 }
 
 impl Default for Obs {
@@ -39,6 +46,9 @@ impl Default for Obs {
             user_diag_ring: 32,
             user_diag_sample_every: 0,
             user_diag_max_users: 1000,
+            trace_sample_rate: 0.0,
+            trace_max_recipients: 64,
+            trace_store_size: 1024,
         }
     }
 }
@@ -70,6 +80,20 @@ impl Obs {
             1,
             100_000,
         )?;
+        if !(0.0..=1.0).contains(&self.trace_sample_rate) {
+            return Err(invalid(
+                "obs.trace_sample_rate",
+                self.trace_sample_rate,
+                "must be between 0 and 1 (e.g. 0.001 for one message in 1,000)",
+            ));
+        }
+        range(
+            "obs.trace_max_recipients",
+            self.trace_max_recipients,
+            0,
+            256,
+        )?;
+        range("obs.trace_store_size", self.trace_store_size, 1, 1_000_000)?;
         Ok(())
     }
 }

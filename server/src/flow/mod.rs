@@ -13,6 +13,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use tokio::sync::{mpsc, watch};
 
+use crate::obs::trace::TraceCopy;
 use crate::obs::{EndToEnd, Metrics, Stage};
 
 /// One queued frame: encoded bytes (shared across recipients), when it was queued, and
@@ -24,6 +25,8 @@ pub struct OutFrame {
     pub enqueued: Instant,
     /// Completed when the last recipient's write is done.
     pub e2e: Option<std::sync::Arc<EndToEnd>>,
+    /// The message's trace, for its recipient's queue_wait and write (None: untraced).
+    pub trace: Option<Box<TraceCopy>>,
 }
 
 /// Why a connection is being closed: a WebSocket close code and a reason.
@@ -138,6 +141,9 @@ pub fn coalesce(batch: &[OutFrame], metrics: &Metrics) -> (Bytes, usize) {
     let mut len = 0;
     for f in batch {
         metrics.stage(Stage::QueueWait, now - f.enqueued);
+        if let Some(t) = &f.trace {
+            t.stage(Stage::QueueWait, f.enqueued, now);
+        }
         len += f.bytes.len();
     }
     let bytes = if batch.len() == 1 {
@@ -146,6 +152,16 @@ pub fn coalesce(batch: &[OutFrame], metrics: &Metrics) -> (Bytes, usize) {
         im_proto::encode_batch(batch.iter().map(|f| f.bytes.as_ref()))
     };
     (bytes, len)
+}
+
+/// Records the socket write of `batch` (from `start` to `end`) in the traces its frames
+/// carry: one check per frame when none is traced.
+pub fn trace_written(batch: &[OutFrame], start: Instant, end: Instant) {
+    for f in batch {
+        if let Some(t) = &f.trace {
+            t.stage(Stage::Write, start, end);
+        }
+    }
 }
 
 impl Outbound {
@@ -200,6 +216,18 @@ impl Outbound {
         critical: bool,
         e2e: Option<&std::sync::Arc<EndToEnd>>,
     ) -> Pushed {
+        self.push_with_trace(frame, critical, e2e, None)
+    }
+
+    /// As [`Outbound::push_traced`], also carrying the message's trace (for its
+    /// recipient's queue_wait and write stages).
+    pub fn push_with_trace(
+        &self,
+        frame: Bytes,
+        critical: bool,
+        e2e: Option<&std::sync::Arc<EndToEnd>>,
+        trace: Option<&TraceCopy>,
+    ) -> Pushed {
         if self.close.borrow().is_some() {
             return Pushed::Closed;
         }
@@ -230,6 +258,7 @@ impl Outbound {
                 e.add();
                 e.clone()
             }),
+            trace: trace.map(|t| Box::new(t.clone())),
         };
         if let Err(mpsc::error::SendError(item)) = self.tx.send(item) {
             self.written(len);

@@ -204,6 +204,7 @@ async fn write_batch(
     let t = Instant::now();
     let sent = tokio::time::timeout(write_timeout, sink.send(Message::Binary(bytes))).await;
     metrics.stage_since(Stage::Write, t);
+    crate::flow::trace_written(batch, t, Instant::now());
     out.batch_written(batch, len);
     match sent {
         Ok(Ok(())) => Ok(()),

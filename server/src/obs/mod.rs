@@ -7,7 +7,7 @@
 //! The operator's live-diagnosis tools live here too: on-demand CPU profiles
 //! (`profile`), per-uid log filters (`logfilter`), the live tail of filtered users' events
 //! (`tail`), rolling log files (`logfiles`) and their off-peak compression (`compactor`),
-//! and the per-user diagnosis rings and refusal counts (`users`).
+//! the per-user diagnosis rings and refusal counts (`users`), and message traces (`trace`): one message's stage timeline, carried with it when traced.
 
 pub mod alloc;
 pub mod capacity;
@@ -22,6 +22,7 @@ pub mod runtime;
 pub mod sampler;
 pub mod tail;
 pub mod users;
+pub mod trace;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -194,6 +195,8 @@ pub struct Metrics {
     pub slow_consumers: Gauge,
     /// `im_slow_consumer_disconnects_total`
     pub slow_consumer_disconnects: Counter,
+    /// Message traces: the decision, the settings and the store of finished parts.
+    pub tracer: Arc<trace::Tracer>,
 }
 
 impl Metrics {
@@ -235,6 +238,7 @@ impl Metrics {
         }
         counter!("im_store_refused_sends_total", "reason" => "disk_low").absolute(0);
         counter!("im_store_connection_resets_total").absolute(0);
+        counter!("im_trace_bad_replies_total").absolute(0);
         Metrics {
             hists: Arc::new(std::array::from_fn(|_| latency::LatencyHist::default())),
             probes: Arc::new(AtomicBool::new(probes)),
@@ -252,6 +256,7 @@ impl Metrics {
             outbound_queued_bytes: gauge!("im_outbound_queued_bytes"),
             slow_consumers: gauge!("im_slow_consumers"),
             slow_consumer_disconnects: counter!("im_slow_consumer_disconnects_total"),
+            tracer: Arc::new(trace::Tracer::default()),
         }
     }
 
@@ -360,6 +365,14 @@ pub const BAD_FRAME_REASONS: &[&str] = &[
 pub const STORE_FAULTS: &[&str] = &["disk_full", "io_error", "read_only", "store_down"];
 
 fn describe() {
+    describe_counter!(
+        "im_traces_recorded_total",
+        "Message trace parts filed in this node's trace store."
+    );
+    describe_counter!(
+        "im_trace_bad_replies_total",
+        "Trace replies from other nodes dropped: too large, undecodable, badly signed or not the asked message."
+    );
     describe_counter!(
         "im_receipts_sent_total",
         "ReadReceipt pushes sent (per member, or one counted receipt for a large group)."

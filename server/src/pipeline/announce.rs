@@ -273,6 +273,7 @@ impl Pipeline {
                 recipients,
                 started,
                 enqueued: Instant::now(),
+                trace: None,
             };
             if self
                 .persist

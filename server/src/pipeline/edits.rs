@@ -280,6 +280,7 @@ impl Pipeline {
             recipients,
             started,
             enqueued: Instant::now(),
+            trace: None,
         };
         if self.persist.try_submit(WriteReq::Message(req)).is_err() {
             self.metrics.persist_overloaded.increment(1);

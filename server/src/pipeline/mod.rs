@@ -404,6 +404,11 @@ impl Pipeline {
         started: Instant,
     ) -> Result<(), Refusal> {
         let t = Instant::now();
+        // One cheap check per message: None unless sampled or the sender is filtered.
+        let mut trace = self.metrics.tracer.begin(&s.user_id, started);
+        if let Some(tr) = trace.as_deref_mut() {
+            tr.stage(Stage::Decode, started, t);
+        }
         let limited = s.sends.lock().map(|mut b| b.take(t)).unwrap_or(Ok(()));
         if let Err(retry_after_ms) = limited {
             return Err(Refusal {
@@ -459,6 +464,9 @@ impl Pipeline {
             None => return Err(Refusal::bad("send needs to_user or group_id")),
         };
         self.metrics.stage_since(Stage::Validate, t);
+        if let Some(tr) = trace.as_deref_mut() {
+            tr.stage(Stage::Validate, t, Instant::now());
+        }
 
         let t = Instant::now();
         let (conversation_id, recipients, direct) = match target {
@@ -492,6 +500,11 @@ impl Pipeline {
         };
         self.metrics.stage_since(Stage::Relation, t);
         self.metrics.message_received(send.r#type);
+        let msg_id = uuid::Uuid::now_v7().simple().to_string();
+        if let Some(tr) = trace.as_deref_mut() {
+            tr.stage(Stage::Relation, t, Instant::now());
+            tr.set_message(&msg_id, &conversation_id);
+        }
 
         let req = PersistReq {
             message: NewMessage {
@@ -500,7 +513,7 @@ impl Pipeline {
                 client_msg_id: send.client_msg_id,
                 msg_type: send.r#type,
                 payload: send.payload,
-                msg_id: uuid::Uuid::now_v7().simple().to_string(),
+                msg_id,
                 direct,
                 reference: None,
             },
@@ -509,6 +522,7 @@ impl Pipeline {
             recipients,
             started,
             enqueued: Instant::now(),
+            trace,
         };
         if self.persist.try_submit(WriteReq::Message(req)).is_err() {
             self.metrics.persist_overloaded.increment(1);

@@ -29,6 +29,7 @@ use super::Refusal;
 use crate::config::Persist;
 use crate::flow::Outbound;
 use crate::obs::logfilter::{self, as_uid};
+use crate::obs::trace::Trace;
 use crate::obs::{Metrics, Stage};
 use crate::store::{
     health, CursorUpdate, Fault, FlagsUpdate, GroupRequest, GroupState, HiddenMessage, NewMessage,
@@ -104,6 +105,8 @@ pub struct PersistReq {
     pub started: Instant,
     /// When it entered the queue.
     pub enqueued: Instant,
+    /// The message's trace, when it is traced (`obs::trace`).
+    pub trace: Option<Box<Trace>>,
 }
 
 /// The persistence queue refused a request: answer OVERLOADED.
@@ -400,6 +403,13 @@ pub async fn run_writer(
                 .bounded(store.commit_batch(&messages, &cursor_updates))
                 .await;
             metrics.stage_since(Stage::PersistCommit, start);
+            let end = Instant::now();
+            for s in sends.iter_mut() {
+                if let Some(tr) = s.trace.as_deref_mut() {
+                    tr.stage(Stage::PersistWait, s.enqueued, start);
+                    tr.stage(Stage::PersistCommit, start, end);
+                }
+            }
             metrics.persist_batch_size.record(sends.len() as f64);
             guard.record(result.as_ref().map(|_| ()), &mut fault_since);
             match result {
@@ -537,6 +547,7 @@ async fn group_committed(
         origin_conn: 0,
         started: Instant::now(),
         hint_only: false,
+        trace: None,
     };
     if router.send(vec![delivery]).await.is_err() {
         tracing::warn!("router is gone; the group event will reach members by sync");
@@ -696,7 +707,10 @@ async fn acked(
     let mut deliveries = Vec::with_capacity(sends.len());
     let batch = sends.len();
     let filtered = logfilter::filtered_uids();
-    for (req, c) in sends.drain(..).zip(committed) {
+    for (mut req, c) in sends.drain(..).zip(committed) {
+        if let Some(tr) = req.trace.as_deref_mut() {
+            tr.set_committed(&c.msg_id, c.seq);
+        }
         if let Some(levels) = &filtered {
             for (uid, level, role) in req.recipients.filtered(&req.message.sender, levels) {
                 as_uid(&uid, level, || {
@@ -741,6 +755,7 @@ async fn acked(
                 origin_conn: req.origin.conn_id,
                 started: req.started,
                 hint_only: true,
+                trace: req.trace,
             });
         } else {
             let m = req.message;
@@ -765,6 +780,7 @@ async fn acked(
                 origin_conn: req.origin.conn_id,
                 started: req.started,
                 hint_only: false,
+                trace: req.trace,
             });
         }
     }

@@ -30,6 +30,7 @@ use super::relation::Members;
 use crate::flow::{Outbound, Pushed};
 use crate::obs::logfilter::{self, as_uid};
 use crate::obs::users::{Direction, Recorded, Tracking, UserDiag};
+use crate::obs::trace::{Active, Trace, TraceContext};
 use crate::obs::{EndToEnd, Metrics, Stage};
 
 /// Who receives a message.
@@ -106,6 +107,8 @@ pub struct Delivery {
     /// outcome was unknown to the node that made it, e.g. a COMMIT that timed out after
     /// the store had applied it). The recipients read the stored message by sync.
     pub hint_only: bool,
+    /// The message's trace, when it is traced (`obs::trace`).
+    pub trace: Option<Box<Trace>>,
 }
 
 /// The other nodes, as the router sees them (cluster mode; the cluster link implements
@@ -157,6 +160,26 @@ pub struct Forward {
     pub frame: Bytes,
     /// One-to-one (critical) or group.
     pub direct: bool,
+    /// The message's trace context, when it is traced: the receiving nodes record
+    /// their part under the same msg_id.
+    pub trace: Option<TraceContext>,
+}
+
+/// Records the route stage (from `t`) of a traced delivery and hands its context to the
+/// other nodes' part of it; the part here is filed once its last queued copy goes.
+fn traced_route(
+    trace: Option<Arc<Active>>,
+    t: Instant,
+    forward: Option<Forward>,
+) -> Option<Forward> {
+    let Some(active) = trace else {
+        return forward;
+    };
+    active.stage(Stage::Route, t, Instant::now());
+    forward.map(|mut f| {
+        f.trace = Some(active.context());
+        f
+    })
 }
 
 /// Online sessions of this node; the one owner of that map.
@@ -316,6 +339,11 @@ impl Router {
         }
     }
 
+    /// The node's message tracer (`obs::trace`), which the cluster's trace requests read.
+    pub fn tracer(&self) -> &Arc<crate::obs::trace::Tracer> {
+        &self.metrics.tracer
+    }
+
     /// Connections `user` has on this node.
     pub fn online(&self, user: &str) -> usize {
         self.sessions
@@ -331,7 +359,7 @@ impl Router {
 
     /// Fans out one committed message: encode once, push the shared bytes to every
     /// recipient connection here but the sender's own; returns the part for other nodes.
-    pub fn deliver(&self, d: Delivery) -> Option<Forward> {
+    pub fn deliver(&self, mut d: Delivery) -> Option<Forward> {
         let t = Instant::now();
         if let Some(levels) = logfilter::filtered_uids() {
             self.log_routed(&d, &levels);
@@ -339,13 +367,16 @@ impl Router {
         if let Some(tracking) = self.users.tracking() {
             self.record_routed(&d, &tracking);
         }
+        let trace = d.trace.take().map(|tr| self.metrics.tracer.activate(*tr));
         if d.hint_only {
             let users: Vec<String> = d.recipients.users().map(str::to_owned).collect();
-            return self.hint_instead(&users, d.origin_conn, t);
+            let forward = self.hint_instead(&users, d.origin_conn, t);
+            return traced_route(trace, t, forward);
         }
         if let Recipients::Group(members) = &d.recipients {
             if members.len() > self.notify_threshold {
-                return self.hint_instead(members, d.origin_conn, t);
+                let forward = self.hint_instead(members, d.origin_conn, t);
+                return traced_route(trace, t, forward);
             }
         }
         let direct = matches!(d.recipients, Recipients::Direct(..));
@@ -365,6 +396,7 @@ impl Router {
             direct,
             d.origin_conn,
             Some(&e2e),
+            trace.as_ref(),
         );
         let forward = self
             .link
@@ -372,7 +404,7 @@ impl Router {
             .and_then(|l| l.plan(&mut d.recipients.users(), &bytes, direct));
         self.metrics.stage_since(Stage::Route, t);
         e2e.done(&self.metrics);
-        forward
+        traced_route(trace, t, forward)
     }
 
     /// One `message routed` event per filtered sender or recipient of `d`, attributed
@@ -514,14 +546,22 @@ impl Router {
         critical: bool,
         origin_conn: u64,
         e2e: Option<&Arc<EndToEnd>>,
+        trace: Option<&Arc<Active>>,
     ) {
         let mut queued = 0u64;
         if let Ok(sessions) = self.sessions.read() {
-            for out in users.filter_map(|u| sessions.get(u)).flatten() {
-                if out.conn_id != origin_conn
-                    && out.push_traced(bytes.clone(), critical, e2e) == Pushed::Queued
-                {
-                    queued += 1;
+            for (user, conns) in users.filter_map(|u| sessions.get(u).map(|c| (u, c))) {
+                let copy = match trace {
+                    Some(a) if conns.iter().any(|o| o.conn_id != origin_conn) => a.copy_for(user),
+                    _ => None,
+                };
+                for out in conns {
+                    if out.conn_id != origin_conn
+                        && out.push_with_trace(bytes.clone(), critical, e2e, copy.as_ref())
+                            == Pushed::Queued
+                    {
+                        queued += 1;
+                    }
                 }
             }
         }
@@ -534,8 +574,15 @@ impl Router {
 
     /// Delivers an envelope from another node to this node's sessions of `users`: the
     /// encoded frame, or a sync hint when `frame` is empty.
-    pub fn deliver_remote(&self, users: &[String], frame: &Bytes, direct: bool) {
+    pub fn deliver_remote(
+        &self,
+        users: &[String],
+        frame: &Bytes,
+        direct: bool,
+        trace: Option<&TraceContext>,
+    ) {
         let t = Instant::now();
+        let trace = trace.map(|c| self.metrics.tracer.activate(Trace::remote(c)));
         if let Some(levels) = logfilter::filtered_uids() {
             for u in users {
                 if let Some((uid, level)) = levels.get_key_value(u.as_str()) {
@@ -558,9 +605,19 @@ impl Router {
         if frame.is_empty() {
             self.hint_members(users, 0);
         } else {
-            self.push_users(users.iter().map(String::as_str), frame, direct, 0, None);
+            self.push_users(
+                users.iter().map(String::as_str),
+                frame,
+                direct,
+                0,
+                None,
+                trace.as_ref(),
+            );
         }
         self.metrics.stage_since(Stage::Route, t);
+        if let Some(a) = trace {
+            a.stage(Stage::Route, t, Instant::now());
+        }
     }
 
     /// Pushes an encoded frame that is not a message (a read receipt) to every

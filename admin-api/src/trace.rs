@@ -1,0 +1,46 @@
+//! Message traces: the answer of `GET /admin/v1/messages/{msg_id}/trace`, one message's
+//! stage timeline merged from every node that recorded part of it.
+
+use serde::{Deserialize, Serialize};
+
+/// One stage of a traced message on one node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TraceStage {
+    /// The node that recorded it.
+    pub node: String,
+    /// Stage name: decode, validate, relation, persist_wait, persist_commit, route,
+    /// queue_wait or write.
+    pub stage: String,
+    /// Start, in nanoseconds after the trace's first stage started.
+    pub start_offset_ns: u64,
+    /// Duration in nanoseconds.
+    pub duration_ns: u64,
+    /// The recipient, for the per-recipient stages (queue_wait, write).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recipient: Option<String>,
+}
+
+/// `GET /admin/v1/messages/{msg_id}/trace` answer: the merged timeline, in time order.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct MessageTrace {
+    /// The message id (32 hex digits).
+    pub msg_id: String,
+    /// The sender's user id.
+    pub sender: String,
+    /// The conversation id.
+    pub conversation: String,
+    /// The message's seq in its conversation.
+    pub seq: u64,
+    /// Wall-clock start of the first stage, milliseconds since the Unix epoch.
+    pub started_unix_ms: i64,
+    /// The nodes whose parts are merged here.
+    pub nodes: Vec<String>,
+    /// Live nodes asked that sent no usable answer in time (their part may be missing).
+    pub nodes_unanswered: Vec<String>,
+    /// Every stage, by start time.
+    pub stages: Vec<TraceStage>,
+    /// Recipients past the per-message cap whose stages were not recorded.
+    pub recipients_omitted: u64,
+}
