@@ -17,8 +17,8 @@ pub mod messages;
 pub mod nodes;
 pub mod overview;
 pub mod routes;
-pub mod users;
 pub mod trace;
+pub mod users;
 
 #[cfg(feature = "client")]
 pub mod client;
@@ -37,10 +37,10 @@ pub use overview::{
     AllocStats, Capacity, ClusterInfo, ClusterNode, ClusterSummary, NodeReport, Overview,
     ProcessStats, Refusals, RuntimeStats, StageLatency, TaskStats,
 };
+pub use trace::{MessageTrace, TraceStage};
 pub use users::{
     Backlog, StageTiming, UserDiag, UserLogFilter, UserMessage, UserNode, UserRefusal, UserSession,
 };
-pub use trace::{MessageTrace, TraceStage};
 
 /// The body of every error answer: `{"error": "<message>"}`, with a 4xx or 5xx status.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -17,21 +17,21 @@ pub const HELP: &[(&str, &[HelpLine])] = &[
         &[
             ("?", "show / hide this help"),
             ("q, ctrl-c", "quit"),
-            ("tab, shift-tab", "next / previous view"),
+            ("tab shift-tab, h l, ← →", "next / previous view"),
             (
                 "1..9",
                 "1 Overview 2 Connections 3 Slow 4 Latency 5 Memory 6 Profile 7 Logs 8 Users 9 Trace",
             ),
-            ("h l, ← →", "previous / next view"),
             ("] [", "next / previous node"),
             ("n", "node picker (j/k, enter; 1..9 picks directly)"),
             ("r, ctrl-r", "refresh now"),
-            (
-                "9",
-                "go to the Trace view (one message's stages across the nodes)",
-            ),
             ("M", "announce a SYSTEM message to a group (group id, text)"),
             ("esc", "clear the filter, close a popup"),
+            (
+                "form: tab / shift-tab",
+                "next / previous field (also ↓ ↑; ← → or a first letter picks a choice)",
+            ),
+            ("form: enter / esc", "submit / cancel"),
         ],
     ),
     (
@@ -103,14 +103,6 @@ pub const HELP: &[(&str, &[HelpLine])] = &[
         &[
             ("/", "type a msg_id (32 hex digits) and see its waterfall"),
             ("r", "ask again"),
-        ],
-    ),
-    (
-        "Forms",
-        &[
-            ("tab, ↓ / shift-tab, ↑", "next / previous field"),
-            ("← →, first letter", "pick a choice (level)"),
-            ("enter / esc", "submit / cancel"),
         ],
     ),
 ];

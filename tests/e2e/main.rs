@@ -25,5 +25,5 @@ mod offline;
 mod prometheus;
 mod reads;
 mod runtime;
-mod users;
 mod trace;
+mod users;

@@ -10,8 +10,8 @@ mod memory;
 mod overview;
 mod profile;
 mod table;
-mod users;
 mod trace;
+mod users;
 
 use ratatui::layout::{Constraint, Flex, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
@@ -402,7 +402,7 @@ fn render_help(frame: &mut Frame<'_>, area: Rect) {
         }
     }
     let h = lines.len() as u16 + 2;
-    let r = centered(area, 110, h);
+    let r = centered(area, 118, h);
     frame.render_widget(Clear, r);
     frame.render_widget(
         Paragraph::new(lines).block(block("keys  (esc or ? closes)")),

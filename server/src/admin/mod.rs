@@ -7,8 +7,8 @@
 
 pub mod diag;
 pub mod messages;
-pub mod users;
 pub mod trace;
+pub mod users;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

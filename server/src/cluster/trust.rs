@@ -102,7 +102,8 @@ impl ClusterKey {
         }
     }
 
-    /// The HMAC of `bytes` under the key (empty without one).
+    /// The HMAC-SHA256 of `bytes` under the key (empty without one): the `sig` of a cluster
+    /// query or trace request and reply, computed as an envelope's is.
     pub fn sign(&self, bytes: &[u8]) -> bytes::Bytes {
         match &self.0 {
             Some(k) => hmac::sign(k, bytes).as_ref().to_vec().into(),
@@ -125,25 +126,6 @@ fn trace_signed(sig: &[u8], trace: &super::relay::TraceCtx) -> Vec<u8> {
     v.extend_from_slice(sig);
     v.extend_from_slice(&trace.encode_to_vec());
     v
-}
-
-impl ClusterKey {
-    /// The HMAC-SHA256 of `bytes` under the key (empty without a key): the `sig` of a
-    /// cluster query or reply (`cluster::query`), computed as an envelope's is.
-    pub fn sign(&self, bytes: &[u8]) -> bytes::Bytes {
-        match &self.0 {
-            Some(k) => hmac::sign(k, bytes).as_ref().to_vec().into(),
-            None => bytes::Bytes::new(),
-        }
-    }
-
-    /// Whether `sig` is the HMAC of `bytes` (always true without a key).
-    pub fn verify(&self, bytes: &[u8], sig: &[u8]) -> bool {
-        match &self.0 {
-            Some(k) => hmac::verify(k, bytes, sig).is_ok(),
-            None => true,
-        }
-    }
 }
 
 /// NATS connect options from `[cluster]`: one of user/password, token or a creds file,

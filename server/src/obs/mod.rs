@@ -21,8 +21,8 @@ pub mod profile;
 pub mod runtime;
 pub mod sampler;
 pub mod tail;
-pub mod users;
 pub mod trace;
+pub mod users;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};

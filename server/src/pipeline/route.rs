@@ -29,8 +29,8 @@ use super::presence::PresenceHub;
 use super::relation::Members;
 use crate::flow::{Outbound, Pushed};
 use crate::obs::logfilter::{self, as_uid};
-use crate::obs::users::{Direction, Recorded, Tracking, UserDiag};
 use crate::obs::trace::{Active, Trace, TraceContext};
+use crate::obs::users::{Direction, Recorded, Tracking, UserDiag};
 use crate::obs::{EndToEnd, Metrics, Stage};
 
 /// Who receives a message.
