@@ -21,7 +21,7 @@ use im_admin_api::UserNode;
 use prost::Message as _;
 use tokio::task::JoinHandle;
 
-use super::trust::ClusterKey;
+use super::trust::{ClusterKey, Sealed};
 use super::{Cluster, ClusterError, Link};
 use crate::obs::runtime::{spawn, Task};
 
@@ -76,26 +76,18 @@ pub struct QueryReply {
 /// Answers a query here: (user, most recent messages) -> this node's part.
 pub type AnswerFn = Arc<dyn Fn(&str, usize) -> UserNode + Send + Sync>;
 
-fn seal_request(key: &ClusterKey, r: &mut QueryRequest) {
-    r.sig = Bytes::new();
-    r.sig = key.sign(&r.encode_to_vec());
+impl Sealed for QueryRequest {
+    const DOMAIN: &'static [u8] = b"im-query-request\0";
+    fn sig_mut(&mut self) -> &mut Bytes {
+        &mut self.sig
+    }
 }
 
-fn check_request(key: &ClusterKey, r: &QueryRequest) -> bool {
-    let mut bare = r.clone();
-    let sig = std::mem::take(&mut bare.sig);
-    key.verify(&bare.encode_to_vec(), &sig)
-}
-
-fn seal_reply(key: &ClusterKey, r: &mut QueryReply) {
-    r.sig = Bytes::new();
-    r.sig = key.sign(&r.encode_to_vec());
-}
-
-fn check_reply(key: &ClusterKey, r: &QueryReply) -> bool {
-    let mut bare = r.clone();
-    let sig = std::mem::take(&mut bare.sig);
-    key.verify(&bare.encode_to_vec(), &sig)
+impl Sealed for QueryReply {
+    const DOMAIN: &'static [u8] = b"im-query-reply\0";
+    fn sig_mut(&mut self) -> &mut Bytes {
+        &mut self.sig
+    }
 }
 
 /// Reads a reply to `req` from `node`: its part, or `None` (counted as bad) when it is
@@ -110,7 +102,7 @@ fn open_reply(
         return None;
     }
     let r = QueryReply::decode(payload).ok()?;
-    if !check_reply(key, &r) || r.from != node || r.uid != req.uid || r.nonce != req.nonce {
+    if !key.check(&r) || r.from != node || r.uid != req.uid || r.nonce != req.nonce {
         return None;
     }
     let part: UserNode = serde_json::from_slice(&r.body).ok()?;
@@ -129,7 +121,7 @@ fn reply_to(key: &ClusterKey, me: &str, req: &QueryRequest, mut part: UserNode) 
             body: body.into(),
             sig: Bytes::new(),
         };
-        seal_reply(key, &mut r);
+        key.seal(&mut r);
         let bytes = r.encode_to_vec();
         if bytes.len() <= REPLY_MAX {
             return Some(bytes.into());
@@ -185,7 +177,7 @@ impl Link {
                 nonce: rand::random(),
                 sig: Bytes::new(),
             };
-            seal_request(&self.key, &mut req);
+            self.key.seal(&mut req);
             let payload = Bytes::from(req.encode_to_vec());
             let subject = self.query_subject(node);
             async move {
@@ -245,7 +237,7 @@ impl Cluster {
                     .then(|| QueryRequest::decode(msg.payload.clone()).ok())
                     .flatten()
                 {
-                    Some(r) if check_request(&link.key, &r) && r.to == link.node_id => r,
+                    Some(r) if link.key.check(&r) && r.to == link.node_id => r,
                     _ => {
                         bad.increment(1);
                         tracing::debug!("ignoring a bad or unsigned cluster query");
@@ -287,8 +279,8 @@ mod tests {
     fn replies_are_checked_for_key_node_user_nonce_and_size() {
         let key = ClusterKey::new("secret-of-the-cluster");
         let mut req = request();
-        seal_request(&key, &mut req);
-        assert!(check_request(&key, &req));
+        key.seal(&mut req);
+        assert!(key.check(&req));
         let part = UserNode {
             node_id: "b".into(),
             user_id: "u1".into(),
@@ -305,8 +297,8 @@ mod tests {
         assert_eq!(open_reply(&key, &req2, "b", &bytes), None);
         assert_eq!(open_reply(&key, &req, "b", &vec![0u8; REPLY_MAX + 1]), None);
         // Unsigned requests fail a keyed node's check.
-        assert!(!check_request(&key, &request()));
-        assert!(check_request(&ClusterKey::new(""), &request()));
+        assert!(!key.check(&request()));
+        assert!(ClusterKey::new("").check(&request()));
     }
 
     #[test]

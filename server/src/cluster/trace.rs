@@ -13,7 +13,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use prost::Message as _;
 
-use super::trust::ClusterKey;
+use super::trust::{ClusterKey, Sealed};
 use super::Link;
 use crate::obs::trace::{Part, Span, Tracer};
 use crate::obs::Stage;
@@ -113,20 +113,18 @@ fn stage_by_name(name: &str) -> Option<Stage> {
     Stage::ALL.into_iter().find(|s| s.name() == name)
 }
 
-fn seal_query(key: &ClusterKey, q: &mut TraceQuery) {
-    q.sig = Bytes::new();
-    q.sig = key.sign(&q.encode_to_vec());
+impl Sealed for TraceQuery {
+    const DOMAIN: &'static [u8] = b"im-trace-query\0";
+    fn sig_mut(&mut self) -> &mut Bytes {
+        &mut self.sig
+    }
 }
 
-fn check_query(key: &ClusterKey, q: &TraceQuery) -> bool {
-    let mut bare = q.clone();
-    let sig = std::mem::take(&mut bare.sig);
-    key.verify(&bare.encode_to_vec(), &sig)
-}
-
-fn seal_reply(key: &ClusterKey, r: &mut TraceReply) {
-    r.sig = Bytes::new();
-    r.sig = key.sign(&r.encode_to_vec());
+impl Sealed for TraceReply {
+    const DOMAIN: &'static [u8] = b"im-trace-reply\0";
+    fn sig_mut(&mut self) -> &mut Bytes {
+        &mut self.sig
+    }
 }
 
 /// This node's reply to a query for `msg_id` (stages capped at [`MAX_REPLY_STAGES`]).
@@ -154,7 +152,7 @@ pub fn reply_for(tracer: &Tracer, node: &str, msg_id: &str, key: &ClusterKey) ->
             })
             .collect();
     }
-    seal_reply(key, &mut r);
+    key.seal(&mut r);
     r
 }
 
@@ -184,9 +182,8 @@ pub fn read_reply(
     if payload.len() > MAX_REPLY_BYTES {
         return Err(BadReply::TooLarge);
     }
-    let mut r = TraceReply::decode(payload).map_err(|_| BadReply::Undecodable)?;
-    let sig = std::mem::take(&mut r.sig);
-    if !key.verify(&r.encode_to_vec(), &sig) {
+    let r = TraceReply::decode(payload).map_err(|_| BadReply::Undecodable)?;
+    if !key.check(&r) {
         return Err(BadReply::BadSignature);
     }
     if r.msg_id != msg_id || r.node != node {
@@ -228,7 +225,7 @@ pub async fn serve(link: Arc<Link>, mut sub: async_nats::Subscriber, tracer: Arc
             continue;
         };
         let q = match TraceQuery::decode(msg.payload) {
-            Ok(q) if check_query(&link.key, &q) => q,
+            Ok(q) if link.key.check(&q) => q,
             _ => {
                 tracing::debug!("ignoring an undecodable or badly signed trace request");
                 continue;
@@ -257,7 +254,7 @@ pub async fn gather(link: &Link, msg_id: &str, timeout: Duration) -> Gathered {
         from: link.node_id.clone(),
         ..Default::default()
     };
-    seal_query(&link.key, &mut q);
+    link.key.seal(&mut q);
     let payload = Bytes::from(q.encode_to_vec());
     let asks = nodes.into_iter().map(|node| {
         let payload = payload.clone();
@@ -331,7 +328,7 @@ mod tests {
         );
         let mut many = r.clone();
         many.stages = vec![WireStage::default(); MAX_REPLY_STAGES + 1];
-        seal_reply(&key, &mut many);
+        key.seal(&mut many);
         assert_eq!(
             read_reply(&many.encode_to_vec(), "n2", ID, &key).unwrap_err(),
             BadReply::BadStages
@@ -355,9 +352,9 @@ mod tests {
             from: "n1".into(),
             ..Default::default()
         };
-        seal_query(&key, &mut q);
-        assert!(check_query(&key, &q));
+        key.seal(&mut q);
+        assert!(key.check(&q));
         q.msg_id = "x".into();
-        assert!(!check_query(&key, &q));
+        assert!(!key.check(&q));
     }
 }
