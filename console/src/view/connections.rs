@@ -13,7 +13,8 @@ use crate::api::Connection;
 use crate::fmt;
 use crate::state::{display_user, AppState, NodeState, SortKey};
 
-fn state_style(state: &str) -> Style {
+/// The colour of a connection state (active, slow, closing), shared with the Users view.
+pub(super) fn state_style(state: &str) -> Style {
     match state {
         "active" => Style::new().fg(OK),
         "slow" => Style::new().fg(WARN).bold(),

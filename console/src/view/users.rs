@@ -10,19 +10,12 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Paragraph, Row, Table, Wrap};
 use ratatui::Frame;
 
-use super::{block, centered, header_style, problem, ACCENT, BAD, DIM, OK, WARN};
+use super::{block, centered, header_style, problem, ACCENT, BAD, DIM, WARN};
 use crate::api::{ApiError, UserDiag};
 use crate::fmt;
 use crate::state::{AppState, NodeState};
 
-fn state_style(state: &str) -> Style {
-    match state {
-        "active" => Style::new().fg(OK),
-        "slow" => Style::new().fg(WARN).bold(),
-        "closing" => Style::new().fg(BAD),
-        _ => Style::new().fg(DIM),
-    }
-}
+use super::connections::state_style;
 
 /// Draws the Users view of `node`.
 pub fn render(frame: &mut Frame<'_>, area: Rect, state: &AppState, node: &NodeState) {

@@ -403,22 +403,14 @@ pub fn top_functions(p: &pprof::protos::Profile, n: usize) -> Vec<HeapTopFunctio
             }
         }
     }
-    let mut v: Vec<HeapTopFunction> = by_fn
+    super::profile::ranked(by_fn, n)
         .into_iter()
-        .filter(|(_, (s, _))| *s > 0)
-        .map(|(function, (self_bytes, total_bytes))| HeapTopFunction {
+        .map(|(function, self_bytes, total_bytes)| HeapTopFunction {
             function,
             self_bytes,
             total_bytes,
         })
-        .collect();
-    v.sort_by(|a, b| {
-        b.self_bytes
-            .cmp(&a.self_bytes)
-            .then_with(|| a.function.cmp(&b.function))
-    });
-    v.truncate(n);
-    v
+        .collect()
 }
 
 #[cfg(test)]

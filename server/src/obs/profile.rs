@@ -244,20 +244,25 @@ pub fn top_functions(report: &pprof::Report, n: usize) -> Vec<TopFunction> {
             }
         }
     }
-    let mut v: Vec<TopFunction> = by_fn
+    ranked(by_fn, n)
         .into_iter()
-        .filter(|(_, (s, _))| *s > 0)
-        .map(|(function, (self_samples, total_samples))| TopFunction {
+        .map(|(function, self_samples, total_samples)| TopFunction {
             function,
             self_samples,
             total_samples,
         })
+        .collect()
+}
+
+/// The `n` entries of `by_fn` (function -> (self, total)) with the most self weight, ties
+/// by name; entries with no self weight are left out. Shared by the CPU and heap tops.
+pub(crate) fn ranked(by_fn: HashMap<String, (u64, u64)>, n: usize) -> Vec<(String, u64, u64)> {
+    let mut v: Vec<(String, u64, u64)> = by_fn
+        .into_iter()
+        .filter(|(_, (s, _))| *s > 0)
+        .map(|(f, (s, t))| (f, s, t))
         .collect();
-    v.sort_by(|a, b| {
-        b.self_samples
-            .cmp(&a.self_samples)
-            .then_with(|| a.function.cmp(&b.function))
-    });
+    v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     v.truncate(n);
     v
 }
