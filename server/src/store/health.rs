@@ -59,23 +59,20 @@ impl Fault {
 pub fn classify(e: &StoreError) -> Option<Fault> {
     let e = match e {
         StoreError::Db(e) => e,
+        StoreError::Sqlite(e) => {
+            return e.sqlite_error().and_then(|f| sqlite_fault(f.extended_code))
+        }
         StoreError::Io(_) => return Some(Fault::IoError),
-        StoreError::Timeout(_) => return Some(Fault::Down),
+        StoreError::Timeout(_) | StoreError::WriterGone => return Some(Fault::Down),
         _ => return None,
     };
     match e {
         sqlx::Error::Database(db) => {
             let code = db.code().unwrap_or_default();
-            // SQLite reports its (extended) result code as a number; the primary code is
-            // the low byte. Postgres reports the SQLSTATE.
-            if let Ok(n) = code.parse::<u32>() {
-                return match n & 0xff {
-                    13 => Some(Fault::DiskFull),          // SQLITE_FULL
-                    10 | 11 | 26 => Some(Fault::IoError), // IOERR, CORRUPT, NOTADB
-                    8 => Some(Fault::ReadOnly),           // SQLITE_READONLY
-                    14 => Some(Fault::IoError),           // SQLITE_CANTOPEN
-                    _ => None,
-                };
+            // SQLite reports its (extended) result code as a number. Postgres reports
+            // the SQLSTATE.
+            if let Ok(n) = code.parse::<i32>() {
+                return sqlite_fault(n);
             }
             match code.as_ref() {
                 "53100" => Some(Fault::DiskFull),
@@ -91,6 +88,17 @@ pub fn classify(e: &StoreError) -> Option<Fault> {
         | sqlx::Error::WorkerCrashed
         | sqlx::Error::Io(_)
         | sqlx::Error::Tls(_) => Some(Fault::Down),
+        _ => None,
+    }
+}
+
+/// A SQLite (extended) result code's fault; the primary code is the low byte.
+fn sqlite_fault(code: i32) -> Option<Fault> {
+    match code & 0xff {
+        13 => Some(Fault::DiskFull),          // SQLITE_FULL
+        10 | 11 | 26 => Some(Fault::IoError), // IOERR, CORRUPT, NOTADB
+        8 => Some(Fault::ReadOnly),           // SQLITE_READONLY
+        14 => Some(Fault::IoError),           // SQLITE_CANTOPEN
         _ => None,
     }
 }

@@ -10,6 +10,7 @@ pub mod health;
 mod postgres;
 mod sql;
 mod sqlite;
+mod sqlite_commit;
 
 use std::sync::Arc;
 
@@ -28,6 +29,12 @@ pub enum StoreError {
     /// The database failed.
     #[error("database: {0}")]
     Db(#[from] sqlx::Error),
+    /// The SQLite commit thread's connection failed (`store::sqlite_commit`).
+    #[error("database: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// The SQLite commit thread is gone.
+    #[error("the store's commit thread is gone")]
+    WriterGone,
     /// A migration failed.
     #[error("migration: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),

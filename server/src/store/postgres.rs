@@ -7,7 +7,8 @@ use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool, Postgres};
 
-use super::sql::sql_store_impl;
+use super::sql::{sql_commit_impl, sql_store_impl};
+use super::{Committed, CursorUpdate, NewMessage};
 use super::{StoreError, Timeouts};
 
 /// The Postgres store.
@@ -91,6 +92,22 @@ impl PgStore {
         metrics::counter!("im_store_connection_resets_total").increment(1);
         let _ = conn.close().await;
     }
+
+    /// One batch commit ([`Store::commit_batch`](super::Store::commit_batch)) on a
+    /// checked writer connection, discarded when the commit fails.
+    async fn commit(
+        &self,
+        messages: &[NewMessage],
+        cursors: &[CursorUpdate],
+    ) -> Result<Vec<Committed>, StoreError> {
+        let mut conn = self.writer().await?;
+        let out = Self::commit_batch_on(&mut conn, messages, cursors).await;
+        if out.is_err() {
+            self.discard_writer(conn).await;
+        }
+        out
+    }
 }
 
 sql_store_impl!(PgStore, Postgres, "postgres");
+sql_commit_impl!(PgStore, Postgres);

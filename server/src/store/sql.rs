@@ -29,12 +29,7 @@ macro_rules! sql_store_impl {
                 messages: &[$crate::store::NewMessage],
                 cursors: &[$crate::store::CursorUpdate],
             ) -> Result<Vec<$crate::store::Committed>, $crate::store::StoreError> {
-                let mut conn = self.writer().await?;
-                let out = Self::commit_batch_on(&mut conn, messages, cursors).await;
-                if out.is_err() {
-                    self.discard_writer(conn).await;
-                }
-                out
+                self.commit(messages, cursors).await
             }
 
             async fn group_change(
@@ -949,83 +944,6 @@ macro_rules! sql_store_impl {
                 Ok($crate::store::render_message(row, hidden != 0))
             }
 
-            /// Applies a committed RECALL or EDIT event (at `seq`) to the message it
-            /// names, inside the batch's transaction: the event row gets its reference;
-            /// a recall empties the original (and the EDIT events of it), an edit
-            /// replaces its payload unless it was recalled meanwhile (then the EDIT event
-            /// itself is emptied, so a reader never finds the recalled text in it).
-            async fn apply_change(
-                tx: &mut sqlx::Transaction<'_, $db>,
-                m: &$crate::store::NewMessage,
-                r: &$crate::store::MessageRef,
-                seq: u64,
-                now: i64,
-            ) -> Result<(), $crate::store::StoreError> {
-                let conv = m.conversation_id.as_str();
-                let target = r.seq.min(i64::MAX as u64) as i64;
-                let empty: &[u8] = &[];
-                sqlx::query(
-                    "UPDATE messages SET ref_seq = $3, ref_msg_id = $4 \
-                     WHERE conversation_id = $1 AND seq = $2",
-                )
-                .bind(conv)
-                .bind(seq as i64)
-                .bind(target)
-                .bind(r.msg_id.as_str())
-                .execute(&mut **tx)
-                .await?;
-                if m.msg_type == im_proto::MessageType::Recall as i32 {
-                    sqlx::query(
-                        "UPDATE messages SET state = 2, payload = $4, edit_time = 0 \
-                         WHERE conversation_id = $1 AND seq = $2 AND msg_id = $3 \
-                         AND msg_type NOT IN (3, 4, 5)",
-                    )
-                    .bind(conv)
-                    .bind(target)
-                    .bind(r.msg_id.as_str())
-                    .bind(empty)
-                    .execute(&mut **tx)
-                    .await?;
-                    sqlx::query(
-                        "UPDATE messages SET state = 2, payload = $3 \
-                         WHERE conversation_id = $1 AND ref_seq = $2 AND ref_seq > 0 \
-                         AND msg_type = 5",
-                    )
-                    .bind(conv)
-                    .bind(target)
-                    .bind(empty)
-                    .execute(&mut **tx)
-                    .await?;
-                } else if m.msg_type == im_proto::MessageType::Edit as i32 {
-                    let changed = sqlx::query(
-                        "UPDATE messages SET state = 1, payload = $4, edit_time = $5 \
-                         WHERE conversation_id = $1 AND seq = $2 AND msg_id = $3 \
-                         AND sender = $6 AND state <> 2 AND msg_type NOT IN (3, 4, 5)",
-                    )
-                    .bind(conv)
-                    .bind(target)
-                    .bind(r.msg_id.as_str())
-                    .bind(m.payload.as_ref())
-                    .bind(now)
-                    .bind(m.sender.as_str())
-                    .execute(&mut **tx)
-                    .await?
-                    .rows_affected();
-                    if changed == 0 {
-                        sqlx::query(
-                            "UPDATE messages SET state = 2, payload = $3 \
-                             WHERE conversation_id = $1 AND seq = $2",
-                        )
-                        .bind(conv)
-                        .bind(seq as i64)
-                        .bind(empty)
-                        .execute(&mut **tx)
-                        .await?;
-                    }
-                }
-                Ok(())
-            }
-
             async fn hide_messages_on(
                 conn: &mut sqlx::pool::PoolConnection<$db>,
                 hidden: &[$crate::store::HiddenMessage],
@@ -1045,355 +963,6 @@ macro_rules! sql_store_impl {
                 }
                 tx.commit().await?;
                 Ok(())
-            }
-
-            async fn commit_batch_on(
-                conn: &mut sqlx::pool::PoolConnection<$db>,
-                messages: &[$crate::store::NewMessage],
-                cursors: &[$crate::store::CursorUpdate],
-            ) -> Result<Vec<$crate::store::Committed>, $crate::store::StoreError> {
-                use std::collections::HashMap;
-                use sqlx::Row;
-                use $crate::store::sql::CHUNK;
-                use $crate::store::Committed;
-
-                let mut tx = sqlx::Connection::begin(&mut **conn).await?;
-                let now = im_proto::now_ms();
-
-                // 1. Dedup: look up every (sender, conversation, client_msg_id) already stored.
-                let keyed: Vec<&$crate::store::NewMessage> = messages
-                    .iter()
-                    .filter(|m| !m.client_msg_id.is_empty())
-                    .collect();
-                let mut found: HashMap<(String, String, String), Committed> = HashMap::new();
-                for chunk in keyed.chunks(CHUNK) {
-                    // A join against the keys, so both engines probe the unique index
-                    // (SQLite scans the whole index for a row-value `IN (VALUES ...)`).
-                    let mut qb = sqlx::QueryBuilder::<$db>::new("WITH k (s, v, c) AS (");
-                    qb.push_values(chunk, |mut b, m| {
-                        b.push_bind(m.sender.as_str())
-                            .push_bind(m.conversation_id.as_str())
-                            .push_bind(m.client_msg_id.as_str());
-                    });
-                    qb.push(
-                        ") SELECT m.sender, m.client_msg_id, m.msg_id, m.conversation_id, m.seq, \
-                         m.send_time FROM k JOIN messages m \
-                         ON m.sender = k.s AND m.conversation_id = k.v AND m.client_msg_id = k.c",
-                    );
-                    for row in qb.build().fetch_all(&mut *tx).await? {
-                        let seq: i64 = row.try_get("seq")?;
-                        found.insert(
-                            (
-                                row.try_get("sender")?,
-                                row.try_get("conversation_id")?,
-                                row.try_get("client_msg_id")?,
-                            ),
-                            Committed {
-                                msg_id: row.try_get("msg_id")?,
-                                conversation_id: row.try_get("conversation_id")?,
-                                seq: seq as u64,
-                                server_time: row.try_get("send_time")?,
-                                duplicate: true,
-                            },
-                        );
-                    }
-                }
-
-                // 2. Decide new versus duplicate (also within the batch), count per conversation.
-                let mut fresh: Vec<usize> = Vec::with_capacity(messages.len());
-                let mut results: Vec<Option<Committed>> = vec![None; messages.len()];
-                let mut first_of: HashMap<(&str, &str, &str), usize> = HashMap::new();
-                let mut dup_of: Vec<(usize, usize)> = Vec::new();
-                // Per conversation, in order of first appearance: (id, new messages, parties).
-                let mut counts: Vec<(&str, u64, Option<&(String, String)>)> = Vec::new();
-                let mut conv_index: HashMap<&str, usize> = HashMap::new();
-                for (i, m) in messages.iter().enumerate() {
-                    if !m.client_msg_id.is_empty() {
-                        let key = (
-                            m.sender.as_str(),
-                            m.conversation_id.as_str(),
-                            m.client_msg_id.as_str(),
-                        );
-                        let owned = (
-                            m.sender.clone(),
-                            m.conversation_id.clone(),
-                            m.client_msg_id.clone(),
-                        );
-                        if let Some(c) = found.get(&owned) {
-                            results[i] = Some(c.clone());
-                            continue;
-                        }
-                        if let Some(&j) = first_of.get(&key) {
-                            dup_of.push((i, j));
-                            continue;
-                        }
-                        first_of.insert(key, i);
-                    }
-                    fresh.push(i);
-                    match conv_index.get(m.conversation_id.as_str()) {
-                        Some(&k) => counts[k].1 += 1,
-                        None => {
-                            conv_index.insert(m.conversation_id.as_str(), counts.len());
-                            counts.push((m.conversation_id.as_str(), 1, m.direct.as_ref()));
-                        }
-                    }
-                }
-
-                // 3. Allocate seqs: one multi-row upsert reserves a gapless range per
-                //    conversation (atomic on the row, so several nodes may share a database).
-                //    Rows are locked in conversation order, the same in every transaction,
-                //    so batches of several nodes sharing conversations cannot deadlock.
-                counts.sort_unstable_by(|a, b| a.0.cmp(b.0));
-                conv_index = counts.iter().enumerate().map(|(k, c)| (c.0, k)).collect();
-                let mut next: HashMap<&str, u64> = HashMap::new();
-                let mut created: Vec<(&str, &str)> = Vec::new();
-                for chunk in counts.chunks(CHUNK) {
-                    let mut qb = sqlx::QueryBuilder::<$db>::new(
-                        "INSERT INTO conversations (conversation_id, last_seq, last_time) ",
-                    );
-                    qb.push_values(chunk, |mut b, (conv, n, _)| {
-                        b.push_bind(*conv).push_bind(*n as i64).push_bind(now);
-                    });
-                    qb.push(
-                        " ON CONFLICT (conversation_id) DO UPDATE \
-                         SET last_seq = conversations.last_seq + excluded.last_seq, \
-                         last_time = excluded.last_time \
-                         RETURNING conversation_id, last_seq",
-                    );
-                    for row in qb.build().fetch_all(&mut *tx).await? {
-                        let conv: String = row.try_get(0)?;
-                        let last: i64 = row.try_get(1)?;
-                        let Some(&k) = conv_index.get(conv.as_str()) else {
-                            continue;
-                        };
-                        let (id, n, direct) = counts[k];
-                        let last = last as u64;
-                        next.insert(id, last + 1 - n);
-                        if let Some((a, b)) = direct {
-                            // A one-to-one conversation: recorded for both parties, with
-                            // its last activity (the conversation list's order).
-                            created.push((a.as_str(), id));
-                            created.push((b.as_str(), id));
-                        }
-                    }
-                }
-                if next.len() != counts.len() {
-                    return Err(sqlx::Error::Protocol(
-                        "seq allocation returned fewer conversations than asked".into(),
-                    )
-                    .into());
-                }
-                created.sort_unstable();
-                created.dedup();
-                for chunk in created.chunks(CHUNK) {
-                    let mut qb = sqlx::QueryBuilder::<$db>::new(
-                        "INSERT INTO user_conversations (user_id, conversation_id, last_time) ",
-                    );
-                    qb.push_values(chunk, |mut b, (user, conv)| {
-                        b.push_bind(*user).push_bind(*conv).push_bind(now);
-                    });
-                    qb.push(
-                        " ON CONFLICT (user_id, conversation_id) DO UPDATE \
-                         SET last_time = excluded.last_time",
-                    );
-                    qb.build().execute(&mut *tx).await?;
-                }
-                for &i in &fresh {
-                    let m = &messages[i];
-                    let Some(seq) = next.get_mut(m.conversation_id.as_str()) else {
-                        continue;
-                    };
-                    results[i] = Some(Committed {
-                        msg_id: m.msg_id.clone(),
-                        conversation_id: m.conversation_id.clone(),
-                        seq: *seq,
-                        server_time: now,
-                        duplicate: false,
-                    });
-                    *seq += 1;
-                }
-
-                // 4. Insert the new messages.
-                for chunk in fresh.chunks(CHUNK) {
-                    let mut qb = sqlx::QueryBuilder::<$db>::new(
-                        "INSERT INTO messages (conversation_id, seq, msg_id, sender, \
-                         client_msg_id, msg_type, payload, send_time) ",
-                    );
-                    qb.push_values(chunk, |mut b, &i| {
-                        let m = &messages[i];
-                        let c = results[i].as_ref();
-                        b.push_bind(m.conversation_id.as_str())
-                            .push_bind(c.map_or(0, |c| c.seq as i64))
-                            .push_bind(m.msg_id.as_str())
-                            .push_bind(m.sender.as_str())
-                            .push_bind((!m.client_msg_id.is_empty()).then_some(m.client_msg_id.as_str()))
-                            .push_bind(m.msg_type)
-                            .push_bind(m.payload.as_ref())
-                            .push_bind(now);
-                    });
-                    // A duplicate committed meanwhile by another node loses here instead of
-                    // failing the batch; it is re-read below and acked as a duplicate.
-                    qb.push(" ON CONFLICT DO NOTHING RETURNING seq, conversation_id");
-                    let mut stored: std::collections::HashSet<(String, i64)> =
-                        std::collections::HashSet::new();
-                    for row in qb.build().fetch_all(&mut *tx).await? {
-                        stored.insert((row.try_get(1)?, row.try_get(0)?));
-                    }
-                    for &i in chunk {
-                        let m = &messages[i];
-                        let seq = results[i].as_ref().map_or(0, |c| c.seq as i64);
-                        if stored.contains(&(m.conversation_id.clone(), seq)) {
-                            continue;
-                        }
-                        let row = sqlx::query(
-                            "SELECT msg_id, seq, send_time FROM messages WHERE sender = $1 \
-                             AND conversation_id = $2 AND client_msg_id = $3",
-                        )
-                        .bind(m.sender.as_str())
-                        .bind(m.conversation_id.as_str())
-                        .bind(m.client_msg_id.as_str())
-                        .fetch_one(&mut *tx)
-                        .await?;
-                        let seq: i64 = row.try_get("seq")?;
-                        results[i] = Some(Committed {
-                            msg_id: row.try_get("msg_id")?,
-                            conversation_id: m.conversation_id.clone(),
-                            seq: seq as u64,
-                            server_time: row.try_get("send_time")?,
-                            duplicate: true,
-                        });
-                    }
-                }
-
-                for (i, j) in dup_of {
-                    results[i] = results[j].clone().map(|c| Committed {
-                        duplicate: true,
-                        ..c
-                    });
-                }
-
-                // 4b. RECALL and EDIT events change the message they name, in this
-                //     transaction, in seq order (a duplicate changed it when first stored).
-                for &i in &fresh {
-                    let m = &messages[i];
-                    if let (Some(r), Some(c)) = (m.reference.as_ref(), results[i].as_ref()) {
-                        if !c.duplicate {
-                            Self::apply_change(&mut tx, m, r, c.seq, now).await?;
-                        }
-                    }
-                }
-
-                // 5. A sender has read their own messages: their read cursor moves to the
-                //    last seq they sent in each conversation (forward only; rows locked
-                //    in (user, conversation) order).
-                let mut own: std::collections::BTreeMap<(&str, &str), i64> =
-                    std::collections::BTreeMap::new();
-                for (m, r) in messages.iter().zip(results.iter()) {
-                    if let Some(c) = r.as_ref().filter(|c| c.seq > 0) {
-                        let e = own
-                            .entry((m.sender.as_str(), m.conversation_id.as_str()))
-                            .or_insert(0);
-                        *e = (*e).max(c.seq as i64);
-                    }
-                }
-                let own: Vec<((&str, &str), i64)> = own.into_iter().collect();
-                for chunk in own.chunks(CHUNK) {
-                    let mut qb = sqlx::QueryBuilder::<$db>::new(
-                        "INSERT INTO conversation_state (user_id, conversation_id, read_seq, \
-                         read_time) ",
-                    );
-                    qb.push_values(chunk, |mut b, ((user, conv), seq)| {
-                        b.push_bind(*user)
-                            .push_bind(*conv)
-                            .push_bind(*seq)
-                            .push_bind(now);
-                    });
-                    qb.push(
-                        " ON CONFLICT (user_id, conversation_id) DO UPDATE \
-                         SET read_seq = excluded.read_seq, read_time = excluded.read_time \
-                         WHERE excluded.read_seq > conversation_state.read_seq",
-                    );
-                    qb.build().execute(&mut *tx).await?;
-                }
-
-                // 6. Cursors move forward only: the device's, and the user's (the furthest
-                //    of their devices). (The writer sends each (user, device,
-                //    conversation) once per batch; rows are locked in key order, against
-                //    deadlocks across nodes.)
-                let mut devices: Vec<&$crate::store::CursorUpdate> = cursors.iter().collect();
-                devices.sort_unstable_by(|a, b| {
-                    (&a.user_id, &a.device_id, &a.conversation_id).cmp(&(
-                        &b.user_id,
-                        &b.device_id,
-                        &b.conversation_id,
-                    ))
-                });
-                devices.dedup_by(|a, b| {
-                    (&a.user_id, &a.device_id, &a.conversation_id)
-                        == (&b.user_id, &b.device_id, &b.conversation_id)
-                });
-                for chunk in devices.chunks(CHUNK) {
-                    let mut qb = sqlx::QueryBuilder::<$db>::new(
-                        "INSERT INTO device_cursors (user_id, device_id, conversation_id, \
-                         delivered_seq) ",
-                    );
-                    qb.push_values(chunk, |mut b, c| {
-                        b.push_bind(c.user_id.as_str())
-                            .push_bind(c.device_id.as_str())
-                            .push_bind(c.conversation_id.as_str())
-                            .push_bind(c.seq as i64);
-                    });
-                    qb.push(
-                        " ON CONFLICT (user_id, device_id, conversation_id) DO UPDATE \
-                         SET delivered_seq = excluded.delivered_seq \
-                         WHERE excluded.delivered_seq > device_cursors.delivered_seq",
-                    );
-                    qb.build().execute(&mut *tx).await?;
-                }
-                let mut furthest: std::collections::BTreeMap<(&str, &str), u64> =
-                    std::collections::BTreeMap::new();
-                for c in cursors {
-                    let e = furthest
-                        .entry((c.user_id.as_str(), c.conversation_id.as_str()))
-                        .or_insert(0);
-                    *e = (*e).max(c.seq);
-                }
-                let cursors: Vec<$crate::store::CursorUpdate> = furthest
-                    .into_iter()
-                    .map(|((user_id, conversation_id), seq)| $crate::store::CursorUpdate {
-                        user_id: user_id.to_owned(),
-                        device_id: String::new(),
-                        conversation_id: conversation_id.to_owned(),
-                        seq,
-                    })
-                    .collect();
-                for chunk in cursors.chunks(CHUNK) {
-                    let mut qb = sqlx::QueryBuilder::<$db>::new(
-                        "INSERT INTO cursors (user_id, conversation_id, seq) ",
-                    );
-                    qb.push_values(chunk, |mut b, c| {
-                        b.push_bind(c.user_id.as_str())
-                            .push_bind(c.conversation_id.as_str())
-                            .push_bind(c.seq as i64);
-                    });
-                    qb.push(
-                        " ON CONFLICT (user_id, conversation_id) DO UPDATE SET seq = excluded.seq \
-                         WHERE excluded.seq > cursors.seq",
-                    );
-                    qb.build().execute(&mut *tx).await?;
-                }
-
-                tx.commit().await?;
-                Ok(results
-                    .into_iter()
-                    .map(|r| r.unwrap_or_else(|| Committed {
-                        msg_id: String::new(),
-                        conversation_id: String::new(),
-                        seq: 0,
-                        server_time: now,
-                        duplicate: false,
-                    }))
-                    .collect())
             }
 
             async fn commit_state_on(
@@ -1831,3 +1400,441 @@ macro_rules! sql_store_impl {
 }
 
 pub(crate) use sql_store_impl;
+
+/// Expands the batch commit (`commit_batch_on`) for `$store` over database `$db`: the
+/// Postgres one, where each statement is a network round trip and a multi-row statement
+/// per table saves them. (SQLite commits on its own thread: `store::sqlite_commit`, the
+/// same transaction statement for statement.)
+macro_rules! sql_commit_impl {
+    ($store:ty, $db:ty) => {
+        impl $store {
+            /// Applies a committed RECALL or EDIT event (at `seq`) to the message it
+            /// names, inside the batch's transaction: the event row gets its reference;
+            /// a recall empties the original (and the EDIT events of it), an edit
+            /// replaces its payload unless it was recalled meanwhile (then the EDIT event
+            /// itself is emptied, so a reader never finds the recalled text in it).
+            async fn apply_change(
+                tx: &mut sqlx::Transaction<'_, $db>,
+                m: &$crate::store::NewMessage,
+                r: &$crate::store::MessageRef,
+                seq: u64,
+                now: i64,
+            ) -> Result<(), $crate::store::StoreError> {
+                let conv = m.conversation_id.as_str();
+                let target = r.seq.min(i64::MAX as u64) as i64;
+                let empty: &[u8] = &[];
+                sqlx::query(
+                    "UPDATE messages SET ref_seq = $3, ref_msg_id = $4 \
+                     WHERE conversation_id = $1 AND seq = $2",
+                )
+                .bind(conv)
+                .bind(seq as i64)
+                .bind(target)
+                .bind(r.msg_id.as_str())
+                .execute(&mut **tx)
+                .await?;
+                if m.msg_type == im_proto::MessageType::Recall as i32 {
+                    sqlx::query(
+                        "UPDATE messages SET state = 2, payload = $4, edit_time = 0 \
+                         WHERE conversation_id = $1 AND seq = $2 AND msg_id = $3 \
+                         AND msg_type NOT IN (3, 4, 5)",
+                    )
+                    .bind(conv)
+                    .bind(target)
+                    .bind(r.msg_id.as_str())
+                    .bind(empty)
+                    .execute(&mut **tx)
+                    .await?;
+                    sqlx::query(
+                        "UPDATE messages SET state = 2, payload = $3 \
+                         WHERE conversation_id = $1 AND ref_seq = $2 AND ref_seq > 0 \
+                         AND msg_type = 5",
+                    )
+                    .bind(conv)
+                    .bind(target)
+                    .bind(empty)
+                    .execute(&mut **tx)
+                    .await?;
+                } else if m.msg_type == im_proto::MessageType::Edit as i32 {
+                    let changed = sqlx::query(
+                        "UPDATE messages SET state = 1, payload = $4, edit_time = $5 \
+                         WHERE conversation_id = $1 AND seq = $2 AND msg_id = $3 \
+                         AND sender = $6 AND state <> 2 AND msg_type NOT IN (3, 4, 5)",
+                    )
+                    .bind(conv)
+                    .bind(target)
+                    .bind(r.msg_id.as_str())
+                    .bind(m.payload.as_ref())
+                    .bind(now)
+                    .bind(m.sender.as_str())
+                    .execute(&mut **tx)
+                    .await?
+                    .rows_affected();
+                    if changed == 0 {
+                        sqlx::query(
+                            "UPDATE messages SET state = 2, payload = $3 \
+                             WHERE conversation_id = $1 AND seq = $2",
+                        )
+                        .bind(conv)
+                        .bind(seq as i64)
+                        .bind(empty)
+                        .execute(&mut **tx)
+                        .await?;
+                    }
+                }
+                Ok(())
+            }
+
+            async fn commit_batch_on(
+                conn: &mut sqlx::pool::PoolConnection<$db>,
+                messages: &[$crate::store::NewMessage],
+                cursors: &[$crate::store::CursorUpdate],
+            ) -> Result<Vec<$crate::store::Committed>, $crate::store::StoreError> {
+                use std::collections::HashMap;
+                use sqlx::Row;
+                use $crate::store::sql::CHUNK;
+                use $crate::store::Committed;
+
+                let mut tx = sqlx::Connection::begin(&mut **conn).await?;
+                let now = im_proto::now_ms();
+
+                // 1. Dedup: look up every (sender, conversation, client_msg_id) already stored.
+                let keyed: Vec<&$crate::store::NewMessage> = messages
+                    .iter()
+                    .filter(|m| !m.client_msg_id.is_empty())
+                    .collect();
+                let mut found: HashMap<(String, String, String), Committed> = HashMap::new();
+                for chunk in keyed.chunks(CHUNK) {
+                    // A join against the keys, so both engines probe the unique index
+                    // (SQLite scans the whole index for a row-value `IN (VALUES ...)`).
+                    let mut qb = sqlx::QueryBuilder::<$db>::new("WITH k (s, v, c) AS (");
+                    qb.push_values(chunk, |mut b, m| {
+                        b.push_bind(m.sender.as_str())
+                            .push_bind(m.conversation_id.as_str())
+                            .push_bind(m.client_msg_id.as_str());
+                    });
+                    qb.push(
+                        ") SELECT m.sender, m.client_msg_id, m.msg_id, m.conversation_id, m.seq, \
+                         m.send_time FROM k JOIN messages m \
+                         ON m.sender = k.s AND m.conversation_id = k.v AND m.client_msg_id = k.c",
+                    );
+                    for row in qb.build().fetch_all(&mut *tx).await? {
+                        let seq: i64 = row.try_get("seq")?;
+                        found.insert(
+                            (
+                                row.try_get("sender")?,
+                                row.try_get("conversation_id")?,
+                                row.try_get("client_msg_id")?,
+                            ),
+                            Committed {
+                                msg_id: row.try_get("msg_id")?,
+                                conversation_id: row.try_get("conversation_id")?,
+                                seq: seq as u64,
+                                server_time: row.try_get("send_time")?,
+                                duplicate: true,
+                            },
+                        );
+                    }
+                }
+
+                // 2. Decide new versus duplicate (also within the batch), count per conversation.
+                let mut fresh: Vec<usize> = Vec::with_capacity(messages.len());
+                let mut results: Vec<Option<Committed>> = vec![None; messages.len()];
+                let mut first_of: HashMap<(&str, &str, &str), usize> = HashMap::new();
+                let mut dup_of: Vec<(usize, usize)> = Vec::new();
+                // Per conversation, in order of first appearance: (id, new messages, parties).
+                let mut counts: Vec<(&str, u64, Option<&(String, String)>)> = Vec::new();
+                let mut conv_index: HashMap<&str, usize> = HashMap::new();
+                for (i, m) in messages.iter().enumerate() {
+                    if !m.client_msg_id.is_empty() {
+                        let key = (
+                            m.sender.as_str(),
+                            m.conversation_id.as_str(),
+                            m.client_msg_id.as_str(),
+                        );
+                        let owned = (
+                            m.sender.clone(),
+                            m.conversation_id.clone(),
+                            m.client_msg_id.clone(),
+                        );
+                        if let Some(c) = found.get(&owned) {
+                            results[i] = Some(c.clone());
+                            continue;
+                        }
+                        if let Some(&j) = first_of.get(&key) {
+                            dup_of.push((i, j));
+                            continue;
+                        }
+                        first_of.insert(key, i);
+                    }
+                    fresh.push(i);
+                    match conv_index.get(m.conversation_id.as_str()) {
+                        Some(&k) => counts[k].1 += 1,
+                        None => {
+                            conv_index.insert(m.conversation_id.as_str(), counts.len());
+                            counts.push((m.conversation_id.as_str(), 1, m.direct.as_ref()));
+                        }
+                    }
+                }
+
+                // 3. Allocate seqs: one multi-row upsert reserves a gapless range per
+                //    conversation (atomic on the row, so several nodes may share a database).
+                //    Rows are locked in conversation order, the same in every transaction,
+                //    so batches of several nodes sharing conversations cannot deadlock.
+                counts.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                conv_index = counts.iter().enumerate().map(|(k, c)| (c.0, k)).collect();
+                let mut next: HashMap<&str, u64> = HashMap::new();
+                let mut created: Vec<(&str, &str)> = Vec::new();
+                for chunk in counts.chunks(CHUNK) {
+                    let mut qb = sqlx::QueryBuilder::<$db>::new(
+                        "INSERT INTO conversations (conversation_id, last_seq, last_time) ",
+                    );
+                    qb.push_values(chunk, |mut b, (conv, n, _)| {
+                        b.push_bind(*conv).push_bind(*n as i64).push_bind(now);
+                    });
+                    qb.push(
+                        " ON CONFLICT (conversation_id) DO UPDATE \
+                         SET last_seq = conversations.last_seq + excluded.last_seq, \
+                         last_time = excluded.last_time \
+                         RETURNING conversation_id, last_seq",
+                    );
+                    for row in qb.build().fetch_all(&mut *tx).await? {
+                        let conv: String = row.try_get(0)?;
+                        let last: i64 = row.try_get(1)?;
+                        let Some(&k) = conv_index.get(conv.as_str()) else {
+                            continue;
+                        };
+                        let (id, n, direct) = counts[k];
+                        let last = last as u64;
+                        next.insert(id, last + 1 - n);
+                        if let Some((a, b)) = direct {
+                            // A one-to-one conversation: recorded for both parties, with
+                            // its last activity (the conversation list's order).
+                            created.push((a.as_str(), id));
+                            created.push((b.as_str(), id));
+                        }
+                    }
+                }
+                if next.len() != counts.len() {
+                    return Err(sqlx::Error::Protocol(
+                        "seq allocation returned fewer conversations than asked".into(),
+                    )
+                    .into());
+                }
+                created.sort_unstable();
+                created.dedup();
+                for chunk in created.chunks(CHUNK) {
+                    let mut qb = sqlx::QueryBuilder::<$db>::new(
+                        "INSERT INTO user_conversations (user_id, conversation_id, last_time) ",
+                    );
+                    qb.push_values(chunk, |mut b, (user, conv)| {
+                        b.push_bind(*user).push_bind(*conv).push_bind(now);
+                    });
+                    qb.push(
+                        " ON CONFLICT (user_id, conversation_id) DO UPDATE \
+                         SET last_time = excluded.last_time",
+                    );
+                    qb.build().execute(&mut *tx).await?;
+                }
+                for &i in &fresh {
+                    let m = &messages[i];
+                    let Some(seq) = next.get_mut(m.conversation_id.as_str()) else {
+                        continue;
+                    };
+                    results[i] = Some(Committed {
+                        msg_id: m.msg_id.clone(),
+                        conversation_id: m.conversation_id.clone(),
+                        seq: *seq,
+                        server_time: now,
+                        duplicate: false,
+                    });
+                    *seq += 1;
+                }
+
+                // 4. Insert the new messages.
+                for chunk in fresh.chunks(CHUNK) {
+                    let mut qb = sqlx::QueryBuilder::<$db>::new(
+                        "INSERT INTO messages (conversation_id, seq, msg_id, sender, \
+                         client_msg_id, msg_type, payload, send_time) ",
+                    );
+                    qb.push_values(chunk, |mut b, &i| {
+                        let m = &messages[i];
+                        let c = results[i].as_ref();
+                        b.push_bind(m.conversation_id.as_str())
+                            .push_bind(c.map_or(0, |c| c.seq as i64))
+                            .push_bind(m.msg_id.as_str())
+                            .push_bind(m.sender.as_str())
+                            .push_bind((!m.client_msg_id.is_empty()).then_some(m.client_msg_id.as_str()))
+                            .push_bind(m.msg_type)
+                            .push_bind(m.payload.as_ref())
+                            .push_bind(now);
+                    });
+                    // A duplicate committed meanwhile by another node loses here instead of
+                    // failing the batch; it is re-read below and acked as a duplicate.
+                    qb.push(" ON CONFLICT DO NOTHING RETURNING seq, conversation_id");
+                    let mut stored: std::collections::HashSet<(String, i64)> =
+                        std::collections::HashSet::new();
+                    for row in qb.build().fetch_all(&mut *tx).await? {
+                        stored.insert((row.try_get(1)?, row.try_get(0)?));
+                    }
+                    for &i in chunk {
+                        let m = &messages[i];
+                        let seq = results[i].as_ref().map_or(0, |c| c.seq as i64);
+                        if stored.contains(&(m.conversation_id.clone(), seq)) {
+                            continue;
+                        }
+                        let row = sqlx::query(
+                            "SELECT msg_id, seq, send_time FROM messages WHERE sender = $1 \
+                             AND conversation_id = $2 AND client_msg_id = $3",
+                        )
+                        .bind(m.sender.as_str())
+                        .bind(m.conversation_id.as_str())
+                        .bind(m.client_msg_id.as_str())
+                        .fetch_one(&mut *tx)
+                        .await?;
+                        let seq: i64 = row.try_get("seq")?;
+                        results[i] = Some(Committed {
+                            msg_id: row.try_get("msg_id")?,
+                            conversation_id: m.conversation_id.clone(),
+                            seq: seq as u64,
+                            server_time: row.try_get("send_time")?,
+                            duplicate: true,
+                        });
+                    }
+                }
+
+                for (i, j) in dup_of {
+                    results[i] = results[j].clone().map(|c| Committed {
+                        duplicate: true,
+                        ..c
+                    });
+                }
+
+                // 4b. RECALL and EDIT events change the message they name, in this
+                //     transaction, in seq order (a duplicate changed it when first stored).
+                for &i in &fresh {
+                    let m = &messages[i];
+                    if let (Some(r), Some(c)) = (m.reference.as_ref(), results[i].as_ref()) {
+                        if !c.duplicate {
+                            Self::apply_change(&mut tx, m, r, c.seq, now).await?;
+                        }
+                    }
+                }
+
+                // 5. A sender has read their own messages: their read cursor moves to the
+                //    last seq they sent in each conversation (forward only; rows locked
+                //    in (user, conversation) order).
+                let mut own: std::collections::BTreeMap<(&str, &str), i64> =
+                    std::collections::BTreeMap::new();
+                for (m, r) in messages.iter().zip(results.iter()) {
+                    if let Some(c) = r.as_ref().filter(|c| c.seq > 0) {
+                        let e = own
+                            .entry((m.sender.as_str(), m.conversation_id.as_str()))
+                            .or_insert(0);
+                        *e = (*e).max(c.seq as i64);
+                    }
+                }
+                let own: Vec<((&str, &str), i64)> = own.into_iter().collect();
+                for chunk in own.chunks(CHUNK) {
+                    let mut qb = sqlx::QueryBuilder::<$db>::new(
+                        "INSERT INTO conversation_state (user_id, conversation_id, read_seq, \
+                         read_time) ",
+                    );
+                    qb.push_values(chunk, |mut b, ((user, conv), seq)| {
+                        b.push_bind(*user)
+                            .push_bind(*conv)
+                            .push_bind(*seq)
+                            .push_bind(now);
+                    });
+                    qb.push(
+                        " ON CONFLICT (user_id, conversation_id) DO UPDATE \
+                         SET read_seq = excluded.read_seq, read_time = excluded.read_time \
+                         WHERE excluded.read_seq > conversation_state.read_seq",
+                    );
+                    qb.build().execute(&mut *tx).await?;
+                }
+
+                // 6. Cursors move forward only: the device's, and the user's (the furthest
+                //    of their devices). (The writer sends each (user, device,
+                //    conversation) once per batch; rows are locked in key order, against
+                //    deadlocks across nodes.)
+                let mut devices: Vec<&$crate::store::CursorUpdate> = cursors.iter().collect();
+                devices.sort_unstable_by(|a, b| {
+                    (&a.user_id, &a.device_id, &a.conversation_id).cmp(&(
+                        &b.user_id,
+                        &b.device_id,
+                        &b.conversation_id,
+                    ))
+                });
+                devices.dedup_by(|a, b| {
+                    (&a.user_id, &a.device_id, &a.conversation_id)
+                        == (&b.user_id, &b.device_id, &b.conversation_id)
+                });
+                for chunk in devices.chunks(CHUNK) {
+                    let mut qb = sqlx::QueryBuilder::<$db>::new(
+                        "INSERT INTO device_cursors (user_id, device_id, conversation_id, \
+                         delivered_seq) ",
+                    );
+                    qb.push_values(chunk, |mut b, c| {
+                        b.push_bind(c.user_id.as_str())
+                            .push_bind(c.device_id.as_str())
+                            .push_bind(c.conversation_id.as_str())
+                            .push_bind(c.seq as i64);
+                    });
+                    qb.push(
+                        " ON CONFLICT (user_id, device_id, conversation_id) DO UPDATE \
+                         SET delivered_seq = excluded.delivered_seq \
+                         WHERE excluded.delivered_seq > device_cursors.delivered_seq",
+                    );
+                    qb.build().execute(&mut *tx).await?;
+                }
+                let mut furthest: std::collections::BTreeMap<(&str, &str), u64> =
+                    std::collections::BTreeMap::new();
+                for c in cursors {
+                    let e = furthest
+                        .entry((c.user_id.as_str(), c.conversation_id.as_str()))
+                        .or_insert(0);
+                    *e = (*e).max(c.seq);
+                }
+                let cursors: Vec<$crate::store::CursorUpdate> = furthest
+                    .into_iter()
+                    .map(|((user_id, conversation_id), seq)| $crate::store::CursorUpdate {
+                        user_id: user_id.to_owned(),
+                        device_id: String::new(),
+                        conversation_id: conversation_id.to_owned(),
+                        seq,
+                    })
+                    .collect();
+                for chunk in cursors.chunks(CHUNK) {
+                    let mut qb = sqlx::QueryBuilder::<$db>::new(
+                        "INSERT INTO cursors (user_id, conversation_id, seq) ",
+                    );
+                    qb.push_values(chunk, |mut b, c| {
+                        b.push_bind(c.user_id.as_str())
+                            .push_bind(c.conversation_id.as_str())
+                            .push_bind(c.seq as i64);
+                    });
+                    qb.push(
+                        " ON CONFLICT (user_id, conversation_id) DO UPDATE SET seq = excluded.seq \
+                         WHERE excluded.seq > cursors.seq",
+                    );
+                    qb.build().execute(&mut *tx).await?;
+                }
+
+                tx.commit().await?;
+                Ok(results
+                    .into_iter()
+                    .map(|r| r.unwrap_or_else(|| Committed {
+                        msg_id: String::new(),
+                        conversation_id: String::new(),
+                        seq: 0,
+                        server_time: now,
+                        duplicate: false,
+                    }))
+                    .collect())
+            }
+        }
+    };
+}
+
+pub(crate) use sql_commit_impl;

@@ -1,5 +1,7 @@
-//! SQLite backend (the embedded default): WAL journal, one writer connection (the
-//! persistence writer is its only user) and a small pool of read-only readers.
+//! SQLite backend (the embedded default): WAL journal, the commit thread's connection
+//! for message batches (`store::sqlite_commit`), one more writer connection for the
+//! other writes (group changes, read state; the persistence writer is its main user)
+//! and a small pool of read-only readers.
 //!
 //! `synchronous` is FULL by default: with WAL that fsyncs the log at each commit, so an
 //! acked message survives power loss as well as SIGKILL; group commit keeps the fsync
@@ -15,12 +17,15 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{Sqlite, SqlitePool};
 
 use super::sql::sql_store_impl;
+use super::sqlite_commit::CommitThread;
+use super::{Committed, CursorUpdate, NewMessage};
 use super::{StoreError, Timeouts};
 
 /// The SQLite store.
 pub struct SqliteStore {
     write: SqlitePool,
     read: SqlitePool,
+    commits: CommitThread,
 }
 
 impl SqliteStore {
@@ -65,7 +70,12 @@ impl SqliteStore {
             .acquire_timeout(timeouts.acquire)
             .connect_with(base.read_only(true))
             .await?;
-        Ok(SqliteStore { write, read })
+        let commits = CommitThread::start(path, full_sync)?;
+        Ok(SqliteStore {
+            write,
+            read,
+            commits,
+        })
     }
 
     /// The writer connection, checked to be outside any transaction.
@@ -102,6 +112,16 @@ impl SqliteStore {
     pub(crate) async fn discard_writer(&self, conn: PoolConnection<Sqlite>) {
         metrics::counter!("im_store_connection_resets_total").increment(1);
         let _ = conn.close().await;
+    }
+
+    /// One batch commit ([`Store::commit_batch`](super::Store::commit_batch)), on the
+    /// commit thread.
+    async fn commit(
+        &self,
+        messages: &[NewMessage],
+        cursors: &[CursorUpdate],
+    ) -> Result<Vec<Committed>, StoreError> {
+        self.commits.commit(messages, cursors).await
     }
 }
 
