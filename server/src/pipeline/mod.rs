@@ -586,7 +586,8 @@ impl Pipeline {
     }
 
     /// Whether `conversation_id` exists and holds `seq` (1 ..= its last seq); the last
-    /// seq is read once and remembered by the session while acks stay under it.
+    /// seq comes from what this node committed or from the store, and is remembered by
+    /// the session while acks stay under it.
     async fn seq_exists(
         &self,
         s: &Session,
@@ -604,11 +605,16 @@ impl Pipeline {
         if known.is_some_and(|last| seq <= last) {
             return Ok(true);
         }
-        let last = self
-            .store
-            .last_seq(conversation_id)
-            .await
-            .map_err(Refusal::store)?;
+        // What this node just committed (the usual case: an ack of a fresh delivery),
+        // before a store read.
+        let last = match self.persist.last_committed(conversation_id) {
+            Some(last) if seq <= last => Some(last),
+            _ => self
+                .store
+                .last_seq(conversation_id)
+                .await
+                .map_err(Refusal::store)?,
+        };
         let Some(last) = last else {
             return Ok(false);
         };

@@ -109,6 +109,39 @@ pub struct PersistReq {
     pub trace: Option<Box<Trace>>,
 }
 
+/// Conversations [`LastCommitted`] remembers before it starts over.
+const LAST_COMMITTED_MAX: usize = 65_536;
+
+/// The last seq this node's writer committed in each conversation it wrote to lately
+/// (bounded: it starts over at `LAST_COMMITTED_MAX` conversations). A DeliverAck's seq is
+/// checked here before the store is asked: a recipient acks what was just committed, so
+/// the check costs a map lookup instead of a store read per ack. Only the writer records.
+#[derive(Default)]
+pub struct LastCommitted(std::sync::Mutex<HashMap<String, u64>>);
+
+impl LastCommitted {
+    /// The last seq committed here in `conversation_id`, if remembered.
+    pub fn get(&self, conversation_id: &str) -> Option<u64> {
+        self.0.lock().ok()?.get(conversation_id).copied()
+    }
+
+    fn record(&self, committed: &[crate::store::Committed]) {
+        let Ok(mut m) = self.0.lock() else {
+            return;
+        };
+        for c in committed.iter().filter(|c| c.seq > 0) {
+            if let Some(last) = m.get_mut(c.conversation_id.as_str()) {
+                *last = (*last).max(c.seq);
+                continue;
+            }
+            if m.len() >= LAST_COMMITTED_MAX {
+                m.clear();
+            }
+            m.insert(c.conversation_id.clone(), c.seq);
+        }
+    }
+}
+
 /// The persistence queue refused a request: answer OVERLOADED.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueueFull;
@@ -119,6 +152,7 @@ pub struct PersistHandle {
     tx: mpsc::Sender<WriteReq>,
     capacity: usize,
     metrics: Metrics,
+    last: Arc<LastCommitted>,
 }
 
 impl PersistHandle {
@@ -154,6 +188,11 @@ impl PersistHandle {
         }
     }
 
+    /// The last seq this node committed in `conversation_id`, if remembered.
+    pub fn last_committed(&self, conversation_id: &str) -> Option<u64> {
+        self.last.get(conversation_id)
+    }
+
     /// Requests waiting in the queue.
     pub fn depth(&self) -> usize {
         self.capacity - self.tx.capacity()
@@ -165,16 +204,24 @@ impl PersistHandle {
     }
 }
 
-/// Creates the queue; the receiver goes to [`run_writer`].
-pub fn queue(capacity: usize, metrics: Metrics) -> (PersistHandle, mpsc::Receiver<WriteReq>) {
+/// The writer's end of the queue, for [`run_writer`].
+pub struct WriterQueue {
+    rx: mpsc::Receiver<WriteReq>,
+    last: Arc<LastCommitted>,
+}
+
+/// Creates the queue; its receiving end goes to [`run_writer`].
+pub fn queue(capacity: usize, metrics: Metrics) -> (PersistHandle, WriterQueue) {
     let (tx, rx) = mpsc::channel(capacity);
+    let last = Arc::new(LastCommitted::default());
     (
         PersistHandle {
             tx,
             capacity,
             metrics,
+            last: last.clone(),
         },
-        rx,
+        WriterQueue { rx, last },
     )
 }
 
@@ -269,7 +316,7 @@ fn set_fault_gauges(fault: Option<Fault>) {
 pub async fn run_writer(
     store: Arc<dyn Store>,
     relations: Arc<Relations>,
-    mut rx: mpsc::Receiver<WriteReq>,
+    queue: WriterQueue,
     router: mpsc::Sender<Vec<Delivery>>,
     cfg: Persist,
     guard: Guard,
@@ -277,6 +324,7 @@ pub async fn run_writer(
     receipts: Option<mpsc::Sender<ReadEvent>>,
 ) {
     set_fault_gauges(None);
+    let WriterQueue { mut rx, last } = queue;
     let receipts_dropped = metrics::counter!("im_receipts_dropped_total");
     let batch_max = cfg.batch_max as usize;
     let wait = Duration::from_millis(cfg.batch_wait_ms as u64);
@@ -413,7 +461,10 @@ pub async fn run_writer(
             metrics.persist_batch_size.record(sends.len() as f64);
             guard.record(result.as_ref().map(|_| ()), &mut fault_since);
             match result {
-                Ok(committed) => acked(&mut sends, committed, &router).await,
+                Ok(committed) => {
+                    last.record(&committed);
+                    acked(&mut sends, committed, &router).await
+                }
                 Err(e) => {
                     // Cursors are kept for the next batch; Sends are told to retry.
                     for c in cursor_updates {

@@ -65,7 +65,10 @@ impl SqliteStore {
             )
             .await?;
         sqlx::migrate!("../migrations/sqlite").run(&write).await?;
+        // No ping before each use: a connection to a local file does not go stale, and
+        // the ping was a second round trip to the connection's worker thread per read.
         let read = SqlitePoolOptions::new()
+            .test_before_acquire(false)
             .max_connections(readers.max(1))
             .acquire_timeout(timeouts.acquire)
             .connect_with(base.read_only(true))
