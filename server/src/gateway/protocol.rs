@@ -266,7 +266,9 @@ impl Protocol {
     }
 
     async fn on_binary(&mut self, data: Bytes) -> Step {
-        let m = self.gw.metrics.clone();
+        // One Arc clone per frame, not one per metric handle.
+        let gw = self.gw.clone();
+        let m = &gw.metrics;
         self.out
             .frames_in
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
