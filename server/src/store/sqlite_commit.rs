@@ -144,45 +144,28 @@ pub(crate) fn commit_batch(
     let mut dup_of: Vec<(usize, usize)> = Vec::new();
     // Per conversation: its new messages, and its parties when one-to-one.
     let mut counts: BTreeMap<&str, (u64, Option<&Parties>)> = BTreeMap::new();
-    {
-        let mut find = tx.prepare_cached(
-            "SELECT msg_id, seq, send_time FROM messages \
-             WHERE sender = ?1 AND conversation_id = ?2 AND client_msg_id = ?3",
-        )?;
-        for (i, m) in messages.iter().enumerate() {
-            if !m.client_msg_id.is_empty() {
-                let key = (
-                    m.sender.as_str(),
-                    m.conversation_id.as_str(),
-                    m.client_msg_id.as_str(),
-                );
-                if let Some(&j) = first_of.get(&key) {
-                    dup_of.push((i, j));
-                    continue;
-                }
-                let stored = find
-                    .query_row(params![key.0, key.1, key.2], |r| {
-                        Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get(2)?))
-                    })
-                    .optional()?;
-                if let Some((msg_id, seq, server_time)) = stored {
-                    results[i] = Some(Committed {
-                        msg_id,
-                        conversation_id: m.conversation_id.clone(),
-                        seq: seq as u64,
-                        server_time,
-                        duplicate: true,
-                    });
-                    continue;
-                }
-                first_of.insert(key, i);
+    for (i, m) in messages.iter().enumerate() {
+        if !m.client_msg_id.is_empty() {
+            let key = (
+                m.sender.as_str(),
+                m.conversation_id.as_str(),
+                m.client_msg_id.as_str(),
+            );
+            if let Some(&j) = first_of.get(&key) {
+                dup_of.push((i, j));
+                continue;
             }
-            fresh.push(i);
-            counts
-                .entry(m.conversation_id.as_str())
-                .or_insert((0, m.direct.as_ref()))
-                .0 += 1;
+            if let Some(stored) = stored_duplicate(&tx, m)? {
+                results[i] = Some(stored);
+                continue;
+            }
+            first_of.insert(key, i);
         }
+        fresh.push(i);
+        counts
+            .entry(m.conversation_id.as_str())
+            .or_insert((0, m.direct.as_ref()))
+            .0 += 1;
     }
 
     // 2. Seqs: reserve a gapless range per conversation, in conversation order.
@@ -241,10 +224,6 @@ pub(crate) fn commit_batch(
              msg_type, payload, send_time) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
              ON CONFLICT DO NOTHING",
         )?;
-        let mut reread = tx.prepare_cached(
-            "SELECT msg_id, seq, send_time FROM messages \
-             WHERE sender = ?1 AND conversation_id = ?2 AND client_msg_id = ?3",
-        )?;
         for &i in &fresh {
             let m = &messages[i];
             let seq = results[i].as_ref().map_or(0, |c| c.seq as i64);
@@ -262,17 +241,8 @@ pub(crate) fn commit_batch(
             if stored == 1 {
                 continue;
             }
-            let (msg_id, seq, server_time) = reread
-                .query_row(params![m.sender, m.conversation_id, m.client_msg_id], |r| {
-                    Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get(2)?))
-                })?;
-            results[i] = Some(Committed {
-                msg_id,
-                conversation_id: m.conversation_id.clone(),
-                seq: seq as u64,
-                server_time,
-                duplicate: true,
-            });
+            let stored = stored_duplicate(&tx, m)?.ok_or(rusqlite::Error::QueryReturnedNoRows)?;
+            results[i] = Some(stored);
         }
     }
     for (i, j) in dup_of {
@@ -366,6 +336,31 @@ pub(crate) fn commit_batch(
             })
         })
         .collect())
+}
+
+/// The stored message with `m`'s (sender, conversation, client_msg_id), as a duplicate's
+/// result: found before the batch (step 1) or stored meanwhile by the other connection
+/// (step 3).
+fn stored_duplicate(
+    tx: &rusqlite::Transaction<'_>,
+    m: &NewMessage,
+) -> Result<Option<Committed>, StoreError> {
+    let found = tx
+        .prepare_cached(
+            "SELECT msg_id, seq, send_time FROM messages \
+             WHERE sender = ?1 AND conversation_id = ?2 AND client_msg_id = ?3",
+        )?
+        .query_row(params![m.sender, m.conversation_id, m.client_msg_id], |r| {
+            Ok(Committed {
+                msg_id: r.get(0)?,
+                conversation_id: m.conversation_id.clone(),
+                seq: r.get::<_, i64>(1)? as u64,
+                server_time: r.get(2)?,
+                duplicate: true,
+            })
+        })
+        .optional()?;
+    Ok(found)
 }
 
 /// Applies a committed RECALL or EDIT event (at `seq`) to the message it names: the
