@@ -182,9 +182,14 @@ fn traced_route(
     })
 }
 
+/// The session registry: user id to that user's connections here. Hashed with a
+/// per-process random seed (foldhash): a group fan-out looks up every member, and
+/// SipHash was a third of a delivery's routing instructions.
+type Sessions = HashMap<String, Vec<Arc<Outbound>>, foldhash::fast::RandomState>;
+
 /// Online sessions of this node; the one owner of that map.
 pub struct Router {
-    sessions: RwLock<HashMap<String, Vec<Arc<Outbound>>>>,
+    sessions: RwLock<Sessions>,
     metrics: Metrics,
     notify_threshold: usize,
     hint: Bytes,
@@ -210,7 +215,7 @@ impl Router {
             }),
         ));
         Router {
-            sessions: RwLock::new(HashMap::new()),
+            sessions: RwLock::new(Sessions::default()),
             metrics,
             notify_threshold: notify_threshold as usize,
             hint,
