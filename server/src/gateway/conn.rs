@@ -152,7 +152,8 @@ async fn write_loop(
     write_timeout: Duration,
     metrics: crate::obs::Metrics,
 ) {
-    let mut batch: Vec<OutFrame> = Vec::with_capacity(max_frames);
+    // Grows on first use: an idle connection holds no batch room.
+    let mut batch: Vec<OutFrame> = Vec::new();
     loop {
         tokio::select! {
             biased;
