@@ -138,7 +138,9 @@ async fn read_loop(
                 Message::Ping(_) | Message::Pong(_) => Input::Control,
             },
         };
-        if let Step::Close(reason) = protocol.on_message(input).await {
+        // Boxed: handling a frame is the largest state of this loop, and an idle
+        // connection would otherwise carry its room in its task all the time.
+        if let Step::Close(reason) = Box::pin(protocol.on_message(input)).await {
             return Some(reason);
         }
     }
@@ -164,8 +166,15 @@ async fn write_loop(
             _ = rx.close.changed() => break,
         }
         rx.fill(&mut batch, max_frames);
-        if let Err(reason) = write_batch(&mut sink, &out, &mut batch, write_timeout, &metrics).await
-        {
+        // Boxed for the same reason as the read loop's frame handling.
+        let written = Box::pin(write_batch(
+            &mut sink,
+            &out,
+            &mut batch,
+            write_timeout,
+            &metrics,
+        ));
+        if let Err(reason) = written.await {
             out.close(reason);
             return;
         }
