@@ -6,12 +6,13 @@
 //! critical frames are queued (the rest it fetches by sync); above the hard mark it is
 //! closed. This module owns those decisions and the per-connection figures.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::Instant;
 
 use bytes::Bytes;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use crate::obs::trace::TraceCopy;
 use crate::obs::{EndToEnd, Metrics, Stage};
@@ -98,7 +99,7 @@ pub struct Outbound {
     pub remote: String,
     user: Mutex<Option<String>>,
     device: Mutex<Option<String>>,
-    tx: mpsc::UnboundedSender<OutFrame>,
+    queue: std::sync::Arc<QueueShared>,
     queued: AtomicUsize,
     soft: usize,
     hard: usize,
@@ -116,7 +117,7 @@ pub struct Outbound {
 /// The write loop's end of an [`Outbound`].
 pub struct OutboundRx {
     /// Encoded frames to write, in order.
-    pub frames: mpsc::UnboundedReceiver<OutFrame>,
+    pub frames: FrameQueue,
     /// Becomes `Some` when the connection must close.
     pub close: watch::Receiver<Option<CloseReason>>,
 }
@@ -124,12 +125,131 @@ pub struct OutboundRx {
 impl OutboundRx {
     /// Moves frames already queued into `batch`, without waiting, until it holds `max`.
     pub fn fill(&mut self, batch: &mut Vec<OutFrame>, max: usize) {
+        self.frames.take_into(batch, max);
+    }
+}
+
+/// The receiving end of a connection's outbound queue (see [`Outbound`]).
+///
+/// A mutex-guarded `VecDeque` and a `Notify` instead of tokio's unbounded channel, which
+/// allocates a 32-slot block for every connection up front: this queue holds no frame
+/// room until a frame is pushed, and gives its room back once a burst has drained, so an
+/// idle connection's queue is a few dozen bytes. One consumer (the write loop), FIFO.
+pub struct FrameQueue {
+    shared: std::sync::Arc<QueueShared>,
+}
+
+/// The state both ends of a [`FrameQueue`] share.
+struct QueueShared {
+    state: Mutex<QueueState>,
+    /// Wakes the consumer; signalled only when a push finds the queue empty.
+    ready: tokio::sync::Notify,
+}
+
+struct QueueState {
+    frames: VecDeque<OutFrame>,
+    /// The sending side ([`Outbound`]) is gone: the queue ends once drained.
+    sender_gone: bool,
+    /// The consumer is gone: pushes fail.
+    receiver_gone: bool,
+}
+
+/// [`FrameQueue::try_recv`] found nothing queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueEmpty;
+
+/// Frames kept as spare room after a burst drains; above this the room is freed.
+const SPARE_FRAMES: usize = 16;
+
+impl QueueShared {
+    fn new() -> std::sync::Arc<Self> {
+        std::sync::Arc::new(QueueShared {
+            state: Mutex::new(QueueState {
+                frames: VecDeque::new(),
+                sender_gone: false,
+                receiver_gone: false,
+            }),
+            ready: tokio::sync::Notify::new(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
+        // A panic while holding this lock leaves only a VecDeque behind: still usable.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues `item`; gives it back when the consumer is gone.
+    fn push(&self, item: OutFrame) -> Result<(), OutFrame> {
+        let was_empty = {
+            let mut s = self.lock();
+            if s.receiver_gone {
+                return Err(item);
+            }
+            s.frames.push_back(item);
+            s.frames.len() == 1
+        };
+        if was_empty {
+            self.ready.notify_one();
+        }
+        Ok(())
+    }
+
+    fn close_sender(&self) {
+        self.lock().sender_gone = true;
+        self.ready.notify_one();
+    }
+}
+
+impl QueueState {
+    fn pop(&mut self) -> Option<OutFrame> {
+        let f = self.frames.pop_front();
+        if self.frames.is_empty() && self.frames.capacity() > SPARE_FRAMES {
+            self.frames = VecDeque::new();
+        }
+        f
+    }
+}
+
+impl FrameQueue {
+    /// The next frame, waiting for one; `None` once the sending side is gone and
+    /// everything queued was taken. Cancel-safe: a frame is only taken by a poll that
+    /// returns it.
+    pub async fn recv(&mut self) -> Option<OutFrame> {
+        loop {
+            {
+                let mut s = self.shared.lock();
+                if let Some(f) = s.pop() {
+                    return Some(f);
+                }
+                if s.sender_gone {
+                    return None;
+                }
+            }
+            // A push between the check and this wait leaves a permit: no lost wake-up.
+            self.shared.ready.notified().await;
+        }
+    }
+
+    /// The next frame if one is queued.
+    pub fn try_recv(&mut self) -> Result<OutFrame, QueueEmpty> {
+        self.shared.lock().pop().ok_or(QueueEmpty)
+    }
+
+    /// Moves queued frames into `batch` under one lock, until it holds `max`.
+    fn take_into(&mut self, batch: &mut Vec<OutFrame>, max: usize) {
+        let mut s = self.shared.lock();
         while batch.len() < max {
-            match self.frames.try_recv() {
-                Ok(f) => batch.push(f),
-                Err(_) => break,
+            match s.pop() {
+                Some(f) => batch.push(f),
+                None => break,
             }
         }
+    }
+}
+
+impl Drop for FrameQueue {
+    fn drop(&mut self) {
+        self.shared.lock().receiver_gone = true;
     }
 }
 
@@ -164,6 +284,13 @@ pub fn trace_written(batch: &[OutFrame], start: Instant, end: Instant) {
     }
 }
 
+impl Drop for Outbound {
+    fn drop(&mut self) {
+        // The queue ends for the write loop once what is queued was taken.
+        self.queue.close_sender();
+    }
+}
+
 impl Outbound {
     /// Creates the queue for a new connection.
     pub fn new(
@@ -173,7 +300,7 @@ impl Outbound {
         hard: u64,
         metrics: Metrics,
     ) -> (std::sync::Arc<Outbound>, OutboundRx) {
-        let (tx, frames) = mpsc::unbounded_channel();
+        let queue = QueueShared::new();
         let (close, close_rx) = watch::channel(None);
         let out = Outbound {
             conn_id,
@@ -181,7 +308,7 @@ impl Outbound {
             remote,
             user: Mutex::new(None),
             device: Mutex::new(None),
-            tx,
+            queue: queue.clone(),
             queued: AtomicUsize::new(0),
             soft: soft as usize,
             hard: hard as usize,
@@ -196,7 +323,7 @@ impl Outbound {
         (
             std::sync::Arc::new(out),
             OutboundRx {
-                frames,
+                frames: FrameQueue { shared: queue },
                 close: close_rx,
             },
         )
@@ -260,7 +387,7 @@ impl Outbound {
             }),
             trace: trace.map(|t| Box::new(t.clone())),
         };
-        if let Err(mpsc::error::SendError(item)) = self.tx.send(item) {
+        if let Err(item) = self.queue.push(item) {
             self.written(len);
             if let Some(e) = item.e2e {
                 e.done(&self.metrics);
@@ -383,5 +510,74 @@ impl Outbound {
         }
         let left = self.queued.swap(0, Relaxed);
         self.metrics.outbound_queued_bytes.decrement(left as f64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conn() -> (std::sync::Arc<Outbound>, OutboundRx) {
+        Outbound::new(1, "test".into(), 1 << 20, 2 << 20, Metrics::new(false))
+    }
+
+    fn frame(i: u8) -> Bytes {
+        Bytes::from(vec![i; 8])
+    }
+
+    #[tokio::test]
+    async fn queue_is_fifo_and_wakes_a_waiting_write_loop() {
+        let (out, mut rx) = conn();
+        let waiting = tokio::spawn(async move {
+            let first = rx.frames.recv().await.map(|f| f.bytes);
+            let mut batch = Vec::new();
+            while batch.len() < 2 {
+                tokio::task::yield_now().await;
+                rx.fill(&mut batch, 64);
+            }
+            (
+                first,
+                batch.into_iter().map(|f| f.bytes).collect::<Vec<_>>(),
+            )
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        for i in 0..3 {
+            assert_eq!(out.push(frame(i), true), Pushed::Queued);
+        }
+        let (first, rest) = tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
+            .await
+            .expect("the write loop was woken")
+            .expect("no panic");
+        assert_eq!(first, Some(frame(0)));
+        assert_eq!(rest, vec![frame(1), frame(2)]);
+    }
+
+    #[tokio::test]
+    async fn queue_ends_when_the_sender_is_gone_and_refuses_when_the_receiver_is() {
+        let (out, mut rx) = conn();
+        out.push(frame(7), true);
+        drop(out);
+        assert_eq!(rx.frames.recv().await.map(|f| f.bytes), Some(frame(7)));
+        assert!(rx.frames.recv().await.is_none());
+
+        let (out, rx) = conn();
+        drop(rx);
+        assert_eq!(out.push(frame(1), true), Pushed::Closed);
+        assert_eq!(out.queued_bytes(), 0, "a refused frame releases its bytes");
+    }
+
+    #[test]
+    fn queue_gives_back_its_room_after_a_burst() {
+        let (out, mut rx) = conn();
+        assert_eq!(rx.frames.shared.lock().frames.capacity(), 0);
+        for i in 0..200 {
+            out.push(frame(i as u8), true);
+        }
+        assert!(rx.frames.shared.lock().frames.capacity() >= 200);
+        let mut batch = Vec::new();
+        rx.fill(&mut batch, 1000);
+        assert_eq!(batch.len(), 200);
+        assert_eq!(rx.frames.try_recv().map(|f| f.bytes), Err(QueueEmpty));
+        assert_eq!(rx.frames.shared.lock().frames.capacity(), 0);
     }
 }
