@@ -6,6 +6,7 @@
 //! writer (`pipeline::persist`) calls the write methods; readers call the rest.
 
 pub mod access;
+mod batch;
 pub mod health;
 mod postgres;
 mod sql;

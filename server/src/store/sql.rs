@@ -1636,20 +1636,7 @@ macro_rules! sql_commit_impl {
                     );
                     qb.build().execute(&mut *tx).await?;
                 }
-                for &i in &fresh {
-                    let m = &messages[i];
-                    let Some(seq) = next.get_mut(m.conversation_id.as_str()) else {
-                        continue;
-                    };
-                    results[i] = Some(Committed {
-                        msg_id: m.msg_id.clone(),
-                        conversation_id: m.conversation_id.clone(),
-                        seq: *seq,
-                        server_time: now,
-                        duplicate: false,
-                    });
-                    *seq += 1;
-                }
+                $crate::store::batch::assign_seqs(messages, &fresh, &mut next, &mut results, now);
 
                 // 4. Insert the new messages.
                 for chunk in fresh.chunks(CHUNK) {
@@ -1703,12 +1690,7 @@ macro_rules! sql_commit_impl {
                     }
                 }
 
-                for (i, j) in dup_of {
-                    results[i] = results[j].clone().map(|c| Committed {
-                        duplicate: true,
-                        ..c
-                    });
-                }
+                $crate::store::batch::mark_duplicates(&mut results, &dup_of);
 
                 // 4b. RECALL and EDIT events change the message they name, in this
                 //     transaction, in seq order (a duplicate changed it when first stored).
@@ -1724,17 +1706,10 @@ macro_rules! sql_commit_impl {
                 // 5. A sender has read their own messages: their read cursor moves to the
                 //    last seq they sent in each conversation (forward only; rows locked
                 //    in (user, conversation) order).
-                let mut own: std::collections::BTreeMap<(&str, &str), i64> =
-                    std::collections::BTreeMap::new();
-                for (m, r) in messages.iter().zip(results.iter()) {
-                    if let Some(c) = r.as_ref().filter(|c| c.seq > 0) {
-                        let e = own
-                            .entry((m.sender.as_str(), m.conversation_id.as_str()))
-                            .or_insert(0);
-                        *e = (*e).max(c.seq as i64);
-                    }
-                }
-                let own: Vec<((&str, &str), i64)> = own.into_iter().collect();
+                let own: Vec<((&str, &str), i64)> =
+                    $crate::store::batch::own_read_cursors(messages, &results)
+                        .into_iter()
+                        .collect();
                 for chunk in own.chunks(CHUNK) {
                     let mut qb = sqlx::QueryBuilder::<$db>::new(
                         "INSERT INTO conversation_state (user_id, conversation_id, read_seq, \
@@ -1788,15 +1763,8 @@ macro_rules! sql_commit_impl {
                     );
                     qb.build().execute(&mut *tx).await?;
                 }
-                let mut furthest: std::collections::BTreeMap<(&str, &str), u64> =
-                    std::collections::BTreeMap::new();
-                for c in cursors {
-                    let e = furthest
-                        .entry((c.user_id.as_str(), c.conversation_id.as_str()))
-                        .or_insert(0);
-                    *e = (*e).max(c.seq);
-                }
-                let cursors: Vec<$crate::store::CursorUpdate> = furthest
+                let cursors: Vec<$crate::store::CursorUpdate> =
+                    $crate::store::batch::furthest_cursors(cursors)
                     .into_iter()
                     .map(|((user_id, conversation_id), seq)| $crate::store::CursorUpdate {
                         user_id: user_id.to_owned(),
@@ -1822,16 +1790,7 @@ macro_rules! sql_commit_impl {
                 }
 
                 tx.commit().await?;
-                Ok(results
-                    .into_iter()
-                    .map(|r| r.unwrap_or_else(|| Committed {
-                        msg_id: String::new(),
-                        conversation_id: String::new(),
-                        seq: 0,
-                        server_time: now,
-                        duplicate: false,
-                    }))
-                    .collect())
+                Ok($crate::store::batch::answers(results, now))
             }
         }
     };

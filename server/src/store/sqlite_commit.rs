@@ -22,7 +22,7 @@ use std::time::Duration;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 use tokio::sync::oneshot;
 
-use super::{Committed, CursorUpdate, MessageRef, NewMessage, StoreError};
+use super::{batch, Committed, CursorUpdate, MessageRef, NewMessage, StoreError};
 
 /// Batches that may wait for the thread (the persistence writer waits for each; more
 /// pile up only behind a commit it gave up on).
@@ -201,20 +201,7 @@ pub(crate) fn commit_batch(
             listed.execute(params![user, conv, now])?;
         }
     }
-    for &i in &fresh {
-        let m = &messages[i];
-        let Some(seq) = next.get_mut(m.conversation_id.as_str()) else {
-            continue;
-        };
-        results[i] = Some(Committed {
-            msg_id: m.msg_id.clone(),
-            conversation_id: m.conversation_id.clone(),
-            seq: *seq,
-            server_time: now,
-            duplicate: false,
-        });
-        *seq += 1;
-    }
+    batch::assign_seqs(messages, &fresh, &mut next, &mut results, now);
 
     // 3. The new messages. One stored meanwhile by the store's other connection loses
     //    here instead of failing the batch; it is re-read and acked as a duplicate.
@@ -245,12 +232,7 @@ pub(crate) fn commit_batch(
             results[i] = Some(stored);
         }
     }
-    for (i, j) in dup_of {
-        results[i] = results[j].clone().map(|c| Committed {
-            duplicate: true,
-            ..c
-        });
-    }
+    batch::mark_duplicates(&mut results, &dup_of);
 
     // 4. RECALL and EDIT events change the message they name, in seq order.
     for &i in &fresh {
@@ -264,15 +246,7 @@ pub(crate) fn commit_batch(
 
     // 5. A sender has read their own messages: the read cursor moves to the last seq
     //    they sent in each conversation (forward only).
-    let mut own: BTreeMap<(&str, &str), i64> = BTreeMap::new();
-    for (m, r) in messages.iter().zip(results.iter()) {
-        if let Some(c) = r.as_ref().filter(|c| c.seq > 0) {
-            let e = own
-                .entry((m.sender.as_str(), m.conversation_id.as_str()))
-                .or_insert(0);
-            *e = (*e).max(c.seq as i64);
-        }
-    }
+    let own = batch::own_read_cursors(messages, &results);
     if !own.is_empty() {
         let mut read = tx.prepare_cached(
             "INSERT INTO conversation_state (user_id, conversation_id, read_seq, read_time) \
@@ -289,7 +263,6 @@ pub(crate) fn commit_batch(
     //    their devices).
     if !cursors.is_empty() {
         let mut devices: BTreeMap<(&str, &str, &str), u64> = BTreeMap::new();
-        let mut furthest: BTreeMap<(&str, &str), u64> = BTreeMap::new();
         for c in cursors {
             let d = devices
                 .entry((
@@ -299,10 +272,6 @@ pub(crate) fn commit_batch(
                 ))
                 .or_insert(0);
             *d = (*d).max(c.seq);
-            let u = furthest
-                .entry((c.user_id.as_str(), c.conversation_id.as_str()))
-                .or_insert(0);
-            *u = (*u).max(c.seq);
         }
         let mut device = tx.prepare_cached(
             "INSERT INTO device_cursors (user_id, device_id, conversation_id, delivered_seq) \
@@ -318,24 +287,13 @@ pub(crate) fn commit_batch(
              ON CONFLICT (user_id, conversation_id) DO UPDATE SET seq = excluded.seq \
              WHERE excluded.seq > cursors.seq",
         )?;
-        for ((u, conv), seq) in &furthest {
+        for ((u, conv), seq) in &batch::furthest_cursors(cursors) {
             user.execute(params![u, conv, *seq as i64])?;
         }
     }
 
     tx.commit()?;
-    Ok(results
-        .into_iter()
-        .map(|r| {
-            r.unwrap_or(Committed {
-                msg_id: String::new(),
-                conversation_id: String::new(),
-                seq: 0,
-                server_time: now,
-                duplicate: false,
-            })
-        })
-        .collect())
+    Ok(batch::answers(results, now))
 }
 
 /// The stored message with `m`'s (sender, conversation, client_msg_id), as a duplicate's
