@@ -30,45 +30,59 @@ fn on_path(bin: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("binding a free port");
-    l.local_addr().expect("local addr").port()
+/// Two distinct free loopback ports: both listeners are held until both are chosen, so
+/// the kernel cannot hand the same port out twice.
+fn free_ports() -> (u16, u16) {
+    let bind = || TcpListener::bind("127.0.0.1:0").expect("binding a free port");
+    let (a, b) = (bind(), bind());
+    let port = |l: &TcpListener| l.local_addr().expect("local addr").port();
+    (port(&a), port(&b))
 }
 
-fn wait_listening(port: u16, child: &mut Child) {
+/// Waits until `port` accepts; `false` when the broker exited first (a port taken by
+/// another test between our pick and its bind).
+fn wait_listening(port: u16, child: &mut Child) -> bool {
     let deadline = Instant::now() + Duration::from_secs(30);
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
         if let Ok(Some(status)) = child.try_wait() {
-            panic!("the broker exited before listening on {port}: {status}");
+            eprintln!("the broker exited before listening on {port}: {status}");
+            return false;
         }
         assert!(Instant::now() < deadline, "nothing listens on {port}");
         std::thread::sleep(Duration::from_millis(50));
     }
+    true
 }
 
-/// Starts `bin` with `conf` (in which `{MAIN}` and `{WS}` become free ports).
+/// Starts `bin` with `conf` (in which `{MAIN}` and `{WS}` become free ports), on new
+/// ports again when a port was taken before the broker bound it.
 fn start(bin: &Path, conf: &str, conf_flag: &str) -> Broker {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (main, ws) = (free_port(), free_port());
-    let text = conf
-        .replace("{MAIN}", &main.to_string())
-        .replace("{WS}", &ws.to_string());
-    let path = dir.path().join("broker.conf");
-    std::fs::write(&path, text).expect("writing the config");
-    let mut child = Command::new(bin)
-        .arg(conf_flag)
-        .arg(&path)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("starting the broker");
-    wait_listening(ws, &mut child);
-    Broker {
-        child,
-        ws_port: ws,
-        _dir: dir,
+    for _ in 0..5 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (main, ws) = free_ports();
+        let text = conf
+            .replace("{MAIN}", &main.to_string())
+            .replace("{WS}", &ws.to_string());
+        let path = dir.path().join("broker.conf");
+        std::fs::write(&path, text).expect("writing the config");
+        let mut child = Command::new(bin)
+            .arg(conf_flag)
+            .arg(&path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting the broker");
+        // Both listeners: nats-server opens its WebSocket port after the client port.
+        if wait_listening(main, &mut child) && wait_listening(ws, &mut child) {
+            return Broker {
+                child,
+                ws_port: ws,
+                _dir: dir,
+            };
+        }
     }
+    panic!("{} did not start on free ports in 5 tries", bin.display());
 }
 
 fn mosquitto() -> Option<Broker> {

@@ -20,7 +20,7 @@ use im_client::{RawConn, RawEvent};
 #[path = "../../tests/e2e/support/mod.rs"]
 mod support;
 
-use support::{TestServer, ADMIN_TOKEN};
+use support::{tool_available, TestServer, ADMIN_TOKEN};
 
 /// How long any one step of the console may take.
 const WAIT: Duration = Duration::from_secs(30);
@@ -182,6 +182,9 @@ async fn client_task(
 
 #[test]
 fn console_drives_a_live_node() {
+    if !tool_available("tmux", &["-V"], "apt-get install tmux") {
+        return;
+    }
     let server = TestServer::start_with(&[("IM_NODE_ID", "e2e-node")]);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

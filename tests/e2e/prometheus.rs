@@ -77,24 +77,10 @@ fn prometheus_bin() -> Option<PathBuf> {
     let bin = std::env::var_os("IM_TEST_PROMETHEUS_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("prometheus"));
-    match Command::new(&bin).arg("--version").output() {
-        Ok(out) if out.status.success() => Some(bin),
-        other => {
-            let why = match other {
-                Ok(out) => format!("exit {}", out.status),
-                Err(e) => e.to_string(),
-            };
-            let msg = format!(
-                "the Prometheus server binary {} does not run ({why}); install the Debian \
-                 package `prometheus` (`apt-get install prometheus`, which .ci/run does) or \
-                 set IM_TEST_PROMETHEUS_BIN",
-                bin.display()
-            );
-            assert!(std::env::var_os("CI").is_none(), "{msg}");
-            eprintln!("{msg}; skipping");
-            None
-        }
-    }
+    let install = "install the Debian package `prometheus` (`apt-get install prometheus`, which \
+                   .ci/run does) or set IM_TEST_PROMETHEUS_BIN";
+    let program = bin.to_string_lossy();
+    tool_available(&program, &["--version"], install).then_some(bin)
 }
 
 /// A running `prometheus` server on a loopback port, with its config and TSDB in a temp

@@ -536,10 +536,10 @@ impl PeerConn {
             }
             PeerConn::Mqtt { ws, .. } => {
                 let _ = ws.send(Message::Binary(mqtt::disconnect().into())).await;
-                let _ = SinkExt::close(ws).await;
+                let _ = SinkExt::close(&mut **ws).await;
             }
             PeerConn::Nats { ws, .. } => {
-                let _ = SinkExt::close(ws).await;
+                let _ = SinkExt::close(&mut **ws).await;
             }
         }
     }

@@ -71,6 +71,28 @@ pub fn server_bin() -> PathBuf {
     bin
 }
 
+/// Whether the external tool `program` runs (`program ARGS` starts and exits 0). A
+/// missing tool skips its test with a note naming `install` outside CI; under CI (`CI`
+/// set, as `.ci/run` does) it fails the test, so a green CI never hides a skipped check.
+pub fn tool_available(program: &str, args: &[&str], install: &str) -> bool {
+    let why = match Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+    {
+        Ok(out) if out.status.success() => return true,
+        Ok(out) => format!("exit {}", out.status),
+        Err(e) => e.to_string(),
+    };
+    let msg = format!("`{program}` does not run ({why}): {install}");
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{msg} (required under CI)"
+    );
+    eprintln!("{msg}; skipping");
+    false
+}
+
 /// A whole number from the environment variable `name`, or `default` when unset or not
 /// a number (sizes of tests that are also run bigger for measurements).
 pub fn env_u64(name: &str, default: u64) -> u64 {
