@@ -62,8 +62,8 @@ use tokio::task::JoinHandle;
 
 use crate::config::Config;
 use crate::obs::runtime::{spawn, Task};
-use crate::pipeline::relation::Relations;
 use crate::pipeline::route::{Forward, Peers, Router};
+use crate::store::membership::Relations;
 use presence::PresenceMap;
 use registry::{LoadReport, Registry};
 use relay::Envelope;
