@@ -33,6 +33,12 @@
 //! one of its own (its users may have had no pushes while it was out). While the link is down or being rebuilt,
 //! [`Cluster::degraded`] names why, and `/readyz` answers 503.
 //!
+//! One file per job: `link` (the [`Link`] the router and the tasks use, its health),
+//! `kv` (the buckets and what this node writes to them), `report` (the report loop),
+//! `supervise` (the healing described above), `watch` (the registry and presence
+//! watches) and `inbound` (envelopes from the other nodes); `registry`, `presence`,
+//! `relay`, `query`, `trace` and `trust` are the pieces they share.
+//!
 //! The router calls [`Link`] through its own `pipeline::route::Peers` trait (presence
 //! up/down, the forward plan, publishing), so it knows nothing of this module; the tasks
 //! here call the router (local delivery, sync hints, presence republishing) and the
