@@ -34,8 +34,8 @@ use auth::Secrets;
 use config::Config;
 use gateway::{Connections, Gateway};
 use obs::Metrics;
-use pipeline::relation::Relations;
 use pipeline::Pipeline;
+use store::membership::Relations;
 use store::Store;
 
 /// One running node: every long-lived part, owned here and shared by reference.

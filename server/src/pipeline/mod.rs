@@ -12,7 +12,7 @@ pub mod persist;
 pub mod presence;
 pub mod reads;
 pub mod receipts;
-pub mod relation;
+use crate::store::membership as relation;
 pub mod route;
 
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! The group access rules, as a pure decision: given the group, the actor's role and the
 //! named users' roles and bans, what a [`GroupRequest`] changes or why it is refused. The
-//! SQL in `store::sql` gathers the inputs and applies the [`Plan`] in one transaction.
+//! SQL in `store::sql::groups` gathers the inputs and applies the [`Plan`] in one transaction.
 //!
 //! Rules: CREATE makes the actor the owner. A private group gains members only through
 //! ADD by an owner or admin (or by any member when it allows member invitations); anyone
@@ -88,186 +88,221 @@ pub fn decide(
     actor: Role,
     targets: &[Target],
 ) -> Result<Plan, StoreError> {
-    let not_member = || StoreError::NotMember(group_id.to_owned());
-    let is_member = actor != Role::None;
-    let manager = actor >= Role::Admin;
+    let d = Decision {
+        group_id,
+        req,
+        group,
+        actor,
+        targets,
+    };
     match req.op {
         Op::Create => Err(StoreError::GroupExists(group_id.to_owned())),
         Op::Info => {
-            if !is_member && group.kind != Kind::Public {
-                return Err(not_member());
+            if actor == Role::None && group.kind != Kind::Public {
+                return Err(d.not_member());
             }
             Ok(Plan::Nothing)
         }
-        Op::Join => {
-            if is_member {
-                return Ok(Plan::Nothing);
-            }
-            if group.kind != Kind::Public {
-                return Err(forbidden(format!(
-                    "group {group_id} is private: an owner or admin must add you"
-                )));
-            }
-            if targets.iter().any(|t| t.user == req.actor && t.banned) {
-                return Err(forbidden(format!("you are banned from group {group_id}")));
-            }
-            Ok(Plan::Add(vec![req.actor.clone()]))
-        }
-        Op::Add => {
-            if !is_member {
-                return Err(not_member());
-            }
-            if !manager && !group.members_can_invite && group.kind != Kind::Public {
-                return Err(forbidden(format!(
-                    "only an owner or admin may add members to group {group_id}"
-                )));
-            }
-            if let Some(t) = targets.iter().find(|t| t.banned && t.role == Role::None) {
-                return Err(forbidden(format!(
-                    "{} is banned from group {group_id}",
-                    t.user
-                )));
-            }
-            Ok(Plan::Add(
-                targets
-                    .iter()
-                    .filter(|t| t.role == Role::None)
-                    .map(|t| t.user.clone())
-                    .collect(),
-            ))
-        }
-        Op::Leave => {
-            if !is_member {
-                return Err(not_member());
-            }
-            if actor == Role::Owner {
-                if group.size > 1 {
-                    return Err(forbidden(
-                        "the owner must transfer ownership (or dissolve the group) before leaving",
-                    ));
-                }
-                return Ok(Plan::Dissolve);
-            }
-            Ok(Plan::Remove {
-                members: vec![req.actor.clone()],
-                ban: Vec::new(),
-            })
-        }
-        Op::Remove | Op::Ban => {
-            if !is_member {
-                return Err(not_member());
-            }
-            if !manager {
-                return Err(forbidden("only an owner or admin may remove or ban"));
-            }
-            if let Some(t) = targets.iter().find(|t| t.user == req.actor) {
-                return Err(forbidden(format!(
-                    "{} cannot remove or ban themselves: use LEAVE",
-                    t.user
-                )));
-            }
-            if let Some(t) = targets.iter().find(|t| t.role >= actor) {
-                return Err(forbidden(format!("{} has a role as high as yours", t.user)));
-            }
-            let members = targets
-                .iter()
-                .filter(|t| t.role != Role::None)
-                .map(|t| t.user.clone())
-                .collect();
-            let ban = if req.op == Op::Ban {
-                targets
-                    .iter()
-                    .filter(|t| !t.banned)
-                    .map(|t| t.user.clone())
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            Ok(Plan::Remove { members, ban })
-        }
-        Op::Unban => {
-            if !manager {
-                return Err(if is_member {
-                    forbidden("only an owner or admin may unban")
-                } else {
-                    not_member()
-                });
-            }
-            Ok(Plan::Unban(
-                targets
-                    .iter()
-                    .filter(|t| t.banned)
-                    .map(|t| t.user.clone())
-                    .collect(),
-            ))
-        }
-        Op::SetRole => {
-            if !is_member {
-                return Err(not_member());
-            }
-            if !manager {
-                return Err(forbidden("only an owner or admin may change roles"));
-            }
-            if !matches!(req.role, Role::Member | Role::Admin) {
-                return Err(StoreError::BadRequest(
-                    "SET_ROLE gives MEMBER or ADMIN (use TRANSFER for the owner)".into(),
-                ));
-            }
-            if req.role > actor {
-                return Err(forbidden("you cannot give a role above your own"));
-            }
-            if let Some(t) = targets.iter().find(|t| t.role == Role::None) {
-                return Err(StoreError::BadRequest(format!(
-                    "{} is not a member of group {group_id}",
-                    t.user
-                )));
-            }
-            if let Some(t) = targets.iter().find(|t| t.role >= actor) {
-                return Err(forbidden(format!("{} has a role as high as yours", t.user)));
-            }
-            Ok(Plan::SetRoles(
-                targets
-                    .iter()
-                    .filter(|t| t.role != req.role)
-                    .map(|t| (t.user.clone(), req.role))
-                    .collect(),
-            ))
-        }
-        Op::Transfer => {
-            if !is_member {
-                return Err(not_member());
-            }
-            if actor != Role::Owner {
-                return Err(forbidden("only the owner may transfer ownership"));
-            }
-            let [t] = targets else {
-                return Err(StoreError::BadRequest(
-                    "TRANSFER names exactly one member".into(),
-                ));
-            };
-            if t.role == Role::None {
-                return Err(StoreError::BadRequest(format!(
-                    "{} is not a member of group {group_id}",
-                    t.user
-                )));
-            }
-            if t.user == req.actor {
-                return Ok(Plan::Nothing);
-            }
-            Ok(Plan::SetRoles(vec![
-                (t.user.clone(), Role::Owner),
-                (req.actor.clone(), Role::Admin),
-            ]))
-        }
+        Op::Join => d.join(),
+        Op::Add => d.add(),
+        Op::Leave => d.leave(),
+        Op::Remove | Op::Ban => d.remove(),
+        Op::Unban => d.unban(),
+        Op::SetRole => d.set_role(),
+        Op::Transfer => d.transfer(),
         Op::Dissolve => {
-            if !is_member {
-                return Err(not_member());
-            }
+            d.member()?;
             if actor != Role::Owner {
                 return Err(forbidden("only the owner may dissolve the group"));
             }
             Ok(Plan::Dissolve)
         }
+    }
+}
+
+/// One request on an existing group, with what [`decide`] knows of it.
+struct Decision<'a> {
+    group_id: &'a str,
+    req: &'a GroupRequest,
+    group: Group,
+    actor: Role,
+    targets: &'a [Target],
+}
+
+impl Decision<'_> {
+    fn not_member(&self) -> StoreError {
+        StoreError::NotMember(self.group_id.to_owned())
+    }
+
+    /// The actor must be a member.
+    fn member(&self) -> Result<(), StoreError> {
+        if self.actor == Role::None {
+            return Err(self.not_member());
+        }
+        Ok(())
+    }
+
+    /// The actor must be a member and an owner or admin (`what` they may do).
+    fn manager(&self, what: &str) -> Result<(), StoreError> {
+        self.member()?;
+        if self.actor < Role::Admin {
+            return Err(forbidden(format!("only an owner or admin may {what}")));
+        }
+        Ok(())
+    }
+
+    /// The named users, filtered.
+    fn users(&self, keep: impl Fn(&Target) -> bool) -> Vec<String> {
+        self.targets
+            .iter()
+            .filter(|t| keep(t))
+            .map(|t| t.user.clone())
+            .collect()
+    }
+
+    /// No named user may have a role as high as the actor's.
+    fn below_actor(&self) -> Result<(), StoreError> {
+        if let Some(t) = self.targets.iter().find(|t| t.role >= self.actor) {
+            return Err(forbidden(format!("{} has a role as high as yours", t.user)));
+        }
+        Ok(())
+    }
+
+    fn join(&self) -> Result<Plan, StoreError> {
+        let (group_id, req) = (self.group_id, self.req);
+        if self.actor != Role::None {
+            return Ok(Plan::Nothing);
+        }
+        if self.group.kind != Kind::Public {
+            return Err(forbidden(format!(
+                "group {group_id} is private: an owner or admin must add you"
+            )));
+        }
+        if self.targets.iter().any(|t| t.user == req.actor && t.banned) {
+            return Err(forbidden(format!("you are banned from group {group_id}")));
+        }
+        Ok(Plan::Add(vec![req.actor.clone()]))
+    }
+
+    fn add(&self) -> Result<Plan, StoreError> {
+        let group_id = self.group_id;
+        self.member()?;
+        let open = self.group.members_can_invite || self.group.kind == Kind::Public;
+        if self.actor < Role::Admin && !open {
+            return Err(forbidden(format!(
+                "only an owner or admin may add members to group {group_id}"
+            )));
+        }
+        let banned = self
+            .targets
+            .iter()
+            .find(|t| t.banned && t.role == Role::None);
+        if let Some(t) = banned {
+            return Err(forbidden(format!(
+                "{} is banned from group {group_id}",
+                t.user
+            )));
+        }
+        Ok(Plan::Add(self.users(|t| t.role == Role::None)))
+    }
+
+    fn leave(&self) -> Result<Plan, StoreError> {
+        self.member()?;
+        if self.actor == Role::Owner {
+            if self.group.size > 1 {
+                return Err(forbidden(
+                    "the owner must transfer ownership (or dissolve the group) before leaving",
+                ));
+            }
+            return Ok(Plan::Dissolve);
+        }
+        Ok(Plan::Remove {
+            members: vec![self.req.actor.clone()],
+            ban: Vec::new(),
+        })
+    }
+
+    /// REMOVE and BAN.
+    fn remove(&self) -> Result<Plan, StoreError> {
+        self.manager("remove or ban")?;
+        if let Some(t) = self.targets.iter().find(|t| t.user == self.req.actor) {
+            return Err(forbidden(format!(
+                "{} cannot remove or ban themselves: use LEAVE",
+                t.user
+            )));
+        }
+        self.below_actor()?;
+        let members = self.users(|t| t.role != Role::None);
+        let ban = if self.req.op == Op::Ban {
+            self.users(|t| !t.banned)
+        } else {
+            Vec::new()
+        };
+        Ok(Plan::Remove { members, ban })
+    }
+
+    fn unban(&self) -> Result<Plan, StoreError> {
+        if self.actor < Role::Admin {
+            return Err(if self.actor != Role::None {
+                forbidden("only an owner or admin may unban")
+            } else {
+                self.not_member()
+            });
+        }
+        Ok(Plan::Unban(self.users(|t| t.banned)))
+    }
+
+    fn set_role(&self) -> Result<Plan, StoreError> {
+        let role = self.req.role;
+        self.manager("change roles")?;
+        if !matches!(role, Role::Member | Role::Admin) {
+            return Err(StoreError::BadRequest(
+                "SET_ROLE gives MEMBER or ADMIN (use TRANSFER for the owner)".into(),
+            ));
+        }
+        if role > self.actor {
+            return Err(forbidden("you cannot give a role above your own"));
+        }
+        if let Some(t) = self.targets.iter().find(|t| t.role == Role::None) {
+            return Err(self.not_named_member(t));
+        }
+        self.below_actor()?;
+        Ok(Plan::SetRoles(
+            self.users(|t| t.role != role)
+                .into_iter()
+                .map(|u| (u, role))
+                .collect(),
+        ))
+    }
+
+    fn transfer(&self) -> Result<Plan, StoreError> {
+        self.member()?;
+        if self.actor != Role::Owner {
+            return Err(forbidden("only the owner may transfer ownership"));
+        }
+        let [t] = self.targets else {
+            return Err(StoreError::BadRequest(
+                "TRANSFER names exactly one member".into(),
+            ));
+        };
+        if t.role == Role::None {
+            return Err(self.not_named_member(t));
+        }
+        if t.user == self.req.actor {
+            return Ok(Plan::Nothing);
+        }
+        Ok(Plan::SetRoles(vec![
+            (t.user.clone(), Role::Owner),
+            (self.req.actor.clone(), Role::Admin),
+        ]))
+    }
+
+    /// A named user who should be a member is not.
+    fn not_named_member(&self, t: &Target) -> StoreError {
+        StoreError::BadRequest(format!(
+            "{} is not a member of group {}",
+            t.user, self.group_id
+        ))
     }
 }
 

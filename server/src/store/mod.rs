@@ -8,7 +8,9 @@
 pub mod access;
 mod batch;
 pub mod health;
+pub mod membership;
 mod postgres;
+mod postgres_commit;
 mod sql;
 mod sqlite;
 mod sqlite_commit;
@@ -466,7 +468,29 @@ pub trait Store: Send + Sync + 'static {
         cursors: &[(String, u64)],
         limit: u32,
         max_bytes: usize,
-    ) -> Result<(Vec<StoredMessage>, bool), StoreError>;
+    ) -> Result<(Vec<StoredMessage>, bool), StoreError> {
+        // Every conversation of the user gets an explicit cursor (the device's, 0
+        // without one), which overrides the user's stored cursor; the request's own
+        // cursors win over both.
+        let stored = self.device_delivered(user_id, device_id).await?;
+        let given: std::collections::HashSet<&str> =
+            cursors.iter().map(|(c, _)| c.as_str()).collect();
+        let mut all: Vec<(String, u64)> = cursors.to_vec();
+        all.extend(
+            stored
+                .into_iter()
+                .filter(|(c, _)| !given.contains(c.as_str())),
+        );
+        self.sync_page(user_id, &all, limit, max_bytes).await
+    }
+
+    /// The device's delivered cursor in each of the user's conversations (one-to-one
+    /// and current groups), 0 where it has none.
+    async fn device_delivered(
+        &self,
+        user_id: &str,
+        device_id: &str,
+    ) -> Result<Vec<(String, u64)>, StoreError>;
 
     /// Messages of one conversation before `before_seq` (0: from the end), newest
     /// first, at most `limit` and stopping before `max_bytes` (as [`Store::sync_page`];

@@ -7,8 +7,8 @@ use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool, Postgres};
 
-use super::sql::{sql_commit_impl, sql_store_impl};
-use super::{Committed, CursorUpdate, NewMessage};
+use super::sql::{settle, Backend};
+use super::{postgres_commit, Committed, CursorUpdate, NewMessage};
 use super::{StoreError, Timeouts};
 
 /// The Postgres store.
@@ -71,11 +71,20 @@ impl PgStore {
             read: pool,
         })
     }
+}
+
+impl Backend for PgStore {
+    type DB = Postgres;
+    const NAME: &'static str = "postgres";
+
+    fn read(&self) -> &PgPool {
+        &self.read
+    }
 
     /// A pooled connection for a write, checked to be outside any transaction (a write
     /// cancelled by the writer's time bound leaves its rollback to the pool; should one
     /// still be open, the connection is closed and another taken).
-    pub(crate) async fn writer(&self) -> Result<PoolConnection<Postgres>, StoreError> {
+    async fn writer(&self) -> Result<PoolConnection<Postgres>, StoreError> {
         let conn = self.write.acquire().await?;
         if !sqlx::Connection::is_in_transaction(&*conn) {
             return Ok(conn);
@@ -86,28 +95,14 @@ impl PgStore {
         Ok(self.write.acquire().await?)
     }
 
-    /// After a failed write: the connection's state is in doubt, so it is closed rather
-    /// than returned to the pool.
-    pub(crate) async fn discard_writer(&self, conn: PoolConnection<Postgres>) {
-        metrics::counter!("im_store_connection_resets_total").increment(1);
-        let _ = conn.close().await;
-    }
-
-    /// One batch commit ([`Store::commit_batch`](super::Store::commit_batch)) on a
-    /// checked writer connection, discarded when the commit fails.
+    /// One batch commit on a checked writer connection, discarded when it fails.
     async fn commit(
         &self,
         messages: &[NewMessage],
         cursors: &[CursorUpdate],
     ) -> Result<Vec<Committed>, StoreError> {
         let mut conn = self.writer().await?;
-        let out = Self::commit_batch_on(&mut conn, messages, cursors).await;
-        if out.is_err() {
-            self.discard_writer(conn).await;
-        }
-        out
+        let out = postgres_commit::commit_batch(&mut conn, messages, cursors).await;
+        settle(conn, out).await
     }
 }
-
-sql_store_impl!(PgStore, Postgres, "postgres");
-sql_commit_impl!(PgStore, Postgres);

@@ -16,7 +16,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Sqlite, SqlitePool};
 
-use super::sql::sql_store_impl;
+use super::sql::Backend;
 use super::sqlite_commit::CommitThread;
 use super::{Committed, CursorUpdate, NewMessage};
 use super::{StoreError, Timeouts};
@@ -80,6 +80,15 @@ impl SqliteStore {
             commits,
         })
     }
+}
+
+impl Backend for SqliteStore {
+    type DB = Sqlite;
+    const NAME: &'static str = "sqlite";
+
+    fn read(&self) -> &SqlitePool {
+        &self.read
+    }
 
     /// The writer connection, checked to be outside any transaction.
     ///
@@ -93,7 +102,7 @@ impl SqliteStore {
     /// So before each write: SQLite's own autocommit flag must say no transaction is open
     /// and sqlx's counter must be 0; otherwise the connection is closed (rolling back
     /// whatever it held, none of it acked) and a fresh one is opened.
-    pub(crate) async fn writer(&self) -> Result<PoolConnection<Sqlite>, StoreError> {
+    async fn writer(&self) -> Result<PoolConnection<Sqlite>, StoreError> {
         let mut conn = self.write.acquire().await?;
         if outside_transaction(&mut conn).await? {
             return Ok(conn);
@@ -110,15 +119,7 @@ impl SqliteStore {
         Err(sqlx::Error::Protocol("a new writer connection is inside a transaction".into()).into())
     }
 
-    /// After a failed write: the connection's state is in doubt, so it is closed (its
-    /// open transaction, if any, rolls back) and the next write opens a new one.
-    pub(crate) async fn discard_writer(&self, conn: PoolConnection<Sqlite>) {
-        metrics::counter!("im_store_connection_resets_total").increment(1);
-        let _ = conn.close().await;
-    }
-
-    /// One batch commit ([`Store::commit_batch`](super::Store::commit_batch)), on the
-    /// commit thread.
+    /// One batch commit, on the commit thread.
     async fn commit(
         &self,
         messages: &[NewMessage],
@@ -140,5 +141,3 @@ async fn outside_transaction(conn: &mut sqlx::SqliteConnection) -> Result<bool, 
         unsafe { libsqlite3_sys::sqlite3_get_autocommit(handle.as_raw_handle().as_ptr()) };
     Ok(autocommit != 0)
 }
-
-sql_store_impl!(SqliteStore, Sqlite, "sqlite");

@@ -5,7 +5,7 @@
 //! runtime and a worker thread per statement (sqlx's SQLite driver), which was most of
 //! a paced one-to-one message's CPU.
 //!
-//! The transaction is the one `store::sql` runs on Postgres, statement for statement:
+//! The transaction is the one `store::postgres_commit` runs on Postgres, statement for statement:
 //! dedup by (sender, conversation, client_msg_id), a gapless seq range per conversation,
 //! the one-to-one parties' conversation list rows, the messages, RECALL/EDIT changes,
 //! the sender's read cursor, then the device and user delivery cursors, forward only.
@@ -22,7 +22,10 @@ use std::time::Duration;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 use tokio::sync::oneshot;
 
-use super::{batch, Committed, CursorUpdate, MessageRef, NewMessage, StoreError};
+use im_proto::MessageType;
+
+use super::batch::{self, Change};
+use super::{Committed, CursorUpdate, NewMessage, StoreError};
 
 /// Batches that may wait for the thread (the persistence writer waits for each; more
 /// pile up only behind a commit it gave up on).
@@ -30,9 +33,6 @@ const QUEUE: usize = 4;
 
 /// Prepared statements kept by the connection.
 const STATEMENT_CACHE: usize = 32;
-
-/// A one-to-one conversation's two users.
-type Parties = (String, String);
 
 /// The submitting side of the commit thread; dropping it ends the thread.
 pub(crate) struct CommitThread {
@@ -135,118 +135,22 @@ pub(crate) fn commit_batch(
 ) -> Result<Vec<Committed>, StoreError> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let now = im_proto::now_ms();
-
-    // 1. Dedup: decide new versus duplicate (stored before, or earlier in this batch),
-    //    and count the new messages per conversation.
-    let mut results: Vec<Option<Committed>> = vec![None; messages.len()];
-    let mut fresh: Vec<usize> = Vec::with_capacity(messages.len());
-    let mut first_of: HashMap<(&str, &str, &str), usize> = HashMap::new();
-    let mut dup_of: Vec<(usize, usize)> = Vec::new();
-    // Per conversation: its new messages, and its parties when one-to-one.
-    let mut counts: BTreeMap<&str, (u64, Option<&Parties>)> = BTreeMap::new();
-    for (i, m) in messages.iter().enumerate() {
-        if !m.client_msg_id.is_empty() {
-            let key = (
-                m.sender.as_str(),
-                m.conversation_id.as_str(),
-                m.client_msg_id.as_str(),
-            );
-            if let Some(&j) = first_of.get(&key) {
-                dup_of.push((i, j));
-                continue;
-            }
-            if let Some(stored) = stored_duplicate(&tx, m)? {
-                results[i] = Some(stored);
-                continue;
-            }
-            first_of.insert(key, i);
-        }
-        fresh.push(i);
-        counts
-            .entry(m.conversation_id.as_str())
-            .or_insert((0, m.direct.as_ref()))
-            .0 += 1;
-    }
-
-    // 2. Seqs: reserve a gapless range per conversation, in conversation order.
-    let mut next: HashMap<&str, u64> = HashMap::with_capacity(counts.len());
-    let mut created: Vec<(&str, &str)> = Vec::new();
-    {
-        let mut reserve = tx.prepare_cached(
-            "INSERT INTO conversations (conversation_id, last_seq, last_time) VALUES (?1, ?2, ?3) \
-             ON CONFLICT (conversation_id) DO UPDATE \
-             SET last_seq = conversations.last_seq + excluded.last_seq, \
-             last_time = excluded.last_time RETURNING last_seq",
-        )?;
-        for (&conv, &(n, direct)) in &counts {
-            let last: i64 = reserve.query_row(params![conv, n as i64, now], |r| r.get(0))?;
-            next.insert(conv, last as u64 + 1 - n);
-            if let Some((a, b)) = direct {
-                // A one-to-one conversation: recorded for both parties, with its last
-                // activity (the conversation list's order).
-                created.push((a.as_str(), conv));
-                created.push((b.as_str(), conv));
-            }
-        }
-    }
-    created.sort_unstable();
-    created.dedup();
-    {
-        let mut listed = tx.prepare_cached(
-            "INSERT INTO user_conversations (user_id, conversation_id, last_time) \
-             VALUES (?1, ?2, ?3) ON CONFLICT (user_id, conversation_id) DO UPDATE \
-             SET last_time = excluded.last_time",
-        )?;
-        for (user, conv) in &created {
-            listed.execute(params![user, conv, now])?;
-        }
-    }
-    batch::assign_seqs(messages, &fresh, &mut next, &mut results, now);
-
-    // 3. The new messages. One stored meanwhile by the store's other connection loses
-    //    here instead of failing the batch; it is re-read and acked as a duplicate.
-    {
-        let mut insert = tx.prepare_cached(
-            "INSERT INTO messages (conversation_id, seq, msg_id, sender, client_msg_id, \
-             msg_type, payload, send_time) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
-             ON CONFLICT DO NOTHING",
-        )?;
-        for &i in &fresh {
-            let m = &messages[i];
-            let seq = results[i].as_ref().map_or(0, |c| c.seq as i64);
-            let client = (!m.client_msg_id.is_empty()).then_some(m.client_msg_id.as_str());
-            let stored = insert.execute(params![
-                m.conversation_id,
-                seq,
-                m.msg_id,
-                m.sender,
-                client,
-                m.msg_type,
-                m.payload.as_ref(),
-                now
-            ])?;
-            if stored == 1 {
-                continue;
-            }
-            let stored = stored_duplicate(&tx, m)?.ok_or(rusqlite::Error::QueryReturnedNoRows)?;
-            results[i] = Some(stored);
-        }
-    }
-    batch::mark_duplicates(&mut results, &dup_of);
-
+    // 1. Dedup: new versus duplicate (stored before, or earlier in this batch).
+    let mut sorted = batch::sort(messages, |m| stored_duplicate(&tx, m))?;
+    // 2. Seqs: a gapless range per conversation, in conversation order.
+    let mut next = reserve_seqs(&tx, &sorted.counts, now)?;
+    list_direct(&tx, &batch::direct_rows(&sorted.counts), now)?;
+    batch::assign_seqs(messages, &sorted.fresh, &mut next, &mut sorted.results, now);
+    // 3. The new messages.
+    insert_messages(&tx, messages, &mut sorted, now)?;
+    batch::mark_duplicates(&mut sorted.results, &sorted.dup_of);
     // 4. RECALL and EDIT events change the message they name, in seq order.
-    for &i in &fresh {
-        let m = &messages[i];
-        if let (Some(r), Some(c)) = (m.reference.as_ref(), results[i].as_ref()) {
-            if !c.duplicate {
-                apply_change(&tx, m, r, c.seq, now)?;
-            }
-        }
+    for change in batch::changes(messages, &sorted) {
+        apply_change(&tx, &change, now)?;
     }
-
     // 5. A sender has read their own messages: the read cursor moves to the last seq
     //    they sent in each conversation (forward only).
-    let own = batch::own_read_cursors(messages, &results);
+    let own = batch::own_read_cursors(messages, &sorted.results);
     if !own.is_empty() {
         let mut read = tx.prepare_cached(
             "INSERT INTO conversation_state (user_id, conversation_id, read_seq, read_time) \
@@ -258,42 +162,117 @@ pub(crate) fn commit_batch(
             read.execute(params![user, conv, seq, now])?;
         }
     }
-
-    // 6. Delivery cursors, forward only: each device's, and the user's (the furthest of
-    //    their devices).
+    // 6. Delivery cursors, forward only.
     if !cursors.is_empty() {
-        let mut devices: BTreeMap<(&str, &str, &str), u64> = BTreeMap::new();
-        for c in cursors {
-            let d = devices
-                .entry((
-                    c.user_id.as_str(),
-                    c.device_id.as_str(),
-                    c.conversation_id.as_str(),
-                ))
-                .or_insert(0);
-            *d = (*d).max(c.seq);
-        }
-        let mut device = tx.prepare_cached(
-            "INSERT INTO device_cursors (user_id, device_id, conversation_id, delivered_seq) \
-             VALUES (?1, ?2, ?3, ?4) ON CONFLICT (user_id, device_id, conversation_id) \
-             DO UPDATE SET delivered_seq = excluded.delivered_seq \
-             WHERE excluded.delivered_seq > device_cursors.delivered_seq",
-        )?;
-        for ((user, dev, conv), seq) in &devices {
-            device.execute(params![user, dev, conv, *seq as i64])?;
-        }
-        let mut user = tx.prepare_cached(
-            "INSERT INTO cursors (user_id, conversation_id, seq) VALUES (?1, ?2, ?3) \
-             ON CONFLICT (user_id, conversation_id) DO UPDATE SET seq = excluded.seq \
-             WHERE excluded.seq > cursors.seq",
-        )?;
-        for ((u, conv), seq) in &batch::furthest_cursors(cursors) {
-            user.execute(params![u, conv, *seq as i64])?;
-        }
+        delivery_cursors(&tx, cursors)?;
     }
-
     tx.commit()?;
-    Ok(batch::answers(results, now))
+    Ok(batch::answers(sorted.results, now))
+}
+
+/// Reserves each conversation's range of seqs (`counts`, in conversation order): the
+/// first seq of each range.
+fn reserve_seqs<'a>(
+    tx: &rusqlite::Transaction<'_>,
+    counts: &BTreeMap<&'a str, (u64, Option<&batch::Parties>)>,
+    now: i64,
+) -> Result<HashMap<&'a str, u64>, StoreError> {
+    let mut next = HashMap::with_capacity(counts.len());
+    let mut reserve = tx.prepare_cached(
+        "INSERT INTO conversations (conversation_id, last_seq, last_time) VALUES (?1, ?2, ?3) \
+         ON CONFLICT (conversation_id) DO UPDATE \
+         SET last_seq = conversations.last_seq + excluded.last_seq, \
+         last_time = excluded.last_time RETURNING last_seq",
+    )?;
+    for (&conv, &(n, _)) in counts {
+        let last: i64 = reserve.query_row(params![conv, n as i64, now], |r| r.get(0))?;
+        next.insert(conv, last as u64 + 1 - n);
+    }
+    Ok(next)
+}
+
+/// A one-to-one conversation is listed for both parties, with its last activity (the
+/// conversation list's order).
+fn list_direct(
+    tx: &rusqlite::Transaction<'_>,
+    rows: &[(&str, &str)],
+    now: i64,
+) -> Result<(), StoreError> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let mut listed = tx.prepare_cached(
+        "INSERT INTO user_conversations (user_id, conversation_id, last_time) \
+         VALUES (?1, ?2, ?3) ON CONFLICT (user_id, conversation_id) DO UPDATE \
+         SET last_time = excluded.last_time",
+    )?;
+    for (user, conv) in rows {
+        listed.execute(params![user, conv, now])?;
+    }
+    Ok(())
+}
+
+/// Inserts the new messages at their seqs. One stored meanwhile by the store's other
+/// connection loses here instead of failing the batch; it is re-read and acked as a
+/// duplicate.
+fn insert_messages(
+    tx: &rusqlite::Transaction<'_>,
+    messages: &[NewMessage],
+    sorted: &mut batch::Sorted<'_>,
+    now: i64,
+) -> Result<(), StoreError> {
+    let mut insert = tx.prepare_cached(
+        "INSERT INTO messages (conversation_id, seq, msg_id, sender, client_msg_id, \
+         msg_type, payload, send_time) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
+         ON CONFLICT DO NOTHING",
+    )?;
+    for &i in &sorted.fresh {
+        let m = &messages[i];
+        let seq = sorted.results[i].as_ref().map_or(0, |c| c.seq as i64);
+        let client = (!m.client_msg_id.is_empty()).then_some(m.client_msg_id.as_str());
+        let stored = insert.execute(params![
+            m.conversation_id,
+            seq,
+            m.msg_id,
+            m.sender,
+            client,
+            m.msg_type,
+            m.payload.as_ref(),
+            now
+        ])?;
+        if stored == 1 {
+            continue;
+        }
+        let stored = stored_duplicate(tx, m)?.ok_or(rusqlite::Error::QueryReturnedNoRows)?;
+        sorted.results[i] = Some(stored);
+    }
+    Ok(())
+}
+
+/// Each device's delivery cursor and each user's (the furthest of their devices).
+fn delivery_cursors(
+    tx: &rusqlite::Transaction<'_>,
+    cursors: &[CursorUpdate],
+) -> Result<(), StoreError> {
+    let (users, devices) = batch::delivery_cursors(cursors);
+    let mut device = tx.prepare_cached(
+        "INSERT INTO device_cursors (user_id, device_id, conversation_id, delivered_seq) \
+         VALUES (?1, ?2, ?3, ?4) ON CONFLICT (user_id, device_id, conversation_id) \
+         DO UPDATE SET delivered_seq = excluded.delivered_seq \
+         WHERE excluded.delivered_seq > device_cursors.delivered_seq",
+    )?;
+    for (((user, dev), conv), seq) in &devices {
+        device.execute(params![user, dev, conv, *seq as i64])?;
+    }
+    let mut user = tx.prepare_cached(
+        "INSERT INTO cursors (user_id, conversation_id, seq) VALUES (?1, ?2, ?3) \
+         ON CONFLICT (user_id, conversation_id) DO UPDATE SET seq = excluded.seq \
+         WHERE excluded.seq > cursors.seq",
+    )?;
+    for ((u, conv), seq) in &users {
+        user.execute(params![u, conv, *seq as i64])?;
+    }
+    Ok(())
 }
 
 /// The stored message with `m`'s (sender, conversation, client_msg_id), as a duplicate's
@@ -321,59 +300,60 @@ fn stored_duplicate(
     Ok(found)
 }
 
-/// Applies a committed RECALL or EDIT event (at `seq`) to the message it names: the
-/// event row gets its reference; a recall empties the original (and the EDIT events of
-/// it), an edit replaces its payload unless it was recalled meanwhile (then the EDIT
-/// event itself is emptied, so a reader never finds the recalled text in it).
+/// Applies a committed RECALL or EDIT event to the message it names: the event row
+/// gets its reference; a recall empties the original (and the EDIT events of it), an
+/// edit replaces its payload unless it was recalled meanwhile (then the EDIT event
+/// itself is emptied, so a reader never finds the recalled text in it).
 fn apply_change(
     tx: &rusqlite::Transaction<'_>,
-    m: &NewMessage,
-    r: &MessageRef,
-    seq: u64,
+    c: &Change<'_>,
     now: i64,
 ) -> Result<(), StoreError> {
-    let conv = m.conversation_id.as_str();
-    let target = r.seq.min(i64::MAX as u64) as i64;
+    let (m, conv, target) = (c.event, c.event.conversation_id.as_str(), c.target_seq());
     let empty: &[u8] = &[];
     tx.prepare_cached(
         "UPDATE messages SET ref_seq = ?3, ref_msg_id = ?4 \
          WHERE conversation_id = ?1 AND seq = ?2",
     )?
-    .execute(params![conv, seq as i64, target, r.msg_id])?;
-    if m.msg_type == im_proto::MessageType::Recall as i32 {
-        tx.prepare_cached(
-            "UPDATE messages SET state = 2, payload = ?4, edit_time = 0 \
-             WHERE conversation_id = ?1 AND seq = ?2 AND msg_id = ?3 \
-             AND msg_type NOT IN (3, 4, 5)",
-        )?
-        .execute(params![conv, target, r.msg_id, empty])?;
-        tx.prepare_cached(
-            "UPDATE messages SET state = 2, payload = ?3 \
-             WHERE conversation_id = ?1 AND ref_seq = ?2 AND ref_seq > 0 AND msg_type = 5",
-        )?
-        .execute(params![conv, target, empty])?;
-    } else if m.msg_type == im_proto::MessageType::Edit as i32 {
-        let changed = tx
-            .prepare_cached(
-                "UPDATE messages SET state = 1, payload = ?4, edit_time = ?5 \
+    .execute(params![conv, c.seq, target, c.target.msg_id])?;
+    match c.kind() {
+        Some(MessageType::Recall) => {
+            tx.prepare_cached(
+                "UPDATE messages SET state = 2, payload = ?4, edit_time = 0 \
                  WHERE conversation_id = ?1 AND seq = ?2 AND msg_id = ?3 \
-                 AND sender = ?6 AND state <> 2 AND msg_type NOT IN (3, 4, 5)",
+                 AND msg_type NOT IN (3, 4, 5)",
             )?
-            .execute(params![
-                conv,
-                target,
-                r.msg_id,
-                m.payload.as_ref(),
-                now,
-                m.sender
-            ])?;
-        if changed == 0 {
+            .execute(params![conv, target, c.target.msg_id, empty])?;
             tx.prepare_cached(
                 "UPDATE messages SET state = 2, payload = ?3 \
-                 WHERE conversation_id = ?1 AND seq = ?2",
+                 WHERE conversation_id = ?1 AND ref_seq = ?2 AND ref_seq > 0 AND msg_type = 5",
             )?
-            .execute(params![conv, seq as i64, empty])?;
+            .execute(params![conv, target, empty])?;
         }
+        Some(MessageType::Edit) => {
+            let changed = tx
+                .prepare_cached(
+                    "UPDATE messages SET state = 1, payload = ?4, edit_time = ?5 \
+                     WHERE conversation_id = ?1 AND seq = ?2 AND msg_id = ?3 \
+                     AND sender = ?6 AND state <> 2 AND msg_type NOT IN (3, 4, 5)",
+                )?
+                .execute(params![
+                    conv,
+                    target,
+                    c.target.msg_id,
+                    m.payload.as_ref(),
+                    now,
+                    m.sender
+                ])?;
+            if changed == 0 {
+                tx.prepare_cached(
+                    "UPDATE messages SET state = 2, payload = ?3 \
+                     WHERE conversation_id = ?1 AND seq = ?2",
+                )?
+                .execute(params![conv, c.seq, empty])?;
+            }
+        }
+        _ => {}
     }
     Ok(())
 }

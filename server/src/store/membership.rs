@@ -1,6 +1,8 @@
-//! Relation stage: who may post to a conversation and who receives it. Owns the group
-//! membership cache: loaded from the store on first use, patched by the persistence
-//! writer after each committed group change, bounded (least recently used entries go
+//! Group membership in front of the store: who may post to a group conversation and
+//! who receives it (read by the pipeline's relation stage and the persistence writer;
+//! the cluster evicts what other nodes changed). Owns the group membership cache:
+//! loaded from the store on first use, patched by the persistence writer after each
+//! committed group change, bounded (least recently used entries go
 //! first) and versioned by the group's change seq, so a stale load or a late patch never
 //! replaces a newer list. In cluster mode an entry older than its time to live is read
 //! again, so a lost invalidation from another node is repaired within that time.
@@ -12,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use crate::store::{Store, StoreError};
+use super::{Store, StoreError};
 
 /// Sorted member list of one group, shared by every delivery that uses it.
 pub type Members = Arc<[String]>;
