@@ -22,8 +22,8 @@ use im_proto::{frame, send, Body, ChatMessage, Frame, Message, MessageType, Send
 use im_server::config::Config;
 use im_server::flow::{self, OutFrame, Outbound, OutboundRx};
 use im_server::obs::Metrics;
-use im_server::pipeline::relation::Members;
-use im_server::pipeline::route::{Delivery, Recipients, Router};
+use im_server::route::{Delivery, Recipients, Router};
+use im_server::store::membership::Members;
 
 // The server's allocator: allocation is a good part of the path being counted.
 #[global_allocator]

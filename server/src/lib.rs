@@ -1,8 +1,9 @@
 //! im-server: an observability-first IM server (WebSocket + protobuf).
 //!
-//! The message path, one module per stage or concern: `gateway` (accept, read and write
-//! loops) -> `pipeline` (validate, relation, persist, route) -> `flow` (outbound queues)
-//! -> back out through `gateway`. `store` holds durable state, `obs` the metrics,
+//! The message path, one module per stage or concern, in the order a message takes:
+//! `gateway` (accept, read and write loops) -> `pipeline` (per-frame checks and
+//! handlers) -> `persist` (the writer: commit, then ack) -> `route` (fan-out, presence,
+//! receipts) -> `flow` (outbound queues) -> back out through `gateway`. `store` holds durable state, `obs` the metrics,
 //! `admin` the admin API, `config` the typed config and `auth` tokens and secrets;
 //! `cluster` links the node to the others and `route_api` answers `GET /v1/route`.
 //! [`Node::start`] wires them together. Which module may call which is in
@@ -16,7 +17,9 @@ pub mod flow;
 pub mod gateway;
 pub mod listen;
 pub mod obs;
+pub mod persist;
 pub mod pipeline;
+pub mod route;
 pub mod route_api;
 pub mod store;
 
@@ -34,8 +37,8 @@ use auth::Secrets;
 use config::Config;
 use gateway::{Connections, Gateway};
 use obs::Metrics;
-use pipeline::relation::Relations;
 use pipeline::Pipeline;
+use store::membership::Relations;
 use store::Store;
 
 /// One running node: every long-lived part, owned here and shared by reference.
@@ -240,7 +243,7 @@ impl Node {
             relations.clone(),
             cluster
                 .as_ref()
-                .map(|c| c.link.clone() as Arc<dyn pipeline::route::Peers>),
+                .map(|c| c.link.clone() as Arc<dyn route::Peers>),
             &config,
             metrics.clone(),
         );

@@ -14,10 +14,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use im_proto::{Body, ErrorCode, Frame, Message as _, MessageType};
 
-use super::persist::{PersistReq, WriteReq};
-use super::route::Recipients;
-use super::{relation, Pipeline, MAX_CLIENT_MSG_ID};
+use super::{Pipeline, MAX_CLIENT_MSG_ID};
 use crate::flow::{CloseReason, Outbound};
+use crate::persist::{PersistReq, WriteReq};
+use crate::route::Recipients;
+use crate::store::membership as relation;
 use crate::store::NewMessage;
 
 /// The reserved sender of server-written SYSTEM messages to users and groups. No client

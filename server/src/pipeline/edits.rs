@@ -16,9 +16,10 @@ use im_proto::{
     FetchHistory, HistoryPage, MessageState, MessageType, Recall,
 };
 
-use super::persist::{HideReq, PersistReq, WriteReq};
-use super::route::Recipients;
-use super::{relation, Pipeline, Refusal, Session, DEFAULT_SYNC_LIMIT, MAX_CLIENT_MSG_ID};
+use super::{Pipeline, Refusal, Session, DEFAULT_SYNC_LIMIT, MAX_CLIENT_MSG_ID};
+use crate::persist::{HideReq, PersistReq, WriteReq};
+use crate::route::Recipients;
+use crate::store::membership as relation;
 use crate::store::{HiddenMessage, MessageMeta, MessageRef, NewMessage};
 
 /// Longest msg_id a Recall or Edit may name, in bytes.

@@ -2,7 +2,7 @@
 //! (`PresenceSubscribe`), hiding one's presence (`SetPresence`, kept in the store's
 //! `presence_settings` through the persistence writer) and typing notices (`Typing`,
 //! pushed and forgotten). This module owns the three handlers and their per-connection
-//! rate limits; the subscriber table is `pipeline::presence`'s, owned by the router,
+//! rate limits; the subscriber table is `route::presence`'s, owned by the router,
 //! and typing reaches other nodes through the router's ephemeral forwarding.
 
 use std::time::{Duration, Instant};
@@ -12,9 +12,10 @@ use im_proto::{
     SetPresence, Typing,
 };
 
-use super::persist::WriteReq;
-use super::{relation, Pipeline, Refusal, Session, TokenBucket};
+use super::{Pipeline, Refusal, Session, TokenBucket};
 use crate::config::Limits;
+use crate::persist::WriteReq;
+use crate::store::membership as relation;
 
 /// The per-connection token buckets of the live frames.
 #[derive(Debug)]

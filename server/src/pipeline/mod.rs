@@ -1,5 +1,6 @@
-//! Pipeline: the stages a logged-in client's frame goes through after decode
-//! auth (the session), validate, relation, persist, route. Group operations are checked
+//! Pipeline: the stages a logged-in client's frame goes through after decode: auth (the
+//! session), validate, relation, then the hand-off of every write to the writer
+//! (`persist`), which commits and hands the result to the router (`route`). Group operations are checked
 //! for shape and rate here; who may do what is decided by the store in the change's
 //! transaction (`store::access`).
 //! [`Pipeline::handle`] is called by the gateway's read loop, one frame at a time per
@@ -8,29 +9,30 @@
 pub mod announce;
 mod edits;
 pub mod live;
-pub mod persist;
-pub mod presence;
 pub mod reads;
-pub mod receipts;
-pub mod relation;
-pub mod route;
+
+pub use crate::persist::Refusal;
+// The old paths of the router and the membership cache, for `cluster` until it names
+// `crate::route` and `crate::store::membership` itself.
+pub use crate::route;
+pub use crate::store::membership as relation;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use im_proto::{
-    error_frame, frame, group_op, parse_conversation, send, Body, ConversationRef, DeliverAck,
-    ErrorCode, Frame, GroupOp, GroupOpOk, MessageType, Pong, Send, SyncRequest, SyncResponse,
+    frame, group_op, parse_conversation, send, Body, ConversationRef, DeliverAck, ErrorCode, Frame,
+    GroupOp, GroupOpOk, MessageType, Pong, Send, SyncRequest, SyncResponse,
 };
 
 use crate::config::Limits;
 use crate::flow::Outbound;
 use crate::obs::runtime::{spawn, Task};
 use crate::obs::{Metrics, Stage};
-use crate::store::{CursorUpdate, GroupRequest, NewMessage, Store, StoreError, StoreHealth};
-use persist::{PersistHandle, PersistReq, WriteReq};
-use relation::Relations;
-use route::Recipients;
+use crate::persist::{self, PersistHandle, PersistReq, WriteReq};
+use crate::route::{receipts, Recipients};
+use crate::store::membership::Relations;
+use crate::store::{CursorUpdate, GroupRequest, NewMessage, Store, StoreHealth};
 
 /// Longest accepted client_msg_id, in bytes.
 pub const MAX_CLIENT_MSG_ID: usize = 128;
@@ -155,94 +157,6 @@ impl Session {
 
     fn reply(&self, f: &Frame) {
         self.out.push(im_proto::encode(f), true);
-    }
-}
-
-/// A frame the pipeline refused; the gateway sends it as `Error` and counts it.
-#[derive(Debug, Clone)]
-pub struct Refusal {
-    /// The error code.
-    pub code: ErrorCode,
-    /// Human-readable message.
-    pub message: String,
-    /// Retry hint (OVERLOADED).
-    pub retry_after_ms: u32,
-    /// `im_bad_frames_total` reason, when it counts as bad input.
-    pub bad_reason: Option<&'static str>,
-}
-
-impl Refusal {
-    fn bad(message: impl Into<String>) -> Self {
-        Refusal {
-            code: ErrorCode::BadFrame,
-            message: message.into(),
-            retry_after_ms: 0,
-            bad_reason: Some("protocol"),
-        }
-    }
-
-    fn code(code: ErrorCode, message: impl Into<String>, bad_reason: Option<&'static str>) -> Self {
-        Refusal {
-            code,
-            message: message.into(),
-            retry_after_ms: 0,
-            bad_reason,
-        }
-    }
-
-    fn store(e: StoreError) -> Self {
-        match e {
-            StoreError::GroupNotFound(g) => {
-                Refusal::code(ErrorCode::NotFound, format!("group {g} not found"), None)
-            }
-            StoreError::NotMember(g) => Refusal::code(
-                ErrorCode::NotMember,
-                format!("not a member of group {g}"),
-                Some("not_member"),
-            ),
-            StoreError::GroupExists(g) => Refusal::bad(format!("group {g} already exists")),
-            StoreError::GroupFull(g, n) => {
-                Refusal::bad(format!("group {g} would exceed {n} members"))
-            }
-            StoreError::Forbidden(m) => Refusal::code(ErrorCode::Forbidden, m, Some("forbidden")),
-            StoreError::BadRequest(m) => Refusal::bad(m),
-            StoreError::Unavailable(reason) => Refusal {
-                code: ErrorCode::Overloaded,
-                message: format!("store unavailable ({reason}), retry"),
-                retry_after_ms: 1000,
-                bad_reason: None,
-            },
-            e @ StoreError::Timeout(_) => Refusal {
-                code: ErrorCode::Overloaded,
-                message: format!("{e}, retry"),
-                retry_after_ms: 1000,
-                bad_reason: None,
-            },
-            other => {
-                tracing::error!(error = %other, "store error");
-                Refusal::code(ErrorCode::Internal, "internal error", None)
-            }
-        }
-    }
-
-    /// A Send the store cannot take now (a store fault or low disk, `reason`):
-    /// OVERLOADED, retried by the client with the same client_msg_id.
-    pub(crate) fn store_unavailable(reason: &str, retry_after_ms: u32) -> Self {
-        Refusal {
-            code: ErrorCode::Overloaded,
-            message: format!("store unavailable ({reason}), retry with the same client_msg_id"),
-            retry_after_ms,
-            bad_reason: None,
-        }
-    }
-
-    /// The `Error` frame for this refusal.
-    pub fn to_frame(&self, req_id: u64) -> Frame {
-        let mut f = error_frame(req_id, self.code, self.message.clone());
-        if let Some(Body::Error(e)) = f.body.as_mut() {
-            e.retry_after_ms = self.retry_after_ms;
-        }
-        f
     }
 }
 

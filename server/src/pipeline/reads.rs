@@ -11,9 +11,9 @@ use im_proto::{
     frame, Body, ConversationList, ErrorCode, ListConversations, MarkRead, SetConversationFlags,
 };
 
-use super::persist::{StateReq, WriteReq};
 use super::{Pipeline, Refusal, Session, TokenBucket};
 use crate::config::Limits;
+use crate::persist::{StateReq, WriteReq};
 use crate::store::{FlagsUpdate, ListAfter, ReadUpdate};
 
 /// The device of a Login that names none.

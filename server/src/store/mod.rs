@@ -8,6 +8,7 @@
 pub mod access;
 mod batch;
 pub mod health;
+pub mod membership;
 mod postgres;
 mod sql;
 mod sqlite;

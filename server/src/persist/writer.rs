@@ -1,308 +1,25 @@
-//! Persist stage: the dedicated writer that owns every store mutation. Sends, cursor
-//! updates and group changes arrive on one bounded queue; sends are committed in groups
-//! (a batch closes at `persist.batch_max` messages or after `persist.batch_wait_ms`), and
-//! only then are SendAcks queued and the messages handed to the router, in commit order.
-//! Just before a batch commits, each group message's sender and recipients are checked
-//! again against the membership cache, which this writer patches after every group
-//! change it commits: a member removed after their Send was validated gets NOT_MEMBER,
-//! and nobody removed before the commit receives the message. A group change's SYSTEM
-//! event goes to the members after the change and to those it removed. MarkReads and
-//! conversation flags (`WriteReq::State`) are committed together after the batch, each
-//! answered `Done` then; read cursors that moved go to the receipts task.
-//!
-//! Log attribution: while a log filter is set (`obs::logfilter::filtered_uids`), each
-//! message of a batch emits a `message committed` (or `message not committed`) event per
-//! filtered sender or recipient, attributed to that uid; with no filter set this costs
-//! one relaxed load per batch.
+//! The writer task: gathers a batch from the queue, commits it under the guard, then
+//! answers and hands the committed messages to the router (see the module above).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use im_proto::{frame, Body, ChatMessage, ErrorCode, SendAck};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
-use super::receipts::ReadEvent;
-use super::relation::Relations;
-use super::route::{Delivery, Recipients};
-use super::Refusal;
+use super::guard::set_fault_gauges;
+use super::{Guard, HideReq, PersistReq, Refusal, StateReq, WriteReq, WriterQueue};
 use crate::config::Persist;
-use crate::flow::Outbound;
 use crate::obs::logfilter::{self, as_uid};
-use crate::obs::trace::Trace;
 use crate::obs::{Metrics, Stage};
+use crate::route::receipts::ReadEvent;
+use crate::route::{Delivery, Recipients};
+use crate::store::membership::{self, Relations};
 use crate::store::{
-    health, CursorUpdate, Fault, FlagsUpdate, GroupRequest, GroupState, HiddenMessage, NewMessage,
-    ReadUpdate, Store, StoreError, StoreHealth,
+    health, CursorUpdate, Fault, FlagsUpdate, HiddenMessage, NewMessage, ReadUpdate, Store,
+    StoreError,
 };
-
-/// One request to the writer.
-pub enum WriteReq {
-    /// A validated Send.
-    Message(PersistReq),
-    /// A DeliverAck cursor.
-    Cursor(CursorUpdate),
-    /// A group operation; the reply carries the group's state after it.
-    Group {
-        /// The group.
-        group_id: String,
-        /// The operation.
-        req: GroupRequest,
-        /// Where the outcome goes.
-        reply: oneshot::Sender<Result<GroupState, StoreError>>,
-    },
-    /// Answered once everything queued before it is committed.
-    Flush(oneshot::Sender<()>),
-    /// A MarkRead or SetConversationFlags; answered `Done` once committed.
-    State(StateReq),
-    /// A DeleteForMe: committed with the others of its round, then answered `Done` (or
-    /// an `Error`) on the origin connection.
-    Hide(HideReq),
-    /// A user hides (or shows again) their presence (`SetPresence`).
-    SetPresence {
-        /// The user.
-        user_id: String,
-        /// Hidden from now on.
-        hidden: bool,
-        /// Where the outcome goes.
-        reply: oneshot::Sender<Result<(), StoreError>>,
-    },
-}
-
-/// A MarkRead or SetConversationFlags waiting for its commit (`pipeline::reads`).
-pub struct StateReq {
-    /// The read cursor to move (MarkRead).
-    pub read: Option<ReadUpdate>,
-    /// The flags to set (SetConversationFlags).
-    pub flags: Option<FlagsUpdate>,
-    /// The request's req_id, echoed on `Done`.
-    pub req_id: u64,
-    /// The requesting connection.
-    pub origin: Arc<Outbound>,
-}
-
-/// A validated DeleteForMe waiting for its commit.
-pub struct HideReq {
-    /// What to hide, for whom.
-    pub hidden: HiddenMessage,
-    /// The request's req_id, echoed on the reply.
-    pub req_id: u64,
-    /// The requesting connection.
-    pub origin: Arc<Outbound>,
-}
-
-/// A validated Send waiting for its commit.
-pub struct PersistReq {
-    /// What to store.
-    pub message: NewMessage,
-    /// The Send's req_id, echoed on the SendAck.
-    pub req_id: u64,
-    /// The sender's connection.
-    pub origin: Arc<Outbound>,
-    /// Who receives it once committed.
-    pub recipients: Recipients,
-    /// When the Send frame started decoding.
-    pub started: Instant,
-    /// When it entered the queue.
-    pub enqueued: Instant,
-    /// The message's trace, when it is traced (`obs::trace`).
-    pub trace: Option<Box<Trace>>,
-}
-
-/// Conversations [`LastCommitted`] remembers before it starts over.
-const LAST_COMMITTED_MAX: usize = 65_536;
-
-/// The last seq this node's writer committed in each conversation it wrote to lately
-/// (bounded: it starts over at `LAST_COMMITTED_MAX` conversations). A DeliverAck's seq is
-/// checked here before the store is asked: a recipient acks what was just committed, so
-/// the check costs a map lookup instead of a store read per ack. Only the writer records.
-#[derive(Default)]
-pub struct LastCommitted(std::sync::Mutex<HashMap<String, u64>>);
-
-impl LastCommitted {
-    /// The last seq committed here in `conversation_id`, if remembered.
-    pub fn get(&self, conversation_id: &str) -> Option<u64> {
-        self.0.lock().ok()?.get(conversation_id).copied()
-    }
-
-    fn record(&self, committed: &[crate::store::Committed]) {
-        let Ok(mut m) = self.0.lock() else {
-            return;
-        };
-        for c in committed.iter().filter(|c| c.seq > 0) {
-            if let Some(last) = m.get_mut(c.conversation_id.as_str()) {
-                *last = (*last).max(c.seq);
-                continue;
-            }
-            if m.len() >= LAST_COMMITTED_MAX {
-                m.clear();
-            }
-            m.insert(c.conversation_id.clone(), c.seq);
-        }
-    }
-}
-
-/// The persistence queue refused a request: answer OVERLOADED.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QueueFull;
-
-/// The submitting side of the persistence queue.
-#[derive(Clone)]
-pub struct PersistHandle {
-    tx: mpsc::Sender<WriteReq>,
-    capacity: usize,
-    metrics: Metrics,
-    last: Arc<LastCommitted>,
-}
-
-impl PersistHandle {
-    /// Queues a request without waiting; fails when the queue is full (or the writer is gone).
-    pub fn try_submit(&self, req: WriteReq) -> Result<(), QueueFull> {
-        let r = self.tx.try_send(req).map_err(|_| QueueFull);
-        self.metrics.persist_queue_depth.set(self.depth() as f64);
-        r
-    }
-
-    /// Queues a request, waiting up to `within` for room (server-sent messages: the
-    /// operator's request may wait where a client's Send is refused at once).
-    pub async fn submit(&self, req: WriteReq, within: Duration) -> Result<(), QueueFull> {
-        let r = match self.tx.try_send(req) {
-            Ok(()) => Ok(()),
-            Err(mpsc::error::TrySendError::Full(req)) => {
-                match tokio::time::timeout(within, self.tx.send(req)).await {
-                    Ok(Ok(())) => Ok(()),
-                    _ => Err(QueueFull),
-                }
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => Err(QueueFull),
-        };
-        self.metrics.persist_queue_depth.set(self.depth() as f64);
-        r
-    }
-
-    /// Waits until everything queued so far is committed (shutdown).
-    pub async fn flush(&self) {
-        let (tx, rx) = oneshot::channel();
-        if self.tx.send(WriteReq::Flush(tx)).await.is_ok() {
-            let _ = rx.await;
-        }
-    }
-
-    /// The last seq this node committed in `conversation_id`, if remembered.
-    pub fn last_committed(&self, conversation_id: &str) -> Option<u64> {
-        self.last.get(conversation_id)
-    }
-
-    /// Requests waiting in the queue.
-    pub fn depth(&self) -> usize {
-        self.capacity - self.tx.capacity()
-    }
-
-    /// Queue capacity.
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-}
-
-/// The writer's end of the queue, for [`run_writer`].
-pub struct WriterQueue {
-    rx: mpsc::Receiver<WriteReq>,
-    last: Arc<LastCommitted>,
-}
-
-/// Creates the queue; its receiving end goes to [`run_writer`].
-pub fn queue(capacity: usize, metrics: Metrics) -> (PersistHandle, WriterQueue) {
-    let (tx, rx) = mpsc::channel(capacity);
-    let last = Arc::new(LastCommitted::default());
-    (
-        PersistHandle {
-            tx,
-            capacity,
-            metrics,
-            last: last.clone(),
-        },
-        WriterQueue { rx, last },
-    )
-}
-
-/// How the writer meets a failing store (from `store.*`).
-#[derive(Debug, Clone)]
-pub struct Guard {
-    /// The node's store health; the writer owns its commit fault.
-    pub health: Arc<StoreHealth>,
-    /// A write still running after this long is abandoned and counts as a fault.
-    pub unavailable_after: Duration,
-    /// While a fault holds, one write is tried this often (a real batch or a probe);
-    /// the rest of the queue is answered OVERLOADED without touching the store.
-    pub probe_interval: Duration,
-}
-
-impl Guard {
-    /// From the config, with a new (healthy) [`StoreHealth`].
-    pub fn new(c: &crate::config::StoreConfig) -> Self {
-        Guard {
-            health: Arc::new(StoreHealth::default()),
-            unavailable_after: Duration::from_millis(c.unavailable_after_ms.into()),
-            probe_interval: Duration::from_millis(c.probe_interval_ms.into()),
-        }
-    }
-
-    /// Runs one write under the time bound.
-    async fn bounded<T>(
-        &self,
-        write: impl std::future::Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        tokio::time::timeout(self.unavailable_after, write)
-            .await
-            .unwrap_or(Err(StoreError::Timeout(self.unavailable_after)))
-    }
-
-    /// Records a write's outcome in the health: a fault of the store sets it (logged
-    /// once, when it starts), a success clears it (logged with how long it lasted).
-    fn record(&self, result: Result<(), &StoreError>, since: &mut Option<Instant>) {
-        match result {
-            Ok(()) => {
-                if let Some(old) = self.health.set_fault(None) {
-                    let took = since.take().map_or(0, |t| t.elapsed().as_millis() as u64);
-                    tracing::warn!(
-                        reason = old.name(),
-                        took_ms = took,
-                        "store writable again; sends accepted"
-                    );
-                    set_fault_gauges(None);
-                }
-            }
-            Err(e) => {
-                let Some(fault) = health::classify(e) else {
-                    return;
-                };
-                if self.health.set_fault(Some(fault)) != Some(fault) {
-                    *since = Some(Instant::now());
-                    tracing::error!(
-                        reason = fault.name(),
-                        error = %e,
-                        "store failing: sends refused (OVERLOADED) until a write succeeds"
-                    );
-                    metrics::counter!("im_store_faults_total", "reason" => fault.name())
-                        .increment(1);
-                    set_fault_gauges(Some(fault));
-                }
-            }
-        }
-    }
-}
-
-/// `im_store_writable` and `im_store_fault{reason}` for the fault in force.
-fn set_fault_gauges(fault: Option<Fault>) {
-    metrics::gauge!("im_store_writable").set(if fault.is_none() { 1.0 } else { 0.0 });
-    for f in Fault::ALL {
-        metrics::gauge!("im_store_fault", "reason" => f.name()).set(if Some(f) == fault {
-            1.0
-        } else {
-            0.0
-        });
-    }
-}
 
 /// The writer task. Ends when every [`PersistHandle`] is dropped and the queue is empty,
 /// after committing what it holds.
@@ -662,7 +379,7 @@ fn recheck_groups(relations: &Relations, sends: &mut Vec<PersistReq>) {
         };
         // SYSTEM messages are the server's own (clients cannot send them): no sender check.
         let system = req.message.msg_type == im_proto::MessageType::System as i32;
-        if system || super::relation::is_in(&members, &req.message.sender) {
+        if system || membership::is_in(&members, &req.message.sender) {
             req.recipients = Recipients::Group(members);
             return true;
         }
