@@ -23,7 +23,7 @@ pub const SLOW_POLL: Duration = Duration::from_millis(1);
 /// A long-lived task kind with its own monitor (label `task` of `im_task_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Task {
-    /// The persistence writer (`persist::run_writer`).
+    /// The persistence writer (`persist::Writer::run`).
     Writer,
     /// The router (`route::Router::run`).
     Router,

@@ -29,8 +29,20 @@ impl Guard {
         }
     }
 
+    /// Runs one write under the time bound and records its outcome in the health
+    /// (`since`: when the fault in force started): the one way the writer writes.
+    pub(super) async fn write<T>(
+        &self,
+        since: &mut Option<Instant>,
+        write: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let result = self.bounded(write).await;
+        self.record(result.as_ref().map(|_| ()), since);
+        result
+    }
+
     /// Runs one write under the time bound.
-    pub(super) async fn bounded<T>(
+    async fn bounded<T>(
         &self,
         write: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
@@ -41,7 +53,7 @@ impl Guard {
 
     /// Records a write's outcome in the health: a fault of the store sets it (logged
     /// once, when it starts), a success clears it (logged with how long it lasted).
-    pub(super) fn record(&self, result: Result<(), &StoreError>, since: &mut Option<Instant>) {
+    fn record(&self, result: Result<(), &StoreError>, since: &mut Option<Instant>) {
         match result {
             Ok(()) => {
                 if let Some(old) = self.health.set_fault(None) {

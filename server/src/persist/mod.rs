@@ -15,6 +15,7 @@
 //! filtered sender or recipient, attributed to that uid; with no filter set this costs
 //! one relaxed load per batch.
 
+mod answer;
 mod guard;
 mod queue;
 mod refusal;
@@ -26,4 +27,4 @@ pub use queue::{
     WriterQueue,
 };
 pub use refusal::Refusal;
-pub use writer::run_writer;
+pub use writer::{Wiring, Writer};

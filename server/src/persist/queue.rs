@@ -185,13 +185,13 @@ impl PersistHandle {
     }
 }
 
-/// The writer's end of the queue, for [`run_writer`](super::run_writer).
+/// The writer's end of the queue, for [`Writer`](super::Writer).
 pub struct WriterQueue {
     pub(super) rx: mpsc::Receiver<WriteReq>,
     pub(super) last: Arc<LastCommitted>,
 }
 
-/// Creates the queue; its receiving end goes to [`run_writer`](super::run_writer).
+/// Creates the queue; its receiving end goes to [`Writer`](super::Writer).
 pub fn queue(capacity: usize, metrics: Metrics) -> (PersistHandle, WriterQueue) {
     let (tx, rx) = mpsc::channel(capacity);
     let last = Arc::new(LastCommitted::default());

@@ -1,146 +1,105 @@
-//! The writer task: gathers a batch from the queue, commits it under the guard, then
-//! answers and hands the committed messages to the router (see the module above).
+//! The writer task ([`Writer`]): each round gathers a batch from the queue
+//! ([`Writer::gather`]), then commits it kind by kind under the guard (the
+//! `commit_*` steps, each through [`Writer::write`]: one bounded write whose outcome
+//! the store's health records), answers the requesters and hands the committed messages
+//! to the router, in commit order. How requesters are answered is `super::answer`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use im_proto::{frame, Body, ChatMessage, ErrorCode, SendAck};
-use tokio::sync::mpsc;
+use im_proto::ErrorCode;
+use tokio::sync::{mpsc, oneshot};
 
+use super::answer::{acked, done_all, failed, refuse, refuse_all};
 use super::guard::set_fault_gauges;
-use super::{Guard, HideReq, PersistReq, Refusal, StateReq, WriteReq, WriterQueue};
+use super::{Guard, HideReq, LastCommitted, PersistReq, Refusal, StateReq, WriteReq, WriterQueue};
 use crate::config::Persist;
-use crate::obs::logfilter::{self, as_uid};
 use crate::obs::{Metrics, Stage};
 use crate::route::receipts::ReadEvent;
 use crate::route::{Delivery, Recipients};
 use crate::store::membership::{self, Relations};
 use crate::store::{
-    health, CursorUpdate, Fault, FlagsUpdate, HiddenMessage, NewMessage, ReadUpdate, Store,
-    StoreError,
+    CursorUpdate, Fault, FlagsUpdate, GroupOutcome, GroupRequest, GroupState, HiddenMessage,
+    NewMessage, ReadMoved, ReadUpdate, Store, StoreError,
 };
 
-/// The writer task. Ends when every [`PersistHandle`] is dropped and the queue is empty,
-/// after committing what it holds.
-///
-/// No Send is acked unless its batch committed: a failed or abandoned commit answers
-/// every Send of the batch with a retry hint (the same client_msg_id finds the message
-/// if the commit landed after all). A fault of the store itself (disk full, I/O error,
-/// read-only, no answer: [`health::classify`]) also turns the node read-only for Sends
-/// until a write succeeds again; meanwhile one write is tried per `probe_interval`.
-#[allow(clippy::too_many_arguments)]
-pub async fn run_writer(
-    store: Arc<dyn Store>,
-    relations: Arc<Relations>,
-    queue: WriterQueue,
-    router: mpsc::Sender<Vec<Delivery>>,
-    cfg: Persist,
-    guard: Guard,
-    metrics: Metrics,
-    receipts: Option<mpsc::Sender<ReadEvent>>,
-) {
-    set_fault_gauges(None);
-    let WriterQueue { mut rx, last } = queue;
-    let receipts_dropped = metrics::counter!("im_receipts_dropped_total");
-    let batch_max = cfg.batch_max as usize;
-    let wait = Duration::from_millis(cfg.batch_wait_ms as u64);
-    let mut sends: Vec<PersistReq> = Vec::with_capacity(batch_max);
-    let mut cursors: HashMap<(String, String, String), u64> = HashMap::new();
-    let mut states: Vec<StateReq> = Vec::new();
-    let mut groups = Vec::new();
-    let mut flushes = Vec::new();
-    let mut hides: Vec<HideReq> = Vec::new();
-    let mut presence_settings = Vec::new();
-    let mut fault_since: Option<Instant> = None;
-    let mut last_try = Instant::now();
-    loop {
-        // While the store is failing, wake up each probe interval even with no request.
-        let first = if guard.health.fault().is_some() {
-            match tokio::time::timeout(guard.probe_interval, rx.recv()).await {
-                Ok(Some(r)) => Some(r),
-                Ok(None) => break,
-                Err(_) => None,
-            }
-        } else {
-            match rx.recv().await {
-                Some(r) => Some(r),
-                None => break,
-            }
-        };
-        let mut take = |req: WriteReq, sends: &mut Vec<PersistReq>| match req {
-            WriteReq::Message(m) => sends.push(m),
-            WriteReq::Cursor(c) => {
-                let seq = cursors
-                    .entry((c.user_id, c.device_id, c.conversation_id))
-                    .or_insert(0);
-                *seq = (*seq).max(c.seq);
-            }
-            WriteReq::State(r) => states.push(r),
+/// What the writer is wired to (`Pipeline::spawn_with` builds it).
+pub struct Wiring {
+    /// The store every write goes to.
+    pub store: Arc<dyn Store>,
+    /// The membership cache the writer patches after each group change and rechecks
+    /// group messages against.
+    pub relations: Arc<Relations>,
+    /// The router's channel: committed messages and group events, in commit order.
+    pub router: mpsc::Sender<Vec<Delivery>>,
+    /// The receipt task's channel: read cursors a commit moved.
+    pub receipts: Option<mpsc::Sender<ReadEvent>>,
+    /// Batch size and wait (`persist.*`).
+    pub cfg: Persist,
+    /// The time bound and the commit fault.
+    pub guard: Guard,
+    /// The node's metrics.
+    pub metrics: Metrics,
+}
+
+/// A group change waiting for its commit, with where its outcome goes.
+type GroupChange = (
+    String,
+    GroupRequest,
+    oneshot::Sender<Result<GroupState, StoreError>>,
+);
+/// A presence setting waiting for its commit, with where its outcome goes.
+type PresenceSetting = (String, bool, oneshot::Sender<Result<(), StoreError>>);
+
+/// One round's requests, sorted by kind. Every list is emptied by the round; the
+/// delivery cursors stay when their commit fails (or the store is failing) and go with
+/// the next batch.
+#[derive(Default)]
+struct Round {
+    sends: Vec<PersistReq>,
+    cursors: HashMap<(String, String, String), u64>,
+    states: Vec<StateReq>,
+    groups: Vec<GroupChange>,
+    flushes: Vec<oneshot::Sender<()>>,
+    hides: Vec<HideReq>,
+    presence: Vec<PresenceSetting>,
+}
+
+impl Round {
+    /// Files one request under its kind (cursors: the furthest seq per cursor).
+    fn take(&mut self, req: WriteReq) {
+        match req {
+            WriteReq::Message(m) => self.sends.push(m),
+            WriteReq::Cursor(c) => self.cursor(c),
+            WriteReq::State(r) => self.states.push(r),
             WriteReq::Group {
                 group_id,
                 req,
                 reply,
-            } => groups.push((group_id, req, reply)),
-            WriteReq::Flush(reply) => flushes.push(reply),
-            WriteReq::Hide(h) => hides.push(h),
+            } => self.groups.push((group_id, req, reply)),
+            WriteReq::Flush(reply) => self.flushes.push(reply),
+            WriteReq::Hide(h) => self.hides.push(h),
             WriteReq::SetPresence {
                 user_id,
                 hidden,
                 reply,
-            } => presence_settings.push((user_id, hidden, reply)),
-        };
-        if let Some(first) = first {
-            take(first, &mut sends);
-            let deadline = tokio::time::Instant::now() + wait;
-            while sends.len() < batch_max {
-                match rx.try_recv() {
-                    Ok(r) => take(r, &mut sends),
-                    Err(_) if wait.is_zero() || sends.is_empty() => break,
-                    Err(_) => match tokio::time::timeout_at(deadline, rx.recv()).await {
-                        Ok(Some(r)) => take(r, &mut sends),
-                        _ => break,
-                    },
-                }
-            }
+            } => self.presence.push((user_id, hidden, reply)),
         }
-        metrics.persist_queue_depth.set(rx.len() as f64);
+    }
 
-        // A failing store gets one write per probe interval; everything else is
-        // answered at once (Sends: OVERLOADED; cursors wait in the map).
-        if let Some(fault) = guard.health.fault() {
-            if last_try.elapsed() < guard.probe_interval {
-                refuse(&mut sends, fault, &guard);
-                refuse_states(
-                    &mut states,
-                    &Refusal::store(StoreError::Unavailable(fault.name())),
-                );
-                for (_, _, reply) in groups.drain(..) {
-                    let _ = reply.send(Err(StoreError::Unavailable(fault.name())));
-                }
-                refuse_hides(&mut hides, &Refusal::store_unavailable(fault.name(), 1000));
-                for (_, _, reply) in presence_settings.drain(..) {
-                    let _ = reply.send(Err(StoreError::Unavailable(fault.name())));
-                }
-                for reply in flushes.drain(..) {
-                    let _ = reply.send(());
-                }
-                continue;
-            }
-            last_try = Instant::now();
-            if sends.is_empty()
-                && cursors.is_empty()
-                && groups.is_empty()
-                && states.is_empty()
-                && hides.is_empty()
-                && presence_settings.is_empty()
-            {
-                let probe = guard.bounded(store.probe_write()).await;
-                guard.record(probe.as_ref().map(|_| ()), &mut fault_since);
-            }
-        }
+    /// Moves a delivery cursor forward (never back).
+    fn cursor(&mut self, c: CursorUpdate) {
+        let seq = self
+            .cursors
+            .entry((c.user_id, c.device_id, c.conversation_id))
+            .or_insert(0);
+        *seq = (*seq).max(c.seq);
+    }
 
-        let cursor_updates: Vec<CursorUpdate> = cursors
+    /// The delivery cursors to commit, taken out of the round.
+    fn take_cursors(&mut self) -> Vec<CursorUpdate> {
+        self.cursors
             .drain()
             .map(
                 |((user_id, device_id, conversation_id), seq)| CursorUpdate {
@@ -150,138 +109,347 @@ pub async fn run_writer(
                     seq,
                 },
             )
-            .collect();
-        if !sends.is_empty() || !cursor_updates.is_empty() {
-            last_try = Instant::now();
-            if relations.verifies_versions() {
-                // A read past the write bound is given up: the cache stands for this batch.
-                let refresh = refresh_stale(&*store, &relations, &sends);
-                let _ = tokio::time::timeout(guard.unavailable_after, refresh).await;
+            .collect()
+    }
+
+    /// Nothing to write (a flush alone writes nothing).
+    fn has_no_write(&self) -> bool {
+        self.sends.is_empty()
+            && self.cursors.is_empty()
+            && self.groups.is_empty()
+            && self.states.is_empty()
+            && self.hides.is_empty()
+            && self.presence.is_empty()
+    }
+
+    /// Answers every request of the round but the cursors without writing: the store
+    /// is failing (`fault`) and this is not the probe interval's one try.
+    fn refuse(&mut self, fault: Fault, guard: &Guard) {
+        refuse(&mut self.sends, fault, guard);
+        refuse_all(
+            &mut self.states,
+            &Refusal::store(StoreError::Unavailable(fault.name())),
+        );
+        for (_, _, reply) in self.groups.drain(..) {
+            let _ = reply.send(Err(StoreError::Unavailable(fault.name())));
+        }
+        refuse_all(
+            &mut self.hides,
+            &Refusal::store_unavailable(fault.name(), 1000),
+        );
+        for (_, _, reply) in self.presence.drain(..) {
+            let _ = reply.send(Err(StoreError::Unavailable(fault.name())));
+        }
+        self.answer_flushes();
+    }
+
+    /// Answers the flushes: everything queued before them is done.
+    fn answer_flushes(&mut self) {
+        for reply in self.flushes.drain(..) {
+            let _ = reply.send(());
+        }
+    }
+}
+
+/// The writer task: the one owner of the message path's store writes. Built from its
+/// [`Wiring`] and the queue's end, then [`Writer::run`] until the queue closes.
+///
+/// No Send is acked unless its batch committed: a failed or abandoned commit answers
+/// every Send of the batch with a retry hint (the same client_msg_id finds the message
+/// if the commit landed after all). A fault of the store itself (disk full, I/O error,
+/// read-only, no answer: [`crate::store::health::classify`]) also turns the node read-only for Sends
+/// until a write succeeds again; meanwhile one write is tried per `probe_interval`.
+pub struct Writer {
+    store: Arc<dyn Store>,
+    relations: Arc<Relations>,
+    router: mpsc::Sender<Vec<Delivery>>,
+    receipts: Option<mpsc::Sender<ReadEvent>>,
+    guard: Guard,
+    metrics: Metrics,
+    rx: mpsc::Receiver<WriteReq>,
+    last: Arc<LastCommitted>,
+    receipts_dropped: metrics::Counter,
+    batch_max: usize,
+    wait: Duration,
+    /// When the fault in force started (for the log line when it clears).
+    fault_since: Option<Instant>,
+    /// When the store was last written to (a failing store gets one try per interval).
+    last_try: Instant,
+    round: Round,
+}
+
+impl Writer {
+    /// A writer on `queue`'s end, wired to `w`.
+    pub fn new(w: Wiring, queue: WriterQueue) -> Self {
+        let batch_max = w.cfg.batch_max as usize;
+        Writer {
+            store: w.store,
+            relations: w.relations,
+            router: w.router,
+            receipts: w.receipts,
+            guard: w.guard,
+            metrics: w.metrics,
+            rx: queue.rx,
+            last: queue.last,
+            receipts_dropped: metrics::counter!("im_receipts_dropped_total"),
+            batch_max,
+            wait: Duration::from_millis(w.cfg.batch_wait_ms as u64),
+            fault_since: None,
+            last_try: Instant::now(),
+            round: Round {
+                sends: Vec::with_capacity(batch_max),
+                ..Round::default()
+            },
+        }
+    }
+
+    /// The writer task. Ends when every [`PersistHandle`](super::PersistHandle) is
+    /// dropped and the queue is empty, after committing what it holds.
+    pub async fn run(mut self) {
+        set_fault_gauges(None);
+        loop {
+            let Some(first) = self.first().await else {
+                break;
+            };
+            if let Some(first) = first {
+                self.gather(first).await;
             }
-            recheck_groups(&relations, &mut sends);
-            let start = Instant::now();
-            for s in sends.iter() {
-                metrics.stage(Stage::PersistWait, start - s.enqueued);
+            self.metrics.persist_queue_depth.set(self.rx.len() as f64);
+            if !self.may_write().await {
+                continue;
             }
-            let messages: Vec<NewMessage> = sends.iter().map(|s| s.message.clone()).collect();
-            let result = guard
-                .bounded(store.commit_batch(&messages, &cursor_updates))
+            self.commit_messages().await;
+            self.commit_states().await;
+            self.commit_groups().await;
+            self.commit_hides().await;
+            self.commit_presence().await;
+            self.round.answer_flushes();
+        }
+        tracing::info!("persistence writer stopped");
+    }
+
+    /// The round's first request: `None` when the queue is closed and empty,
+    /// `Some(None)` when a failing store's probe interval passed with no request.
+    async fn first(&mut self) -> Option<Option<WriteReq>> {
+        if self.guard.health.fault().is_none() {
+            return self.rx.recv().await.map(Some);
+        }
+        match tokio::time::timeout(self.guard.probe_interval, self.rx.recv()).await {
+            Ok(Some(r)) => Some(Some(r)),
+            Ok(None) => None,
+            Err(_) => Some(None),
+        }
+    }
+
+    /// Fills the round after `first`: whatever is queued, then, while the batch has a
+    /// Send and room (`persist.batch_max`), what arrives within `persist.batch_wait_ms`.
+    async fn gather(&mut self, first: WriteReq) {
+        self.round.take(first);
+        let deadline = tokio::time::Instant::now() + self.wait;
+        while self.round.sends.len() < self.batch_max {
+            match self.rx.try_recv() {
+                Ok(r) => self.round.take(r),
+                Err(_) if self.wait.is_zero() || self.round.sends.is_empty() => break,
+                Err(_) => match tokio::time::timeout_at(deadline, self.rx.recv()).await {
+                    Ok(Some(r)) => self.round.take(r),
+                    _ => break,
+                },
+            }
+        }
+    }
+
+    /// Whether this round writes. A failing store gets one write per probe interval
+    /// (the round's, or a probe when it has none); otherwise everything but the cursors
+    /// is answered at once (Sends: OVERLOADED) and the round ends.
+    async fn may_write(&mut self) -> bool {
+        let Some(fault) = self.guard.health.fault() else {
+            return true;
+        };
+        if self.last_try.elapsed() < self.guard.probe_interval {
+            self.round.refuse(fault, &self.guard);
+            return false;
+        }
+        self.last_try = Instant::now();
+        if self.round.has_no_write() {
+            let _ = self
+                .guard
+                .write(&mut self.fault_since, self.store.probe_write())
                 .await;
-            metrics.stage_since(Stage::PersistCommit, start);
-            let end = Instant::now();
-            for s in sends.iter_mut() {
-                if let Some(tr) = s.trace.as_deref_mut() {
-                    tr.stage(Stage::PersistWait, s.enqueued, start);
-                    tr.stage(Stage::PersistCommit, start, end);
-                }
-            }
-            metrics.persist_batch_size.record(sends.len() as f64);
-            guard.record(result.as_ref().map(|_| ()), &mut fault_since);
-            match result {
-                Ok(committed) => {
-                    last.record(&committed);
-                    acked(&mut sends, committed, &router).await
-                }
-                Err(e) => {
-                    // Cursors are kept for the next batch; Sends are told to retry.
-                    for c in cursor_updates {
-                        let seq = cursors
-                            .entry((c.user_id, c.device_id, c.conversation_id))
-                            .or_insert(0);
-                        *seq = (*seq).max(c.seq);
-                    }
-                    failed(&mut sends, &e, &guard);
-                }
+        }
+        true
+    }
+
+    /// Commits the batch's Sends and delivery cursors in one transaction, then acks the
+    /// Sends and hands the messages to the router; a failed commit acks nothing (the
+    /// Sends are told to retry, the cursors wait for the next batch).
+    async fn commit_messages(&mut self) {
+        let cursors = self.round.take_cursors();
+        if self.round.sends.is_empty() && cursors.is_empty() {
+            return;
+        }
+        self.last_try = Instant::now();
+        self.recheck().await;
+        let start = Instant::now();
+        let sends = &mut self.round.sends;
+        for s in sends.iter() {
+            self.metrics.stage(Stage::PersistWait, start - s.enqueued);
+        }
+        let messages: Vec<NewMessage> = sends.iter().map(|s| s.message.clone()).collect();
+        let result = self
+            .guard
+            .write(
+                &mut self.fault_since,
+                self.store.commit_batch(&messages, &cursors),
+            )
+            .await;
+        self.metrics.stage_since(Stage::PersistCommit, start);
+        let end = Instant::now();
+        for s in sends.iter_mut() {
+            if let Some(tr) = s.trace.as_deref_mut() {
+                tr.stage(Stage::PersistWait, s.enqueued, start);
+                tr.stage(Stage::PersistCommit, start, end);
             }
         }
-        if !states.is_empty() {
-            let reads: Vec<ReadUpdate> = states.iter().filter_map(|r| r.read.clone()).collect();
-            let flags: Vec<FlagsUpdate> = states.iter().filter_map(|r| r.flags.clone()).collect();
-            let result = guard.bounded(store.commit_state(&reads, &flags)).await;
-            guard.record(result.as_ref().map(|_| ()), &mut fault_since);
-            match result {
-                Ok(moved) => {
-                    // The connection whose MarkRead moved each cursor (the last one).
-                    let mut origin: HashMap<(&str, &str), u64> = HashMap::new();
-                    for r in &states {
-                        if let Some(u) = &r.read {
-                            origin.insert(
-                                (u.user_id.as_str(), u.conversation_id.as_str()),
-                                r.origin.conn_id,
-                            );
-                        }
-                    }
-                    if let Some(tx) = &receipts {
-                        for m in moved {
-                            let origin_conn = origin
-                                .get(&(m.user_id.as_str(), m.conversation_id.as_str()))
-                                .copied()
-                                .unwrap_or(0);
-                            if tx
-                                .try_send(ReadEvent {
-                                    moved: m,
-                                    origin_conn,
-                                })
-                                .is_err()
-                            {
-                                receipts_dropped.increment(1);
-                            }
-                        }
-                    }
-                    for r in states.drain(..) {
-                        let done =
-                            im_proto::encode(&frame(r.req_id, Body::Done(im_proto::Done {})));
-                        r.origin.push(done, true);
-                    }
+        self.metrics.persist_batch_size.record(sends.len() as f64);
+        match result {
+            Ok(committed) => {
+                self.last.record(&committed);
+                acked(sends, committed, &self.router).await
+            }
+            Err(e) => {
+                for c in cursors {
+                    self.round.cursor(c);
                 }
-                Err(e) => {
-                    tracing::warn!(error = %e, requests = states.len(), "read state commit failed");
-                    let mut refusal = Refusal::store(e);
-                    if refusal.retry_after_ms == 0 {
-                        refusal.retry_after_ms = 500;
-                    }
-                    refuse_states(&mut states, &refusal);
-                }
+                failed(&mut self.round.sends, &e, &self.guard);
             }
         }
-        for (group_id, req, reply) in groups.drain(..) {
-            let result = guard.bounded(store.group_change(&group_id, &req)).await;
-            guard.record(result.as_ref().map(|_| ()), &mut fault_since);
+    }
+
+    /// Brings the batch's group messages up to the membership cache as it is now (in
+    /// cluster mode after reading stale groups again, within the write bound).
+    async fn recheck(&mut self) {
+        if self.relations.verifies_versions() {
+            // A read past the write bound is given up: the cache stands for this batch.
+            let refresh = refresh_stale(&*self.store, &self.relations, &self.round.sends);
+            let _ = tokio::time::timeout(self.guard.unavailable_after, refresh).await;
+        }
+        recheck_groups(&self.relations, &mut self.round.sends);
+    }
+
+    /// Commits the round's MarkReads and conversation flags together, then answers each
+    /// `Done` and hands the read cursors that moved to the receipt task.
+    async fn commit_states(&mut self) {
+        if self.round.states.is_empty() {
+            return;
+        }
+        let states = &self.round.states;
+        let reads: Vec<ReadUpdate> = states.iter().filter_map(|r| r.read.clone()).collect();
+        let flags: Vec<FlagsUpdate> = states.iter().filter_map(|r| r.flags.clone()).collect();
+        let result = self
+            .guard
+            .write(
+                &mut self.fault_since,
+                self.store.commit_state(&reads, &flags),
+            )
+            .await;
+        match result {
+            Ok(moved) => {
+                self.receipts_for(moved);
+                done_all(&mut self.round.states);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, requests = self.round.states.len(), "read state commit failed");
+                let mut refusal = Refusal::store(e);
+                if refusal.retry_after_ms == 0 {
+                    refusal.retry_after_ms = 500;
+                }
+                refuse_all(&mut self.round.states, &refusal);
+            }
+        }
+    }
+
+    /// Hands each read cursor that moved to the receipt task, with the connection whose
+    /// MarkRead moved it (the last one); a full channel drops it (counted).
+    fn receipts_for(&self, moved: Vec<ReadMoved>) {
+        let Some(tx) = &self.receipts else {
+            return;
+        };
+        let mut origin: HashMap<(&str, &str), u64> = HashMap::new();
+        for r in &self.round.states {
+            if let Some(u) = &r.read {
+                origin.insert(
+                    (u.user_id.as_str(), u.conversation_id.as_str()),
+                    r.origin.conn_id,
+                );
+            }
+        }
+        for m in moved {
+            let origin_conn = origin
+                .get(&(m.user_id.as_str(), m.conversation_id.as_str()))
+                .copied()
+                .unwrap_or(0);
+            let event = ReadEvent {
+                moved: m,
+                origin_conn,
+            };
+            if tx.try_send(event).is_err() {
+                self.receipts_dropped.increment(1);
+            }
+        }
+    }
+
+    /// Commits the round's group changes one by one; each committed one patches the
+    /// membership cache and sends its SYSTEM event before its requester hears back.
+    async fn commit_groups(&mut self) {
+        for (group_id, req, reply) in std::mem::take(&mut self.round.groups) {
+            let result = self
+                .guard
+                .write(
+                    &mut self.fault_since,
+                    self.store.group_change(&group_id, &req),
+                )
+                .await;
             let result = match result {
                 Ok(outcome) => {
-                    group_committed(&relations, &router, &group_id, &outcome).await;
+                    group_committed(&self.relations, &self.router, &group_id, &outcome).await;
                     Ok(outcome.state)
                 }
                 Err(e) => Err(e),
             };
             let _ = reply.send(result);
         }
-        if !hides.is_empty() {
-            let rows: Vec<HiddenMessage> = hides.iter().map(|h| h.hidden.clone()).collect();
-            let result = guard.bounded(store.hide_messages(&rows)).await;
-            guard.record(result.as_ref().map(|_| ()), &mut fault_since);
-            match result {
-                Ok(()) => {
-                    for h in hides.drain(..) {
-                        let done = frame(h.req_id, Body::Done(im_proto::Done {}));
-                        h.origin.push(im_proto::encode(&done), true);
-                    }
-                }
-                Err(e) => refuse_hides(&mut hides, &Refusal::store(e)),
-            }
+    }
+
+    /// Commits the round's DeleteForMes together, then answers each `Done` (or the
+    /// refusal).
+    async fn commit_hides(&mut self) {
+        if self.round.hides.is_empty() {
+            return;
         }
-        for (user_id, hidden, reply) in presence_settings.drain(..) {
-            let result = guard
-                .bounded(store.set_presence_hidden(&user_id, hidden))
-                .await;
-            guard.record(result.as_ref().map(|_| ()), &mut fault_since);
-            let _ = reply.send(result);
-        }
-        for reply in flushes.drain(..) {
-            let _ = reply.send(());
+        let rows: Vec<HiddenMessage> = self.round.hides.iter().map(|h| h.hidden.clone()).collect();
+        let result = self
+            .guard
+            .write(&mut self.fault_since, self.store.hide_messages(&rows))
+            .await;
+        match result {
+            Ok(()) => done_all(&mut self.round.hides),
+            Err(e) => refuse_all(&mut self.round.hides, &Refusal::store(e)),
         }
     }
-    tracing::info!("persistence writer stopped");
+
+    /// Commits the round's presence settings one by one, each answered with its outcome.
+    async fn commit_presence(&mut self) {
+        for (user_id, hidden, reply) in std::mem::take(&mut self.round.presence) {
+            let result = self
+                .guard
+                .write(
+                    &mut self.fault_since,
+                    self.store.set_presence_hidden(&user_id, hidden),
+                )
+                .await;
+            let _ = reply.send(result);
+        }
+    }
 }
 
 /// Patches the membership cache after a committed group change and hands its SYSTEM
@@ -290,7 +458,7 @@ async fn group_committed(
     relations: &Relations,
     router: &mpsc::Sender<Vec<Delivery>>,
     group_id: &str,
-    outcome: &crate::store::GroupOutcome,
+    outcome: &GroupOutcome,
 ) {
     let Some(event) = &outcome.event else {
         return;
@@ -391,168 +559,4 @@ fn recheck_groups(relations: &Relations, sends: &mut Vec<PersistReq>) {
         req.origin.push(im_proto::encode(&f), true);
         false
     });
-}
-
-/// Answers the DeleteForMe requests of a round that was not committed.
-fn refuse_hides(hides: &mut Vec<HideReq>, refusal: &Refusal) {
-    for h in hides.drain(..) {
-        h.origin
-            .push(im_proto::encode(&refusal.to_frame(h.req_id)), true);
-    }
-}
-
-/// Answers Sends the writer did not try, while the store is failing: OVERLOADED with
-/// the probe interval as the retry hint.
-fn refuse(sends: &mut Vec<PersistReq>, fault: Fault, guard: &Guard) {
-    if !sends.is_empty() {
-        metrics::counter!("im_store_refused_sends_total", "reason" => fault.name())
-            .increment(sends.len() as u64);
-    }
-    let retry = guard.probe_interval.as_millis().clamp(1, u32::MAX as u128) as u32;
-    let refusal = Refusal::store_unavailable(fault.name(), retry);
-    for req in sends.drain(..) {
-        req.origin
-            .push(im_proto::encode(&refusal.to_frame(req.req_id)), true);
-    }
-}
-
-/// Answers MarkReads and SetConversationFlags that were not committed with `refusal`.
-fn refuse_states(states: &mut Vec<StateReq>, refusal: &Refusal) {
-    for r in states.drain(..) {
-        r.origin
-            .push(im_proto::encode(&refusal.to_frame(r.req_id)), true);
-    }
-}
-
-/// Answers the Sends of a batch whose commit failed: nothing of it is acked. A fault of
-/// the store is OVERLOADED (the node refuses Sends until it heals); an error of this
-/// batch alone is INTERNAL. Both carry a retry hint.
-fn failed(sends: &mut Vec<PersistReq>, e: &StoreError, guard: &Guard) {
-    tracing::error!(error = %e, batch = sends.len(), "commit failed; senders told to retry");
-    if let Some(levels) = logfilter::filtered_uids() {
-        let batch = sends.len();
-        for req in sends.iter() {
-            let m = &req.message;
-            for (uid, level, role) in req.recipients.filtered(&m.sender, &levels) {
-                as_uid(&uid, level, || {
-                    tracing::warn!(
-                        uid = %uid,
-                        role,
-                        conversation = %m.conversation_id,
-                        client_msg_id = %m.client_msg_id,
-                        batch,
-                        error = %e,
-                        "message not committed; sender told to retry"
-                    )
-                });
-            }
-        }
-    }
-    match health::classify(e) {
-        Some(fault) => refuse(sends, fault, guard),
-        None => {
-            let refusal = Refusal {
-                code: ErrorCode::Internal,
-                message: "store unavailable, retry with the same client_msg_id".into(),
-                retry_after_ms: 500,
-                bad_reason: None,
-            };
-            for req in sends.drain(..) {
-                req.origin
-                    .push(im_proto::encode(&refusal.to_frame(req.req_id)), true);
-            }
-        }
-    }
-}
-
-/// Queues the SendAcks of a committed batch and hands its new messages to the router,
-/// in commit order.
-async fn acked(
-    sends: &mut Vec<PersistReq>,
-    committed: Vec<crate::store::Committed>,
-    router: &mpsc::Sender<Vec<Delivery>>,
-) {
-    let mut deliveries = Vec::with_capacity(sends.len());
-    let batch = sends.len();
-    let filtered = logfilter::filtered_uids();
-    for (mut req, c) in sends.drain(..).zip(committed) {
-        if let Some(tr) = req.trace.as_deref_mut() {
-            tr.set_committed(&c.msg_id, c.seq);
-        }
-        if let Some(levels) = &filtered {
-            for (uid, level, role) in req.recipients.filtered(&req.message.sender, levels) {
-                as_uid(&uid, level, || {
-                    tracing::debug!(
-                        uid = %uid,
-                        role,
-                        conversation = %c.conversation_id,
-                        seq = c.seq,
-                        msg_id = %c.msg_id,
-                        client_msg_id = %req.message.client_msg_id,
-                        duplicate = c.duplicate,
-                        batch,
-                        since_queued_ms = req.enqueued.elapsed().as_secs_f64() * 1e3,
-                        "message committed"
-                    )
-                });
-            }
-        }
-        let ack = im_proto::encode(&frame(
-            req.req_id,
-            Body::SendAck(SendAck {
-                client_msg_id: req.message.client_msg_id.clone(),
-                msg_id: c.msg_id.clone(),
-                conversation_id: c.conversation_id.clone(),
-                seq: c.seq,
-                server_time: c.server_time,
-                duplicate: c.duplicate,
-            }),
-        ));
-        req.origin.push(ack, true);
-        if c.duplicate {
-            // The first commit of this message may never have been pushed (a commit whose
-            // outcome its node could not know, then a retry): the recipients sync it.
-            deliveries.push(Delivery {
-                message: ChatMessage {
-                    conversation_id: c.conversation_id,
-                    seq: c.seq,
-                    msg_id: c.msg_id,
-                    ..ChatMessage::default()
-                },
-                recipients: req.recipients,
-                origin_conn: req.origin.conn_id,
-                started: req.started,
-                hint_only: true,
-                trace: req.trace,
-            });
-        } else {
-            let m = req.message;
-            let (ref_seq, ref_msg_id) = m
-                .reference
-                .map_or((0, String::new()), |r| (r.seq, r.msg_id));
-            deliveries.push(Delivery {
-                message: ChatMessage {
-                    conversation_id: c.conversation_id,
-                    sender: m.sender,
-                    payload: m.payload,
-                    send_time: c.server_time,
-                    r#type: m.msg_type,
-                    seq: c.seq,
-                    msg_id: c.msg_id,
-                    client_msg_id: m.client_msg_id,
-                    ref_seq,
-                    ref_msg_id,
-                    ..Default::default()
-                },
-                recipients: req.recipients,
-                origin_conn: req.origin.conn_id,
-                started: req.started,
-                hint_only: false,
-                trace: req.trace,
-            });
-        }
-    }
-    if !deliveries.is_empty() && router.send(deliveries).await.is_err() {
-        tracing::warn!("router is gone; committed messages will reach recipients by sync");
-    }
 }

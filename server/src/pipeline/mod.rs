@@ -240,19 +240,16 @@ impl Pipeline {
                 config.receipts.clone(),
             ),
         );
-        let writer = spawn(
-            Task::Writer,
-            persist::run_writer(
-                store.clone(),
-                relations.clone(),
-                persist_rx,
-                route_tx,
-                config.persist.clone(),
-                guard,
-                metrics.clone(),
-                Some(receipts_tx),
-            ),
-        );
+        let wiring = persist::Wiring {
+            store: store.clone(),
+            relations: relations.clone(),
+            router: route_tx,
+            receipts: Some(receipts_tx),
+            cfg: config.persist.clone(),
+            guard,
+            metrics: metrics.clone(),
+        };
+        let writer = spawn(Task::Writer, persist::Writer::new(wiring, persist_rx).run());
         let pipeline = Arc::new(Pipeline {
             store,
             relations,
