@@ -16,7 +16,7 @@ use im_proto::{
     FetchHistory, HistoryPage, MessageState, MessageType, Recall,
 };
 
-use super::{Pipeline, Refusal, Session, DEFAULT_SYNC_LIMIT, MAX_CLIENT_MSG_ID};
+use super::{FrameKind, Pipeline, Refusal, Session, DEFAULT_SYNC_LIMIT, MAX_CLIENT_MSG_ID};
 use crate::persist::{HideReq, PersistReq, WriteReq};
 use crate::route::Recipients;
 use crate::store::membership as relation;
@@ -45,15 +45,6 @@ impl Change {
     }
 }
 
-fn rate_limited(what: &str, retry_after_ms: u32) -> Refusal {
-    Refusal {
-        code: ErrorCode::RateLimited,
-        message: format!("{what} too fast"),
-        retry_after_ms,
-        bad_reason: Some("rate_limited"),
-    }
-}
-
 fn forbidden(message: impl Into<String>) -> Refusal {
     Refusal::code(ErrorCode::Forbidden, message, Some("forbidden"))
 }
@@ -66,24 +57,6 @@ fn not_member(conversation_id: &str) -> Refusal {
     )
 }
 
-/// Takes a token of the connection's Send bucket (Recall, Edit, DeleteForMe).
-fn take_send(s: &Session, what: &str) -> Result<(), Refusal> {
-    let now = Instant::now();
-    let taken = s.sends.lock().map(|mut b| b.take(now)).unwrap_or(Ok(()));
-    taken.map_err(|ms| rate_limited(what, ms))
-}
-
-/// Takes a token of the connection's SyncRequest bucket (FetchHistory).
-fn take_sync(s: &Session) -> Result<(), Refusal> {
-    let now = Instant::now();
-    let taken = s
-        .limits
-        .lock()
-        .map(|mut b| b.syncs.take(now))
-        .unwrap_or(Ok(()));
-    taken.map_err(|ms| rate_limited("fetching history", ms))
-}
-
 impl Pipeline {
     /// FetchHistory: a page of the conversation before `before_seq`, newest first,
     /// inside the caller's membership intervals, under the sync page's count and byte
@@ -94,7 +67,7 @@ impl Pipeline {
         req_id: u64,
         req: FetchHistory,
     ) -> Result<(), Refusal> {
-        take_sync(s)?;
+        s.take(FrameKind::FetchHistory)?;
         if !self.can_read(&s.user_id, &req.conversation_id).await? {
             return Err(not_member(&req.conversation_id));
         }
@@ -169,14 +142,11 @@ impl Pipeline {
         started: Instant,
     ) -> Result<(), Refusal> {
         let verb = c.verb();
-        take_send(
-            s,
-            if verb == "recall" {
-                "recalling"
-            } else {
-                "editing"
-            },
-        )?;
+        s.take(if verb == "recall" {
+            FrameKind::Recall
+        } else {
+            FrameKind::Edit
+        })?;
         if let Some(reason) = self.health.refusal() {
             return Err(Refusal::store_unavailable(reason, self.unhealthy_retry_ms));
         }
@@ -283,13 +253,7 @@ impl Pipeline {
             enqueued: Instant::now(),
             trace: None,
         };
-        if self.persist.try_submit(WriteReq::Message(req)).is_err() {
-            self.metrics.persist_overloaded.increment(1);
-            return Err(
-                self.overloaded("persistence queue full, retry with the same client_msg_id")
-            );
-        }
-        Ok(())
+        self.submit(WriteReq::Message(req))
     }
 
     /// Whether the caller may recall or edit the message `meta` (FORBIDDEN when not).
@@ -350,7 +314,7 @@ impl Pipeline {
         req_id: u64,
         d: DeleteForMe,
     ) -> Result<(), Refusal> {
-        take_send(s, "deleting")?;
+        s.take(FrameKind::DeleteForMe)?;
         if !self.can_read(&s.user_id, &d.conversation_id).await? {
             return Err(not_member(&d.conversation_id));
         }
@@ -375,9 +339,6 @@ impl Pipeline {
             req_id,
             origin: s.out.clone(),
         };
-        if self.persist.try_submit(WriteReq::Hide(req)).is_err() {
-            return Err(self.overloaded("persistence queue full"));
-        }
-        Ok(())
+        self.submit(WriteReq::Hide(req))
     }
 }
