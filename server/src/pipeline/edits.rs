@@ -12,7 +12,7 @@
 use std::time::Instant;
 
 use im_proto::{
-    frame, group_op::Role, parse_conversation, Body, ConversationRef, DeleteForMe, Edit, ErrorCode,
+    group_op::Role, parse_conversation, Body, ConversationRef, DeleteForMe, Edit, ErrorCode,
     FetchHistory, HistoryPage, MessageState, MessageType, Recall,
 };
 
@@ -86,11 +86,7 @@ impl Pipeline {
             )
             .await
             .map_err(Refusal::store)?;
-        s.reply(&frame(
-            req_id,
-            Body::HistoryPage(HistoryPage { messages, more }),
-        ));
-        Ok(())
+        s.answer(req_id, Body::HistoryPage(HistoryPage { messages, more }))
     }
 
     /// Recall: the sender within `limits.recall_window_secs`, group owners and admins
@@ -175,14 +171,7 @@ impl Pipeline {
                 )
             }
             Some(ConversationRef::Group(g)) => {
-                let members = self.relations.members(g).await.map_err(Refusal::store)?;
-                let Some(members) = members else {
-                    return Err(Refusal::code(
-                        ErrorCode::NotFound,
-                        format!("group {g} not found"),
-                        None,
-                    ));
-                };
+                let members = self.group_members(g).await?;
                 if !relation::is_in(&members, &s.user_id) {
                     return Err(not_member(&c.conversation_id));
                 }

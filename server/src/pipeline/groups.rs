@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use im_proto::{frame, group_op, Body, GroupOp, GroupOpOk};
 
-use super::limits::Bucket;
 use super::{FrameKind, Pipeline, Refusal, Session};
 use crate::persist::WriteReq;
 use crate::store::GroupRequest;
@@ -38,7 +37,7 @@ impl Pipeline {
             }
             users
                 .entry(s.user_id.clone())
-                .or_insert_with(|| Bucket::GroupOp.full(l))
+                .or_insert_with(|| FrameKind::GroupOp.full_bucket(l))
                 .take(now)
                 .map_err(limited)?;
         }

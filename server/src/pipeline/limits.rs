@@ -1,11 +1,12 @@
 //! Per-connection frame limits, in one table. Each client frame kind ([`FrameKind`])
-//! takes a token from one of the connection's buckets ([`Bucket`], rate and burst from
+//! takes a token from one of the connection's [`Buckets`] (rate and burst from
 //! `limits.*`), is refused RATE_LIMITED with its own words when the bucket is empty, and
 //! counts those refusals under one flood kind (the `frame` label of
 //! `im_flood_disconnects_total`, one of `obs::FLOOD_FRAMES`), which closes the
 //! connection 1008 `<kind> flood` past `limits.max_rate_limited` in
 //! `limits.rate_limited_window_secs` (the gateway counts). A new frame kind is one row
-//! of [`FrameKind::rule`] (and a bucket, when it gets its own).
+//! of [`FrameKind::rule`] (and of [`FrameKind::rate`], when it gets a bucket of its
+//! own).
 
 use std::sync::Mutex;
 use std::time::Instant;
@@ -54,119 +55,47 @@ impl TokenBucket {
     }
 }
 
-/// One of a connection's token buckets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Bucket {
-    /// `limits.ping_*`.
-    Ping,
-    /// `limits.send_*` (Send, Recall, Edit, DeleteForMe).
-    Send,
-    /// `limits.deliver_ack_*`.
-    DeliverAck,
-    /// `limits.sync_*` (SyncRequest, FetchHistory).
-    Sync,
-    /// `limits.group_op_*`.
-    GroupOp,
-    /// `limits.mark_read_*`.
-    MarkRead,
-    /// `limits.list_conversations_*`.
-    ListConversations,
-    /// `limits.set_flags_*`.
-    SetFlags,
-    /// `limits.presence_subscribe_*`.
-    PresenceSubscribe,
-    /// `limits.set_presence_*`.
-    SetPresence,
-    /// `limits.typing_*`.
-    Typing,
-}
-
-impl Bucket {
-    /// Every bucket, in declaration order (the discriminant is the index).
-    pub const ALL: [Bucket; 11] = [
-        Bucket::Ping,
-        Bucket::Send,
-        Bucket::DeliverAck,
-        Bucket::Sync,
-        Bucket::GroupOp,
-        Bucket::MarkRead,
-        Bucket::ListConversations,
-        Bucket::SetFlags,
-        Bucket::PresenceSubscribe,
-        Bucket::SetPresence,
-        Bucket::Typing,
-    ];
-
-    /// Its rate per second and burst.
-    pub fn rate(self, l: &Limits) -> (u32, u32) {
-        match self {
-            Bucket::Ping => (l.ping_rate_per_sec, l.ping_burst),
-            Bucket::Send => (l.send_rate_per_sec, l.send_burst),
-            Bucket::DeliverAck => (l.deliver_ack_rate_per_sec, l.deliver_ack_burst),
-            Bucket::Sync => (l.sync_rate_per_sec, l.sync_burst),
-            Bucket::GroupOp => (l.group_op_rate_per_sec, l.group_op_burst),
-            Bucket::MarkRead => (l.mark_read_rate_per_sec, l.mark_read_burst),
-            Bucket::ListConversations => (
-                l.list_conversations_rate_per_sec,
-                l.list_conversations_burst,
-            ),
-            Bucket::SetFlags => (l.set_flags_rate_per_sec, l.set_flags_burst),
-            Bucket::PresenceSubscribe => (
-                l.presence_subscribe_rate_per_sec,
-                l.presence_subscribe_burst,
-            ),
-            Bucket::SetPresence => (l.set_presence_rate_per_sec, l.set_presence_burst),
-            Bucket::Typing => (l.typing_rate_per_sec, l.typing_burst),
-        }
-    }
-
-    /// A full bucket at its configured rate.
-    pub fn full(self, l: &Limits) -> TokenBucket {
-        let (rate, burst) = self.rate(l);
-        TokenBucket::new(rate, burst)
-    }
-}
-
-/// A rate-limited client frame kind.
+/// A rate-limited client frame kind. The first [`FrameKind::OWNERS`] kinds have a token
+/// bucket of their own; the others share one of theirs ([`Rule::shares`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FrameKind {
-    /// Ping.
+    /// Ping (`limits.ping_*`).
     Ping,
-    /// Send.
+    /// Send (`limits.send_*`).
     Send,
-    /// Recall.
-    Recall,
-    /// Edit.
-    Edit,
-    /// DeleteForMe.
-    DeleteForMe,
-    /// DeliverAck.
+    /// DeliverAck (`limits.deliver_ack_*`).
     DeliverAck,
-    /// SyncRequest.
+    /// SyncRequest (`limits.sync_*`).
     Sync,
-    /// FetchHistory.
-    FetchHistory,
-    /// GroupOp.
+    /// GroupOp (`limits.group_op_*`).
     GroupOp,
-    /// MarkRead.
+    /// MarkRead (`limits.mark_read_*`).
     MarkRead,
-    /// ListConversations.
+    /// ListConversations (`limits.list_conversations_*`).
     ListConversations,
-    /// SetConversationFlags.
+    /// SetConversationFlags (`limits.set_flags_*`).
     SetFlags,
-    /// PresenceSubscribe.
+    /// PresenceSubscribe (`limits.presence_subscribe_*`).
     PresenceSubscribe,
-    /// SetPresence.
+    /// SetPresence (`limits.set_presence_*`).
     SetPresence,
-    /// Typing.
+    /// Typing (`limits.typing_*`).
     Typing,
+    /// Recall (the Send bucket).
+    Recall,
+    /// Edit (the Send bucket).
+    Edit,
+    /// DeleteForMe (the Send bucket).
+    DeleteForMe,
+    /// FetchHistory (the SyncRequest bucket).
+    FetchHistory,
 }
 
 /// A frame kind's row of the table.
 #[derive(Debug, Clone, Copy)]
 pub struct Rule {
-    /// The bucket it takes a token from.
-    pub bucket: Bucket,
+    /// The kind whose bucket it takes from, when not its own.
+    pub shares: Option<FrameKind>,
     /// What its RATE_LIMITED refusal says is done too fast.
     pub what: &'static str,
     /// Its flood kind: the `frame` label (one of `obs::FLOOD_FRAMES`).
@@ -176,58 +105,108 @@ pub struct Rule {
 }
 
 impl FrameKind {
-    /// The table: each kind's bucket, refusal words and flood kind.
+    /// Every kind, in declaration order (the discriminant is the index): the bucket
+    /// owners first.
+    pub const ALL: [FrameKind; 15] = [
+        FrameKind::Ping,
+        FrameKind::Send,
+        FrameKind::DeliverAck,
+        FrameKind::Sync,
+        FrameKind::GroupOp,
+        FrameKind::MarkRead,
+        FrameKind::ListConversations,
+        FrameKind::SetFlags,
+        FrameKind::PresenceSubscribe,
+        FrameKind::SetPresence,
+        FrameKind::Typing,
+        FrameKind::Recall,
+        FrameKind::Edit,
+        FrameKind::DeleteForMe,
+        FrameKind::FetchHistory,
+    ];
+
+    /// How many kinds own a bucket (the first of [`FrameKind::ALL`]).
+    pub const OWNERS: usize = 11;
+
+    /// The table: each kind's shared bucket, refusal words and flood kind.
     pub const fn rule(self) -> Rule {
-        const fn r(
-            bucket: Bucket,
-            what: &'static str,
-            flood: &'static str,
-            close: &'static str,
-        ) -> Rule {
+        const fn own(what: &'static str, flood: &'static str, close: &'static str) -> Rule {
             Rule {
-                bucket,
+                shares: None,
                 what,
                 flood,
                 close,
             }
         }
-        use Bucket as B;
+        const fn shares(kind: FrameKind, what: &'static str) -> Rule {
+            let mut r = kind.rule();
+            r.shares = Some(kind);
+            r.what = what;
+            r
+        }
+        use FrameKind as K;
         match self {
-            FrameKind::Ping => r(B::Ping, "pinging", "ping", "ping flood"),
-            FrameKind::Send => r(B::Send, "sending", "send", "send flood"),
-            FrameKind::Recall => r(B::Send, "recalling", "send", "send flood"),
-            FrameKind::Edit => r(B::Send, "editing", "send", "send flood"),
-            FrameKind::DeleteForMe => r(B::Send, "deleting", "send", "send flood"),
-            FrameKind::DeliverAck => r(B::DeliverAck, "acking", "deliver_ack", "deliver_ack flood"),
-            FrameKind::Sync => r(B::Sync, "syncing", "sync", "sync flood"),
-            FrameKind::FetchHistory => r(B::Sync, "fetching history", "sync", "sync flood"),
-            FrameKind::GroupOp => r(B::GroupOp, "changing groups", "group_op", "group_op flood"),
-            FrameKind::MarkRead => r(B::MarkRead, "marking read", "mark_read", "mark_read flood"),
-            FrameKind::ListConversations => r(
-                B::ListConversations,
+            K::Ping => own("pinging", "ping", "ping flood"),
+            K::Send => own("sending", "send", "send flood"),
+            K::DeliverAck => own("acking", "deliver_ack", "deliver_ack flood"),
+            K::Sync => own("syncing", "sync", "sync flood"),
+            K::GroupOp => own("changing groups", "group_op", "group_op flood"),
+            K::MarkRead => own("marking read", "mark_read", "mark_read flood"),
+            K::ListConversations => own(
                 "listing conversations",
                 "conversations",
                 "conversations flood",
             ),
-            FrameKind::SetFlags => r(
-                B::SetFlags,
+            K::SetFlags => own(
                 "setting conversation flags",
                 "conversations",
                 "conversations flood",
             ),
-            FrameKind::PresenceSubscribe => r(
-                B::PresenceSubscribe,
-                "subscribing to presence",
-                "presence",
-                "presence flood",
+            K::PresenceSubscribe => own("subscribing to presence", "presence", "presence flood"),
+            K::SetPresence => own("setting presence", "presence", "presence flood"),
+            K::Typing => own("typing notices", "typing", "typing flood"),
+            K::Recall => shares(K::Send, "recalling"),
+            K::Edit => shares(K::Send, "editing"),
+            K::DeleteForMe => shares(K::Send, "deleting"),
+            K::FetchHistory => shares(K::Sync, "fetching history"),
+        }
+    }
+
+    /// The rate per second and burst of the bucket it takes from.
+    pub fn rate(self, l: &Limits) -> (u32, u32) {
+        use FrameKind as K;
+        match self.rule().shares.unwrap_or(self) {
+            K::Ping => (l.ping_rate_per_sec, l.ping_burst),
+            K::Send | K::Recall | K::Edit | K::DeleteForMe => (l.send_rate_per_sec, l.send_burst),
+            K::DeliverAck => (l.deliver_ack_rate_per_sec, l.deliver_ack_burst),
+            K::Sync | K::FetchHistory => (l.sync_rate_per_sec, l.sync_burst),
+            K::GroupOp => (l.group_op_rate_per_sec, l.group_op_burst),
+            K::MarkRead => (l.mark_read_rate_per_sec, l.mark_read_burst),
+            K::ListConversations => (
+                l.list_conversations_rate_per_sec,
+                l.list_conversations_burst,
             ),
-            FrameKind::SetPresence => r(
-                B::SetPresence,
-                "setting presence",
-                "presence",
-                "presence flood",
+            K::SetFlags => (l.set_flags_rate_per_sec, l.set_flags_burst),
+            K::PresenceSubscribe => (
+                l.presence_subscribe_rate_per_sec,
+                l.presence_subscribe_burst,
             ),
-            FrameKind::Typing => r(B::Typing, "typing notices", "typing", "typing flood"),
+            K::SetPresence => (l.set_presence_rate_per_sec, l.set_presence_burst),
+            K::Typing => (l.typing_rate_per_sec, l.typing_burst),
+        }
+    }
+
+    /// A full bucket at its configured rate.
+    pub fn full_bucket(self, l: &Limits) -> TokenBucket {
+        let (rate, burst) = self.rate(l);
+        TokenBucket::new(rate, burst)
+    }
+
+    /// The index of the bucket it takes from in a connection's [`Buckets`].
+    const fn slot(self) -> usize {
+        match self.rule().shares {
+            Some(owner) => owner as usize,
+            None => self as usize,
         }
     }
 
@@ -275,14 +254,16 @@ impl FrameKind {
     }
 }
 
-/// A connection's buckets, one per [`Bucket`].
+/// A connection's buckets, one per bucket-owning [`FrameKind`].
 #[derive(Debug)]
-pub struct Buckets(Mutex<[TokenBucket; Bucket::ALL.len()]>);
+pub struct Buckets(Mutex<[TokenBucket; FrameKind::OWNERS]>);
 
 impl Buckets {
     /// Full buckets at the configured rates.
     pub fn new(l: &Limits) -> Self {
-        Buckets(Mutex::new(Bucket::ALL.map(|b| b.full(l))))
+        Buckets(Mutex::new(std::array::from_fn(|i| {
+            FrameKind::ALL[i].full_bucket(l)
+        })))
     }
 }
 
@@ -293,9 +274,7 @@ impl Session {
         let Ok(mut b) = self.buckets.0.lock() else {
             return Ok(());
         };
-        b[kind.rule().bucket as usize]
-            .take(now)
-            .map_err(|ms| kind.refusal(ms))
+        b[kind.slot()].take(now).map_err(|ms| kind.refusal(ms))
     }
 }
 
@@ -317,31 +296,15 @@ mod tests {
         assert!((0..1000).all(|_| free.take(t0).is_ok()));
     }
 
-    const KINDS: [FrameKind; 15] = [
-        FrameKind::Ping,
-        FrameKind::Send,
-        FrameKind::Recall,
-        FrameKind::Edit,
-        FrameKind::DeleteForMe,
-        FrameKind::DeliverAck,
-        FrameKind::Sync,
-        FrameKind::FetchHistory,
-        FrameKind::GroupOp,
-        FrameKind::MarkRead,
-        FrameKind::ListConversations,
-        FrameKind::SetFlags,
-        FrameKind::PresenceSubscribe,
-        FrameKind::SetPresence,
-        FrameKind::Typing,
-    ];
-
     #[test]
     fn the_table_names_every_flood_kind_and_bucket() {
-        for (i, b) in Bucket::ALL.iter().enumerate() {
-            assert_eq!(*b as usize, i, "{b:?} out of order");
-            assert!(KINDS.iter().any(|k| k.rule().bucket == *b), "{b:?} unused");
+        for (i, k) in FrameKind::ALL.iter().enumerate() {
+            assert_eq!(*k as usize, i, "{k:?} out of order");
+            let owner = i < FrameKind::OWNERS;
+            assert_eq!(k.rule().shares.is_none(), owner, "{k:?}");
+            assert!(k.slot() < FrameKind::OWNERS, "{k:?}");
         }
-        for k in KINDS {
+        for k in FrameKind::ALL {
             let rule = k.rule();
             assert!(FLOOD_FRAMES.contains(&rule.flood), "{k:?}: {}", rule.flood);
             assert_eq!(rule.close, format!("{} flood", rule.flood), "{k:?}");
@@ -349,7 +312,7 @@ mod tests {
         }
         for label in FLOOD_FRAMES {
             assert!(
-                KINDS.iter().any(|k| k.rule().flood == label),
+                FrameKind::ALL.iter().any(|k| k.rule().flood == label),
                 "no frame kind floods as {label}"
             );
         }

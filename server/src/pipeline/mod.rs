@@ -33,7 +33,7 @@ use crate::obs::runtime::{spawn, Task};
 use crate::obs::{Metrics, Stage};
 use crate::persist::{self, PersistHandle, WriteReq};
 use crate::route::receipts;
-use crate::store::membership::Relations;
+use crate::store::membership::{Members, Relations};
 use crate::store::{Store, StoreHealth};
 use limits::Buckets;
 
@@ -53,7 +53,7 @@ pub struct Session {
     pub device_id: String,
     /// Its outbound queue.
     pub out: Arc<Outbound>,
-    /// Its rate limits, one bucket per [`limits::Bucket`].
+    /// Its rate limits, one token bucket per bucket-owning [`FrameKind`].
     buckets: Buckets,
     /// Last seqs of conversations this session has seen (DeliverAck checks), bounded.
     last_seqs: std::sync::Mutex<std::collections::HashMap<String, u64>>,
@@ -73,6 +73,12 @@ impl Session {
 
     fn reply(&self, f: &Frame) {
         self.out.push(im_proto::encode(f), true);
+    }
+
+    /// Replies `body` to request `req_id`: the handler is done.
+    fn answer(&self, req_id: u64, body: Body) -> Result<(), Refusal> {
+        self.reply(&frame(req_id, body));
+        Ok(())
     }
 }
 
@@ -269,6 +275,13 @@ impl Pipeline {
                 None,
             )),
         }
+    }
+
+    /// The members of group `g`; NOT_FOUND when there is no such group.
+    async fn group_members(&self, g: &str) -> Result<Members, Refusal> {
+        let members = self.relations.members(g).await.map_err(Refusal::store)?;
+        members
+            .ok_or_else(|| Refusal::code(ErrorCode::NotFound, format!("group {g} not found"), None))
     }
 
     /// Whether `user` may read `conversation_id`.

@@ -87,14 +87,7 @@ impl Pipeline {
                 Some((s.user_id.clone(), to)),
             ),
             send::Target::GroupId(g) => {
-                let members = self.relations.members(&g).await.map_err(Refusal::store)?;
-                let Some(members) = members else {
-                    return Err(Refusal::code(
-                        ErrorCode::NotFound,
-                        format!("group {g} not found"),
-                        None,
-                    ));
-                };
+                let members = self.group_members(&g).await?;
                 if !relation::is_in(&members, &s.user_id) {
                     return Err(Refusal::code(
                         ErrorCode::NotMember,

@@ -1,7 +1,7 @@
 //! Delivery state: DeliverAck (a delivered cursor moved, within the conversation's
 //! seqs) and SyncRequest (a page of what a device missed, from its cursors).
 
-use im_proto::{frame, Body, DeliverAck, ErrorCode, SyncRequest, SyncResponse};
+use im_proto::{Body, DeliverAck, ErrorCode, SyncRequest, SyncResponse};
 
 use super::{Pipeline, Refusal, Session, DEFAULT_SYNC_LIMIT, MAX_SYNC_CURSORS};
 use crate::persist::WriteReq;
@@ -122,10 +122,6 @@ impl Pipeline {
             )
             .await
             .map_err(Refusal::store)?;
-        s.reply(&frame(
-            req_id,
-            Body::SyncResp(SyncResponse { messages, more }),
-        ));
-        Ok(())
+        s.answer(req_id, Body::SyncResp(SyncResponse { messages, more }))
     }
 }
