@@ -2,8 +2,12 @@
 //! [`MAX_LINES`] lines, counted from the line of its `fn` to the line of its closing
 //! brace (comments, strings and char literals are skipped when braces are matched).
 
+mod common;
+
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use common::rust_files;
 
 /// The longest a function may be.
 const MAX_LINES: usize = 150;
@@ -18,18 +22,6 @@ const PENDING_SPLIT: &[(&str, &str)] = &[
     ("store/sqlite_commit.rs", "commit_batch"),
     ("store/access.rs", "decide"),
 ];
-
-/// Every `.rs` file under `dir`.
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in fs::read_dir(dir).expect("reading a source directory") {
-        let path = entry.expect("a directory entry").path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-}
 
 /// `text` with comments, string literals and char literals blanked (newlines kept, so
 /// byte offsets and line numbers stay those of the file).

@@ -11,6 +11,7 @@
 
 pub mod alloc;
 pub mod capacity;
+pub mod capture;
 pub mod compactor;
 pub mod heap;
 pub mod latency;
