@@ -5,7 +5,7 @@
 //!
 //! Per message: decode the client's `Send` frame (`Frame::decode`, as
 //! `gateway::protocol` does), encode and queue the `SendAck` to the sender and hand the
-//! committed message to the real `pipeline::route::Router` (as `pipeline::persist`
+//! committed message to the real `route::Router` (as `persist`
 //! does after a commit), which encodes it once and pushes the shared bytes into each
 //! recipient's `flow::Outbound`. After every commit batch each connection's queue is
 //! drained the way the write loop does (`OutboundRx::fill`, `flow::coalesce`, i.e.
@@ -22,7 +22,7 @@ use im_proto::{frame, send, Body, ChatMessage, Frame, Message, MessageType, Send
 use im_server::config::Config;
 use im_server::flow::{self, OutFrame, Outbound, OutboundRx};
 use im_server::obs::Metrics;
-use im_server::pipeline::route::{Delivery, Recipients, Router};
+use im_server::route::{Delivery, Recipients, Router};
 use im_server::store::membership::Members;
 
 // The server's allocator: allocation is a good part of the path being counted.

@@ -1,8 +1,9 @@
 //! im-server: an observability-first IM server (WebSocket + protobuf).
 //!
-//! The message path, one module per stage or concern: `gateway` (accept, read and write
-//! loops) -> `pipeline` (validate, relation, persist, route) -> `flow` (outbound queues)
-//! -> back out through `gateway`. `store` holds durable state, `obs` the metrics,
+//! The message path, one module per stage or concern, in the order a message takes:
+//! `gateway` (accept, read and write loops) -> `pipeline` (per-frame checks and
+//! handlers) -> `persist` (the writer: commit, then ack) -> `route` (fan-out, presence,
+//! receipts) -> `flow` (outbound queues) -> back out through `gateway`. `store` holds durable state, `obs` the metrics,
 //! `admin` the admin API, `config` the typed config and `auth` tokens and secrets;
 //! `cluster` links the node to the others and `route_api` answers `GET /v1/route`.
 //! [`Node::start`] wires them together. Which module may call which is in
@@ -16,7 +17,9 @@ pub mod flow;
 pub mod gateway;
 pub mod listen;
 pub mod obs;
+pub mod persist;
 pub mod pipeline;
+pub mod route;
 pub mod route_api;
 pub mod store;
 
@@ -240,7 +243,7 @@ impl Node {
             relations.clone(),
             cluster
                 .as_ref()
-                .map(|c| c.link.clone() as Arc<dyn pipeline::route::Peers>),
+                .map(|c| c.link.clone() as Arc<dyn route::Peers>),
             &config,
             metrics.clone(),
         );
@@ -335,30 +338,19 @@ impl Built {
     /// Starts serving: the sampler and log housekeeping, the cluster tasks (cluster
     /// mode), then both listeners.
     pub async fn serve(self) -> anyhow::Result<Running> {
-        let Built {
-            node,
-            client_addr,
-            admin_addr,
-            gateway,
-            writer,
-            relations,
-            group_rx,
-            sampler,
-            client,
-            admin,
-            ws_url,
-        } = self;
+        let node = self.node;
         let config = &node.config;
         let mut background = vec![tokio::spawn(
-            sampler.run(Duration::from_millis(config.obs.sample_interval_ms as u64)),
+            self.sampler
+                .run(Duration::from_millis(config.obs.sample_interval_ms as u64)),
         )];
         let route_api = route_api::RouteApi {
             node_id: node.node_id.clone(),
-            ws_url: ws_url.clone(),
+            ws_url: self.ws_url.clone(),
             registry: node.cluster.as_ref().map(|c| c.link.registry.clone()),
             draining: node.draining.clone(),
         };
-        let client_app = gateway.router().merge(route_api::router(route_api));
+        let client_app = self.gateway.router().merge(route_api::router(route_api));
         let admin_app = admin::router(node.clone());
         let opts = listen::SocketOpts {
             send_buffer: config.flow.socket_send_buffer_bytes as usize,
@@ -366,13 +358,14 @@ impl Built {
         };
         let (log_tasks, compactor) = start_log_tasks(config, snapshot_of(&node));
         background.push(log_tasks);
-        let report = load_report(&node, ws_url, format!("http://{admin_addr}"));
+        let admin_url = format!("http://{}", self.admin_addr);
+        let report = load_report(&node, self.ws_url, admin_url);
         if let Some(c) = &node.cluster {
             let tasks = c
                 .start(
                     node.pipeline.router.clone(),
-                    relations,
-                    group_rx,
+                    self.relations,
+                    self.group_rx,
                     revoked_fn(&node),
                     report.clone(),
                 )
@@ -392,15 +385,15 @@ impl Built {
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let listeners = vec![
             tokio::spawn(listen::serve_client(
-                client,
+                self.client,
                 client_app,
-                gateway.clone(),
+                self.gateway.clone(),
                 config.http.clone(),
                 opts,
                 stopped.clone(),
             )),
             tokio::spawn(listen::serve_admin(
-                admin,
+                self.admin,
                 admin_app,
                 config.http.clone(),
                 stopped,
@@ -408,10 +401,10 @@ impl Built {
         ];
         Ok(Running {
             node,
-            client_addr,
-            admin_addr,
-            gateway,
-            writer,
+            client_addr: self.client_addr,
+            admin_addr: self.admin_addr,
+            gateway: self.gateway,
+            writer: self.writer,
             stop,
             listeners,
             background,

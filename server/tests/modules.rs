@@ -6,9 +6,13 @@
 //! with those words. Top-level modules may not import each other in a cycle; the crate
 //! root, which wires them all together, is left out of that check.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use common::rust_files;
 
 /// The crate root's name in the tables.
 const ROOT: &str = "crate root";
@@ -34,18 +38,6 @@ fn modules(src: &Path) -> BTreeSet<String> {
         }
     }
     out
-}
-
-/// Every `.rs` file under `dir`.
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in fs::read_dir(dir).expect("reading a source directory") {
-        let path = entry.expect("a directory entry").path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
 }
 
 /// `text` without `//` line comments and `/* */` block comments (doc links are not calls).

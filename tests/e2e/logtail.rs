@@ -217,7 +217,7 @@ async fn live_tail_streams_one_filtered_user_and_nothing_of_others() {
         .find(|(_, x)| has(x, "message routed", Some("recipient")))
         .map(|(_, x)| x.clone())
         .unwrap();
-    assert_eq!(routed.target, "im_server::pipeline::route");
+    assert_eq!(routed.target, "im_server::route");
     assert_eq!(routed.fields["conns_here"], 1);
     assert!(routed.seq > 0 && routed.ts_ms > 0);
 

@@ -12,7 +12,7 @@ use prost::Message as _;
 use super::relay::Envelope;
 use super::trust::ClusterKey;
 use super::RevokedFn;
-use crate::pipeline::route::Router;
+use crate::route::Router;
 use crate::store::membership::Relations;
 
 /// local sessions in arrival order; resync notices hint every session here.

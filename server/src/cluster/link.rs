@@ -21,7 +21,7 @@ use super::registry::Registry;
 use super::relay::{self, Envelope};
 use super::trust::ClusterKey;
 use super::PUBLISH_TIMEOUT;
-use crate::pipeline::route::{Forward, Peers};
+use crate::route::{Forward, Peers};
 
 /// The KV side of the link, as [`Health::kv`] holds it.
 pub(super) const KV_OK: u8 = 0;

@@ -39,7 +39,7 @@
 //! watches) and `inbound` (envelopes from the other nodes); `registry`, `presence`,
 //! `relay`, `query`, `trace` and `trust` are the pieces they share.
 //!
-//! The router calls [`Link`] through its own `pipeline::route::Peers` trait (presence
+//! The router calls [`Link`] through its own `route::Peers` trait (presence
 //! up/down, the forward plan, publishing), so it knows nothing of this module; the tasks
 //! here call the router (local delivery, sync hints, presence republishing) and the
 //! membership cache (eviction on a group change made elsewhere). Cross-node pushes of
@@ -70,7 +70,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::Config;
 use crate::obs::runtime::{spawn, Task};
-use crate::pipeline::route::Router;
+use crate::route::Router;
 use crate::store::membership::Relations;
 use kv::{purge_node_keys, put_report, Buckets};
 pub use link::Link;

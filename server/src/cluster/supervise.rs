@@ -15,7 +15,7 @@ use super::link::{Link, PresenceOp, KV_OK, KV_RESYNCING};
 use super::watch::{watch_presence, watch_registry};
 use super::{ReportFn, RETRY};
 use crate::obs::runtime::{spawn, Task};
-use crate::pipeline::route::Router;
+use crate::route::Router;
 use crate::store::membership::Relations;
 
 /// Aborts its tasks when dropped (the watches of the current buckets).

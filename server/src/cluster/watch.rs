@@ -12,7 +12,7 @@ use futures_util::StreamExt;
 use super::kv::Buckets;
 use super::link::Link;
 use super::{presence, RETRY};
-use crate::pipeline::route::Router;
+use crate::route::Router;
 
 /// A watch failed or ended: unless NATS is down (the reconnect handles that), the
 /// buckets need a resync.

@@ -168,7 +168,17 @@ impl Default for Limits {
 }
 
 impl Limits {
+    /// Checks every key of `[limits]`, in the order of the file; the first bad one is
+    /// the error.
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_frames_and_timeouts()?;
+        self.validate_connections()?;
+        self.validate_buckets()?;
+        self.validate_sizes()
+    }
+
+    /// Frame size, heartbeat and timeouts, sync page and group size.
+    fn validate_frames_and_timeouts(&self) -> Result<(), ConfigError> {
         let l = self;
         range("limits.max_frame_bytes", l.max_frame_bytes, 256, 16 << 20)?;
         range("limits.heartbeat_secs", l.heartbeat_secs, 1, 3600)?;
@@ -188,6 +198,12 @@ impl Limits {
             2,
             10_000_000,
         )?;
+        Ok(())
+    }
+
+    /// The Ping bucket, the flood rule and the connection, proxy and session caps.
+    fn validate_connections(&self) -> Result<(), ConfigError> {
+        let l = self;
         range(
             "limits.ping_rate_per_sec",
             l.ping_rate_per_sec,
@@ -231,6 +247,12 @@ impl Limits {
             0,
             1_000_000,
         )?;
+        Ok(())
+    }
+
+    /// The per-connection token buckets: rate 0 (unlimited) and up, burst 1 and up.
+    fn validate_buckets(&self) -> Result<(), ConfigError> {
+        let l = self;
         for (key, rate, burst_key, burst) in [
             (
                 "limits.deliver_ack_rate_per_sec",
@@ -290,6 +312,12 @@ impl Limits {
             range(key, rate, 0, 1_000_000)?;
             range(burst_key, burst, 1, 1_000_000)?;
         }
+        Ok(())
+    }
+
+    /// Batches, list pages, previews, the recall and edit windows, presence and typing.
+    fn validate_sizes(&self) -> Result<(), ConfigError> {
+        let l = self;
         range("limits.max_batch_frames", l.max_batch_frames, 1, 100_000)?;
         range(
             "limits.list_conversations_limit_max",

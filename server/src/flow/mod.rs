@@ -48,8 +48,6 @@ impl CloseReason {
     pub const TOO_BIG: u16 = 1009;
     /// Server shutting down (1001).
     pub const GOING_AWAY: u16 = 1001;
-    /// Server error (1011).
-    pub const INTERNAL: u16 = 1011;
     /// Idle timeout (private range).
     pub const IDLE: u16 = 4001;
     /// Kicked by an operator (private range).

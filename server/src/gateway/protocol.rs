@@ -17,7 +17,8 @@ use im_proto::{error_frame, frame, Body, ErrorCode, Frame, LoginOk, Message as _
 use super::Gateway;
 use crate::flow::{CloseReason, Outbound};
 use crate::obs::Stage;
-use crate::pipeline::{Refusal, Session, TokenBucket};
+use crate::obs::FLOOD_FRAMES;
+use crate::pipeline::{FrameKind, Session};
 
 /// Longest accepted device id, in bytes.
 pub const MAX_DEVICE_ID: usize = 128;
@@ -44,71 +45,6 @@ pub enum Step {
     Continue,
     /// Close with this code and reason (after flushing what is queued).
     Close(CloseReason),
-}
-
-/// Which frame kind a RATE_LIMITED refusal was for (label `frame` of
-/// `im_flood_disconnects_total`; declared in the order of `obs::FLOOD_FRAMES`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Flood {
-    Ping,
-    Send,
-    DeliverAck,
-    Sync,
-    GroupOp,
-    MarkRead,
-    Conversations,
-    Presence,
-    Typing,
-}
-
-impl Flood {
-    /// Every kind, in the order of [`Protocol`]'s refusal windows.
-    const ALL: [Flood; 9] = [
-        Flood::Ping,
-        Flood::Send,
-        Flood::DeliverAck,
-        Flood::Sync,
-        Flood::GroupOp,
-        Flood::MarkRead,
-        Flood::Conversations,
-        Flood::Presence,
-        Flood::Typing,
-    ];
-
-    fn of(what: Handled) -> Flood {
-        match what {
-            Handled::Ping => Flood::Ping,
-            Handled::DeliverAck { .. } => Flood::DeliverAck,
-            // FetchHistory takes the sync bucket; Recall, Edit and DeleteForMe the Send one.
-            Handled::Sync { .. } | Handled::History => Flood::Sync,
-            Handled::GroupOp => Flood::GroupOp,
-            Handled::MarkRead => Flood::MarkRead,
-            Handled::Conversations => Flood::Conversations,
-            Handled::Presence => Flood::Presence,
-            Handled::Typing => Flood::Typing,
-            Handled::Send { .. } | Handled::Other => Flood::Send,
-        }
-    }
-
-    /// Its `frame` label: the entry of [`crate::obs::FLOOD_FRAMES`] at its position.
-    const fn label(self) -> &'static str {
-        crate::obs::FLOOD_FRAMES[self as usize]
-    }
-
-    fn close(self) -> CloseReason {
-        let reason = match self {
-            Flood::Ping => "ping flood",
-            Flood::Send => "send flood",
-            Flood::DeliverAck => "deliver_ack flood",
-            Flood::Sync => "sync flood",
-            Flood::GroupOp => "group_op flood",
-            Flood::MarkRead => "mark_read flood",
-            Flood::Conversations => "conversations flood",
-            Flood::Presence => "presence flood",
-            Flood::Typing => "typing flood",
-        };
-        CloseReason::new(CloseReason::POLICY, reason)
-    }
 }
 
 /// RATE_LIMITED refusals of one frame kind, counted in fixed windows.
@@ -149,23 +85,21 @@ pub struct Protocol {
     /// The session's token `exp` (unix seconds).
     token_exp: u64,
     bad: u32,
-    pings: TokenBucket,
-    refusals: [FloodWindow; Flood::ALL.len()],
+    /// RATE_LIMITED refusals per flood kind (`obs::FLOOD_FRAMES`).
+    refusals: [FloodWindow; FLOOD_FRAMES.len()],
 }
 
 impl Protocol {
     /// A new connection's state machine; replies and errors go to `out`.
     pub fn new(gw: Arc<Gateway>, out: Arc<Outbound>) -> Self {
         let now = Instant::now();
-        let pings = TokenBucket::new(gw.limits.ping_rate_per_sec, gw.limits.ping_burst);
         Protocol {
             gw,
             out,
             session: None,
             token_exp: 0,
             bad: 0,
-            pings,
-            refusals: Flood::ALL.map(|_| FloodWindow::new(now)),
+            refusals: FLOOD_FRAMES.map(|_| FloodWindow::new(now)),
         }
     }
 
@@ -341,15 +275,12 @@ impl Protocol {
         };
         let req_id = f.req_id;
         let what = Handled::of(&f);
-        let r = if matches!(f.body, Some(Body::Ping(_))) {
-            match self.pings.take(Instant::now()) {
+        // RATE_LIMITED can only come from a kind's bucket; anything else floods as Send.
+        let kind = f.body.as_ref().and_then(FrameKind::of);
+        let r = if kind == Some(FrameKind::Ping) {
+            match s.take(FrameKind::Ping) {
                 Ok(()) => self.gw.pipeline.handle(s, f, started).await,
-                Err(retry_after_ms) => Err(Refusal {
-                    code: ErrorCode::RateLimited,
-                    message: "pinging too fast".into(),
-                    retry_after_ms,
-                    bad_reason: Some("rate_limited"),
-                }),
+                Err(r) => Err(r),
             }
         } else {
             self.gw.pipeline.handle(s, f, started).await
@@ -372,7 +303,7 @@ impl Protocol {
             return self.bad_frame();
         }
         if r.code == ErrorCode::RateLimited {
-            return self.rate_limited(Flood::of(what));
+            return self.rate_limited(kind.unwrap_or(FrameKind::Send));
         }
         Step::Continue
     }
@@ -388,15 +319,15 @@ impl Protocol {
 
     /// Counts a RATE_LIMITED refusal; past `limits.max_rate_limited` within
     /// `limits.rate_limited_window_secs` the connection closes (1008).
-    fn rate_limited(&mut self, kind: Flood) -> Step {
+    fn rate_limited(&mut self, kind: FrameKind) -> Step {
         let l = &self.gw.limits;
         let window = Duration::from_secs(l.rate_limited_window_secs as u64);
-        // `Flood::ALL` is in declaration order: the discriminant is the index.
-        let counter = &mut self.refusals[kind as usize];
+        let counter = &mut self.refusals[kind.flood_index()];
         if !counter.over(Instant::now(), window, l.max_rate_limited) {
             return Step::Continue;
         }
-        metrics::counter!("im_flood_disconnects_total", "frame" => kind.label()).increment(1);
+        let label = kind.rule().flood;
+        metrics::counter!("im_flood_disconnects_total", "frame" => label).increment(1);
         if let Some(user) = self.user() {
             self.gw.pipeline.users.flooded(user);
         }
@@ -404,12 +335,12 @@ impl Protocol {
         tracing::warn!(
             conn_id = self.out.conn_id,
             user = self.user().unwrap_or(""),
-            frame = kind.label(),
+            frame = label,
             max_rate_limited = l.max_rate_limited,
             window_secs = l.rate_limited_window_secs,
             "closing a flooding connection: too many RATE_LIMITED refusals"
         );
-        Step::Close(kind.close())
+        Step::Close(kind.flood_close())
     }
 
     /// Queues an Error frame.

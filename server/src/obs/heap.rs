@@ -12,7 +12,9 @@
 //! function names resolved in the process, top functions) on a short-lived low-priority
 //! thread, like the CPU profile.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
+
+use super::capture::Slot;
 
 /// Seconds a capture may last.
 pub const SECONDS: std::ops::RangeInclusive<u32> = 1..=60;
@@ -38,21 +40,16 @@ pub enum HeapError {
 static CAPTURING: AtomicBool = AtomicBool::new(false);
 
 /// The process-wide right to capture a heap profile; released on drop.
-pub struct HeapSlot(());
+pub struct HeapSlot {
+    _held: Slot,
+}
 
 impl HeapSlot {
     /// Takes the slot, or [`HeapError::Busy`] if a heap capture is running.
     pub fn try_take() -> Result<HeapSlot, HeapError> {
-        CAPTURING
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .map(|_| HeapSlot(()))
-            .map_err(|_| HeapError::Busy)
-    }
-}
-
-impl Drop for HeapSlot {
-    fn drop(&mut self) {
-        CAPTURING.store(false, Ordering::Release);
+        Slot::take(&CAPTURING)
+            .map(|held| HeapSlot { _held: held })
+            .ok_or(HeapError::Busy)
     }
 }
 
@@ -142,20 +139,14 @@ mod imp {
             .await;
         let mut sampling = Sampling::start(ctl)?;
         tokio::time::sleep(Duration::from_secs(seconds.into())).await;
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        std::thread::Builder::new()
-            .name("im-heap-profile".into())
-            .spawn(move || {
-                super::super::compactor::lower_thread_priority();
-                let dump = sampling.0.dump();
-                drop(sampling); // sampling off before the (allocating) rendering
-                let _ = tx.send(
-                    dump.map_err(ctl_err)
-                        .and_then(|f| render(f, format, seconds)),
-                );
-            })
-            .map_err(|e| ctl_err(format!("cannot start the report thread: {e}")))?;
-        rx.await.map_err(|_| ctl_err("report thread failed"))?
+        let report = move || {
+            let dump = sampling.0.dump();
+            drop(sampling); // sampling off before the (allocating) rendering
+            dump.map_err(ctl_err)
+                .and_then(|f| render(f, format, seconds))
+        };
+        super::super::capture::on_report_thread("im-heap-profile", report, HeapError::Profiler)
+            .await
     }
 
     fn render(dump: std::fs::File, format: Format, seconds: u32) -> Result<Rendered, HeapError> {

@@ -11,6 +11,7 @@
 
 pub mod alloc;
 pub mod capacity;
+pub mod capture;
 pub mod compactor;
 pub mod heap;
 pub mod latency;
@@ -360,337 +361,129 @@ pub const BAD_FRAME_REASONS: &[&str] = &[
     "session_limit",
 ];
 
-/// HELP text and units for every metric (promtool lints a metric without HELP).
 /// Reasons of `im_store_faults_total` and `im_store_fault` (the store's `Fault` names).
 pub const STORE_FAULTS: &[&str] = &["disk_full", "io_error", "read_only", "store_down"];
 
+/// What kind of metric a [`Help`] row describes.
+#[derive(Clone, Copy)]
+enum MetricKind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// One metric's HELP text: kind, name, unit, text.
+struct Help(MetricKind, &'static str, Option<Unit>, &'static str);
+
+const fn help_counter(name: &'static str, text: &'static str) -> Help {
+    Help(MetricKind::Counter, name, None, text)
+}
+
+const fn help_gauge(name: &'static str, text: &'static str) -> Help {
+    Help(MetricKind::Gauge, name, None, text)
+}
+
+/// HELP text and units for every metric (promtool lints a metric without HELP).
+const HELP: &[Help] = &[
+    help_counter("im_traces_recorded_total", "Message trace parts filed in this node's trace store."),
+    help_counter("im_trace_bad_replies_total", "Trace replies from other nodes dropped: too large, undecodable, badly signed or not the asked message."),
+    help_counter("im_receipts_sent_total", "ReadReceipt pushes sent (per member, or one counted receipt for a large group)."),
+    help_counter("im_receipts_dropped_total", "Committed reads whose receipt was dropped because the receipt queue was full."),
+    help_counter("im_presence_pushes_total", "Presence pushes queued to subscribed connections."),
+    help_gauge("im_presence_subscriptions", "Presence subscriptions held by connections on this node."),
+    help_counter("im_typing_skipped_slow_total", "Typing signals not queued to a connection above its low mark (a slow consumer)."),
+    help_counter("im_admin_messages_total", "Messages sent through POST /admin/v1/messages, by kind and target."),
+    help_counter("im_admin_message_refusals_total", "POST /admin/v1/messages requests refused, by HTTP status."),
+    help_gauge("im_store_writable", "1 while the store takes commits; 0 while a store fault holds and Sends are refused."),
+    help_gauge("im_store_fault", "1 for the store fault in force, by reason (disk_full, io_error, read_only, store_down)."),
+    help_counter("im_store_faults_total", "Store faults begun (a commit failed for a reason that fails the next one too), by reason."),
+    help_counter("im_store_refused_sends_total", "Sends answered OVERLOADED because the store cannot take them, by reason (a store fault, or disk_low)."),
+    help_counter("im_store_connection_resets_total", "Store writer connections closed because their state was in doubt (after a failed write, or found inside a transaction)."),
+    help_gauge("im_store_disk_free_bytes", "Free bytes on the file system of the SQLite data dir."),
+    help_gauge("im_connections", "Live client connections."),
+    help_counter("im_connections_opened_total", "Client connections accepted."),
+    help_counter("im_connections_refused_total", "Client connections refused before the WebSocket upgrade (HTTP 503), by reason (draining, node_full, per_ip)."),
+    help_counter("im_flood_disconnects_total", "Connections closed for too many RATE_LIMITED refusals, by frame kind (ping, send, deliver_ack, sync, group_op, mark_read, conversations, presence, typing)."),
+    help_counter("im_http_rejected_total", "Sockets the HTTP layer closed before a request was served, by listener and reason (header_timeout, header_too_large, bad_request, admin_full)."),
+    help_counter("im_connections_closed_total", "Client connections closed, by reason."),
+    help_counter("im_messages_received_total", "Sends accepted into the pipeline, by message type."),
+    help_counter("im_messages_delivered_total", "Message copies queued to recipient connections."),
+    help_counter("im_messages_dropped_total", "Message copies not queued, by reason (slow consumers fetch them by sync)."),
+    help_counter("im_messages_encoded_total", "Deliveries encoded (once per message, whatever the recipient count)."),
+    help_counter("im_bad_frames_total", "Bad client input, by reason."),
+    help_counter("im_sync_hints_total", "Sync hints sent: notify-and-pull to members of large groups, and to every session after a cluster resync."),
+    help_gauge("im_persist_queue_depth", "Requests waiting in the persistence queue."),
+    Help(MetricKind::Histogram, "im_persist_batch_size", None, "Messages per commit batch."),
+    help_counter("im_persist_overloaded_total", "Sends refused with OVERLOADED because the persistence queue was full."),
+    Help(MetricKind::Gauge, "im_outbound_queued_bytes", Some(Unit::Bytes), "Bytes queued for writing across all connections."),
+    help_gauge("im_slow_consumers", "Connections above the soft mark."),
+    help_counter("im_slow_consumer_disconnects_total", "Connections closed for the hard mark or a write timeout."),
+    help_counter("im_admin_unauthorized_total", "Admin API requests refused for a missing or wrong token."),
+    Help(MetricKind::Gauge, "im_alloc_bytes", Some(Unit::Bytes), "jemalloc statistics, by kind."),
+    help_gauge("im_capacity_headroom_connections", "More connections this node can take before its first resource runs out."),
+    help_gauge("im_capacity_headroom_ratio", "Free share of each resource (1 - used/limit)."),
+    help_gauge("im_capacity_headroom_msgs_per_second", "More messages per second this node can take, from CPU (absent while idle)."),
+    Help(MetricKind::Gauge, "im_memory_per_connection_bytes", Some(Unit::Bytes), "Measured memory per connection."),
+    help_gauge("im_users_online", "Distinct users with a connection on this node."),
+    help_gauge("im_log_filters_active", "Per-uid log level overrides in force."),
+    help_gauge("im_log_tail_subscribers", "Live log tails (GET /admin/v1/logs/tail) open now."),
+    help_counter("im_log_tail_events_total", "Events of filtered users filed in the live tail's ring."),
+    help_counter("im_log_tail_dropped_total", "Live tail events dropped because a tail's reader fell behind."),
+    Help(MetricKind::Counter, "im_log_bytes_written_total", Some(Unit::Bytes), "Bytes written to log files."),
+    Help(MetricKind::Counter, "im_log_compressed_bytes_total", Some(Unit::Bytes), "Bytes of rotated log files compressed."),
+    help_counter("im_profiles_captured_total", "CPU profiles captured."),
+    help_counter("im_heap_profiles_captured_total", "Heap profiles captured (GET /admin/v1/profile/heap)."),
+    help_gauge("im_cluster_link_up", "1 while this node's cluster link works (NATS connected, KV buckets usable), else 0."),
+    help_counter("im_cluster_reconnects_total", "Times the NATS connection came back after a loss."),
+    help_counter("im_cluster_resyncs_total", "Cluster state rebuilds after a reconnect or a KV failure (each ends with a resync notice)."),
+    help_counter("im_cluster_kv_recreated_total", "Cluster KV buckets recreated because NATS had lost them."),
+    help_gauge("im_cluster_nodes_live", "Nodes whose load report is recent (within 2.5 report intervals): routable."),
+    help_gauge("im_cluster_nodes_healthy", "Nodes whose load report is within the TTL: still sent pushes."),
+    help_counter("im_cluster_nodes_lost_total", "Times another node missed its load reports and left rotation."),
+    help_counter("im_cluster_nodes_returned_total", "Times a lost node reported again."),
+    help_counter("im_cluster_forwarded_total", "Envelopes published to other nodes (pushes and group notices)."),
+    help_counter("im_cluster_received_total", "Envelopes received from other nodes."),
+    help_counter("im_cluster_bad_envelopes_total", "Undecodable envelopes received from other nodes."),
+    help_counter("im_cluster_bad_queries_total", "Cluster admin queries and replies dropped: undecodable, unsigned, badly signed or oversized."),
+    help_counter("im_cluster_publish_errors_total", "Publishes to other nodes that failed or were skipped while NATS was down."),
+    help_counter("im_cluster_presence_errors_total", "Presence writes to the KV bucket that failed (written again after a resync)."),
+    help_gauge("im_runtime_workers", "Worker threads of the tokio runtime."),
+    help_gauge("im_runtime_alive_tasks", "Tasks alive on the tokio runtime (spawned, not yet finished)."),
+    help_gauge("im_runtime_global_queue_depth", "Tasks waiting in the tokio runtime's global (injection) queue."),
+    help_gauge("im_runtime_busy_ratio", "Share of the last sampler interval the runtime's workers spent polling tasks, over all workers (0..1)."),
+    help_gauge("im_runtime_worker_busy_ratio", "Share of the last sampler interval each runtime worker spent polling tasks (0..1)."),
+    Help(MetricKind::Counter, "im_runtime_worker_busy_seconds_total", Some(Unit::Seconds), "Time each runtime worker spent polling tasks (whole seconds)."),
+    help_counter("im_runtime_worker_parks_total", "Times each runtime worker parked (ran out of work and went to sleep)."),
+    help_counter("im_task_instrumented_total", "Long-lived tasks started under a task monitor, by task (writer, router, receipts, cluster_inbound, cluster)."),
+    help_gauge("im_task_alive", "Monitored long-lived tasks running now, by task."),
+    help_counter("im_task_polls_total", "Polls of the monitored tasks, by task."),
+    Help(MetricKind::Counter, "im_task_poll_seconds_total", Some(Unit::Seconds), "Time spent polling the monitored tasks, by task (whole seconds)."),
+    help_counter("im_task_slow_polls_total", "Polls of the monitored tasks that took 1 ms or more (held a worker), by task."),
+    Help(MetricKind::Counter, "im_task_slow_poll_seconds_total", Some(Unit::Seconds), "Time spent in slow polls of the monitored tasks, by task (whole seconds)."),
+    help_counter("im_task_scheduled_total", "Times a monitored task was woken and waited for a worker, by task."),
+    Help(MetricKind::Counter, "im_task_scheduled_delay_seconds_total", Some(Unit::Seconds), "Time the monitored tasks waited between a wake and their next poll, by task (whole seconds)."),
+    Help(MetricKind::Gauge, "im_task_mean_poll_seconds", Some(Unit::Seconds), "Mean poll duration of each monitored task over the last sampler interval (0: not polled)."),
+    Help(MetricKind::Gauge, "im_task_mean_scheduled_delay_seconds", Some(Unit::Seconds), "Mean scheduled delay (wake to poll) of each monitored task over the last sampler interval."),
+    Help(MetricKind::Gauge, "process_resident_memory_bytes", Some(Unit::Bytes), "Resident set size."),
+    Help(MetricKind::Counter, "process_cpu_seconds_total", Some(Unit::Seconds), "User and system CPU time."),
+    help_gauge("process_open_fds", "Open file descriptors."),
+    help_gauge("process_max_fds", "RLIMIT_NOFILE soft limit."),
+    Help(MetricKind::Gauge, "process_start_time_seconds", Some(Unit::Seconds), "Start time since the Unix epoch."),
+];
+
+/// Registers the HELP text and unit of every metric in [`HELP`].
 fn describe() {
-    describe_counter!(
-        "im_traces_recorded_total",
-        "Message trace parts filed in this node's trace store."
-    );
-    describe_counter!(
-        "im_trace_bad_replies_total",
-        "Trace replies from other nodes dropped: too large, undecodable, badly signed or not the asked message."
-    );
-    describe_counter!(
-        "im_receipts_sent_total",
-        "ReadReceipt pushes sent (per member, or one counted receipt for a large group)."
-    );
-    describe_counter!(
-        "im_receipts_dropped_total",
-        "Committed reads whose receipt was dropped because the receipt queue was full."
-    );
-    describe_counter!(
-        "im_presence_pushes_total",
-        "Presence pushes queued to subscribed connections."
-    );
-    describe_gauge!(
-        "im_presence_subscriptions",
-        "Presence subscriptions held by connections on this node."
-    );
-    describe_counter!(
-        "im_typing_skipped_slow_total",
-        "Typing signals not queued to a connection above its low mark (a slow consumer)."
-    );
-    describe_counter!(
-        "im_admin_messages_total",
-        "Messages sent through POST /admin/v1/messages, by kind and target."
-    );
-    describe_counter!(
-        "im_admin_message_refusals_total",
-        "POST /admin/v1/messages requests refused, by HTTP status."
-    );
-    describe_gauge!(
-        "im_store_writable",
-        "1 while the store takes commits; 0 while a store fault holds and Sends are refused."
-    );
-    describe_gauge!(
-        "im_store_fault",
-        "1 for the store fault in force, by reason (disk_full, io_error, read_only, store_down)."
-    );
-    describe_counter!(
-        "im_store_faults_total",
-        "Store faults begun (a commit failed for a reason that fails the next one too), by reason."
-    );
-    describe_counter!(
-        "im_store_refused_sends_total",
-        "Sends answered OVERLOADED because the store cannot take them, by reason (a store fault, or disk_low)."
-    );
-    describe_counter!(
-        "im_store_connection_resets_total",
-        "Store writer connections closed because their state was in doubt (after a failed write, or found inside a transaction)."
-    );
-    describe_gauge!(
-        "im_store_disk_free_bytes",
-        "Free bytes on the file system of the SQLite data dir."
-    );
-    describe_gauge!("im_connections", "Live client connections.");
-    describe_counter!(
-        "im_connections_opened_total",
-        "Client connections accepted."
-    );
-    describe_counter!(
-        "im_connections_refused_total",
-        "Client connections refused before the WebSocket upgrade (HTTP 503), by reason (draining, node_full, per_ip)."
-    );
-    describe_counter!(
-        "im_flood_disconnects_total",
-        "Connections closed for too many RATE_LIMITED refusals, by frame kind (ping, send, deliver_ack, sync, group_op)."
-    );
-    describe_counter!(
-        "im_http_rejected_total",
-        "Sockets the HTTP layer closed before a request was served, by listener and reason (header_timeout, header_too_large, bad_request, admin_full)."
-    );
-    describe_counter!(
-        "im_connections_closed_total",
-        "Client connections closed, by reason."
-    );
-    describe_counter!(
-        "im_messages_received_total",
-        "Sends accepted into the pipeline, by message type."
-    );
-    describe_counter!(
-        "im_messages_delivered_total",
-        "Message copies queued to recipient connections."
-    );
-    describe_counter!(
-        "im_messages_dropped_total",
-        "Message copies not queued, by reason (slow consumers fetch them by sync)."
-    );
-    describe_counter!(
-        "im_messages_encoded_total",
-        "Deliveries encoded (once per message, whatever the recipient count)."
-    );
-    describe_counter!("im_bad_frames_total", "Bad client input, by reason.");
-    describe_counter!(
-        "im_sync_hints_total",
-        "Sync hints sent: notify-and-pull to members of large groups, and to every session after a cluster resync."
-    );
-    describe_gauge!(
-        "im_persist_queue_depth",
-        "Requests waiting in the persistence queue."
-    );
-    describe_histogram!("im_persist_batch_size", "Messages per commit batch.");
-    describe_counter!(
-        "im_persist_overloaded_total",
-        "Sends refused with OVERLOADED because the persistence queue was full."
-    );
-    describe_gauge!(
-        "im_outbound_queued_bytes",
-        Unit::Bytes,
-        "Bytes queued for writing across all connections."
-    );
-    describe_gauge!("im_slow_consumers", "Connections above the soft mark.");
-    describe_counter!(
-        "im_slow_consumer_disconnects_total",
-        "Connections closed for the hard mark or a write timeout."
-    );
-    describe_counter!(
-        "im_admin_unauthorized_total",
-        "Admin API requests refused for a missing or wrong token."
-    );
-    describe_gauge!(
-        "im_alloc_bytes",
-        Unit::Bytes,
-        "jemalloc statistics, by kind."
-    );
-    describe_gauge!(
-        "im_capacity_headroom_connections",
-        "More connections this node can take before its first resource runs out."
-    );
-    describe_gauge!(
-        "im_capacity_headroom_ratio",
-        "Free share of each resource (1 - used/limit)."
-    );
-    describe_gauge!(
-        "im_capacity_headroom_msgs_per_second",
-        "More messages per second this node can take, from CPU (absent while idle)."
-    );
-    describe_gauge!(
-        "im_memory_per_connection_bytes",
-        Unit::Bytes,
-        "Measured memory per connection."
-    );
-    describe_gauge!(
-        "im_users_online",
-        "Distinct users with a connection on this node."
-    );
-    describe_gauge!(
-        "im_log_filters_active",
-        "Per-uid log level overrides in force."
-    );
-    describe_gauge!(
-        "im_log_tail_subscribers",
-        "Live log tails (GET /admin/v1/logs/tail) open now."
-    );
-    describe_counter!(
-        "im_log_tail_events_total",
-        "Events of filtered users filed in the live tail's ring."
-    );
-    describe_counter!(
-        "im_log_tail_dropped_total",
-        "Live tail events dropped because a tail's reader fell behind."
-    );
-    describe_counter!(
-        "im_log_bytes_written_total",
-        Unit::Bytes,
-        "Bytes written to log files."
-    );
-    describe_counter!(
-        "im_log_compressed_bytes_total",
-        Unit::Bytes,
-        "Bytes of rotated log files compressed."
-    );
-    describe_counter!("im_profiles_captured_total", "CPU profiles captured.");
-    describe_counter!(
-        "im_heap_profiles_captured_total",
-        "Heap profiles captured (GET /admin/v1/profile/heap)."
-    );
-    describe_gauge!(
-        "im_cluster_link_up",
-        "1 while this node's cluster link works (NATS connected, KV buckets usable), else 0."
-    );
-    describe_counter!(
-        "im_cluster_reconnects_total",
-        "Times the NATS connection came back after a loss."
-    );
-    describe_counter!(
-        "im_cluster_resyncs_total",
-        "Cluster state rebuilds after a reconnect or a KV failure (each ends with a resync notice)."
-    );
-    describe_counter!(
-        "im_cluster_kv_recreated_total",
-        "Cluster KV buckets recreated because NATS had lost them."
-    );
-    describe_gauge!(
-        "im_cluster_nodes_live",
-        "Nodes whose load report is recent (within 2.5 report intervals): routable."
-    );
-    describe_gauge!(
-        "im_cluster_nodes_healthy",
-        "Nodes whose load report is within the TTL: still sent pushes."
-    );
-    describe_counter!(
-        "im_cluster_nodes_lost_total",
-        "Times another node missed its load reports and left rotation."
-    );
-    describe_counter!(
-        "im_cluster_nodes_returned_total",
-        "Times a lost node reported again."
-    );
-    describe_counter!(
-        "im_cluster_forwarded_total",
-        "Envelopes published to other nodes (pushes and group notices)."
-    );
-    describe_counter!(
-        "im_cluster_received_total",
-        "Envelopes received from other nodes."
-    );
-    describe_counter!(
-        "im_cluster_bad_envelopes_total",
-        "Undecodable envelopes received from other nodes."
-    );
-    describe_counter!(
-        "im_cluster_bad_queries_total",
-        "Cluster admin queries and replies dropped: undecodable, unsigned, badly signed or oversized."
-    );
-    describe_counter!(
-        "im_cluster_publish_errors_total",
-        "Publishes to other nodes that failed or were skipped while NATS was down."
-    );
-    describe_counter!(
-        "im_cluster_presence_errors_total",
-        "Presence writes to the KV bucket that failed (written again after a resync)."
-    );
-    describe_gauge!("im_runtime_workers", "Worker threads of the tokio runtime.");
-    describe_gauge!(
-        "im_runtime_alive_tasks",
-        "Tasks alive on the tokio runtime (spawned, not yet finished)."
-    );
-    describe_gauge!(
-        "im_runtime_global_queue_depth",
-        "Tasks waiting in the tokio runtime's global (injection) queue."
-    );
-    describe_gauge!(
-        "im_runtime_busy_ratio",
-        "Share of the last sampler interval the runtime's workers spent polling tasks, over all workers (0..1)."
-    );
-    describe_gauge!(
-        "im_runtime_worker_busy_ratio",
-        "Share of the last sampler interval each runtime worker spent polling tasks (0..1)."
-    );
-    describe_counter!(
-        "im_runtime_worker_busy_seconds_total",
-        Unit::Seconds,
-        "Time each runtime worker spent polling tasks (whole seconds)."
-    );
-    describe_counter!(
-        "im_runtime_worker_parks_total",
-        "Times each runtime worker parked (ran out of work and went to sleep)."
-    );
-    describe_counter!(
-        "im_task_instrumented_total",
-        "Long-lived tasks started under a task monitor, by task (writer, router, receipts, cluster_inbound, cluster)."
-    );
-    describe_gauge!(
-        "im_task_alive",
-        "Monitored long-lived tasks running now, by task."
-    );
-    describe_counter!(
-        "im_task_polls_total",
-        "Polls of the monitored tasks, by task."
-    );
-    describe_counter!(
-        "im_task_poll_seconds_total",
-        Unit::Seconds,
-        "Time spent polling the monitored tasks, by task (whole seconds)."
-    );
-    describe_counter!(
-        "im_task_slow_polls_total",
-        "Polls of the monitored tasks that took 1 ms or more (held a worker), by task."
-    );
-    describe_counter!(
-        "im_task_slow_poll_seconds_total",
-        Unit::Seconds,
-        "Time spent in slow polls of the monitored tasks, by task (whole seconds)."
-    );
-    describe_counter!(
-        "im_task_scheduled_total",
-        "Times a monitored task was woken and waited for a worker, by task."
-    );
-    describe_counter!(
-        "im_task_scheduled_delay_seconds_total",
-        Unit::Seconds,
-        "Time the monitored tasks waited between a wake and their next poll, by task (whole seconds)."
-    );
-    describe_gauge!(
-        "im_task_mean_poll_seconds",
-        Unit::Seconds,
-        "Mean poll duration of each monitored task over the last sampler interval (0: not polled)."
-    );
-    describe_gauge!(
-        "im_task_mean_scheduled_delay_seconds",
-        Unit::Seconds,
-        "Mean scheduled delay (wake to poll) of each monitored task over the last sampler interval."
-    );
-    describe_gauge!(
-        "process_resident_memory_bytes",
-        Unit::Bytes,
-        "Resident set size."
-    );
-    describe_counter!(
-        "process_cpu_seconds_total",
-        Unit::Seconds,
-        "User and system CPU time."
-    );
-    describe_gauge!("process_open_fds", "Open file descriptors.");
-    describe_gauge!("process_max_fds", "RLIMIT_NOFILE soft limit.");
-    describe_gauge!(
-        "process_start_time_seconds",
-        Unit::Seconds,
-        "Start time since the Unix epoch."
-    );
+    for Help(kind, name, unit, text) in HELP {
+        let (name, text) = (*name, *text);
+        match (kind, *unit) {
+            (MetricKind::Counter, Some(u)) => describe_counter!(name, u, text),
+            (MetricKind::Counter, None) => describe_counter!(name, text),
+            (MetricKind::Gauge, Some(u)) => describe_gauge!(name, u, text),
+            (MetricKind::Gauge, None) => describe_gauge!(name, text),
+            (MetricKind::Histogram, Some(u)) => describe_histogram!(name, u, text),
+            (MetricKind::Histogram, None) => describe_histogram!(name, text),
+        }
+    }
 }
 
 /// The end-to-end probe of one message: decode start to the last recipient's socket

@@ -9,8 +9,10 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
+
+use super::capture::{on_report_thread, Slot};
 
 /// Seconds a capture may last.
 pub const SECONDS: std::ops::RangeInclusive<u32> = 1..=300;
@@ -38,21 +40,16 @@ pub enum ProfileError {
 static CAPTURING: AtomicBool = AtomicBool::new(false);
 
 /// The process-wide right to capture (the profiler is process-global); released on drop.
-pub struct CaptureSlot(());
+pub struct CaptureSlot {
+    _held: Slot,
+}
 
 impl CaptureSlot {
     /// Takes the slot, or [`ProfileError::Busy`] if a capture is running.
     pub fn try_take() -> Result<CaptureSlot, ProfileError> {
-        CAPTURING
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .map(|_| CaptureSlot(()))
-            .map_err(|_| ProfileError::Busy)
-    }
-}
-
-impl Drop for CaptureSlot {
-    fn drop(&mut self) {
-        CAPTURING.store(false, Ordering::Release);
+        Slot::take(&CAPTURING)
+            .map(|held| CaptureSlot { _held: held })
+            .ok_or(ProfileError::Busy)
     }
 }
 
@@ -113,23 +110,14 @@ pub async fn capture(
     .map_err(|e| ProfileError::Profiler(e.to_string()))?
     .map_err(|e| ProfileError::Profiler(e.to_string()))?;
     tokio::time::sleep(Duration::from_secs(seconds as u64)).await;
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("im-profile".into())
-        .spawn(move || {
-            super::compactor::lower_thread_priority();
-            let report = guard.report().build();
-            drop(guard); // stops sampling
-            let _ = tx.send(
-                report
-                    .map_err(|e| ProfileError::Profiler(e.to_string()))
-                    .and_then(|r| render(&r, seconds, frequency, format)),
-            );
-        })
-        .map_err(|e| ProfileError::Profiler(format!("cannot start the report thread: {e}")))?;
-    let rendered = rx
-        .await
-        .map_err(|_| ProfileError::Profiler("report thread failed".into()))??;
+    let report = move || {
+        let report = guard.report().build();
+        drop(guard); // stops sampling
+        report
+            .map_err(|e| ProfileError::Profiler(e.to_string()))
+            .and_then(|r| render(&r, seconds, frequency, format))
+    };
+    let rendered = on_report_thread("im-profile", report, ProfileError::Profiler).await?;
     metrics::counter!("im_profiles_captured_total").increment(1);
     Ok(rendered)
 }

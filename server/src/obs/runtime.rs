@@ -23,11 +23,11 @@ pub const SLOW_POLL: Duration = Duration::from_millis(1);
 /// A long-lived task kind with its own monitor (label `task` of `im_task_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Task {
-    /// The persistence writer (`pipeline::persist::run_writer`).
+    /// The persistence writer (`persist::Writer::run`).
     Writer,
-    /// The router (`pipeline::route::Router::run`).
+    /// The router (`route::Router::run`).
     Router,
-    /// The receipt task (`pipeline::receipts::run`).
+    /// The receipt task (`route::receipts::run`).
     Receipts,
     /// The cluster link's inbound envelopes (pushes from other nodes).
     ClusterInbound,

@@ -14,10 +14,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use im_proto::{Body, ErrorCode, Frame, Message as _, MessageType};
 
-use super::persist::{PersistReq, WriteReq};
-use super::route::Recipients;
-use super::{relation, Pipeline, MAX_CLIENT_MSG_ID};
-use crate::flow::{CloseReason, Outbound};
+use super::{Pipeline, MAX_CLIENT_MSG_ID};
+use crate::flow::{CloseReason, Outbound, OutboundRx};
+use crate::persist::{PersistReq, WriteReq};
+use crate::route::Recipients;
+use crate::store::membership;
 use crate::store::NewMessage;
 
 /// The reserved sender of server-written SYSTEM messages to users and groups. No client
@@ -135,101 +136,20 @@ impl Pipeline {
     /// through the persistence writer (durable before this returns) and lets the router
     /// push it. Answers in the order of the targets.
     pub async fn post_server_message(&self, m: ServerMessage) -> Result<Vec<Posted>, PostError> {
-        let (sender, msg_type) = match &m.from {
-            Author::System => (SYSTEM_SENDER.to_owned(), MessageType::System),
-            Author::Bot(b) if !im_proto::valid_id(b) => {
-                return Err(PostError::Bad(
-                    "from",
-                    format!("{b:?} is not a valid user id (1-64 of A-Z a-z 0-9 _ . @ -)"),
-                ))
-            }
-            Author::Bot(b) if b == SYSTEM_SENDER => {
-                return Err(PostError::Bad(
-                    "from",
-                    format!("{SYSTEM_SENDER:?} is reserved for kind \"system\""),
-                ))
-            }
-            Author::Bot(b) => (b.clone(), MessageType::Text),
-        };
+        let (sender, msg_type) = author(&m.from)?;
         if !valid_key(&m.key) {
             return Err(PostError::Bad(
                 "Idempotency-Key",
                 format!("expected at most {MAX_CLIENT_MSG_ID} bytes of visible ASCII"),
             ));
         }
-        let user_ok = |field: &'static str, u: &str| -> Result<(), PostError> {
-            if !im_proto::valid_id(u) {
-                return Err(PostError::Bad(
-                    field,
-                    format!("{u:?} is not a valid user id (1-64 of A-Z a-z 0-9 _ . @ -)"),
-                ));
-            }
-            if u == SYSTEM_SENDER {
-                return Err(PostError::Bad(
-                    field,
-                    format!("{SYSTEM_SENDER:?} is the reserved sender"),
-                ));
-            }
-            Ok(())
+        let targets = self.targets(&m.to, &sender, msg_type).await?;
+        let longest = match &m.to {
+            Target::User(u) | Target::Group(u) => u.as_str(),
+            Target::Users(users) => users
+                .iter()
+                .fold("", |l, u| if u.len() > l.len() { u } else { l }),
         };
-        // (conversation, recipients, direct parties), one per target.
-        let mut targets = Vec::new();
-        let mut longest = "";
-        match &m.to {
-            Target::User(u) => {
-                user_ok("to_user", u)?;
-                longest = u;
-                targets.push(direct(&sender, u));
-            }
-            Target::Users(users) => {
-                if users.is_empty() || users.len() > MAX_USERS {
-                    return Err(PostError::Bad(
-                        "users",
-                        format!("expected 1 to {MAX_USERS} user ids, got {}", users.len()),
-                    ));
-                }
-                let mut seen = std::collections::HashSet::with_capacity(users.len());
-                for (i, u) in users.iter().enumerate() {
-                    let field = "users";
-                    user_ok(field, u).map_err(|e| match e {
-                        PostError::Bad(f, why) => PostError::Bad(f, format!("[{i}]: {why}")),
-                        other => other,
-                    })?;
-                    if !seen.insert(u.as_str()) {
-                        return Err(PostError::Bad(field, format!("[{i}]: {u:?} listed twice")));
-                    }
-                    if u.len() > longest.len() {
-                        longest = u;
-                    }
-                    targets.push(direct(&sender, u));
-                }
-            }
-            Target::Group(g) => {
-                if !im_proto::valid_id(g) {
-                    return Err(PostError::Bad(
-                        "group_id",
-                        format!("{g:?} is not a valid group id (1-64 of A-Z a-z 0-9 _ . @ -)"),
-                    ));
-                }
-                longest = g;
-                let members = self
-                    .relations
-                    .members(g)
-                    .await
-                    .map_err(|e| PostError::Unavailable(format!("store: {e}"), QUEUE_WAIT))?
-                    .ok_or_else(|| PostError::NoGroup(g.clone()))?;
-                if msg_type != MessageType::System && !relation::is_in(&members, &sender) {
-                    return Err(PostError::Forbidden(format!(
-                        "bot {sender} is not a member of group {g}"
-                    )));
-                }
-                targets.push((
-                    im_proto::group_conversation(g),
-                    Recipients::Group(members),
-                    None,
-                ));
-            }
-        }
         let max = self.max_server_payload(longest, &m.key);
         if m.payload.len() > max {
             return Err(PostError::Bad(
@@ -255,19 +175,73 @@ impl Pipeline {
         );
         let _release = Detached(origin.clone());
         let n = targets.len();
+        let message = |conversation_id, direct| NewMessage {
+            conversation_id,
+            sender: sender.clone(),
+            client_msg_id: m.key.clone(),
+            msg_type: msg_type as i32,
+            payload: m.payload.clone(),
+            msg_id: uuid::Uuid::now_v7().simple().to_string(),
+            direct,
+            reference: None,
+        };
+        self.submit_all(targets, message, &origin).await?;
+        read_answers(&origin, &mut answers, n).await
+    }
+
+    /// One message per target conversation: (conversation, recipients, direct parties).
+    async fn targets(
+        &self,
+        to: &Target,
+        sender: &str,
+        msg_type: MessageType,
+    ) -> Result<Vec<Planned>, PostError> {
+        match to {
+            Target::User(u) => {
+                user_ok("to_user", u)?;
+                Ok(vec![direct(sender, u)])
+            }
+            Target::Users(users) => users_targets(users, sender),
+            Target::Group(g) => {
+                if !im_proto::valid_id(g) {
+                    return Err(PostError::Bad(
+                        "group_id",
+                        format!("{g:?} is not a valid group id (1-64 of A-Z a-z 0-9 _ . @ -)"),
+                    ));
+                }
+                let members = self
+                    .relations
+                    .members(g)
+                    .await
+                    .map_err(|e| PostError::Unavailable(format!("store: {e}"), QUEUE_WAIT))?
+                    .ok_or_else(|| PostError::NoGroup(g.clone()))?;
+                if msg_type != MessageType::System && !membership::is_in(&members, sender) {
+                    return Err(PostError::Forbidden(format!(
+                        "bot {sender} is not a member of group {g}"
+                    )));
+                }
+                Ok(vec![(
+                    im_proto::group_conversation(g),
+                    Recipients::Group(members),
+                    None,
+                )])
+            }
+        }
+    }
+
+    /// Queues one message per target on `origin` (waiting up to [`QUEUE_WAIT`] each for
+    /// room in the writer's queue), numbered 1.. in the order of the targets.
+    async fn submit_all(
+        &self,
+        targets: Vec<Planned>,
+        message: impl Fn(String, Option<(String, String)>) -> NewMessage,
+        origin: &Arc<Outbound>,
+    ) -> Result<(), PostError> {
+        let n = targets.len();
         let started = Instant::now();
         for (i, (conversation_id, recipients, direct)) in targets.into_iter().enumerate() {
             let req = PersistReq {
-                message: NewMessage {
-                    conversation_id,
-                    sender: sender.clone(),
-                    client_msg_id: m.key.clone(),
-                    msg_type: msg_type as i32,
-                    payload: m.payload.clone(),
-                    msg_id: uuid::Uuid::now_v7().simple().to_string(),
-                    direct,
-                    reference: None,
-                },
+                message: message(conversation_id, direct),
                 req_id: i as u64 + 1,
                 origin: origin.clone(),
                 recipients,
@@ -275,12 +249,11 @@ impl Pipeline {
                 enqueued: Instant::now(),
                 trace: None,
             };
-            if self
+            let queued = self
                 .persist
                 .submit(WriteReq::Message(req), QUEUE_WAIT)
-                .await
-                .is_err()
-            {
+                .await;
+            if queued.is_err() {
                 self.metrics.persist_overloaded.increment(1);
                 let retry = Duration::from_millis(self.retry_after_ms.into());
                 return Err(PostError::Unavailable(
@@ -291,57 +264,131 @@ impl Pipeline {
                 ));
             }
         }
-        let mut results: Vec<Option<Posted>> = vec![None; n];
-        let mut failure = None;
-        let deadline = tokio::time::Instant::now() + COMMIT_WAIT;
-        for _ in 0..n {
-            let Ok(Some(f)) = tokio::time::timeout_at(deadline, answers.frames.recv()).await else {
-                failure = Some(PostError::Internal(
-                    "no answer from the persistence writer in time".to_owned(),
-                ));
-                break;
-            };
-            origin.written(f.bytes.len());
-            let Ok(frame) = Frame::decode(f.bytes) else {
-                continue;
-            };
-            let i = (frame.req_id as usize).wrapping_sub(1);
-            match frame.body {
-                Some(Body::SendAck(a)) if i < n => {
-                    results[i] = Some(Posted {
-                        conversation_id: a.conversation_id,
-                        msg_id: a.msg_id,
-                        seq: a.seq,
-                        duplicate: a.duplicate,
-                    });
-                }
-                Some(Body::Error(e)) => {
-                    let retry = Duration::from_millis(e.retry_after_ms.max(1).into());
-                    let err = match ErrorCode::try_from(e.code) {
-                        Ok(ErrorCode::NotMember) => PostError::Forbidden(e.message),
-                        Ok(ErrorCode::Overloaded | ErrorCode::Internal) => PostError::Unavailable(
-                            format!("{}; retry with the same Idempotency-Key", e.message),
-                            retry,
-                        ),
-                        _ => PostError::Internal(e.message),
-                    };
-                    failure.get_or_insert(err);
-                }
-                _ => {}
+        Ok(())
+    }
+}
+
+/// A planned message: its conversation, recipients and direct parties.
+type Planned = (String, Recipients, Option<(String, String)>);
+
+/// The sender and message type of an author.
+fn author(from: &Author) -> Result<(String, MessageType), PostError> {
+    match from {
+        Author::System => Ok((SYSTEM_SENDER.to_owned(), MessageType::System)),
+        Author::Bot(b) if !im_proto::valid_id(b) => Err(PostError::Bad(
+            "from",
+            format!("{b:?} is not a valid user id (1-64 of A-Z a-z 0-9 _ . @ -)"),
+        )),
+        Author::Bot(b) if b == SYSTEM_SENDER => Err(PostError::Bad(
+            "from",
+            format!("{SYSTEM_SENDER:?} is reserved for kind \"system\""),
+        )),
+        Author::Bot(b) => Ok((b.clone(), MessageType::Text)),
+    }
+}
+
+/// A target user id, named by `field` in the refusal: valid and not the system sender.
+fn user_ok(field: &'static str, u: &str) -> Result<(), PostError> {
+    if !im_proto::valid_id(u) {
+        return Err(PostError::Bad(
+            field,
+            format!("{u:?} is not a valid user id (1-64 of A-Z a-z 0-9 _ . @ -)"),
+        ));
+    }
+    if u == SYSTEM_SENDER {
+        return Err(PostError::Bad(
+            field,
+            format!("{SYSTEM_SENDER:?} is the reserved sender"),
+        ));
+    }
+    Ok(())
+}
+
+/// The targets of a user list: 1 to [`MAX_USERS`] valid, distinct users.
+fn users_targets(users: &[String], sender: &str) -> Result<Vec<Planned>, PostError> {
+    if users.is_empty() || users.len() > MAX_USERS {
+        return Err(PostError::Bad(
+            "users",
+            format!("expected 1 to {MAX_USERS} user ids, got {}", users.len()),
+        ));
+    }
+    let mut seen = std::collections::HashSet::with_capacity(users.len());
+    let mut targets = Vec::with_capacity(users.len());
+    for (i, u) in users.iter().enumerate() {
+        let field = "users";
+        user_ok(field, u).map_err(|e| match e {
+            PostError::Bad(f, why) => PostError::Bad(f, format!("[{i}]: {why}")),
+            other => other,
+        })?;
+        if !seen.insert(u.as_str()) {
+            return Err(PostError::Bad(field, format!("[{i}]: {u:?} listed twice")));
+        }
+        targets.push(direct(sender, u));
+    }
+    Ok(targets)
+}
+
+/// Reads the writer's answers to `n` messages back from their origin, within
+/// [`COMMIT_WAIT`]: the SendAcks in the order of the targets, or the first refusal.
+async fn read_answers(
+    origin: &Outbound,
+    answers: &mut OutboundRx,
+    n: usize,
+) -> Result<Vec<Posted>, PostError> {
+    let mut results: Vec<Option<Posted>> = vec![None; n];
+    let mut failure = None;
+    let deadline = tokio::time::Instant::now() + COMMIT_WAIT;
+    for _ in 0..n {
+        let Ok(Some(f)) = tokio::time::timeout_at(deadline, answers.frames.recv()).await else {
+            failure = Some(PostError::Internal(
+                "no answer from the persistence writer in time".to_owned(),
+            ));
+            break;
+        };
+        origin.written(f.bytes.len());
+        let Ok(frame) = Frame::decode(f.bytes) else {
+            continue;
+        };
+        let i = (frame.req_id as usize).wrapping_sub(1);
+        match frame.body {
+            Some(Body::SendAck(a)) if i < n => {
+                results[i] = Some(Posted {
+                    conversation_id: a.conversation_id,
+                    msg_id: a.msg_id,
+                    seq: a.seq,
+                    duplicate: a.duplicate,
+                });
             }
+            Some(Body::Error(e)) => {
+                failure.get_or_insert(refused(e));
+            }
+            _ => {}
         }
-        if let Some(e) = failure {
-            return Err(e);
-        }
-        results
-            .into_iter()
-            .map(|r| r.ok_or_else(|| PostError::Internal("a commit went unanswered".to_owned())))
-            .collect()
+    }
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    results
+        .into_iter()
+        .map(|r| r.ok_or_else(|| PostError::Internal("a commit went unanswered".to_owned())))
+        .collect()
+}
+
+/// The request's answer to a message the writer refused.
+fn refused(e: im_proto::Error) -> PostError {
+    let retry = Duration::from_millis(e.retry_after_ms.max(1).into());
+    match ErrorCode::try_from(e.code) {
+        Ok(ErrorCode::NotMember) => PostError::Forbidden(e.message),
+        Ok(ErrorCode::Overloaded | ErrorCode::Internal) => PostError::Unavailable(
+            format!("{}; retry with the same Idempotency-Key", e.message),
+            retry,
+        ),
+        _ => PostError::Internal(e.message),
     }
 }
 
 /// The one-to-one conversation of `sender` and `user`, its recipients and its parties.
-fn direct(sender: &str, user: &str) -> (String, Recipients, Option<(String, String)>) {
+fn direct(sender: &str, user: &str) -> Planned {
     (
         im_proto::direct_conversation(sender, user),
         Recipients::Direct(sender.to_owned(), user.to_owned()),

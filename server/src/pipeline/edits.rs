@@ -12,13 +12,14 @@
 use std::time::Instant;
 
 use im_proto::{
-    frame, group_op::Role, parse_conversation, Body, ConversationRef, DeleteForMe, Edit, ErrorCode,
+    group_op::Role, parse_conversation, Body, ConversationRef, DeleteForMe, Edit, ErrorCode,
     FetchHistory, HistoryPage, MessageState, MessageType, Recall,
 };
 
-use super::persist::{HideReq, PersistReq, WriteReq};
-use super::route::Recipients;
-use super::{relation, Pipeline, Refusal, Session, DEFAULT_SYNC_LIMIT, MAX_CLIENT_MSG_ID};
+use super::{FrameKind, Pipeline, Refusal, Session, DEFAULT_SYNC_LIMIT, MAX_CLIENT_MSG_ID};
+use crate::persist::{HideReq, PersistReq, WriteReq};
+use crate::route::Recipients;
+use crate::store::membership;
 use crate::store::{HiddenMessage, MessageMeta, MessageRef, NewMessage};
 
 /// Longest msg_id a Recall or Edit may name, in bytes.
@@ -44,15 +45,6 @@ impl Change {
     }
 }
 
-fn rate_limited(what: &str, retry_after_ms: u32) -> Refusal {
-    Refusal {
-        code: ErrorCode::RateLimited,
-        message: format!("{what} too fast"),
-        retry_after_ms,
-        bad_reason: Some("rate_limited"),
-    }
-}
-
 fn forbidden(message: impl Into<String>) -> Refusal {
     Refusal::code(ErrorCode::Forbidden, message, Some("forbidden"))
 }
@@ -65,24 +57,6 @@ fn not_member(conversation_id: &str) -> Refusal {
     )
 }
 
-/// Takes a token of the connection's Send bucket (Recall, Edit, DeleteForMe).
-fn take_send(s: &Session, what: &str) -> Result<(), Refusal> {
-    let now = Instant::now();
-    let taken = s.sends.lock().map(|mut b| b.take(now)).unwrap_or(Ok(()));
-    taken.map_err(|ms| rate_limited(what, ms))
-}
-
-/// Takes a token of the connection's SyncRequest bucket (FetchHistory).
-fn take_sync(s: &Session) -> Result<(), Refusal> {
-    let now = Instant::now();
-    let taken = s
-        .limits
-        .lock()
-        .map(|mut b| b.syncs.take(now))
-        .unwrap_or(Ok(()));
-    taken.map_err(|ms| rate_limited("fetching history", ms))
-}
-
 impl Pipeline {
     /// FetchHistory: a page of the conversation before `before_seq`, newest first,
     /// inside the caller's membership intervals, under the sync page's count and byte
@@ -93,7 +67,7 @@ impl Pipeline {
         req_id: u64,
         req: FetchHistory,
     ) -> Result<(), Refusal> {
-        take_sync(s)?;
+        s.take(FrameKind::FetchHistory)?;
         if !self.can_read(&s.user_id, &req.conversation_id).await? {
             return Err(not_member(&req.conversation_id));
         }
@@ -112,11 +86,7 @@ impl Pipeline {
             )
             .await
             .map_err(Refusal::store)?;
-        s.reply(&frame(
-            req_id,
-            Body::HistoryPage(HistoryPage { messages, more }),
-        ));
-        Ok(())
+        s.answer(req_id, Body::HistoryPage(HistoryPage { messages, more }))
     }
 
     /// Recall: the sender within `limits.recall_window_secs`, group owners and admins
@@ -168,14 +138,11 @@ impl Pipeline {
         started: Instant,
     ) -> Result<(), Refusal> {
         let verb = c.verb();
-        take_send(
-            s,
-            if verb == "recall" {
-                "recalling"
-            } else {
-                "editing"
-            },
-        )?;
+        s.take(if verb == "recall" {
+            FrameKind::Recall
+        } else {
+            FrameKind::Edit
+        })?;
         if let Some(reason) = self.health.refusal() {
             return Err(Refusal::store_unavailable(reason, self.unhealthy_retry_ms));
         }
@@ -204,15 +171,8 @@ impl Pipeline {
                 )
             }
             Some(ConversationRef::Group(g)) => {
-                let members = self.relations.members(g).await.map_err(Refusal::store)?;
-                let Some(members) = members else {
-                    return Err(Refusal::code(
-                        ErrorCode::NotFound,
-                        format!("group {g} not found"),
-                        None,
-                    ));
-                };
-                if !relation::is_in(&members, &s.user_id) {
+                let members = self.group_members(g).await?;
+                if !membership::is_in(&members, &s.user_id) {
                     return Err(not_member(&c.conversation_id));
                 }
                 (Recipients::Group(members), None, Some(g.to_owned()))
@@ -282,13 +242,7 @@ impl Pipeline {
             enqueued: Instant::now(),
             trace: None,
         };
-        if self.persist.try_submit(WriteReq::Message(req)).is_err() {
-            self.metrics.persist_overloaded.increment(1);
-            return Err(
-                self.overloaded("persistence queue full, retry with the same client_msg_id")
-            );
-        }
-        Ok(())
+        self.submit(WriteReq::Message(req))
     }
 
     /// Whether the caller may recall or edit the message `meta` (FORBIDDEN when not).
@@ -349,7 +303,7 @@ impl Pipeline {
         req_id: u64,
         d: DeleteForMe,
     ) -> Result<(), Refusal> {
-        take_send(s, "deleting")?;
+        s.take(FrameKind::DeleteForMe)?;
         if !self.can_read(&s.user_id, &d.conversation_id).await? {
             return Err(not_member(&d.conversation_id));
         }
@@ -374,9 +328,6 @@ impl Pipeline {
             req_id,
             origin: s.out.clone(),
         };
-        if self.persist.try_submit(WriteReq::Hide(req)).is_err() {
-            return Err(self.overloaded("persistence queue full"));
-        }
-        Ok(())
+        self.submit(WriteReq::Hide(req))
     }
 }

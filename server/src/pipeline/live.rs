@@ -2,70 +2,17 @@
 //! (`PresenceSubscribe`), hiding one's presence (`SetPresence`, kept in the store's
 //! `presence_settings` through the persistence writer) and typing notices (`Typing`,
 //! pushed and forgotten). This module owns the three handlers and their per-connection
-//! rate limits; the subscriber table is `pipeline::presence`'s, owned by the router,
+//! rate limits; the subscriber table is `route::presence`'s, owned by the router,
 //! and typing reaches other nodes through the router's ephemeral forwarding.
-
-use std::time::{Duration, Instant};
 
 use im_proto::{
     frame, parse_conversation, Body, ConversationRef, Done, ErrorCode, PresenceSubscribe,
     SetPresence, Typing,
 };
 
-use super::persist::WriteReq;
-use super::{relation, Pipeline, Refusal, Session, TokenBucket};
-use crate::config::Limits;
-
-/// The per-connection token buckets of the live frames.
-#[derive(Debug)]
-pub struct LiveBuckets {
-    subscribe: TokenBucket,
-    set_presence: TokenBucket,
-    typing: TokenBucket,
-}
-
-impl LiveBuckets {
-    /// Full buckets with the configured rates.
-    pub fn new(l: &Limits) -> Self {
-        LiveBuckets {
-            subscribe: TokenBucket::new(
-                l.presence_subscribe_rate_per_sec,
-                l.presence_subscribe_burst,
-            ),
-            set_presence: TokenBucket::new(l.set_presence_rate_per_sec, l.set_presence_burst),
-            typing: TokenBucket::new(l.typing_rate_per_sec, l.typing_burst),
-        }
-    }
-}
-
-/// Which live bucket a frame takes from.
-#[derive(Clone, Copy)]
-enum Kind {
-    Subscribe,
-    SetPresence,
-    Typing,
-}
-
-impl Session {
-    /// Takes a token of a live frame's bucket; RATE_LIMITED when it is empty.
-    fn live_limit(&self, kind: Kind) -> Result<(), Refusal> {
-        let now = Instant::now();
-        let Ok(mut b) = self.live.lock() else {
-            return Ok(());
-        };
-        let (taken, what) = match kind {
-            Kind::Subscribe => (b.subscribe.take(now), "subscribing to presence"),
-            Kind::SetPresence => (b.set_presence.take(now), "setting presence"),
-            Kind::Typing => (b.typing.take(now), "typing notices"),
-        };
-        taken.map_err(|retry_after_ms| Refusal {
-            code: ErrorCode::RateLimited,
-            message: format!("{what} too fast"),
-            retry_after_ms,
-            bad_reason: Some("rate_limited"),
-        })
-    }
-}
+use super::{FrameKind, Pipeline, Refusal, Session};
+use crate::persist::WriteReq;
+use crate::store::membership;
 
 fn done(s: &Session, req_id: u64) {
     s.reply(&frame(req_id, Body::Done(Done {})));
@@ -81,7 +28,7 @@ impl Pipeline {
         req_id: u64,
         p: PresenceSubscribe,
     ) -> Result<(), Refusal> {
-        s.live_limit(Kind::Subscribe)?;
+        s.take(FrameKind::PresenceSubscribe)?;
         let max = self.limits.presence_subscriptions_max as usize;
         if p.users.len() > max {
             return Err(Refusal::bad(format!(
@@ -139,26 +86,14 @@ impl Pipeline {
         req_id: u64,
         p: SetPresence,
     ) -> Result<(), Refusal> {
-        s.live_limit(Kind::SetPresence)?;
+        s.take(FrameKind::SetPresence)?;
         let (reply, rx) = tokio::sync::oneshot::channel();
         let write = WriteReq::SetPresence {
             user_id: s.user_id.clone(),
             hidden: p.hidden,
             reply,
         };
-        if self.persist.try_submit(write).is_err() {
-            return Err(self.overloaded("persistence queue full"));
-        }
-        match tokio::time::timeout(Duration::from_secs(30), rx).await {
-            Ok(Ok(result)) => result.map_err(Refusal::store)?,
-            _ => {
-                return Err(Refusal::code(
-                    ErrorCode::Internal,
-                    "presence change timed out",
-                    None,
-                ))
-            }
-        }
+        self.submit_and_wait(write, rx, "presence change").await?;
         self.router.presence_hidden(&s.user_id, p.hidden);
         self.router
             .publish_presence_hidden(&s.user_id, p.hidden)
@@ -177,7 +112,7 @@ impl Pipeline {
         req_id: u64,
         t: Typing,
     ) -> Result<(), Refusal> {
-        s.live_limit(Kind::Typing)?;
+        s.take(FrameKind::Typing)?;
         let users: Vec<String> = match parse_conversation(&t.conversation_id) {
             Some(c @ ConversationRef::Direct(a, b)) => {
                 if !c.is_direct_party(&s.user_id) {
@@ -194,7 +129,7 @@ impl Pipeline {
                 let Some(members) = members else {
                     return Err(not_member(&t.conversation_id));
                 };
-                if !relation::is_in(&members, &s.user_id) {
+                if !membership::is_in(&members, &s.user_id) {
                     return Err(not_member(&t.conversation_id));
                 }
                 let max = self.limits.typing_group_max as usize;

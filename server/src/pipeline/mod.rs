@@ -1,5 +1,6 @@
-//! Pipeline: the stages a logged-in client's frame goes through after decode
-//! auth (the session), validate, relation, persist, route. Group operations are checked
+//! Pipeline: the stages a logged-in client's frame goes through after decode: auth (the
+//! session), validate, relation, then the hand-off of every write to the writer
+//! (`persist`), which commits and hands the result to the router (`route`). Group operations are checked
 //! for shape and rate here; who may do what is decided by the store in the change's
 //! transaction (`store::access`).
 //! [`Pipeline::handle`] is called by the gateway's read loop, one frame at a time per
@@ -7,30 +8,30 @@
 
 pub mod announce;
 mod edits;
+mod groups;
+pub mod limits;
 pub mod live;
-pub mod persist;
-pub mod presence;
 pub mod reads;
-pub mod receipts;
-use crate::store::membership as relation;
-pub mod route;
+mod send;
+mod sync;
+
+pub use crate::persist::Refusal;
+pub use limits::{FrameKind, TokenBucket};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use im_proto::{
-    error_frame, frame, group_op, parse_conversation, send, Body, ConversationRef, DeliverAck,
-    ErrorCode, Frame, GroupOp, GroupOpOk, MessageType, Pong, Send, SyncRequest, SyncResponse,
-};
+use im_proto::{frame, parse_conversation, Body, ConversationRef, ErrorCode, Frame, Pong};
 
 use crate::config::Limits;
 use crate::flow::Outbound;
 use crate::obs::runtime::{spawn, Task};
 use crate::obs::{Metrics, Stage};
-use crate::store::{CursorUpdate, GroupRequest, NewMessage, Store, StoreError, StoreHealth};
-use persist::{PersistHandle, PersistReq, WriteReq};
-use relation::Relations;
-use route::Recipients;
+use crate::persist::{self, PersistHandle, WriteReq};
+use crate::route::{self, receipts};
+use crate::store::membership::{Members, Relations};
+use crate::store::{Store, StoreHealth};
+use limits::Buckets;
 
 /// Longest accepted client_msg_id, in bytes.
 pub const MAX_CLIENT_MSG_ID: usize = 128;
@@ -48,201 +49,32 @@ pub struct Session {
     pub device_id: String,
     /// Its outbound queue.
     pub out: Arc<Outbound>,
-    /// Its Send rate limit.
-    pub sends: std::sync::Mutex<TokenBucket>,
-    /// Its DeliverAck, SyncRequest and GroupOp rate limits.
-    limits: std::sync::Mutex<FrameBuckets>,
+    /// Its rate limits, one token bucket per bucket-owning [`FrameKind`].
+    buckets: Buckets,
     /// Last seqs of conversations this session has seen (DeliverAck checks), bounded.
     last_seqs: std::sync::Mutex<std::collections::HashMap<String, u64>>,
-    /// Its MarkRead, ListConversations and SetConversationFlags rate limits.
-    reads: std::sync::Mutex<reads::ReadBuckets>,
-    /// Its PresenceSubscribe, SetPresence and Typing rate limits (`pipeline::live`).
-    live: std::sync::Mutex<live::LiveBuckets>,
-}
-
-/// The per-connection token buckets of the frame kinds other than Send and Ping.
-#[derive(Debug)]
-struct FrameBuckets {
-    acks: TokenBucket,
-    syncs: TokenBucket,
-    group_ops: TokenBucket,
-}
-
-/// Most conversations a session remembers the last seq of (then the memory starts over).
-const LAST_SEQS_MAX: usize = 1024;
-
-/// A token bucket: `rate` tokens per second, holding at most `burst`.
-#[derive(Debug, Clone)]
-pub struct TokenBucket {
-    rate: f64,
-    burst: f64,
-    tokens: f64,
-    at: Instant,
-}
-
-impl TokenBucket {
-    /// A full bucket; `rate` 0 means unlimited.
-    pub fn new(rate: u32, burst: u32) -> Self {
-        TokenBucket {
-            rate: rate as f64,
-            burst: burst.max(1) as f64,
-            tokens: burst.max(1) as f64,
-            at: Instant::now(),
-        }
-    }
-
-    /// Takes a token; on refusal returns the milliseconds until one is available.
-    pub fn take(&mut self, now: Instant) -> Result<(), u32> {
-        if self.rate == 0.0 {
-            return Ok(());
-        }
-        let dt = now.saturating_duration_since(self.at).as_secs_f64();
-        self.at = now;
-        self.tokens = (self.tokens + dt * self.rate).min(self.burst);
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            Ok(())
-        } else {
-            Err((((1.0 - self.tokens) / self.rate) * 1000.0).ceil().max(1.0) as u32)
-        }
-    }
 }
 
 impl Session {
-    /// A session for `user_id` on `out`, with the configured send limit.
+    /// A session for `user_id` on `out`, with the configured rate limits.
     pub fn new(user_id: String, out: Arc<Outbound>, limits: &Limits) -> Self {
         Session {
             user_id,
             device_id: reads::DEFAULT_DEVICE.to_owned(),
             out,
-            sends: std::sync::Mutex::new(TokenBucket::new(
-                limits.send_rate_per_sec,
-                limits.send_burst,
-            )),
-            limits: std::sync::Mutex::new(FrameBuckets {
-                acks: TokenBucket::new(limits.deliver_ack_rate_per_sec, limits.deliver_ack_burst),
-                syncs: TokenBucket::new(limits.sync_rate_per_sec, limits.sync_burst),
-                group_ops: TokenBucket::new(limits.group_op_rate_per_sec, limits.group_op_burst),
-            }),
+            buckets: Buckets::new(limits),
             last_seqs: std::sync::Mutex::new(std::collections::HashMap::new()),
-            reads: std::sync::Mutex::new(reads::ReadBuckets::new(limits)),
-            live: std::sync::Mutex::new(live::LiveBuckets::new(limits)),
         }
-    }
-
-    /// Takes a token of the frame kind's bucket (DeliverAck, Sync, GroupOp; others
-    /// pass); the RATE_LIMITED refusal when it is empty.
-    fn rate_limit(&self, body: &Body) -> Result<(), Refusal> {
-        if !matches!(body, Body::DeliverAck(_) | Body::Sync(_) | Body::GroupOp(_)) {
-            return Ok(());
-        }
-        let now = Instant::now();
-        let Ok(mut b) = self.limits.lock() else {
-            return Ok(());
-        };
-        let (taken, what) = match body {
-            Body::DeliverAck(_) => (b.acks.take(now), "acking"),
-            Body::Sync(_) => (b.syncs.take(now), "syncing"),
-            _ => (b.group_ops.take(now), "changing groups"),
-        };
-        taken.map_err(|retry_after_ms| Refusal {
-            code: ErrorCode::RateLimited,
-            message: format!("{what} too fast"),
-            retry_after_ms,
-            bad_reason: Some("rate_limited"),
-        })
     }
 
     fn reply(&self, f: &Frame) {
         self.out.push(im_proto::encode(f), true);
     }
-}
 
-/// A frame the pipeline refused; the gateway sends it as `Error` and counts it.
-#[derive(Debug, Clone)]
-pub struct Refusal {
-    /// The error code.
-    pub code: ErrorCode,
-    /// Human-readable message.
-    pub message: String,
-    /// Retry hint (OVERLOADED).
-    pub retry_after_ms: u32,
-    /// `im_bad_frames_total` reason, when it counts as bad input.
-    pub bad_reason: Option<&'static str>,
-}
-
-impl Refusal {
-    fn bad(message: impl Into<String>) -> Self {
-        Refusal {
-            code: ErrorCode::BadFrame,
-            message: message.into(),
-            retry_after_ms: 0,
-            bad_reason: Some("protocol"),
-        }
-    }
-
-    fn code(code: ErrorCode, message: impl Into<String>, bad_reason: Option<&'static str>) -> Self {
-        Refusal {
-            code,
-            message: message.into(),
-            retry_after_ms: 0,
-            bad_reason,
-        }
-    }
-
-    fn store(e: StoreError) -> Self {
-        match e {
-            StoreError::GroupNotFound(g) => {
-                Refusal::code(ErrorCode::NotFound, format!("group {g} not found"), None)
-            }
-            StoreError::NotMember(g) => Refusal::code(
-                ErrorCode::NotMember,
-                format!("not a member of group {g}"),
-                Some("not_member"),
-            ),
-            StoreError::GroupExists(g) => Refusal::bad(format!("group {g} already exists")),
-            StoreError::GroupFull(g, n) => {
-                Refusal::bad(format!("group {g} would exceed {n} members"))
-            }
-            StoreError::Forbidden(m) => Refusal::code(ErrorCode::Forbidden, m, Some("forbidden")),
-            StoreError::BadRequest(m) => Refusal::bad(m),
-            StoreError::Unavailable(reason) => Refusal {
-                code: ErrorCode::Overloaded,
-                message: format!("store unavailable ({reason}), retry"),
-                retry_after_ms: 1000,
-                bad_reason: None,
-            },
-            e @ StoreError::Timeout(_) => Refusal {
-                code: ErrorCode::Overloaded,
-                message: format!("{e}, retry"),
-                retry_after_ms: 1000,
-                bad_reason: None,
-            },
-            other => {
-                tracing::error!(error = %other, "store error");
-                Refusal::code(ErrorCode::Internal, "internal error", None)
-            }
-        }
-    }
-
-    /// A Send the store cannot take now (a store fault or low disk, `reason`):
-    /// OVERLOADED, retried by the client with the same client_msg_id.
-    pub(crate) fn store_unavailable(reason: &str, retry_after_ms: u32) -> Self {
-        Refusal {
-            code: ErrorCode::Overloaded,
-            message: format!("store unavailable ({reason}), retry with the same client_msg_id"),
-            retry_after_ms,
-            bad_reason: None,
-        }
-    }
-
-    /// The `Error` frame for this refusal.
-    pub fn to_frame(&self, req_id: u64) -> Frame {
-        let mut f = error_frame(req_id, self.code, self.message.clone());
-        if let Some(Body::Error(e)) = f.body.as_mut() {
-            e.retry_after_ms = self.retry_after_ms;
-        }
-        f
+    /// Replies `body` to request `req_id`: the handler is done.
+    fn answer(&self, req_id: u64, body: Body) -> Result<(), Refusal> {
+        self.reply(&frame(req_id, body));
+        Ok(())
     }
 }
 
@@ -274,9 +106,6 @@ pub struct Pipeline {
     /// Per-user GroupOp rate limits on this node.
     group_op_users: std::sync::Mutex<std::collections::HashMap<String, TokenBucket>>,
 }
-
-/// Users whose GroupOp buckets are kept before idle ones are dropped.
-const GROUP_OP_USERS_MAX: usize = 100_000;
 
 impl Pipeline {
     /// Builds the stages on `store` (membership cache, router task, persistence writer
@@ -326,19 +155,16 @@ impl Pipeline {
                 config.receipts.clone(),
             ),
         );
-        let writer = spawn(
-            Task::Writer,
-            persist::run_writer(
-                store.clone(),
-                relations.clone(),
-                persist_rx,
-                route_tx,
-                config.persist.clone(),
-                guard,
-                metrics.clone(),
-                Some(receipts_tx),
-            ),
-        );
+        let wiring = persist::Wiring {
+            store: store.clone(),
+            relations: relations.clone(),
+            router: route_tx,
+            receipts: Some(receipts_tx),
+            cfg: config.persist.clone(),
+            guard,
+            metrics: metrics.clone(),
+        };
+        let writer = spawn(Task::Writer, persist::Writer::new(wiring, persist_rx).run());
         let pipeline = Arc::new(Pipeline {
             store,
             relations,
@@ -363,7 +189,13 @@ impl Pipeline {
         let Some(body) = f.body else {
             return Err(Refusal::bad("frame has no body"));
         };
-        s.rate_limit(&body)?;
+        // DeliverAck, SyncRequest and GroupOp take their token here; the other kinds
+        // in their handlers, after the checks that come first.
+        if let Some(kind @ (FrameKind::DeliverAck | FrameKind::Sync | FrameKind::GroupOp)) =
+            FrameKind::of(&body)
+        {
+            s.take(kind)?;
+        }
         self.metrics.stage_since(Stage::Auth, t);
         match body {
             Body::Send(send) => self.on_send(s, req_id, send, started).await,
@@ -396,151 +228,56 @@ impl Pipeline {
         }
     }
 
-    async fn on_send(
-        &self,
-        s: &Session,
-        req_id: u64,
-        send: Send,
-        started: Instant,
-    ) -> Result<(), Refusal> {
-        let t = Instant::now();
-        // One cheap check per message: None unless sampled or the sender is filtered.
-        let mut trace = self.metrics.tracer.begin(&s.user_id, started);
-        if let Some(tr) = trace.as_deref_mut() {
-            tr.stage(Stage::Decode, started, t);
-        }
-        let limited = s.sends.lock().map(|mut b| b.take(t)).unwrap_or(Ok(()));
-        if let Err(retry_after_ms) = limited {
-            return Err(Refusal {
-                code: ErrorCode::RateLimited,
-                message: "sending too fast".into(),
-                retry_after_ms,
-                bad_reason: Some("rate_limited"),
-            });
-        }
-        if let Some(reason) = self.health.refusal() {
-            metrics::counter!("im_store_refused_sends_total", "reason" => reason).increment(1);
-            return Err(Refusal::store_unavailable(reason, self.unhealthy_retry_ms));
-        }
-        match MessageType::try_from(send.r#type) {
-            Err(_) => {
-                return Err(Refusal::bad(format!(
-                    "unknown message type {}",
-                    send.r#type
-                )))
-            }
-            Ok(MessageType::System) => {
-                return Err(Refusal::code(
-                    ErrorCode::Forbidden,
-                    "SYSTEM messages are written by the server only",
-                    Some("forbidden"),
-                ))
-            }
-            Ok(MessageType::Recall | MessageType::Edit) => {
-                return Err(Refusal::code(
-                    ErrorCode::Forbidden,
-                    "RECALL and EDIT events are made by the Recall and Edit frames",
-                    Some("forbidden"),
-                ))
-            }
-            Ok(_) => {}
-        }
-        if send.client_msg_id.len() > MAX_CLIENT_MSG_ID {
-            return Err(Refusal::bad(format!(
-                "client_msg_id longer than {MAX_CLIENT_MSG_ID} bytes"
-            )));
-        }
-        let target = match send.target {
-            Some(send::Target::ToUser(u)) if u == announce::SYSTEM_SENDER => {
-                return Err(Refusal::code(
-                    ErrorCode::Forbidden,
-                    "the system sender takes no messages",
-                    Some("forbidden"),
-                ))
-            }
-            Some(send::Target::ToUser(u)) if im_proto::valid_id(&u) => send::Target::ToUser(u),
-            Some(send::Target::GroupId(g)) if im_proto::valid_id(&g) => send::Target::GroupId(g),
-            Some(_) => return Err(Refusal::bad("invalid to_user or group_id")),
-            None => return Err(Refusal::bad("send needs to_user or group_id")),
-        };
-        self.metrics.stage_since(Stage::Validate, t);
-        if let Some(tr) = trace.as_deref_mut() {
-            tr.stage(Stage::Validate, t, Instant::now());
-        }
-
-        let t = Instant::now();
-        let (conversation_id, recipients, direct) = match target {
-            send::Target::ToUser(to) => (
-                im_proto::direct_conversation(&s.user_id, &to),
-                Recipients::Direct(s.user_id.clone(), to.clone()),
-                Some((s.user_id.clone(), to)),
+    /// Hands `req` to the writer without waiting; a full queue is refused OVERLOADED
+    /// with the retry hint (a Send's or read state's also counted in
+    /// `im_persist_overloaded_total`).
+    fn submit(&self, req: WriteReq) -> Result<(), Refusal> {
+        let (counted, message) = match &req {
+            WriteReq::Message(_) => (
+                true,
+                "persistence queue full, retry with the same client_msg_id",
             ),
-            send::Target::GroupId(g) => {
-                let members = self.relations.members(&g).await.map_err(Refusal::store)?;
-                let Some(members) = members else {
-                    return Err(Refusal::code(
-                        ErrorCode::NotFound,
-                        format!("group {g} not found"),
-                        None,
-                    ));
-                };
-                if !relation::is_in(&members, &s.user_id) {
-                    return Err(Refusal::code(
-                        ErrorCode::NotMember,
-                        format!("not a member of group {g}"),
-                        Some("not_member"),
-                    ));
-                }
-                (
-                    im_proto::group_conversation(&g),
-                    Recipients::Group(members),
-                    None,
-                )
-            }
+            WriteReq::State(_) => (true, "persistence queue full, retry"),
+            _ => (false, "persistence queue full"),
         };
-        self.metrics.stage_since(Stage::Relation, t);
-        self.metrics.message_received(send.r#type);
-        let msg_id = uuid::Uuid::now_v7().simple().to_string();
-        if let Some(tr) = trace.as_deref_mut() {
-            tr.stage(Stage::Relation, t, Instant::now());
-            tr.set_message(&msg_id, &conversation_id);
+        if self.persist.try_submit(req).is_ok() {
+            return Ok(());
         }
-
-        let req = PersistReq {
-            message: NewMessage {
-                conversation_id,
-                sender: s.user_id.clone(),
-                client_msg_id: send.client_msg_id,
-                msg_type: send.r#type,
-                payload: send.payload,
-                msg_id,
-                direct,
-                reference: None,
-            },
-            req_id,
-            origin: s.out.clone(),
-            recipients,
-            started,
-            enqueued: Instant::now(),
-            trace,
-        };
-        if self.persist.try_submit(WriteReq::Message(req)).is_err() {
+        if counted {
             self.metrics.persist_overloaded.increment(1);
-            return Err(
-                self.overloaded("persistence queue full, retry with the same client_msg_id")
-            );
         }
-        Ok(())
-    }
-
-    /// The OVERLOADED refusal for a full persistence queue, with the retry hint.
-    fn overloaded(&self, message: &str) -> Refusal {
-        Refusal {
+        Err(Refusal {
             code: ErrorCode::Overloaded,
             message: message.into(),
             retry_after_ms: self.retry_after_ms,
             bad_reason: None,
+        })
+    }
+
+    /// Hands a change to the writer and waits for its outcome (at most 30 s: then
+    /// INTERNAL `<what> timed out`).
+    async fn submit_and_wait<T>(
+        &self,
+        req: WriteReq,
+        rx: tokio::sync::oneshot::Receiver<Result<T, crate::store::StoreError>>,
+        what: &str,
+    ) -> Result<T, Refusal> {
+        self.submit(req)?;
+        match tokio::time::timeout(Duration::from_secs(30), rx).await {
+            Ok(Ok(result)) => result.map_err(Refusal::store),
+            _ => Err(Refusal::code(
+                ErrorCode::Internal,
+                format!("{what} timed out"),
+                None,
+            )),
         }
+    }
+
+    /// The members of group `g`; NOT_FOUND when there is no such group.
+    async fn group_members(&self, g: &str) -> Result<Members, Refusal> {
+        let members = self.relations.members(g).await.map_err(Refusal::store)?;
+        members
+            .ok_or_else(|| Refusal::code(ErrorCode::NotFound, format!("group {g} not found"), None))
     }
 
     /// Whether `user` may read `conversation_id`.
@@ -556,240 +293,5 @@ impl Pipeline {
                 "invalid conversation id {conversation_id:?}"
             ))),
         }
-    }
-
-    async fn on_deliver_ack(&self, s: &Session, ack: DeliverAck) -> Result<(), Refusal> {
-        if !self.can_read(&s.user_id, &ack.conversation_id).await? {
-            return Err(Refusal::code(
-                ErrorCode::NotMember,
-                format!("not a member of {}", ack.conversation_id),
-                Some("not_member"),
-            ));
-        }
-        // Only up to what the conversation holds: an ack for a conversation that does
-        // not exist, or past its last seq, writes nothing.
-        if !self.seq_exists(s, &ack.conversation_id, ack.seq).await? {
-            return Err(Refusal::bad(format!(
-                "no seq {} in {}",
-                ack.seq, ack.conversation_id
-            )));
-        }
-        // Cursors are advisory: if the queue is full this one is skipped and a later
-        // (cumulative) ack carries it.
-        let _ = self.persist.try_submit(WriteReq::Cursor(CursorUpdate {
-            user_id: s.user_id.clone(),
-            device_id: s.device_id.clone(),
-            conversation_id: ack.conversation_id,
-            seq: ack.seq,
-        }));
-        Ok(())
-    }
-
-    /// Whether `conversation_id` exists and holds `seq` (1 ..= its last seq); the last
-    /// seq comes from what this node committed or from the store, and is remembered by
-    /// the session while acks stay under it.
-    async fn seq_exists(
-        &self,
-        s: &Session,
-        conversation_id: &str,
-        seq: u64,
-    ) -> Result<bool, Refusal> {
-        if seq == 0 {
-            return Ok(false);
-        }
-        let known = s
-            .last_seqs
-            .lock()
-            .ok()
-            .and_then(|m| m.get(conversation_id).copied());
-        if known.is_some_and(|last| seq <= last) {
-            return Ok(true);
-        }
-        // What this node just committed (the usual case: an ack of a fresh delivery),
-        // before a store read.
-        let last = match self.persist.last_committed(conversation_id) {
-            Some(last) if seq <= last => Some(last),
-            _ => self
-                .store
-                .last_seq(conversation_id)
-                .await
-                .map_err(Refusal::store)?,
-        };
-        let Some(last) = last else {
-            return Ok(false);
-        };
-        if let Ok(mut m) = s.last_seqs.lock() {
-            if m.len() >= LAST_SEQS_MAX {
-                m.clear();
-            }
-            m.insert(conversation_id.to_owned(), last);
-        }
-        Ok(seq <= last)
-    }
-
-    async fn on_sync(&self, s: &Session, req_id: u64, req: SyncRequest) -> Result<(), Refusal> {
-        if req.cursors.len() > MAX_SYNC_CURSORS {
-            return Err(Refusal::bad(format!(
-                "more than {MAX_SYNC_CURSORS} cursors"
-            )));
-        }
-        // Cleared before the read, so a message committed after it hints again.
-        s.out.clear_sync_hint();
-        let limit = match req.limit {
-            0 => DEFAULT_SYNC_LIMIT.min(self.limits.sync_limit_max),
-            n => n.min(self.limits.sync_limit_max),
-        };
-        let mut cursors = Vec::with_capacity(req.cursors.len());
-        for c in req.cursors {
-            if !self.can_read(&s.user_id, &c.conversation_id).await? {
-                return Err(Refusal::code(
-                    ErrorCode::NotMember,
-                    format!("not a member of {}", c.conversation_id),
-                    Some("not_member"),
-                ));
-            }
-            cursors.push((c.conversation_id, c.after_seq));
-        }
-        let (messages, more) = self
-            .store
-            .sync_device(
-                &s.user_id,
-                &s.device_id,
-                &cursors,
-                limit,
-                self.sync_page_bytes,
-            )
-            .await
-            .map_err(Refusal::store)?;
-        s.reply(&frame(
-            req_id,
-            Body::SyncResp(SyncResponse { messages, more }),
-        ));
-        Ok(())
-    }
-
-    /// Takes a GroupOp token from the user's bucket on this node (the connection's was
-    /// taken with the frame, in [`Session::rate_limit`]).
-    fn group_op_allowed(&self, s: &Session) -> Result<(), Refusal> {
-        let now = Instant::now();
-        let limited = |retry_after_ms| Refusal {
-            code: ErrorCode::RateLimited,
-            message: "changing groups too fast".into(),
-            retry_after_ms,
-            bad_reason: Some("rate_limited"),
-        };
-        let l = &self.limits;
-        if l.group_op_rate_per_sec == 0 {
-            return Ok(());
-        }
-        if let Ok(mut users) = self.group_op_users.lock() {
-            if users.len() >= GROUP_OP_USERS_MAX && !users.contains_key(&s.user_id) {
-                // Buckets idle long enough to be full again carry no state: drop them.
-                let full = Duration::from_secs_f64(
-                    l.group_op_burst as f64 / l.group_op_rate_per_sec.max(1) as f64,
-                );
-                users.retain(|_, b| now.saturating_duration_since(b.at) < full);
-                if users.len() >= GROUP_OP_USERS_MAX {
-                    return Err(limited(1000));
-                }
-            }
-            users
-                .entry(s.user_id.clone())
-                .or_insert_with(|| TokenBucket::new(l.group_op_rate_per_sec, l.group_op_burst))
-                .take(now)
-                .map_err(limited)?;
-        }
-        Ok(())
-    }
-
-    async fn on_group_op(&self, s: &Session, req_id: u64, op: GroupOp) -> Result<(), Refusal> {
-        let kind = group_op::Op::try_from(op.op)
-            .map_err(|_| Refusal::bad(format!("unknown group op {}", op.op)))?;
-        let group_kind = group_op::Kind::try_from(op.kind)
-            .map_err(|_| Refusal::bad(format!("unknown group kind {}", op.kind)))?;
-        let role = group_op::Role::try_from(op.role)
-            .map_err(|_| Refusal::bad(format!("unknown role {}", op.role)))?;
-        let group_id = if op.group_id.is_empty() && kind == group_op::Op::Create {
-            format!("grp-{}", uuid::Uuid::now_v7().simple())
-        } else if im_proto::valid_id(&op.group_id) {
-            op.group_id
-        } else {
-            return Err(Refusal::bad("invalid group_id"));
-        };
-        if let Some(bad) = op.members.iter().find(|m| !im_proto::valid_id(m)) {
-            return Err(Refusal::bad(format!("invalid member id {bad:?}")));
-        }
-        if op.members.len() > self.limits.max_group_members as usize {
-            return Err(Refusal::bad(format!(
-                "more than {} members",
-                self.limits.max_group_members
-            )));
-        }
-        self.group_op_allowed(s)?;
-        // JOIN naming others is how older clients added members: it means ADD.
-        let kind = match kind {
-            group_op::Op::Join if op.members.iter().any(|m| *m != s.user_id) => group_op::Op::Add,
-            k => k,
-        };
-        let req = GroupRequest {
-            actor: s.user_id.clone(),
-            op: kind,
-            users: op.members,
-            kind: group_kind,
-            role,
-            members_can_invite: op.members_can_invite,
-            max_members: self.limits.max_group_members,
-            max_groups_per_user: self.limits.max_groups_per_user,
-        };
-        let (reply, rx) = tokio::sync::oneshot::channel();
-        let write = WriteReq::Group {
-            group_id: group_id.clone(),
-            req,
-            reply,
-        };
-        if self.persist.try_submit(write).is_err() {
-            return Err(self.overloaded("persistence queue full"));
-        }
-        let state = match tokio::time::timeout(Duration::from_secs(30), rx).await {
-            Ok(Ok(result)) => result.map_err(Refusal::store)?,
-            _ => {
-                return Err(Refusal::code(
-                    ErrorCode::Internal,
-                    "group change timed out",
-                    None,
-                ))
-            }
-        };
-        s.reply(&frame(
-            req_id,
-            Body::GroupOpOk(GroupOpOk {
-                group_id,
-                members: state.members,
-                kind: state.kind as i32,
-                role: state.role as i32,
-                members_can_invite: state.members_can_invite,
-                version: state.version,
-            }),
-        ));
-        Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::TokenBucket;
-    use std::time::{Duration, Instant};
-
-    #[test]
-    fn bucket_allows_burst_then_rate() {
-        let t0 = Instant::now();
-        let mut b = TokenBucket::new(10, 3);
-        assert!((0..3).all(|_| b.take(t0).is_ok()));
-        let wait = b.take(t0).unwrap_err();
-        assert!((1..=100).contains(&wait), "{wait}");
-        assert!(b.take(t0 + Duration::from_millis(100)).is_ok());
-        assert!(b.take(t0 + Duration::from_millis(100)).is_err());
-        let mut free = TokenBucket::new(0, 1);
-        assert!((0..1000).all(|_| free.take(t0).is_ok()));
     }
 }

@@ -5,15 +5,12 @@
 //! writer, which answers `Done` after the commit; the list is read from the store
 //! directly.
 
-use std::time::Instant;
-
 use im_proto::{
     frame, Body, ConversationList, ErrorCode, ListConversations, MarkRead, SetConversationFlags,
 };
 
-use super::persist::{StateReq, WriteReq};
-use super::{Pipeline, Refusal, Session, TokenBucket};
-use crate::config::Limits;
+use super::{FrameKind, Pipeline, Refusal, Session};
+use crate::persist::{StateReq, WriteReq};
 use crate::store::{FlagsUpdate, ListAfter, ReadUpdate};
 
 /// The device of a Login that names none.
@@ -24,36 +21,6 @@ pub const DEFAULT_LIST_LIMIT: u32 = 50;
 /// Longest accepted `ListConversations.after` token, in bytes.
 pub const MAX_AFTER_TOKEN: usize = 256;
 
-/// The per-connection token buckets of the read-state frames.
-#[derive(Debug)]
-pub(super) struct ReadBuckets {
-    marks: TokenBucket,
-    lists: TokenBucket,
-    flags: TokenBucket,
-}
-
-impl ReadBuckets {
-    /// Full buckets with the configured rates.
-    pub(super) fn new(l: &Limits) -> Self {
-        ReadBuckets {
-            marks: TokenBucket::new(l.mark_read_rate_per_sec, l.mark_read_burst),
-            lists: TokenBucket::new(
-                l.list_conversations_rate_per_sec,
-                l.list_conversations_burst,
-            ),
-            flags: TokenBucket::new(l.set_flags_rate_per_sec, l.set_flags_burst),
-        }
-    }
-}
-
-/// Which read-state bucket a frame takes from.
-#[derive(Clone, Copy)]
-enum Kind {
-    Mark,
-    List,
-    Flags,
-}
-
 impl Session {
     /// This session as `device` of its user (empty: [`DEFAULT_DEVICE`]).
     pub fn on_device(mut self, device: &str) -> Self {
@@ -63,24 +30,6 @@ impl Session {
             device.to_owned()
         };
         self
-    }
-
-    fn take_read_token(&self, kind: Kind) -> Result<(), Refusal> {
-        let now = Instant::now();
-        let Ok(mut b) = self.reads.lock() else {
-            return Ok(());
-        };
-        let (taken, what) = match kind {
-            Kind::Mark => (b.marks.take(now), "marking read"),
-            Kind::List => (b.lists.take(now), "listing conversations"),
-            Kind::Flags => (b.flags.take(now), "setting conversation flags"),
-        };
-        taken.map_err(|retry_after_ms| Refusal {
-            code: ErrorCode::RateLimited,
-            message: format!("{what} too fast"),
-            retry_after_ms,
-            bad_reason: Some("rate_limited"),
-        })
     }
 }
 
@@ -145,7 +94,7 @@ impl Pipeline {
         req_id: u64,
         m: MarkRead,
     ) -> Result<(), Refusal> {
-        s.take_read_token(Kind::Mark)?;
+        s.take(FrameKind::MarkRead)?;
         self.may_read(s, &m.conversation_id).await?;
         if !self.seq_exists(s, &m.conversation_id, m.seq).await? {
             return Err(Refusal::bad(format!(
@@ -164,11 +113,7 @@ impl Pipeline {
             req_id,
             origin: s.out.clone(),
         };
-        if self.persist.try_submit(WriteReq::State(req)).is_err() {
-            self.metrics.persist_overloaded.increment(1);
-            return Err(self.overloaded("persistence queue full, retry"));
-        }
-        Ok(())
+        self.submit(WriteReq::State(req))
     }
 
     /// SetConversationFlags: the caller's muted and pinned flags of a conversation
@@ -179,7 +124,7 @@ impl Pipeline {
         req_id: u64,
         f: SetConversationFlags,
     ) -> Result<(), Refusal> {
-        s.take_read_token(Kind::Flags)?;
+        s.take(FrameKind::SetFlags)?;
         self.may_read(s, &f.conversation_id).await?;
         let req = StateReq {
             read: None,
@@ -192,11 +137,7 @@ impl Pipeline {
             req_id,
             origin: s.out.clone(),
         };
-        if self.persist.try_submit(WriteReq::State(req)).is_err() {
-            self.metrics.persist_overloaded.increment(1);
-            return Err(self.overloaded("persistence queue full, retry"));
-        }
-        Ok(())
+        self.submit(WriteReq::State(req))
     }
 
     /// ListConversations: one page of the caller's conversations, read from the store.
@@ -206,7 +147,7 @@ impl Pipeline {
         req_id: u64,
         l: ListConversations,
     ) -> Result<(), Refusal> {
-        s.take_read_token(Kind::List)?;
+        s.take(FrameKind::ListConversations)?;
         let after = if l.after.is_empty() {
             None
         } else {

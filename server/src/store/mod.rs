@@ -3,7 +3,10 @@
 //! (sender, conversation, client_msg_id), cursors, groups (roles, bans, membership
 //! intervals, the decision of who may change what), revocations and sync queries, which
 //! clamp every group read to the reader's membership intervals. Only the persistence
-//! writer (`pipeline::persist`) calls the write methods; readers call the rest.
+//! writer (`persist`) calls the write methods, but one: the admin revoke writes its row
+//! itself (`Store::revoke`), so that an operator stopping an account is answered even
+//! while the writer's queue is full, and a revocation orders with nothing the writer
+//! commits. Readers call the rest.
 
 pub mod access;
 mod batch;

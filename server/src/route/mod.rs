@@ -15,6 +15,12 @@
 //! (`obs::users`: under a log filter or sampled), the sender's as `sent` and each
 //! recipient's as `received`; [`UserDiag::tracking`] costs one relaxed load and an
 //! integer test per delivery while nobody is tracked.
+//!
+//! Also here, on the delivery side: the presence subscriber table the router owns
+//! ([`presence`]) and the read receipt task that pushes through it ([`receipts`]).
+
+pub mod presence;
+pub mod receipts;
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -25,13 +31,13 @@ use futures_util::future::BoxFuture;
 use im_proto::{frame, Body, ChatMessage, Deliver};
 use tokio::sync::mpsc;
 
-use super::presence::PresenceHub;
-use super::relation::Members;
 use crate::flow::{Outbound, Pushed};
 use crate::obs::logfilter::{self, as_uid};
 use crate::obs::trace::{Active, Trace, TraceContext};
 use crate::obs::users::{Direction, Recorded, Tracking, UserDiag};
 use crate::obs::{EndToEnd, Metrics, Stage};
+use crate::store::membership::Members;
+use presence::PresenceHub;
 
 /// Who receives a message.
 #[derive(Debug, Clone)]
@@ -75,7 +81,7 @@ impl Recipients {
         match self {
             Recipients::Group(m) if levels.len() < m.len() => {
                 for (k, l) in levels {
-                    if super::relation::is_in(m, k) {
+                    if crate::store::membership::is_in(m, k) {
                         add(k, *l);
                     }
                 }
@@ -195,7 +201,7 @@ pub struct Router {
     hint: Bytes,
     hints: metrics::Counter,
     link: Option<Arc<dyn Peers>>,
-    /// Presence subscriptions (`pipeline::presence`).
+    /// Presence subscriptions (`route::presence`).
     presence: PresenceHub,
     /// Typing pushes skipped for slow connections.
     typing_skipped_slow: metrics::Counter,
@@ -656,7 +662,7 @@ impl Router {
     }
 
     /// `user`'s connections here or on another node changed: their presence
-    /// subscribers are told what they now see (`pipeline::presence`).
+    /// subscribers are told what they now see (`route::presence`).
     pub fn presence_changed(&self, user: &str) {
         self.presence.changed(user, |u| self.devices(u));
     }

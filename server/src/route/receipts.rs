@@ -16,9 +16,9 @@ use std::time::Duration;
 use im_proto::{frame, Body, ConversationRef, ReadReceipt};
 use tokio::sync::mpsc;
 
-use super::relation::Relations;
-use super::route::Router;
+use super::Router;
 use crate::config::Receipts;
+use crate::store::membership::Relations;
 use crate::store::{ReadMoved, Store};
 
 /// A committed read cursor on its way to the receipts task.

@@ -4,7 +4,7 @@
 //! pushed once, and only when what they see changes) and the last-seen times of users
 //! who went offline, kept in memory per node and bounded ([`LAST_SEEN_MAX`]).
 //!
-//! The [`route::Router`](super::route::Router) owns the hub: it tells it about every
+//! The [`Router`](super::Router) owns the hub: it tells it about every
 //! change of a user's device count (its own sessions, and the other nodes' through the
 //! cluster's presence map) and hands it the current count, read under the hub's lock so
 //! that concurrent changes are applied in order. The hub pushes `Presence` frames

@@ -1,0 +1,133 @@
+//! Send: the validation of a client's message (type, client_msg_id, target), its
+//! relation (who receives it: both parties of a direct chat, or the group's members,
+//! of whom the sender must be one), and its hand-off to the writer, traced when sampled.
+
+use std::time::Instant;
+
+use im_proto::{send, ErrorCode, MessageType, Send};
+
+use super::{announce, FrameKind, Pipeline, Refusal, Session, MAX_CLIENT_MSG_ID};
+use crate::obs::Stage;
+use crate::persist::{PersistReq, WriteReq};
+use crate::route::Recipients;
+use crate::store::membership;
+use crate::store::NewMessage;
+
+impl Pipeline {
+    /// A Send: checked, its recipients found, handed to the writer (acked after commit).
+    pub(super) async fn on_send(
+        &self,
+        s: &Session,
+        req_id: u64,
+        send: Send,
+        started: Instant,
+    ) -> Result<(), Refusal> {
+        let t = Instant::now();
+        // One cheap check per message: None unless sampled or the sender is filtered.
+        let mut trace = self.metrics.tracer.begin(&s.user_id, started);
+        if let Some(tr) = trace.as_deref_mut() {
+            tr.stage(Stage::Decode, started, t);
+        }
+        s.take(FrameKind::Send)?;
+        if let Some(reason) = self.health.refusal() {
+            metrics::counter!("im_store_refused_sends_total", "reason" => reason).increment(1);
+            return Err(Refusal::store_unavailable(reason, self.unhealthy_retry_ms));
+        }
+        match MessageType::try_from(send.r#type) {
+            Err(_) => {
+                return Err(Refusal::bad(format!(
+                    "unknown message type {}",
+                    send.r#type
+                )))
+            }
+            Ok(MessageType::System) => {
+                return Err(Refusal::code(
+                    ErrorCode::Forbidden,
+                    "SYSTEM messages are written by the server only",
+                    Some("forbidden"),
+                ))
+            }
+            Ok(MessageType::Recall | MessageType::Edit) => {
+                return Err(Refusal::code(
+                    ErrorCode::Forbidden,
+                    "RECALL and EDIT events are made by the Recall and Edit frames",
+                    Some("forbidden"),
+                ))
+            }
+            Ok(_) => {}
+        }
+        if send.client_msg_id.len() > MAX_CLIENT_MSG_ID {
+            return Err(Refusal::bad(format!(
+                "client_msg_id longer than {MAX_CLIENT_MSG_ID} bytes"
+            )));
+        }
+        let target = match send.target {
+            Some(send::Target::ToUser(u)) if u == announce::SYSTEM_SENDER => {
+                return Err(Refusal::code(
+                    ErrorCode::Forbidden,
+                    "the system sender takes no messages",
+                    Some("forbidden"),
+                ))
+            }
+            Some(send::Target::ToUser(u)) if im_proto::valid_id(&u) => send::Target::ToUser(u),
+            Some(send::Target::GroupId(g)) if im_proto::valid_id(&g) => send::Target::GroupId(g),
+            Some(_) => return Err(Refusal::bad("invalid to_user or group_id")),
+            None => return Err(Refusal::bad("send needs to_user or group_id")),
+        };
+        self.metrics.stage_since(Stage::Validate, t);
+        if let Some(tr) = trace.as_deref_mut() {
+            tr.stage(Stage::Validate, t, Instant::now());
+        }
+
+        let t = Instant::now();
+        let (conversation_id, recipients, direct) = match target {
+            send::Target::ToUser(to) => (
+                im_proto::direct_conversation(&s.user_id, &to),
+                Recipients::Direct(s.user_id.clone(), to.clone()),
+                Some((s.user_id.clone(), to)),
+            ),
+            send::Target::GroupId(g) => {
+                let members = self.group_members(&g).await?;
+                if !membership::is_in(&members, &s.user_id) {
+                    return Err(Refusal::code(
+                        ErrorCode::NotMember,
+                        format!("not a member of group {g}"),
+                        Some("not_member"),
+                    ));
+                }
+                (
+                    im_proto::group_conversation(&g),
+                    Recipients::Group(members),
+                    None,
+                )
+            }
+        };
+        self.metrics.stage_since(Stage::Relation, t);
+        self.metrics.message_received(send.r#type);
+        let msg_id = uuid::Uuid::now_v7().simple().to_string();
+        if let Some(tr) = trace.as_deref_mut() {
+            tr.stage(Stage::Relation, t, Instant::now());
+            tr.set_message(&msg_id, &conversation_id);
+        }
+
+        let req = PersistReq {
+            message: NewMessage {
+                conversation_id,
+                sender: s.user_id.clone(),
+                client_msg_id: send.client_msg_id,
+                msg_type: send.r#type,
+                payload: send.payload,
+                msg_id,
+                direct,
+                reference: None,
+            },
+            req_id,
+            origin: s.out.clone(),
+            recipients,
+            started,
+            enqueued: Instant::now(),
+            trace,
+        };
+        self.submit(WriteReq::Message(req))
+    }
+}
