@@ -12,17 +12,6 @@ use common::rust_files;
 /// The longest a function may be.
 const MAX_LINES: usize = 150;
 
-/// Functions over the limit that are being split on another branch (file under
-/// `server/src`, function name). MERGE: this list empties when the store's restructure
-/// lands; nothing may be added to it.
-const PENDING_SPLIT: &[(&str, &str)] = &[
-    ("store/sql.rs", "list_conversations"),
-    ("store/sql.rs", "group_change_on"),
-    ("store/sql.rs", "commit_batch_on"),
-    ("store/sqlite_commit.rs", "commit_batch"),
-    ("store/access.rs", "decide"),
-];
-
 /// `text` with comments, string literals and char literals blanked (newlines kept, so
 /// byte offsets and line numbers stay those of the file).
 fn code_only(text: &str) -> Vec<u8> {
@@ -185,7 +174,6 @@ fn no_function_in_server_src_is_over_150_lines() {
     rust_files(&src, &mut files);
     files.sort();
     let mut long = Vec::new();
-    let mut pending_seen = Vec::new();
     for file in files {
         let rel = file
             .strip_prefix(&src)
@@ -197,10 +185,6 @@ fn no_function_in_server_src_is_over_150_lines() {
             if lines <= MAX_LINES {
                 continue;
             }
-            if PENDING_SPLIT.contains(&(rel.as_str(), name.as_str())) {
-                pending_seen.push((rel.clone(), name));
-                continue;
-            }
             long.push(format!("server/src/{rel}:{line} `{name}` is {lines} lines"));
         }
     }
@@ -208,15 +192,6 @@ fn no_function_in_server_src_is_over_150_lines() {
         long.is_empty(),
         "functions over {MAX_LINES} lines (split them into steps that each read on one screen):\n  {}",
         long.join("\n  ")
-    );
-    let stale: Vec<_> = PENDING_SPLIT
-        .iter()
-        .filter(|(f, n)| !pending_seen.iter().any(|(pf, pn)| pf == f && pn == n))
-        .collect();
-    assert!(
-        stale.is_empty(),
-        "PENDING_SPLIT in server/tests/layout.rs names functions that are no longer over \
-         {MAX_LINES} lines (or gone); remove them from the list: {stale:?}"
     );
 }
 
