@@ -21,10 +21,13 @@
 
 pub mod admin;
 pub mod check;
+pub mod clock;
 pub mod config;
+pub mod groups;
 pub mod outbox;
 pub mod peer;
 pub mod report;
+pub mod run;
 pub mod scenarios;
 pub mod spawn;
 pub mod stats;

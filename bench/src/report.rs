@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
-use crate::scenarios::Clock;
+use crate::clock::Clock;
 use crate::spawn::ServerLog;
 use crate::stats::Summary;
 use crate::util::fmt_us;

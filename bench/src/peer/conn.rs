@@ -397,7 +397,7 @@ impl PeerConn {
     /// server's PINGs in [`PeerConn::recv`]).
     pub async fn keepalive(&mut self) -> anyhow::Result<()> {
         match self {
-            PeerConn::Im { conn, .. } => Ok(crate::scenarios::ping(conn).await?),
+            PeerConn::Im { conn, .. } => Ok(crate::run::ping(conn).await?),
             PeerConn::Mqtt { .. } => self.write(mqtt::pingreq()).await,
             PeerConn::Nats { .. } => Ok(()),
         }
@@ -536,10 +536,10 @@ impl PeerConn {
             }
             PeerConn::Mqtt { ws, .. } => {
                 let _ = ws.send(Message::Binary(mqtt::disconnect().into())).await;
-                let _ = SinkExt::close(ws).await;
+                let _ = SinkExt::close(&mut **ws).await;
             }
             PeerConn::Nats { ws, .. } => {
-                let _ = SinkExt::close(ws).await;
+                let _ = SinkExt::close(&mut **ws).await;
             }
         }
     }

@@ -36,11 +36,11 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 
+use crate::clock::Clock;
 use crate::report::{fmt_bytes, line, summary_line};
-use crate::scenarios::{
-    finish, run_tag, Absent, Clock, Report, ReportBody, RunArgs, ServerArgs, Tail,
-};
+use crate::run::{finish, run_tag, Absent, Report, ReportBody, RunArgs, Tail};
 use crate::stats::{LatencyRecorder, Summary};
+use crate::target::ServerArgs;
 use crate::target::{source_ips, Target};
 use crate::Outcome;
 use conn::{Dest, Event, Opener, PeerConn};
@@ -917,7 +917,7 @@ async fn broadcast(
     if let PeerConn::Im { conn, .. } = &mut sender {
         let mut members = vec![sender_name.clone()];
         members.extend(names.iter().cloned());
-        crate::scenarios::broadcast::create_group(conn, &topic, members).await?;
+        crate::groups::create_group(conn, &topic, members).await?;
     }
     let topics = (0..m)
         .map(|_| (c.protocol != Protocol::Im).then(|| topic.clone()))

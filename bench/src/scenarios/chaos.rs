@@ -50,15 +50,16 @@ use tokio::time::Instant;
 
 use super::follow::Follower;
 use super::sender::{self, Ended, Hooks, RunCounts, SendCounts};
-use super::{
-    figures_near_end, ping, run_tag, Clock, Disconnects, Pair, Problems, Report, RunArgs,
-    ServerArgs, Tail,
-};
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
+use crate::clock::Clock;
 use crate::outbox::{Outbox, Pacer, Pending, Refused, SendSpec, Target as To};
 use crate::report::{self, p99_text, Rate};
+use crate::run::{
+    figures_near_end, ping, run_tag, Disconnects, Pair, Problems, Report, RunArgs, Tail,
+};
 use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
+use crate::target::ServerArgs;
 use crate::target::{Dialer, Session, Target};
 use crate::util::{fmt_us, max_open_files, parse_duration};
 use crate::wire::{self, BadFrame};

@@ -30,13 +30,13 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::sender::{self, SendCounts, ToOne};
-use super::{
-    figures_near_end, ping, Clock, Disconnects, Pair, Problems, Report, RunArgs, ServerArgs, Tail,
-};
 use crate::check::{check, Verdict};
+use crate::clock::Clock;
 use crate::outbox::{Outbox, Pacer, SendSpec, Target as To};
 use crate::report::{self, p99_text, Rate};
+use crate::run::{figures_near_end, ping, Disconnects, Pair, Problems, Report, RunArgs, Tail};
 use crate::stats::{Counter, ErrorCounts, LatencyRecorder, LocalError, Summary};
+use crate::target::ServerArgs;
 use crate::target::{Session, Target};
 use crate::util::{fmt_us, parse_duration};
 
@@ -457,7 +457,7 @@ mod tests {
         assert_eq!(a.payload, 100);
         assert_eq!(a.run.duration, Duration::from_secs(3));
         assert_eq!(a.run.warmup, Duration::from_secs(2));
-        assert_eq!(a.server.secret, crate::scenarios::DEFAULT_SECRET);
+        assert_eq!(a.server.secret, crate::target::DEFAULT_SECRET);
         assert_eq!(a.server.sources, 254);
         assert_eq!(
             a.server.server_env,

@@ -34,12 +34,14 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::peers::{self, Expect, Ledger};
-use super::{ping, run_tag, Absent, Clock, Disconnects, Problems, Report, ServerArgs, Tail};
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
+use crate::clock::Clock;
 use crate::outbox::{Outbox, SendSpec, Target as To};
 use crate::report::{self, fmt_bytes, p99_text, Rate};
+use crate::run::{ping, run_tag, Absent, Disconnects, Problems, Report, Tail};
 use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
+use crate::target::ServerArgs;
 use crate::target::{Dialer, Target};
 use crate::util::{fmt_us, max_open_files, parse_duration, self_rss_bytes};
 use crate::wire;

@@ -42,15 +42,14 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::peers::{self, Expect, Ledger};
-use super::{
-    figures_near_end, ping, run_tag, Clock, Disconnects, Problems, Report, RunArgs, ServerArgs,
-    Tail,
-};
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
+use crate::clock::Clock;
 use crate::outbox::{Outbox, Pacer, SendSpec, Target as To};
 use crate::report::{self, fmt_bytes, p99_text, Rate};
+use crate::run::{figures_near_end, ping, run_tag, Disconnects, Problems, Report, RunArgs, Tail};
 use crate::stats::{Counter, ErrorCounts, LatencyRecorder, LocalError, Summary};
+use crate::target::ServerArgs;
 use crate::target::{Session, Target};
 use crate::util::{parse_duration, Zipf};
 use crate::wire;

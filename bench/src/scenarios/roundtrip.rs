@@ -28,15 +28,16 @@ use serde::Serialize;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::{
-    figures_near_end, ping, run_tag, Clock, Disconnects, Pair, Problems, Report, RunArgs,
-    ServerArgs, Tail,
-};
 use crate::admin::ServerFigures;
 use crate::check::{check, Verdict};
+use crate::clock::Clock;
 use crate::outbox::{Outbox, SendSpec, Target as To};
 use crate::report::{self, p99_text, Rate};
+use crate::run::{
+    figures_near_end, ping, run_tag, Disconnects, Pair, Problems, Report, RunArgs, Tail,
+};
 use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
+use crate::target::ServerArgs;
 use crate::target::{Session, Target};
 use crate::util::parse_duration;
 use crate::wire;
