@@ -8,7 +8,9 @@
 //! `im-bench --config scenario.toml` (or `im-bench SCENARIO --config FILE`) takes the
 //! scenario and its flags from a TOML file ([`config`]).
 //!
-//! Module map: [`scenarios`] (one module per traffic shape, plus what they share),
+//! Module map: [`scenarios`] (one module per traffic shape, and the command line that
+//! picks one), [`run`] (the run skeleton every scenario shares: run flags, the report's
+//! tail, `finish`), [`clock`] (a run's timeline), [`groups`] (group set-up before a run),
 //! [`target`] (the server under test: resolve, mint tokens, spawn, open sessions from
 //! spread loopback source addresses, as `im_client::RawConn`s with small buffers),
 //! [`spawn`] (running an `im-server` child process), [`admin`] (the server's own figures

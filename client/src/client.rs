@@ -146,30 +146,7 @@ impl Client {
             payload: payload.into(),
             client_msg_id: client_msg_id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string()),
         };
-        let mut retries = 0u32;
-        loop {
-            let can_retry = retries < self.cfg.max_send_retries;
-            match self.request(Body::Send(msg.clone()), true).await {
-                Ok(Body::SendAck(ack)) => return Ok(ack),
-                Ok(other) => return Err(unexpected("SendAck", &other)),
-                Err(ClientError::Server {
-                    code: ErrorCode::Overloaded | ErrorCode::RateLimited,
-                    retry_after_ms,
-                    ..
-                }) if can_retry => tokio::time::sleep(overload_delay(retry_after_ms)).await,
-                Err(ClientError::Server {
-                    code: ErrorCode::Internal,
-                    retry_after_ms,
-                    ..
-                }) if can_retry && retry_after_ms > 0 => {
-                    tokio::time::sleep(overload_delay(retry_after_ms)).await
-                }
-                Err(ClientError::Disconnected)
-                    if can_retry && self.cfg.auto_reconnect && !self.cmd.is_closed() => {}
-                Err(e) => return Err(e),
-            }
-            retries += 1;
-        }
+        self.acked_retried(Body::Send(msg)).await
     }
 
     /// Sends a text message to one user.
@@ -333,8 +310,8 @@ impl Client {
         }
     }
 
-    /// Sends a request answered by a `SendAck` (Recall, Edit), resending the same
-    /// frame (so the same client_msg_id) on the errors [`Client::send`] retries.
+    /// Sends a request answered by a `SendAck` (Send, Recall, Edit), resending the same
+    /// frame (so the same client_msg_id) on the errors [`Client::send`] names.
     async fn acked_retried(&self, body: Body) -> Result<SendAck, ClientError> {
         let mut retries = 0u32;
         loop {
