@@ -49,16 +49,20 @@ fn token_subcommand_uses_the_generated_secret_of_the_data_dir() {
     );
 }
 
+/// Runs the server command with `data_dir`, expecting it to refuse to start; its stderr.
+fn refused_start(cmd: &mut Command, data_dir: &std::path::Path) -> String {
+    let out = cmd.env("IM_DATA_DIR", data_dir).output().unwrap();
+    assert!(!out.status.success(), "the server started");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 #[test]
 fn bad_config_fails_start_up_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(server_bin())
-        .env("IM_DATA_DIR", dir.path())
-        .env("IM_PERSIST_BATCH_MAX", "lots")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_start(
+        Command::new(server_bin()).env("IM_PERSIST_BATCH_MAX", "lots"),
+        dir.path(),
+    );
     assert!(
         err.contains("IM_PERSIST_BATCH_MAX") && err.contains("lots"),
         "{err}"
@@ -66,14 +70,10 @@ fn bad_config_fails_start_up_naming_the_key() {
 
     let file = dir.path().join("im.toml");
     std::fs::write(&file, "[limits]\nmax_frame_bytes = 10\n").unwrap();
-    let out = Command::new(server_bin())
-        .arg("--config")
-        .arg(&file)
-        .env("IM_DATA_DIR", dir.path())
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_start(
+        Command::new(server_bin()).arg("--config").arg(&file),
+        dir.path(),
+    );
     assert!(
         err.contains("limits.max_frame_bytes") && err.contains("10"),
         "{err}"
