@@ -65,6 +65,13 @@ pub enum Outcome {
     Fail,
 }
 
+/// The scenario of the command line `im-bench ARGS...` (for the scenarios' flag tests).
+#[cfg(test)]
+pub(crate) fn parse_scenario(args: &[&str]) -> Result<scenarios::Scenario, clap::Error> {
+    let argv = std::iter::once("im-bench").chain(args.iter().copied());
+    Cli::try_parse_from(argv).map(|cli| cli.scenario)
+}
+
 /// Runs the scenario chosen on the command line to completion.
 pub async fn run(cli: Cli) -> anyhow::Result<Outcome> {
     scenarios::run(cli.scenario).await

@@ -221,6 +221,21 @@ pub fn server_log_lines(s: &mut String, log: Option<&ServerLog>, exited: bool) {
     }
 }
 
+/// [`spawn_progress`] with one [`Rate`] kept for the line and the run's shared state
+/// `ctx`: `text(ctx, rate, dt)` makes each line.
+pub fn spawn_rate_progress<C, F>(
+    clock: Clock,
+    ctx: std::sync::Arc<C>,
+    mut text: F,
+) -> JoinHandle<()>
+where
+    C: Send + Sync + 'static,
+    F: FnMut(&C, &mut Rate, f64) -> String + Send + 'static,
+{
+    let mut rate = Rate::default();
+    spawn_progress(clock, move |dt| text(&ctx, &mut rate, dt))
+}
+
 /// Prints one progress line a second to stderr until the task is aborted:
 /// `[  12s measure] <text>`, where `text` gets the seconds since the last line.
 pub fn spawn_progress<F>(clock: Clock, text: F) -> JoinHandle<()>

@@ -179,6 +179,14 @@ impl<C: Slot> Tail<C, Option<ServerFigures>> {
     pub fn server_lines(&self, s: &mut String) {
         report::server_lines(s, self.server.as_ref());
     }
+
+    /// `s` with the report's closing lines: the server's figures, then what a spawned
+    /// server logged.
+    pub fn with_server_lines(&self, mut s: String) -> String {
+        self.server_lines(&mut s);
+        self.server_log_lines(&mut s);
+        s
+    }
 }
 
 /// A scenario's own report fields, which come before the shared [`Tail`].

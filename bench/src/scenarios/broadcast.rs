@@ -595,20 +595,16 @@ pub fn render(r: &BroadcastReport) -> String {
             }
         ),
     );
-    r.tail.server_lines(&mut s);
-    r.tail.server_log_lines(&mut s);
-    s
+    r.tail.with_server_lines(s)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
 
     #[test]
     fn flags_parse() {
-        let cli = crate::Cli::try_parse_from([
-            "im-bench",
+        let parsed = crate::parse_scenario(&[
             "broadcast",
             "--groups",
             "1",
@@ -619,12 +615,12 @@ mod tests {
             "--pull",
         ])
         .unwrap();
-        let crate::scenarios::Scenario::Broadcast(a) = cli.scenario else {
+        let crate::scenarios::Scenario::Broadcast(a) = parsed else {
             panic!("not broadcast")
         };
         assert_eq!((a.groups, a.members, a.rate, a.pull), (1, 5000, 0.0, true));
         assert_eq!(a.deliver_ack_every, Duration::from_secs(1));
-        assert!(crate::Cli::try_parse_from(["im-bench", "broadcast", "--members", "1"]).is_err());
+        assert!(crate::parse_scenario(&["broadcast", "--members", "1"]).is_err());
         assert_eq!(user("ab", 2, 3), "bab-2-3");
     }
 }

@@ -54,7 +54,7 @@ use crate::admin::ServerFigures;
 use crate::check::Verdict;
 use crate::clock::Clock;
 use crate::outbox::{Outbox, Pacer, Pending, Refused, SendSpec, Target as To};
-use crate::report::{self, p99_text, Rate};
+use crate::report::{self, p99_text};
 use crate::run::{
     figures_near_end, ping, run_tag, Disconnects, Pair, Problems, Report, RunArgs, Tail,
 };
@@ -516,23 +516,19 @@ async fn run_against(args: &ChaosArgs, target: &mut Target) -> anyhow::Result<Ch
             args.storm_fraction,
         ))
     });
-    let progress = {
-        let ctx = ctx.clone();
-        let mut rate = Rate::default();
-        report::spawn_progress(clock, move |dt| {
-            format!(
-                "acked {:>8.0} msg/s  kills {:>5}  storm back {:>5}/{:<5}  bad frames {:>5}  errors {:>6}  p99 recover {}  p99 send->ack {}",
-                rate.per_sec(ctx.send.acked_all.get(), dt),
-                ctx.count.kills_done.get(),
-                ctx.count.storm_recovered.get(),
-                ctx.count.storm_reconnected.get(),
-                ctx.count.bad_sent.get(),
-                ctx.errors.total(),
-                p99_text(&ctx.recover_latency.snapshot()),
-                p99_text(&ctx.ack_latency.snapshot()),
-            )
-        })
-    };
+    let progress = report::spawn_rate_progress(clock, ctx.clone(), |ctx, rate, dt| {
+        format!(
+            "acked {:>8.0} msg/s  kills {:>5}  storm back {:>5}/{:<5}  bad frames {:>5}  errors {:>6}  p99 recover {}  p99 send->ack {}",
+            rate.per_sec(ctx.send.acked_all.get(), dt),
+            ctx.count.kills_done.get(),
+            ctx.count.storm_recovered.get(),
+            ctx.count.storm_reconnected.get(),
+            ctx.count.bad_sent.get(),
+            ctx.errors.total(),
+            p99_text(&ctx.recover_latency.snapshot()),
+            p99_text(&ctx.ack_latency.snapshot()),
+        )
+    });
     let figures = figures_near_end(target, &clock);
 
     let mut acked_by_pair: Vec<Vec<u64>> = vec![Vec::new(); n];
@@ -1133,9 +1129,7 @@ pub fn render(r: &ChaosReport) -> String {
             "FAIL: the storm did not hit, or not every victim reconnected and recovered",
         );
     }
-    r.tail.server_lines(&mut s);
-    r.tail.server_log_lines(&mut s);
-    s
+    r.tail.with_server_lines(s)
 }
 
 /// The storm's lines of the text report.
@@ -1174,12 +1168,10 @@ fn storm_lines(s: &mut String, st: &StormReport) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
 
     #[test]
     fn storm_flags_parse() {
-        let cli = crate::Cli::try_parse_from([
-            "im-bench",
+        let parsed = crate::parse_scenario(&[
             "chaos",
             "--senders",
             "1000",
@@ -1191,7 +1183,7 @@ mod tests {
             "5s",
         ])
         .unwrap();
-        let crate::scenarios::Scenario::Chaos(a) = cli.scenario else {
+        let crate::scenarios::Scenario::Chaos(a) = parsed else {
             panic!("not chaos")
         };
         assert_eq!((a.senders, a.idle_connections), (1000, 8000));

@@ -33,7 +33,7 @@ use super::sender::{self, SendCounts, ToOne};
 use crate::check::{check, Verdict};
 use crate::clock::Clock;
 use crate::outbox::{Outbox, Pacer, SendSpec, Target as To};
-use crate::report::{self, p99_text, Rate};
+use crate::report::{self, p99_text};
 use crate::run::{figures_near_end, ping, Disconnects, Pair, Problems, Report, RunArgs, Tail};
 use crate::stats::{Counter, ErrorCounts, LatencyRecorder, LocalError, Summary};
 use crate::target::ServerArgs;
@@ -194,18 +194,14 @@ pub(crate) async fn run_against(
     for (i, s) in sender_sessions.into_iter().enumerate() {
         sender_tasks.spawn(sender(ctx.clone(), pairs[i].clone(), i, s));
     }
-    let progress = {
-        let ctx = ctx.clone();
-        let mut rate = Rate::default();
-        report::spawn_progress(clock, move |dt| {
-            format!(
-                "acked {:>9.0} msg/s  errors {:>6}  p99 send->ack {}",
-                rate.per_sec(ctx.send.acked_all.get(), dt),
-                ctx.errors.total(),
-                p99_text(&ctx.ack_latency.snapshot())
-            )
-        })
-    };
+    let progress = report::spawn_rate_progress(clock, ctx.clone(), |ctx, rate, dt| {
+        format!(
+            "acked {:>9.0} msg/s  errors {:>6}  p99 send->ack {}",
+            rate.per_sec(ctx.send.acked_all.get(), dt),
+            ctx.errors.total(),
+            p99_text(&ctx.ack_latency.snapshot())
+        )
+    });
     let figures = figures_near_end(target, &clock);
 
     let mut acked_by_pair: Vec<Vec<u64>> = vec![Vec::new(); n];
@@ -421,20 +417,16 @@ pub fn render(r: &ChatReport) -> String {
             r.unacked_at_end, r.late_acks, r.duplicate_acks
         ),
     );
-    r.tail.server_lines(&mut s);
-    r.tail.server_log_lines(&mut s);
-    s
+    r.tail.with_server_lines(s)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
 
     #[test]
     fn flags_parse_with_defaults() {
-        let cli = crate::Cli::try_parse_from([
-            "im-bench",
+        let parsed = crate::parse_scenario(&[
             "chat",
             "--spawn",
             "/bin/im-server",
@@ -448,7 +440,7 @@ mod tests {
             "500",
         ])
         .unwrap();
-        let crate::scenarios::Scenario::Chat(a) = cli.scenario else {
+        let crate::scenarios::Scenario::Chat(a) = parsed else {
             panic!("not chat")
         };
         assert_eq!(a.senders, 200);
@@ -463,15 +455,7 @@ mod tests {
             a.server.server_env,
             vec![("IM_PERSIST_BATCH_MAX".into(), "64".into())]
         );
-        assert!(crate::Cli::try_parse_from(["im-bench", "chat", "--payload", "4"]).is_err());
-        assert!(crate::Cli::try_parse_from([
-            "im-bench",
-            "chat",
-            "--url",
-            "ws://x/ws",
-            "--spawn",
-            "p"
-        ])
-        .is_err());
+        assert!(crate::parse_scenario(&["chat", "--payload", "4"]).is_err());
+        assert!(crate::parse_scenario(&["chat", "--url", "ws://x/ws", "--spawn", "p"]).is_err());
     }
 }

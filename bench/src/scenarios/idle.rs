@@ -782,12 +782,10 @@ pub fn render(r: &IdleReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
 
     #[test]
     fn flags_parse() {
-        let cli = crate::Cli::try_parse_from([
-            "im-bench",
+        let parsed = crate::parse_scenario(&[
             "idle",
             "--connections",
             "19000",
@@ -799,7 +797,7 @@ mod tests {
             "60s",
         ])
         .unwrap();
-        let crate::scenarios::Scenario::Idle(a) = cli.scenario else {
+        let crate::scenarios::Scenario::Idle(a) = parsed else {
             panic!("not idle")
         };
         assert_eq!(a.connections, 19_000);

@@ -46,7 +46,7 @@ use crate::admin::ServerFigures;
 use crate::check::Verdict;
 use crate::clock::Clock;
 use crate::outbox::{Outbox, Pacer, SendSpec, Target as To};
-use crate::report::{self, fmt_bytes, p99_text, Rate};
+use crate::report::{self, fmt_bytes, p99_text};
 use crate::run::{figures_near_end, ping, run_tag, Disconnects, Problems, Report, RunArgs, Tail};
 use crate::stats::{Counter, ErrorCounts, LatencyRecorder, LocalError, Summary};
 use crate::target::ServerArgs;
@@ -408,20 +408,17 @@ async fn run_against(args: &MixArgs, target: &mut Target) -> anyhow::Result<MixR
         list_rate: args.list_rate.unwrap_or(args.rate / 20.0).max(0.0),
     };
     let dispatcher = tokio::spawn(dispatch(ctx.clone(), queues, pairs, zipf, shape));
-    let progress = {
-        let ctx = ctx.clone();
-        let mut rate = Rate::default();
-        report::spawn_progress(clock, move |dt| {
+    let progress =
+        report::spawn_rate_progress(clock, ctx.clone(), |ctx, rate, dt| {
             format!(
-                "acked {:>8.0} msg/s  errors {:>5}  skipped {:>6}  p99 send->ack text {} / image {}",
-                rate.per_sec(ctx.count.acked_all.get(), dt),
-                ctx.errors.total(),
-                ctx.count.skipped_queue.get() + ctx.count.skipped_window.get(),
-                ctx.stats.first().map_or("-".into(), |s| p99_text(&s.ack.snapshot())),
-                ctx.stats.get(1).map_or("-".into(), |s| p99_text(&s.ack.snapshot())),
-            )
-        })
-    };
+            "acked {:>8.0} msg/s  errors {:>5}  skipped {:>6}  p99 send->ack text {} / image {}",
+            rate.per_sec(ctx.count.acked_all.get(), dt),
+            ctx.errors.total(),
+            ctx.count.skipped_queue.get() + ctx.count.skipped_window.get(),
+            ctx.stats.first().map_or("-".into(), |s| p99_text(&s.ack.snapshot())),
+            ctx.stats.get(1).map_or("-".into(), |s| p99_text(&s.ack.snapshot())),
+        )
+        });
     let figures = figures_near_end(target, &clock);
 
     let counts = dispatcher.await.context("dispatcher panicked")?;
@@ -904,9 +901,7 @@ pub fn render(r: &MixReport) -> String {
     r.problems.lines(&mut s);
     r.tail
         .verdict_lines(&mut s, &format!("{} unacked at end", r.unacked_at_end));
-    r.tail.server_lines(&mut s);
-    r.tail.server_log_lines(&mut s);
-    s
+    r.tail.with_server_lines(s)
 }
 
 #[cfg(test)]

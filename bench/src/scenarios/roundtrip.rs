@@ -32,7 +32,7 @@ use crate::admin::ServerFigures;
 use crate::check::{check, Verdict};
 use crate::clock::Clock;
 use crate::outbox::{Outbox, SendSpec, Target as To};
-use crate::report::{self, p99_text, Rate};
+use crate::report::{self, p99_text};
 use crate::run::{
     figures_near_end, ping, run_tag, Disconnects, Pair, Problems, Report, RunArgs, Tail,
 };
@@ -237,18 +237,14 @@ async fn run_against(args: &RoundtripArgs, target: &mut Target) -> anyhow::Resul
     for (i, s) in a_sessions.into_iter().enumerate() {
         tasks.spawn(side_a(ctx.clone(), pairs[i].clone(), i, s));
     }
-    let progress = {
-        let ctx = ctx.clone();
-        let mut rate = Rate::default();
-        report::spawn_progress(clock, move |dt| {
-            format!(
-                "exchanges {:>7.0}/s  errors {:>5}  p99 round trip {}",
-                rate.per_sec(ctx.count.exchanges.get(), dt),
-                ctx.errors.total(),
-                p99_text(&ctx.round_trip.snapshot())
-            )
-        })
-    };
+    let progress = report::spawn_rate_progress(clock, ctx.clone(), |ctx, rate, dt| {
+        format!(
+            "exchanges {:>7.0}/s  errors {:>5}  p99 round trip {}",
+            rate.per_sec(ctx.count.exchanges.get(), dt),
+            ctx.errors.total(),
+            p99_text(&ctx.round_trip.snapshot())
+        )
+    });
     let figures = figures_near_end(target, &clock);
 
     // sides[i] = (a, b).
@@ -665,7 +661,5 @@ pub fn render(r: &RoundtripReport) -> String {
     }
     r.problems.lines(&mut s);
     r.tail.verdict_lines(&mut s, "");
-    r.tail.server_lines(&mut s);
-    r.tail.server_log_lines(&mut s);
-    s
+    r.tail.with_server_lines(s)
 }
