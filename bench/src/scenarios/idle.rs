@@ -33,7 +33,7 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::peers::{self, Expect, Ledger};
+use super::ledger::{self, Expect, Ledger};
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
 use crate::clock::Clock;
@@ -445,7 +445,7 @@ async fn run_against(args: &IdleArgs, target: &mut Target) -> anyhow::Result<Idl
         ledgers[idx] = ledger;
     }
     progress.abort();
-    let verdict = peers::verdict(ledgers);
+    let verdict = ledger::verdict(ledgers);
     if let (Some(b0), Some(last)) = (bench_rss_0, readings.last().and_then(|r| r.bench_rss_bytes)) {
         eprintln!(
             "im-bench idle: the bench itself: {} per connection",

@@ -41,7 +41,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::peers::{self, Expect, Ledger};
+use super::ledger::{self, Expect, Ledger};
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
 use crate::clock::Clock;
@@ -428,7 +428,7 @@ async fn run_against(args: &MixArgs, target: &mut Target) -> anyhow::Result<MixR
         ledgers[idx] = ledger;
     }
     progress.abort();
-    let verdict = peers::verdict(ledgers);
+    let verdict = ledger::verdict(ledgers);
     let server = figures.await.ok().flatten();
 
     let mut sorted = counts;

@@ -3,7 +3,7 @@
 //! `scenario!` for the entry point). What every run shares (how long to measure, the
 //! report skeleton, `finish`) is the run skeleton, [`crate::run`], below the scenarios;
 //! the scenarios' shared parts are modules beside them: [`sender`] (the one-to-one
-//! sending loop), [`follow`] (a member following a conversation), [`peers`] (the
+//! sending loop), [`follow`] (a member following a conversation), [`ledger`] (the
 //! delivery ledger of idle and mix).
 //!
 //! - [`chat`]: one-to-one durable chat, N sender/receiver pairs (closed loop or `--rate`).
@@ -98,8 +98,8 @@ pub mod chaos;
 pub mod chat;
 pub mod follow;
 pub mod idle;
+pub mod ledger;
 pub mod mix;
-pub mod peers;
 pub mod roundtrip;
 pub mod sender;
 
@@ -160,6 +160,16 @@ pub async fn run(scenario: Scenario) -> anyhow::Result<Outcome> {
         Scenario::Chaos(args) => chaos::run(args).await,
         Scenario::Abuse(args) => abuse::run(args).await,
         Scenario::Peer(scenario) => crate::peer::run(crate::peer::PeerArgs { scenario }).await,
+    }
+}
+
+/// A message of `conv` at `seq`, the rest default (for the scenarios' tests).
+#[cfg(test)]
+pub(crate) fn test_message(conv: &str, seq: u64) -> im_proto::ChatMessage {
+    im_proto::ChatMessage {
+        conversation_id: conv.into(),
+        seq,
+        ..Default::default()
     }
 }
 

@@ -1,5 +1,5 @@
-//! Bookkeeping for scenarios in which every connection both sends one-to-one messages to
-//! others and receives theirs (`idle`, `mix`): each connection keeps a [`Ledger`] (what
+//! The delivery ledger of the scenarios in which every connection both sends one-to-one
+//! messages to others and receives theirs (`idle`, `mix`): each connection keeps a [`Ledger`] (what
 //! it was acked, per recipient and conversation; what it was delivered, per
 //! conversation), and the run's [`Expect`] tells a receiver, once every sender has
 //! drained, which seq it must reach in each conversation before it may stop.
@@ -150,13 +150,7 @@ pub fn verdict(ledgers: Vec<Ledger>) -> Verdict {
 mod tests {
     use super::*;
 
-    fn msg(conv: &str, seq: u64) -> ChatMessage {
-        ChatMessage {
-            conversation_id: conv.into(),
-            seq,
-            ..ChatMessage::default()
-        }
-    }
+    use crate::scenarios::test_message as msg;
 
     #[test]
     fn ledgers_expect_and_check() {
