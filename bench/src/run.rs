@@ -254,6 +254,26 @@ pub async fn ping(conn: &mut RawConn) -> Result<(), ClientError> {
     .await
 }
 
+/// The next frame of a scenario connection, WebSocket pongs skipped; `None` once the
+/// connection ended, which is counted in `errors` and `disconnects`. Cancel-safe (only
+/// [`RawConn::recv`] is awaited), so it can race other branches of a `select!`.
+pub async fn next_frame(
+    conn: &mut RawConn,
+    errors: &ErrorCounts,
+    disconnects: &Disconnects,
+) -> Option<im_proto::Frame> {
+    loop {
+        match conn.recv().await {
+            Ok(RawEvent::Frame(f)) => return Some(f),
+            Ok(RawEvent::WsPong(_)) => {}
+            other => {
+                disconnects.record(errors, other);
+                return None;
+            }
+        }
+    }
+}
+
 /// What a one-to-one sender tells its receiver about the end of the run.
 #[derive(Debug, Default)]
 pub struct Pair {

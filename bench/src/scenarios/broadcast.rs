@@ -31,7 +31,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use im_client::RawEvent;
 use im_proto::{Body, DeliverAck, MarkRead, MessageType};
 use serde::Serialize;
 use tokio::sync::watch;
@@ -45,7 +44,9 @@ use crate::check::Verdict;
 use crate::clock::Clock;
 use crate::outbox::{Outbox, Pacer, SendSpec, Target as To};
 use crate::report::{self, p99_text, Rate};
-use crate::run::{figures_near_end, ping, run_tag, Disconnects, Problems, Report, RunArgs, Tail};
+use crate::run::{
+    figures_near_end, next_frame, ping, run_tag, Disconnects, Problems, Report, RunArgs, Tail,
+};
 use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
 use crate::target::ServerArgs;
 use crate::target::{Session, Target};
@@ -452,15 +453,8 @@ async fn member(
         }
         tokio::select! {
             biased;
-            ev = conn.recv() => {
-                let f = match ev {
-                    Ok(RawEvent::Frame(f)) => f,
-                    Ok(RawEvent::WsPong(_)) => continue,
-                    other => {
-                        ctx.disconnects.record(&ctx.errors, other);
-                        break;
-                    }
-                };
+            f = next_frame(&mut conn, &ctx.errors, &ctx.disconnects) => {
+                let Some(f) = f else { break };
                 let now_us = clock.now_us();
                 let hints = follower.hints;
                 let mine = follower.on_frame(&f, |m, via| {

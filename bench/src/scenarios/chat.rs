@@ -23,7 +23,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use im_client::RawEvent;
 use im_proto::{Body, MessageType};
 use serde::Serialize;
 use tokio::task::JoinSet;
@@ -34,7 +33,9 @@ use crate::check::{check, Verdict};
 use crate::clock::Clock;
 use crate::outbox::{Outbox, Pacer, SendSpec, Target as To};
 use crate::report::{self, p99_text};
-use crate::run::{figures_near_end, ping, Disconnects, Pair, Problems, Report, RunArgs, Tail};
+use crate::run::{
+    figures_near_end, next_frame, ping, Disconnects, Pair, Problems, Report, RunArgs, Tail,
+};
 use crate::stats::{Counter, ErrorCounts, LatencyRecorder, LocalError, Summary};
 use crate::target::ServerArgs;
 use crate::target::{Session, Target};
@@ -313,15 +314,8 @@ async fn receiver(
     loop {
         tokio::select! {
             biased;
-            ev = conn.recv() => {
-                let f = match ev {
-                    Ok(RawEvent::Frame(f)) => f,
-                    Ok(RawEvent::WsPong(_)) => continue,
-                    other => {
-                        ctx.disconnects.record(&ctx.errors, other);
-                        break;
-                    }
-                };
+            f = next_frame(&mut conn, &ctx.errors, &ctx.disconnects) => {
+                let Some(f) = f else { break };
                 match f.body {
                     Some(Body::Deliver(d)) => {
                         let now_us = clock.now_us();

@@ -32,7 +32,6 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use im_client::RawEvent;
 use im_proto::{Body, ListConversations, MarkRead, MessageType, Typing};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -47,7 +46,9 @@ use crate::check::Verdict;
 use crate::clock::Clock;
 use crate::outbox::{Outbox, Pacer, SendSpec, Target as To};
 use crate::report::{self, fmt_bytes, p99_text};
-use crate::run::{figures_near_end, ping, run_tag, Disconnects, Problems, Report, RunArgs, Tail};
+use crate::run::{
+    figures_near_end, next_frame, ping, run_tag, Disconnects, Problems, Report, RunArgs, Tail,
+};
 use crate::stats::{Counter, ErrorCounts, LatencyRecorder, LocalError, Summary};
 use crate::target::ServerArgs;
 use crate::target::{Session, Target};
@@ -617,15 +618,8 @@ async fn user(
         }
         tokio::select! {
             biased;
-            ev = conn.recv() => {
-                let f = match ev {
-                    Ok(RawEvent::Frame(f)) => f,
-                    Ok(RawEvent::WsPong(_)) => continue,
-                    other => {
-                        ctx.disconnects.record(&ctx.errors, other);
-                        break;
-                    }
-                };
+            f = next_frame(&mut conn, &ctx.errors, &ctx.disconnects) => {
+                let Some(f) = f else { break };
                 let now = Instant::now();
                 match f.body {
                     Some(Body::SendAck(ack)) => {

@@ -34,7 +34,7 @@ use crate::clock::Clock;
 use crate::outbox::{Outbox, SendSpec, Target as To};
 use crate::report::{self, p99_text};
 use crate::run::{
-    figures_near_end, ping, run_tag, Disconnects, Pair, Problems, Report, RunArgs, Tail,
+    figures_near_end, next_frame, ping, run_tag, Disconnects, Pair, Problems, Report, RunArgs, Tail,
 };
 use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
 use crate::target::ServerArgs;
@@ -429,15 +429,8 @@ async fn side_a(ctx: Arc<Ctx>, pair: Arc<Ends>, i: usize, session: Session) -> (
         }
         tokio::select! {
             biased;
-            ev = conn.recv() => {
-                let f = match ev {
-                    Ok(RawEvent::Frame(f)) => f,
-                    Ok(RawEvent::WsPong(_)) => continue,
-                    other => {
-                        ctx.disconnects.record(&ctx.errors, other);
-                        break;
-                    }
-                };
+            f = next_frame(&mut conn, &ctx.errors, &ctx.disconnects) => {
+                let Some(f) = f else { break };
                 let now = Instant::now();
                 match f.body {
                     Some(Body::SendAck(ack)) => {
@@ -549,15 +542,8 @@ async fn side_b(ctx: Arc<Ctx>, pair: Arc<Ends>, i: usize, session: Session) -> (
         }
         tokio::select! {
             biased;
-            ev = conn.recv() => {
-                let f = match ev {
-                    Ok(RawEvent::Frame(f)) => f,
-                    Ok(RawEvent::WsPong(_)) => continue,
-                    other => {
-                        ctx.disconnects.record(&ctx.errors, other);
-                        break;
-                    }
-                };
+            f = next_frame(&mut conn, &ctx.errors, &ctx.disconnects) => {
+                let Some(f) = f else { break };
                 let now = Instant::now();
                 match f.body {
                     Some(Body::Deliver(d)) => {
