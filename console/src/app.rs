@@ -139,6 +139,22 @@ pub async fn run(terminal: &mut DefaultTerminal, settings: Settings) -> Result<(
     Ok(())
 }
 
+/// The interval of a poller: a tick every `every`, missed ones skipped.
+fn poll_interval(every: Duration) -> tokio::time::Interval {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    tick
+}
+
+/// Waits for a poller's next turn: its tick, or a change of plan (`r`, another view).
+/// False once the app has gone (the plan's sender dropped).
+async fn next_poll(tick: &mut tokio::time::Interval, plan: &mut watch::Receiver<Plan>) -> bool {
+    tokio::select! {
+        _ = tick.tick() => true,
+        changed = plan.changed() => changed.is_ok(),
+    }
+}
+
 /// Polls the overview every interval (and at once when the plan changes, e.g. `r`).
 async fn overview_loop(
     node: usize,
@@ -147,13 +163,8 @@ async fn overview_loop(
     mut plan: watch::Receiver<Plan>,
     every: Duration,
 ) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            changed = plan.changed() => if changed.is_err() { return },
-        }
+    let mut tick = poll_interval(every);
+    while next_poll(&mut tick, &mut plan).await {
         let r = client.overview().await.map(Box::new);
         if tx.send((node, Update::Overview(r))).await.is_err() {
             return;
@@ -169,13 +180,8 @@ async fn view_loop(
     mut plan: watch::Receiver<Plan>,
     every: Duration,
 ) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            changed = plan.changed() => if changed.is_err() { return },
-        }
+    let mut tick = poll_interval(every);
+    while next_poll(&mut tick, &mut plan).await {
         let p = plan.borrow_and_update().clone();
         let mut updates = Vec::new();
         if let Some(sort) = &p.connections {

@@ -33,7 +33,7 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::ledger::{self, Expect, Ledger};
+use super::ledger::{self, Ending, Expect, Ledger};
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
 use crate::clock::Clock;
@@ -535,25 +535,22 @@ async fn connection(
     let mut ping_sent: Option<Instant> = None;
     let mut outbox = Outbox::new(ctx.run_id, ctx.ack_timeout);
     let mut phase_rx = ctx.phase.clone();
-    let mut stopped_at: Option<Instant> = None;
-    let mut published = false;
+    let mut ending = Ending::new(idx, ctx.drain);
     let mut next_housekeeping = Instant::now() + HOUSEKEEPING;
 
     loop {
         let now = Instant::now();
         let phase = *phase_rx.borrow_and_update();
-        if phase == Phase::Stop && stopped_at.is_none() {
-            stopped_at = Some(now);
-        }
-        if let Some(stop) = stopped_at {
-            if !published && (outbox.is_empty() || now >= stop + ctx.drain) {
-                ctx.count.unacked_at_end.add(outbox.len() as u64);
-                ledger.publish(&ctx.expect);
-                published = true;
-            }
-            if published && (ctx.expect.caught_up(idx, &ledger) || now >= stop + ctx.drain * 2) {
-                break;
-            }
+        let unacked = outbox.len();
+        if ending.done(
+            now,
+            phase == Phase::Stop,
+            unacked,
+            &ctx.count.unacked_at_end,
+            &ledger,
+            &ctx.expect,
+        ) {
+            break;
         }
         for frame in outbox.due_retries(now) {
             if conn.send_bytes(frame).await.is_err() {
@@ -658,10 +655,12 @@ async fn connection(
             }
         }
     }
-    if !published {
-        ctx.count.unacked_at_end.add(outbox.len() as u64);
-        ledger.publish(&ctx.expect);
-    }
+    ending.publish(
+        outbox.len(),
+        &ctx.count.unacked_at_end,
+        &ledger,
+        &ctx.expect,
+    );
     ctx.online[idx].store(false, Ordering::Relaxed);
     ctx.count.online_now.sub(1);
     let _ = conn.close().await;

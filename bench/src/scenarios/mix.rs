@@ -40,7 +40,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::ledger::{self, Expect, Ledger};
+use super::ledger::{self, Ending, Expect, Ledger};
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
 use crate::clock::Clock;
@@ -582,8 +582,7 @@ async fn user(
     let mut ledger = Ledger::default();
     let mut outbox = Outbox::new(ctx.run_id, ctx.ack_timeout);
     let mut sending = true;
-    let mut stopped_at: Option<Instant> = None;
-    let mut published = false;
+    let mut ending = Ending::new(idx, ctx.drain);
     let mut last_tx = Instant::now();
     let mut next_housekeeping = last_tx + HOUSEKEEPING;
     let mut rng = StdRng::seed_from_u64(ctx.run_id ^ (idx as u64).wrapping_mul(0x9e37_79b9));
@@ -591,18 +590,16 @@ async fn user(
 
     loop {
         let now = Instant::now();
-        if !sending && stopped_at.is_none() {
-            stopped_at = Some(now);
-        }
-        if let Some(stop) = stopped_at {
-            if !published && (outbox.is_empty() || now >= stop + ctx.drain) {
-                ctx.count.unacked_at_end.add(outbox.len() as u64);
-                ledger.publish(&ctx.expect);
-                published = true;
-            }
-            if published && (ctx.expect.caught_up(idx, &ledger) || now >= stop + ctx.drain * 2) {
-                break;
-            }
+        let unacked = outbox.len();
+        if ending.done(
+            now,
+            !sending,
+            unacked,
+            &ctx.count.unacked_at_end,
+            &ledger,
+            &ctx.expect,
+        ) {
+            break;
         }
         for frame in outbox.due_retries(now) {
             if conn.send_bytes(frame).await.is_err() {
@@ -775,10 +772,12 @@ async fn user(
             }
         }
     }
-    if !published {
-        ctx.count.unacked_at_end.add(outbox.len() as u64);
-        ledger.publish(&ctx.expect);
-    }
+    ending.publish(
+        outbox.len(),
+        &ctx.count.unacked_at_end,
+        &ledger,
+        &ctx.expect,
+    );
     let _ = conn.close().await;
     (idx, ledger)
 }
