@@ -62,43 +62,16 @@ done
 if has_mode noprof; then
     [ -x "$SERVER_NOPROF" ] || { echo "missing $SERVER_NOPROF: see the build commands at the top" >&2; exit 2; }
 fi
-command -v jq >/dev/null || { echo "needs jq" >&2; exit 2; }
-[ "$DURATION" -ge 6 ] || { echo "DURATION must be at least 6" >&2; exit 2; }
-
-WORK=$(mktemp -d -t im-diag-bench.XXXXXX)
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-on_cpu() { # CPU cmd...: execs cmd pinned; call it with `&`, so `$!` is the command's pid
-    if [ "$PIN" = 1 ]; then exec taskset -c "$1" "${@:2}"; else exec "${@:2}"; fi
-}
-
-admin() { # ADDR METHOD PATH [BODY]
-    curl -sS -m 60 -X "$2" -H "Authorization: Bearer $TOKEN" \
-        ${4:+-H 'Content-Type: application/json' -d "$4"} "http://$1$3"
-}
-
-# One sample of a server: messages accepted so far, its CPU seconds, wall seconds.
-sample() { # ADDR PID
-    local msgs cpu
-    msgs=$(admin "$1" GET /metrics | awk '/^im_messages_received_total/ {s += $2} END {print s + 0}')
-    cpu=$(awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$2/stat")
-    echo "$msgs $cpu $(date +%s.%N)"
-}
+WORK_NAME=im-diag-bench
+# shellcheck source=side-by-side.sh
+. "$(dirname "$0")/side-by-side.sh"
+side_by_side_setup
 
 run_round() { # round
-    local round=$1 k mode port dir
-    declare -A addr pid
+    local round=$1 k mode
+    declare -A addr pid bench s1 s2
     for k in "${!MODES[@]}"; do
         mode=${MODES[$k]}
-        port=$((PORT_BASE + 20 * round + 2 * k))
-        dir="$WORK/r$round-$mode"
-        mkdir -p "$dir"
-        addr[$mode]=127.0.0.1:$((port + 1))
         local extra=()
         if [ "$mode" = plain ]; then extra+=(IM_LOG_UID_FILTERS=false); fi
         if [ "$mode" = noprobes ]; then extra+=(IM_OBS_PROBES=false); fi
@@ -107,21 +80,9 @@ run_round() { # round
         if [ "$mode" = traceall ]; then extra+=(IM_OBS_TRACE_SAMPLE_RATE=1); fi
         local server=$SERVER
         if [ "$mode" = noprof ]; then server=$SERVER_NOPROF; fi
-        on_cpu 0 env IM_LISTEN=127.0.0.1:$port IM_ADMIN_LISTEN="${addr[$mode]}" \
-            IM_DATA_DIR="$dir/data" IM_JWT_SECRET=$SECRET IM_ADMIN_TOKEN=$TOKEN IM_LOG=info \
-            IM_STORE_SQLITE_SYNCHRONOUS="$SYNC" IM_LIMITS_SEND_RATE_PER_SEC=0 "${extra[@]}" \
-            "$server" 2>"$dir/server.log" &
-        pid[$mode]=$!
-        PIDS+=("$!")
+        start_server "$mode" $((PORT_BASE + 20 * round + 2 * k)) "$server" "${extra[@]}"
     done
-    for mode in "${MODES[@]}"; do
-        dir="$WORK/r$round-$mode"
-        for _ in $(seq 100); do
-            grep -q "listening client=" "$dir/server.log" 2>/dev/null && break
-            sleep 0.1
-        done
-        grep -q "listening client=" "$dir/server.log" || { cat "$dir/server.log" >&2; exit 2; }
-    done
+    await_servers
     if has_mode filters; then
         for i in $(seq "$FILTERS"); do
             admin "${addr[filters]}" PUT "/admin/v1/log-filters/other$i" \
@@ -136,18 +97,7 @@ run_round() { # round
             '{"level":"debug","ttl_secs":3600}' >/dev/null
     fi
 
-    # Start the benches in a rotating order (no mode always first).
-    declare -A bench
-    for j in "${!MODES[@]}"; do
-        mode=${MODES[$(((j + round) % ${#MODES[@]}))]}
-        k=0; for i in "${!MODES[@]}"; do if [ "${MODES[$i]}" = "$mode" ]; then k=$i; fi; done
-        port=$((PORT_BASE + 20 * round + 2 * k))
-        on_cpu 1 "$BENCH" --threads 1 chat --url "ws://127.0.0.1:$port/ws" --secret $SECRET \
-            --senders "$SENDERS" --window "$WINDOW" --duration "${DURATION}s" \
-            --warmup "${WARMUP}s" --drain 5s --json \
-            >"$WORK/r$round-$mode/report.json" 2>"$WORK/r$round-$mode/bench.log" &
-        bench[$mode]=$!
-    done
+    start_benches 20
     local capture_pid=
     if has_mode capture; then
         (sleep "$WARMUP.5"
@@ -156,16 +106,9 @@ run_round() { # round
         capture_pid=$!
     fi
 
-    sleep "$WARMUP.5"; sleep 1
-    declare -A s1 s2
-    for mode in "${MODES[@]}"; do s1[$mode]=$(sample "${addr[$mode]}" "${pid[$mode]}"); done
-    sleep $((DURATION - 3))
-    for mode in "${MODES[@]}"; do s2[$mode]=$(sample "${addr[$mode]}" "${pid[$mode]}"); done
-    for mode in "${MODES[@]}"; do wait "${bench[$mode]}" || true; done
+    measure
     if [ -n "$capture_pid" ]; then wait "$capture_pid" || true; fi
-    for mode in "${MODES[@]}"; do kill "${pid[$mode]}" 2>/dev/null || true; done
-    for mode in "${MODES[@]}"; do wait "${pid[$mode]}" 2>/dev/null || true; done
-    PIDS=()
+    stop_servers
 
     local samples
     samples=$(jq -r '.samples // "none"' "$WORK/r$round-capture/profile.json" 2>/dev/null || echo none)
@@ -174,22 +117,7 @@ run_round() { # round
     else
         echo "  round $((round + 1))" >&2
     fi
-    for mode in "${MODES[@]}"; do
-        local m1 c1 t1 m2 c2 t2 rate passed srate eff
-        read -r m1 c1 t1 <<<"${s1[$mode]}"
-        read -r m2 c2 t2 <<<"${s2[$mode]}"
-        rate=$(jq -r '.acked_per_sec' "$WORK/r$round-$mode/report.json" 2>/dev/null || echo 0)
-        passed=$(jq -r '.passed' "$WORK/r$round-$mode/report.json" 2>/dev/null || echo false)
-        if [ "$passed" != true ]; then
-            echo "round $((round + 1)) $mode: the bench's correctness check did not pass:" >&2
-            tail -5 "$WORK/r$round-$mode/bench.log" >&2
-        fi
-        srate=$(awk -v a="$m1" -v b="$m2" -v s="$t1" -v e="$t2" 'BEGIN{print (b-a)/(e-s)}')
-        eff=$(awk -v a="$m1" -v b="$m2" -v s="$c1" -v e="$c2" 'BEGIN{print (e>s)?(b-a)/(e-s):0}')
-        printf '%s %s %s %s %s\n' "$round" "$mode" "$rate" "$srate" "$eff" >>"$WORK/results"
-        printf '    %-8s bench %8.1f msgs/s  server %8.1f msgs/s  %8.1f msgs/cpu-s  passed=%s\n' \
-            "$mode" "$rate" "$srate" "$eff" "$passed" >&2
-    done
+    record_round
 }
 
 echo "diag-overhead: $ROUNDS rounds, ${#MODES[@]} servers side by side, $SENDERS senders x window" \
@@ -199,19 +127,12 @@ for round in $(seq 0 $((ROUNDS - 1))); do
     run_round "$round"
 done
 
-median() { sort -n | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
-# Per-round ratio of column c of mode m to plain's in the same round.
-ratios() { # mode column
-    awk -v m="$1" -v c="$2" '$2=="plain"{b[$1]=$c} $2==m{v[$1]=$c} END{for (r in v) if (b[r]>0) print v[r]/b[r]}' "$WORK/results"
-}
 printf '\n%-9s %13s %13s %14s   %s\n' mode bench_ratio server_ratio per_cpu_ratio \
     "median bench msgs/s, server msgs/s, msgs/cpu-s"
 for m in "${MODES[@]}"; do
     printf '%-9s %13.4f %13.4f %14.4f   %.1f %.1f %.1f\n' "$m" \
-        "$(ratios "$m" 3 | median)" "$(ratios "$m" 4 | median)" "$(ratios "$m" 5 | median)" \
-        "$(awk -v m="$m" '$2==m{print $3}' "$WORK/results" | median)" \
-        "$(awk -v m="$m" '$2==m{print $4}' "$WORK/results" | median)" \
-        "$(awk -v m="$m" '$2==m{print $5}' "$WORK/results" | median)"
+        "$(ratios plain "$m" 3 | median)" "$(ratios plain "$m" 4 | median)" \
+        "$(ratios plain "$m" 5 | median)" "$(column "$m" 3)" "$(column "$m" 4)" "$(column "$m" 5)"
 done
 echo
 echo "runs (round mode bench_msgs_s server_msgs_s msgs_per_cpu_s):"

@@ -43,107 +43,35 @@ CAPTURE_SECS=$((DURATION - 4))
 for bin in "$SERVER" "$SERVER_NOPROF" "$BENCH"; do
     [ -x "$bin" ] || { echo "missing $bin: see the build commands at the top" >&2; exit 2; }
 done
-command -v jq >/dev/null || { echo "needs jq" >&2; exit 2; }
-[ "$DURATION" -ge 6 ] || { echo "DURATION must be at least 6" >&2; exit 2; }
-
-WORK=$(mktemp -d -t im-heap-bench.XXXXXX)
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-on_cpu() { # CPU cmd...: execs cmd pinned; call it with `&`, so `$!` is the command's pid
-    if [ "$PIN" = 1 ]; then exec taskset -c "$1" "${@:2}"; else exec "${@:2}"; fi
-}
-
-admin() { # ADDR METHOD PATH [BODY]
-    curl -sS -m 60 -X "$2" -H "Authorization: Bearer $TOKEN" \
-        ${4:+-H 'Content-Type: application/json' -d "$4"} "http://$1$3"
-}
-
-# One sample of a server: messages accepted so far, its CPU seconds, wall seconds.
-sample() { # ADDR PID
-    local msgs cpu
-    msgs=$(admin "$1" GET /metrics | awk '/^im_messages_received_total/ {s += $2} END {print s + 0}')
-    cpu=$(awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$2/stat")
-    echo "$msgs $cpu $(date +%s.%N)"
-}
+WORK_NAME=im-heap-bench
+# shellcheck source=side-by-side.sh
+. "$(dirname "$0")/side-by-side.sh"
+side_by_side_setup
 
 run_round() { # round
-    local round=$1 k mode port dir
-    declare -A addr pid
+    local round=$1 k mode
+    declare -A addr pid bench s1 s2
     for k in "${!MODES[@]}"; do
         mode=${MODES[$k]}
-        port=$((PORT_BASE + 10 * round + 2 * k))
-        dir="$WORK/r$round-$mode"
-        mkdir -p "$dir"
-        addr[$mode]=127.0.0.1:$((port + 1))
         local bin=$SERVER
         if [ "$mode" = noprof ]; then bin=$SERVER_NOPROF; fi
-        on_cpu 0 env IM_LISTEN=127.0.0.1:$port IM_ADMIN_LISTEN="${addr[$mode]}" \
-            IM_DATA_DIR="$dir/data" IM_JWT_SECRET=$SECRET IM_ADMIN_TOKEN=$TOKEN IM_LOG=info \
-            IM_STORE_SQLITE_SYNCHRONOUS="$SYNC" IM_LIMITS_SEND_RATE_PER_SEC=0 \
-            "$bin" 2>"$dir/server.log" &
-        pid[$mode]=$!
-        PIDS+=("$!")
+        start_server "$mode" $((PORT_BASE + 10 * round + 2 * k)) "$bin"
     done
-    for mode in "${MODES[@]}"; do
-        dir="$WORK/r$round-$mode"
-        for _ in $(seq 100); do
-            grep -q "listening client=" "$dir/server.log" 2>/dev/null && break
-            sleep 0.1
-        done
-        grep -q "listening client=" "$dir/server.log" || { cat "$dir/server.log" >&2; exit 2; }
-    done
-    # Start the benches in a rotating order (no mode always first).
-    declare -A bench
-    for j in "${!MODES[@]}"; do
-        mode=${MODES[$(((j + round) % ${#MODES[@]}))]}
-        k=0; for i in "${!MODES[@]}"; do if [ "${MODES[$i]}" = "$mode" ]; then k=$i; fi; done
-        port=$((PORT_BASE + 10 * round + 2 * k))
-        on_cpu 1 "$BENCH" --threads 1 chat --url "ws://127.0.0.1:$port/ws" --secret $SECRET \
-            --senders "$SENDERS" --window "$WINDOW" --duration "${DURATION}s" \
-            --warmup "${WARMUP}s" --drain 5s --json \
-            >"$WORK/r$round-$mode/report.json" 2>"$WORK/r$round-$mode/bench.log" &
-        bench[$mode]=$!
-    done
+    await_servers
+    start_benches 10
     (sleep "$WARMUP.5"
      admin "${addr[capture]}" GET "/admin/v1/profile/heap?seconds=$CAPTURE_SECS&format=bundle" \
         >"$WORK/r$round-capture/profile.json") &
     local capture_pid=$!
 
-    sleep "$WARMUP.5"; sleep 1
-    declare -A s1 s2
-    for mode in "${MODES[@]}"; do s1[$mode]=$(sample "${addr[$mode]}" "${pid[$mode]}"); done
-    sleep $((DURATION - 3))
-    for mode in "${MODES[@]}"; do s2[$mode]=$(sample "${addr[$mode]}" "${pid[$mode]}"); done
-    for mode in "${MODES[@]}"; do wait "${bench[$mode]}" || true; done
+    measure
     wait "$capture_pid" || true
-    for mode in "${MODES[@]}"; do kill "${pid[$mode]}" 2>/dev/null || true; done
-    for mode in "${MODES[@]}"; do wait "${pid[$mode]}" 2>/dev/null || true; done
-    PIDS=()
+    stop_servers
 
     local samples
     samples=$(jq -r '"\(.stacks) stacks, \(.inuse_bytes) bytes in use"' "$WORK/r$round-capture/profile.json" 2>/dev/null || echo none)
     echo "  round $((round + 1)): capture: $samples" >&2
-    for mode in "${MODES[@]}"; do
-        local m1 c1 t1 m2 c2 t2 rate passed srate eff
-        read -r m1 c1 t1 <<<"${s1[$mode]}"
-        read -r m2 c2 t2 <<<"${s2[$mode]}"
-        rate=$(jq -r '.acked_per_sec' "$WORK/r$round-$mode/report.json" 2>/dev/null || echo 0)
-        passed=$(jq -r '.passed' "$WORK/r$round-$mode/report.json" 2>/dev/null || echo false)
-        if [ "$passed" != true ]; then
-            echo "round $((round + 1)) $mode: the bench's correctness check did not pass:" >&2
-            tail -5 "$WORK/r$round-$mode/bench.log" >&2
-        fi
-        srate=$(awk -v a="$m1" -v b="$m2" -v s="$t1" -v e="$t2" 'BEGIN{print (b-a)/(e-s)}')
-        eff=$(awk -v a="$m1" -v b="$m2" -v s="$c1" -v e="$c2" 'BEGIN{print (e>s)?(b-a)/(e-s):0}')
-        printf '%s %s %s %s %s\n' "$round" "$mode" "$rate" "$srate" "$eff" >>"$WORK/results"
-        printf '    %-8s bench %8.1f msgs/s  server %8.1f msgs/s  %8.1f msgs/cpu-s  passed=%s\n' \
-            "$mode" "$rate" "$srate" "$eff" "$passed" >&2
-    done
+    record_round
 }
 
 echo "heap-overhead: $ROUNDS rounds, ${#MODES[@]} servers side by side, $SENDERS senders x window" \
@@ -153,19 +81,13 @@ for round in $(seq 0 $((ROUNDS - 1))); do
     run_round "$round"
 done
 
-median() { sort -n | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
-# Per-round ratio of column c of mode m to noprof's in the same round.
-ratios() { # mode column
-    awk -v m="$1" -v c="$2" '$2=="noprof"{b[$1]=$c} $2==m{v[$1]=$c} END{for (r in v) if (b[r]>0) print v[r]/b[r]}' "$WORK/results"
-}
 printf '\n%-9s %13s %13s %14s   %s\n' mode bench_ratio server_ratio per_cpu_ratio \
     "median bench msgs/s, server msgs/s, msgs/cpu-s, server CPU us/msg"
 for m in "${MODES[@]}"; do
-    eff=$(awk -v m="$m" '$2==m{print $5}' "$WORK/results" | median)
+    eff=$(column "$m" 5)
     printf '%-9s %13.4f %13.4f %14.4f   %.1f %.1f %.1f %.2f\n' "$m" \
-        "$(ratios "$m" 3 | median)" "$(ratios "$m" 4 | median)" "$(ratios "$m" 5 | median)" \
-        "$(awk -v m="$m" '$2==m{print $3}' "$WORK/results" | median)" \
-        "$(awk -v m="$m" '$2==m{print $4}' "$WORK/results" | median)" \
+        "$(ratios noprof "$m" 3 | median)" "$(ratios noprof "$m" 4 | median)" \
+        "$(ratios noprof "$m" 5 | median)" "$(column "$m" 3)" "$(column "$m" 4)" \
         "$eff" "$(awk -v e="$eff" 'BEGIN{print (e>0)?1e6/e:0}')"
 done
 echo

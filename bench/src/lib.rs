@@ -8,7 +8,9 @@
 //! `im-bench --config scenario.toml` (or `im-bench SCENARIO --config FILE`) takes the
 //! scenario and its flags from a TOML file ([`config`]).
 //!
-//! Module map: [`scenarios`] (one module per traffic shape, plus what they share),
+//! Module map: [`scenarios`] (one module per traffic shape, and the command line that
+//! picks one), [`run`] (the run skeleton every scenario shares: run flags, the report's
+//! tail, `finish`), [`clock`] (a run's timeline), [`groups`] (group set-up before a run),
 //! [`target`] (the server under test: resolve, mint tokens, spawn, open sessions from
 //! spread loopback source addresses, as `im_client::RawConn`s with small buffers),
 //! [`spawn`] (running an `im-server` child process), [`admin`] (the server's own figures
@@ -21,10 +23,13 @@
 
 pub mod admin;
 pub mod check;
+pub mod clock;
 pub mod config;
+pub mod groups;
 pub mod outbox;
 pub mod peer;
 pub mod report;
+pub mod run;
 pub mod scenarios;
 pub mod spawn;
 pub mod stats;
@@ -58,6 +63,13 @@ pub enum Outcome {
     Pass,
     /// The run completed but a correctness check failed (exit 1).
     Fail,
+}
+
+/// The scenario of the command line `im-bench ARGS...` (for the scenarios' flag tests).
+#[cfg(test)]
+pub(crate) fn parse_scenario(args: &[&str]) -> Result<scenarios::Scenario, clap::Error> {
+    let argv = std::iter::once("im-bench").chain(args.iter().copied());
+    Cli::try_parse_from(argv).map(|cli| cli.scenario)
 }
 
 /// Runs the scenario chosen on the command line to completion.

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
-use crate::scenarios::Clock;
+use crate::clock::Clock;
 use crate::spawn::ServerLog;
 use crate::stats::Summary;
 use crate::util::fmt_us;
@@ -219,6 +219,21 @@ pub fn server_log_lines(s: &mut String, log: Option<&ServerLog>, exited: bool) {
             let _ = writeln!(s, "  {l}");
         }
     }
+}
+
+/// [`spawn_progress`] with one [`Rate`] kept for the line and the run's shared state
+/// `ctx`: `text(ctx, rate, dt)` makes each line.
+pub fn spawn_rate_progress<C, F>(
+    clock: Clock,
+    ctx: std::sync::Arc<C>,
+    mut text: F,
+) -> JoinHandle<()>
+where
+    C: Send + Sync + 'static,
+    F: FnMut(&C, &mut Rate, f64) -> String + Send + 'static,
+{
+    let mut rate = Rate::default();
+    spawn_progress(clock, move |dt| text(&ctx, &mut rate, dt))
 }
 
 /// Prints one progress line a second to stderr until the task is aborted:

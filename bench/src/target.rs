@@ -1,4 +1,4 @@
-//! The server under test: where it listens, how to mint tokens for it, its admin API
+//! The server under test: where it listens ([`ServerArgs`]), how to mint tokens for it, its admin API
 //! and (with `--spawn`) the child process that runs it. Connections are opened here
 //! (`im_client::RawConn` with the bench's [`conn_options`]), logged in and handed to the
 //! scenario's tasks.
@@ -10,10 +10,12 @@
 //! capped by one address's ~28k ports.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use clap::Args;
 use im_client::{ClientError, RawConn, RawConnOptions};
 use im_token::TokenKeys;
 use tokio::sync::Semaphore;
@@ -22,8 +24,40 @@ use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::http::Uri;
 
 use crate::admin::AdminClient;
-use crate::scenarios::ServerArgs;
 use crate::spawn::{ServerLog, SpawnedServer};
+use crate::util::parse_key_val;
+
+/// JWT secret a spawned server is given, and the default `--secret`.
+pub const DEFAULT_SECRET: &str = "im-bench-secret-of-at-least-32-bytes";
+
+/// Where the server under test is.
+#[derive(Debug, Clone, Args)]
+pub struct ServerArgs {
+    /// Client WebSocket endpoint of a running server.
+    #[arg(long, default_value = "ws://127.0.0.1:7070/ws")]
+    pub url: String,
+    /// Start this im-server binary instead (loopback, ephemeral ports, temp data dir),
+    /// and kill it at the end.
+    #[arg(long, value_name = "PATH_TO_IM_SERVER", conflicts_with = "url")]
+    pub spawn: Option<PathBuf>,
+    /// JWT secret used to mint client tokens (a spawned server gets the same one).
+    #[arg(long, env = "IM_BENCH_SECRET", default_value = DEFAULT_SECRET, hide_env_values = true)]
+    pub secret: String,
+    /// Extra environment for the spawned server, e.g. IM_PERSIST_BATCH_MAX=64 (repeatable).
+    #[arg(long = "server-env", value_name = "KEY=VALUE", value_parser = parse_key_val)]
+    pub server_env: Vec<(String, String)>,
+    /// Admin API of a running server (`http://HOST:PORT`), for its figures (automatic
+    /// with --spawn).
+    #[arg(long, conflicts_with = "spawn")]
+    pub admin_url: Option<String>,
+    /// Admin bearer token for --admin-url.
+    #[arg(long, env = "IM_BENCH_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// Loopback source addresses to spread connections over (127.0.0.2 onwards, at
+    /// most 254); 0 lets the OS choose. Ignored for a server that is not on loopback.
+    #[arg(long, default_value_t = 254, value_parser = clap::value_parser!(u32).range(0..=254))]
+    pub sources: u32,
+}
 
 /// Admin token given to a spawned server.
 pub const SPAWN_ADMIN_TOKEN: &str = "im-bench-admin-token-of-at-least-32-bytes";

@@ -12,8 +12,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use im_proto::{
     group_op, send, Body, ChatMessage, ConversationList, ErrorCode, GroupOp, GroupOpOk,
-    ListConversations, MarkRead, MessageType, Ping, Pong, Presence, PresenceSubscribe, ReadReceipt,
-    SendAck, SetConversationFlags, SetPresence, Typing,
+    ListConversations, MarkRead, MessageType, Ping, Pong, PresenceSubscribe, SendAck,
+    SetConversationFlags, SetPresence, Typing,
 };
 use tokio::sync::{mpsc, oneshot, Mutex};
 use tokio::task::JoinHandle;
@@ -22,57 +22,11 @@ use crate::backoff::overload_delay;
 use crate::config::ClientConfig;
 use crate::driver::{Command, Driver, Shared};
 use crate::error::ClientError;
+use crate::event::Event;
 use crate::raw::RawConn;
 
 /// How long [`Client::close`] waits for the task to flush and close.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Something the app should know about, in the order it happened.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Event {
-    /// A message not seen before by this client (live or from a sync).
-    Message(ChatMessage),
-    /// The connection dropped; with auto-reconnect on, a reconnect is under way.
-    Disconnected {
-        /// Why (close code and reason, or the transport error).
-        reason: String,
-    },
-    /// Logged in again (`resume = true`); a sync for what was missed follows.
-    Reconnected {
-        /// The node now serving this client.
-        node_id: String,
-    },
-    /// A watched user's presence ([`Client::subscribe_presence`]): their state at the
-    /// subscription, then each change. After a reconnect the SDK subscribes again to the
-    /// last list given.
-    Presence(Presence),
-    /// Someone is typing (or stopped) in a conversation: ephemeral, never stored, not
-    /// sent again after a reconnect.
-    Typing(Typing),
-    /// Someone read a conversation up to a seq (pushed; `user_id` empty and
-    /// `read_count` set for a large group's counted receipt).
-    ReadReceipt(ReadReceipt),
-    /// A RECALL event (live or from a sync) at its own seq, in order: the message
-    /// (`ref_seq`, `ref_msg_id`) of the conversation was recalled by `sender`.
-    Recalled(ChatMessage),
-    /// An EDIT event (live or from a sync) at its own seq, in order: the message
-    /// (`ref_seq`, `ref_msg_id`) now reads `payload`.
-    Edited(ChatMessage),
-}
-
-impl Event {
-    /// The event for a message the tracker released: RECALL and EDIT events become
-    /// [`Event::Recalled`] and [`Event::Edited`] (unless hidden for this user: a HIDDEN
-    /// tombstone is always an [`Event::Message`]), everything else [`Event::Message`].
-    pub(crate) fn of(m: ChatMessage) -> Event {
-        let hidden = m.state == im_proto::MessageState::Hidden as i32;
-        match MessageType::try_from(m.r#type) {
-            Ok(MessageType::Recall) if !hidden => Event::Recalled(m),
-            Ok(MessageType::Edit) if !hidden => Event::Edited(m),
-            _ => Event::Message(m),
-        }
-    }
-}
 
 /// Where a message goes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -192,30 +146,7 @@ impl Client {
             payload: payload.into(),
             client_msg_id: client_msg_id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string()),
         };
-        let mut retries = 0u32;
-        loop {
-            let can_retry = retries < self.cfg.max_send_retries;
-            match self.request(Body::Send(msg.clone()), true).await {
-                Ok(Body::SendAck(ack)) => return Ok(ack),
-                Ok(other) => return Err(unexpected("SendAck", &other)),
-                Err(ClientError::Server {
-                    code: ErrorCode::Overloaded | ErrorCode::RateLimited,
-                    retry_after_ms,
-                    ..
-                }) if can_retry => tokio::time::sleep(overload_delay(retry_after_ms)).await,
-                Err(ClientError::Server {
-                    code: ErrorCode::Internal,
-                    retry_after_ms,
-                    ..
-                }) if can_retry && retry_after_ms > 0 => {
-                    tokio::time::sleep(overload_delay(retry_after_ms)).await
-                }
-                Err(ClientError::Disconnected)
-                    if can_retry && self.cfg.auto_reconnect && !self.cmd.is_closed() => {}
-                Err(e) => return Err(e),
-            }
-            retries += 1;
-        }
+        self.acked_retried(Body::Send(msg)).await
     }
 
     /// Sends a text message to one user.
@@ -379,8 +310,8 @@ impl Client {
         }
     }
 
-    /// Sends a request answered by a `SendAck` (Recall, Edit), resending the same
-    /// frame (so the same client_msg_id) on the errors [`Client::send`] retries.
+    /// Sends a request answered by a `SendAck` (Send, Recall, Edit), resending the same
+    /// frame (so the same client_msg_id) on the errors [`Client::send`] names.
     async fn acked_retried(&self, body: Body) -> Result<SendAck, ClientError> {
         let mut retries = 0u32;
         loop {

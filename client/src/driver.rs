@@ -17,9 +17,9 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{debug, trace, warn};
 
 use crate::backoff::Backoff;
-use crate::client::Event;
 use crate::config::ClientConfig;
 use crate::error::ClientError;
+use crate::event::Event;
 use crate::raw::{RawConn, RawEvent};
 use crate::tracker::SeqTracker;
 

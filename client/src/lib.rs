@@ -18,12 +18,14 @@ mod client;
 mod config;
 mod driver;
 mod error;
+mod event;
 pub mod raw;
 pub mod route;
 mod tracker;
 
-pub use client::{Client, Event, Target};
+pub use client::{Client, Target};
 pub use config::{ClientConfig, TokenProvider};
 pub use error::ClientError;
+pub use event::Event;
 pub use im_proto as proto;
 pub use raw::{RawConn, RawConnOptions, RawEvent};

@@ -1,7 +1,7 @@
 //! Actions: what a key press asks the console to do, named apart from the key that
 //! asked. [`crate::input`] makes them; [`crate::state`]'s reducer applies them.
 
-use crate::state::View;
+use crate::screen::View;
 
 /// What a key asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

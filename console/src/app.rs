@@ -139,6 +139,22 @@ pub async fn run(terminal: &mut DefaultTerminal, settings: Settings) -> Result<(
     Ok(())
 }
 
+/// The interval of a poller: a tick every `every`, missed ones skipped.
+fn poll_interval(every: Duration) -> tokio::time::Interval {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    tick
+}
+
+/// Waits for a poller's next turn: its tick, or a change of plan (`r`, another view).
+/// False once the app has gone (the plan's sender dropped).
+async fn next_poll(tick: &mut tokio::time::Interval, plan: &mut watch::Receiver<Plan>) -> bool {
+    tokio::select! {
+        _ = tick.tick() => true,
+        changed = plan.changed() => changed.is_ok(),
+    }
+}
+
 /// Polls the overview every interval (and at once when the plan changes, e.g. `r`).
 async fn overview_loop(
     node: usize,
@@ -147,13 +163,8 @@ async fn overview_loop(
     mut plan: watch::Receiver<Plan>,
     every: Duration,
 ) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            changed = plan.changed() => if changed.is_err() { return },
-        }
+    let mut tick = poll_interval(every);
+    while next_poll(&mut tick, &mut plan).await {
         let r = client.overview().await.map(Box::new);
         if tx.send((node, Update::Overview(r))).await.is_err() {
             return;
@@ -169,13 +180,8 @@ async fn view_loop(
     mut plan: watch::Receiver<Plan>,
     every: Duration,
 ) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            changed = plan.changed() => if changed.is_err() { return },
-        }
+    let mut tick = poll_interval(every);
+    while next_poll(&mut tick, &mut plan).await {
         let p = plan.borrow_and_update().clone();
         let mut updates = Vec::new();
         if let Some(sort) = &p.connections {
@@ -287,44 +293,26 @@ fn run_command(
                 frequency,
                 dir,
                 ..
-            } => match client.profile(seconds, frequency).await {
+            } => Update::Profile(match client.profile(seconds, frequency).await {
                 Ok(bundle) => {
-                    let unix = SystemTime::now()
-                        .duration_since(UNIX_EPOCH)
-                        .map_or(0, |d| d.as_secs());
-                    let saved = tokio::task::spawn_blocking(move || {
+                    save_in_background("profile", move |unix| {
                         save::save_result(&dir, &node_name, bundle, unix)
                     })
-                    .await;
-                    match saved {
-                        Ok(r) => Update::Profile(Ok(r)),
-                        Err(e) => Update::Profile(Err(ApiError::Decode {
-                            path: "profile".into(),
-                            reason: format!("saving failed: {e}"),
-                        })),
-                    }
+                    .await
                 }
-                Err(e) => Update::Profile(Err(e)),
-            },
-            Command::HeapProfile { seconds, dir, .. } => match client.heap_profile(seconds).await {
-                Ok(bundle) => {
-                    let unix = SystemTime::now()
-                        .duration_since(UNIX_EPOCH)
-                        .map_or(0, |d| d.as_secs());
-                    let saved = tokio::task::spawn_blocking(move || {
-                        save::save_heap_result(&dir, &node_name, bundle, unix)
-                    })
-                    .await;
-                    match saved {
-                        Ok(r) => Update::HeapProfile(Ok(r)),
-                        Err(e) => Update::HeapProfile(Err(ApiError::Decode {
-                            path: "heap profile".into(),
-                            reason: format!("saving failed: {e}"),
-                        })),
+                Err(e) => Err(e),
+            }),
+            Command::HeapProfile { seconds, dir, .. } => {
+                Update::HeapProfile(match client.heap_profile(seconds).await {
+                    Ok(bundle) => {
+                        save_in_background("heap profile", move |unix| {
+                            save::save_heap_result(&dir, &node_name, bundle, unix)
+                        })
+                        .await
                     }
-                }
-                Err(e) => Update::HeapProfile(Err(e)),
-            },
+                    Err(e) => Err(e),
+                })
+            }
             Command::Announce { group_id, text, .. } => {
                 let body = PostMessage {
                     group_id: Some(group_id.clone()),
@@ -418,4 +406,21 @@ fn announce_key() -> String {
         .map_or(0, |d| d.as_nanos());
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     format!("im-console-{}-{nanos}-{n}", std::process::id())
+}
+
+/// Runs a profile's `save` (given the time now, in Unix seconds) off the runtime's
+/// threads; a save that panicked is an error naming `what`.
+async fn save_in_background<R: Send + 'static>(
+    what: &str,
+    save: impl FnOnce(u64) -> R + Send + 'static,
+) -> Result<R, ApiError> {
+    let unix = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    tokio::task::spawn_blocking(move || save(unix))
+        .await
+        .map_err(|e| ApiError::Decode {
+            path: what.into(),
+            reason: format!("saving failed: {e}"),
+        })
 }

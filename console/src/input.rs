@@ -5,7 +5,8 @@
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 
 use crate::action::Action;
-use crate::state::{Mode, View};
+use crate::screen::View;
+use crate::state::Mode;
 
 /// One line of the help overlay: keys, what they do.
 pub type HelpLine = (&'static str, &'static str);

@@ -11,5 +11,6 @@ pub mod config;
 pub mod fmt;
 pub mod input;
 pub mod save;
+pub mod screen;
 pub mod state;
 pub mod view;

@@ -108,11 +108,20 @@ fn save_files(
 
 /// Saves the bundle and folds the outcome into the [`ProfileResult`] the console keeps.
 pub fn save_result(dir: &Path, node: &str, bundle: ProfileBundle, unix_secs: u64) -> ProfileResult {
-    let saved = save_bundle(dir, node, &bundle, unix_secs);
-    let (svg_path, pprof_path, save_error) = match saved {
-        Ok((s, p)) => (s, p, None),
-        Err(e) => (None, None, Some(e.to_string())),
-    };
+    match save_bundle(dir, node, &bundle, unix_secs) {
+        Ok((svg, pprof)) => cpu_result(bundle, svg, pprof, None),
+        Err(e) => cpu_result(bundle, None, None, Some(e.to_string())),
+    }
+}
+
+/// The [`ProfileResult`] of a CPU bundle saved to `svg_path` and `pprof_path` (or not:
+/// `save_error` says why).
+pub fn cpu_result(
+    bundle: ProfileBundle,
+    svg_path: Option<PathBuf>,
+    pprof_path: Option<PathBuf>,
+    save_error: Option<String>,
+) -> ProfileResult {
     ProfileResult {
         kind: ProfileKind::Cpu,
         seconds: bundle.seconds as f64,

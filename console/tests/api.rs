@@ -19,17 +19,7 @@ async fn node() -> (MockNode, AdminClient) {
 #[tokio::test]
 async fn recorded_answers_decode() {
     let (n, c) = node().await;
-    n.fixture("GET", "/admin/v1/overview", 200, "overview.json");
-    n.fixture("GET", "/admin/v1/connections", 200, "connections.json");
-    n.fixture(
-        "GET",
-        "/admin/v1/slow-consumers",
-        200,
-        "slow_consumers_1.json",
-    );
-    n.fixture("GET", "/admin/v1/memory", 200, "memory.json");
-    n.fixture("GET", "/admin/v1/log-filters", 200, "log_filters.json");
-    n.fixture("GET", "/admin/v1/logs", 200, "logs.json");
+    n.recorded_reads();
     n.fixture("GET", "/admin/v1/profile/cpu", 200, "profile_bundle.json");
     let o = c.overview().await.expect("overview");
     assert_eq!(o.node_id, "node-a");

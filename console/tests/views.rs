@@ -12,9 +12,7 @@ use std::time::{Duration, Instant};
 use common::{fixture, MockNode};
 use im_console::action::Action;
 use im_console::api::{AdminClient, ApiError, ProfileBundle};
-use im_console::state::{
-    AppState, Command, ProfileKind, ProfileResult, ProfileState, TailStatus, Update, View,
-};
+use im_console::state::{AppState, Command, ProfileKind, ProfileState, TailStatus, Update, View};
 use im_console::view;
 use ratatui::backend::TestBackend;
 use ratatui::Terminal;
@@ -45,23 +43,13 @@ async fn recorded_node() -> MockNode {
             common::Reply::json(200, o.to_string()),
         );
     }
-    n.fixture("GET", "/admin/v1/overview", 200, "overview.json");
-    n.fixture("GET", "/admin/v1/connections", 200, "connections.json");
-    n.fixture(
-        "GET",
-        "/admin/v1/slow-consumers",
-        200,
-        "slow_consumers_1.json",
-    );
+    n.recorded_reads();
     n.fixture(
         "GET",
         "/admin/v1/slow-consumers",
         200,
         "slow_consumers_2.json",
     );
-    n.fixture("GET", "/admin/v1/memory", 200, "memory.json");
-    n.fixture("GET", "/admin/v1/log-filters", 200, "log_filters.json");
-    n.fixture("GET", "/admin/v1/logs", 200, "logs.json");
     n
 }
 
@@ -286,17 +274,12 @@ async fn profile_states() {
 
     let bundle: ProfileBundle =
         serde_json::from_slice(&fixture("profile_bundle.json")).expect("bundle");
-    let result = ProfileResult {
-        kind: ProfileKind::Cpu,
-        seconds: bundle.seconds as f64,
-        frequency: bundle.frequency,
-        samples: bundle.samples,
-        total: bundle.samples,
-        top: bundle.top.into_iter().map(Into::into).collect(),
-        svg_path: Some(PathBuf::from("./profiles/im-cpu-node-a-1796225340.svg")),
-        pprof_path: Some(PathBuf::from("./profiles/im-cpu-node-a-1796225340.pb.gz")),
-        save_error: None,
-    };
+    let result = im_console::save::cpu_result(
+        bundle,
+        Some(PathBuf::from("./profiles/im-cpu-node-a-1796225340.svg")),
+        Some(PathBuf::from("./profiles/im-cpu-node-a-1796225340.pb.gz")),
+        None,
+    );
     state.on_update(0, Update::Profile(Ok(result)), at(t0, 24));
     assert!(matches!(state.nodes[0].profile, ProfileState::Done(_)));
     insta::assert_snapshot!("profile_done", draw(&state, 120, 36));

@@ -69,6 +69,16 @@ async fn drop_stale_schemas(admin: &sqlx::PgPool) {
     }
 }
 
+/// `user`'s default device has everything of `conv` up to `seq`.
+fn delivered(user: &str, conv: &str, seq: u64) -> CursorUpdate {
+    CursorUpdate {
+        user_id: user.into(),
+        device_id: "default".into(),
+        conversation_id: conv.into(),
+        seq,
+    }
+}
+
 fn msg(conv: &str, sender: &str, cmid: &str, body: &str) -> NewMessage {
     let direct = conv
         .strip_prefix("u:")
@@ -851,17 +861,9 @@ async fn user_backlog_lists_unread_per_conversation_largest_first() {
                 .await
                 .unwrap();
         }
-        s.commit_batch(
-            &[],
-            &[CursorUpdate {
-                user_id: "b".into(),
-                device_id: "default".into(),
-                conversation_id: "u:a:b".into(),
-                seq: 1,
-            }],
-        )
-        .await
-        .unwrap();
+        s.commit_batch(&[], &[delivered("b", "u:a:b", 1)])
+            .await
+            .unwrap();
         let backend = s.backend();
         let rows: Vec<(String, u64, u64)> = s
             .user_backlog("b", 10)
@@ -893,17 +895,9 @@ async fn user_backlog_lists_unread_per_conversation_largest_first() {
         assert_eq!(s.user_backlog("b", 1).await.unwrap().len(), 1, "{backend}");
         assert!(s.user_backlog("nobody", 10).await.unwrap().is_empty());
         // Fully delivered: no backlog.
-        s.commit_batch(
-            &[],
-            &[CursorUpdate {
-                user_id: "b".into(),
-                device_id: "default".into(),
-                conversation_id: "u:a:b".into(),
-                seq: 5,
-            }],
-        )
-        .await
-        .unwrap();
+        s.commit_batch(&[], &[delivered("b", "u:a:b", 5)])
+            .await
+            .unwrap();
         let convs: Vec<String> = s
             .user_backlog("b", 10)
             .await

@@ -4,19 +4,25 @@ use std::process::Command;
 
 use crate::support::*;
 
-#[test]
-fn token_subcommand_prints_a_token_the_server_accepts() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(server_bin())
-        .args(["token", "--user", "dora", "--ttl", "10m"])
-        .env("IM_DATA_DIR", dir.path())
-        .env("IM_JWT_SECRET", SECRET)
-        .output()
-        .unwrap();
+/// Runs the command, expecting success (its stderr shown otherwise); its output.
+fn succeeds(cmd: &mut Command) -> std::process::Output {
+    let out = cmd.output().unwrap();
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+#[test]
+fn token_subcommand_prints_a_token_the_server_accepts() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = succeeds(
+        Command::new(server_bin())
+            .args(["token", "--user", "dora", "--ttl", "10m"])
+            .env("IM_DATA_DIR", dir.path())
+            .env("IM_JWT_SECRET", SECRET),
     );
     let token = String::from_utf8(out.stdout).unwrap();
     let user = im_server::auth::TokenKeys::new(SECRET.as_bytes())
@@ -28,16 +34,11 @@ fn token_subcommand_prints_a_token_the_server_accepts() {
 #[test]
 fn token_subcommand_uses_the_generated_secret_of_the_data_dir() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(server_bin())
-        .args(["token", "--user", "eve", "--data-dir"])
-        .arg(dir.path())
-        .env_remove("IM_JWT_SECRET")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = succeeds(
+        Command::new(server_bin())
+            .args(["token", "--user", "eve", "--data-dir"])
+            .arg(dir.path())
+            .env_remove("IM_JWT_SECRET"),
     );
     let secret = std::fs::read_to_string(dir.path().join("jwt_secret")).unwrap();
     let token = String::from_utf8(out.stdout).unwrap();
@@ -49,16 +50,20 @@ fn token_subcommand_uses_the_generated_secret_of_the_data_dir() {
     );
 }
 
+/// Runs the server command with `data_dir`, expecting it to refuse to start; its stderr.
+fn refused_start(cmd: &mut Command, data_dir: &std::path::Path) -> String {
+    let out = cmd.env("IM_DATA_DIR", data_dir).output().unwrap();
+    assert!(!out.status.success(), "the server started");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 #[test]
 fn bad_config_fails_start_up_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(server_bin())
-        .env("IM_DATA_DIR", dir.path())
-        .env("IM_PERSIST_BATCH_MAX", "lots")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_start(
+        Command::new(server_bin()).env("IM_PERSIST_BATCH_MAX", "lots"),
+        dir.path(),
+    );
     assert!(
         err.contains("IM_PERSIST_BATCH_MAX") && err.contains("lots"),
         "{err}"
@@ -66,14 +71,10 @@ fn bad_config_fails_start_up_naming_the_key() {
 
     let file = dir.path().join("im.toml");
     std::fs::write(&file, "[limits]\nmax_frame_bytes = 10\n").unwrap();
-    let out = Command::new(server_bin())
-        .arg("--config")
-        .arg(&file)
-        .env("IM_DATA_DIR", dir.path())
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_start(
+        Command::new(server_bin()).arg("--config").arg(&file),
+        dir.path(),
+    );
     assert!(
         err.contains("limits.max_frame_bytes") && err.contains("10"),
         "{err}"

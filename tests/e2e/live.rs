@@ -32,20 +32,17 @@ async fn next_presence(c: &mut RawConn) -> Presence {
     }
 }
 
-/// Pings and returns the frames that came before the Pong: what was queued for `c`
-/// before the ping was handled.
-async fn frames_before_pong(c: &mut RawConn, req_id: u64) -> Vec<Frame> {
-    c.send(&frame(req_id, Body::Ping(proto::Ping { client_time: 1 })))
-        .await
-        .unwrap();
-    let mut before = Vec::new();
-    loop {
-        let f = next_frame(c).await;
-        if f.req_id == req_id && matches!(f.body, Some(Body::Pong(_))) {
-            return before;
-        }
-        before.push(f);
-    }
+/// `watched`'s last two connections close, `second` then `last`: `watcher` sees one device,
+/// then offline. Returns the offline presence and the time just before the last one left.
+async fn last_two_leave(watcher: &mut RawConn, second: RawConn, last: RawConn) -> (Presence, i64) {
+    drop(second);
+    let p = next_presence(watcher).await;
+    assert!(p.online && p.devices == 1, "{p:?}");
+    let before = proto::now_ms();
+    drop(last);
+    let p = next_presence(watcher).await;
+    assert!(!p.online && p.devices == 0, "{p:?}");
+    (p, before)
 }
 
 fn presences(frames: &[Frame]) -> Vec<&Presence> {
@@ -108,13 +105,7 @@ async fn presence_follows_devices_and_keeps_last_seen() {
     let p = next_presence(&mut alice).await;
     assert!(p.online && p.devices == 2, "{p:?}");
 
-    drop(bob2);
-    let p = next_presence(&mut alice).await;
-    assert!(p.online && p.devices == 1, "{p:?}");
-    let before = proto::now_ms();
-    drop(bob1);
-    let p = next_presence(&mut alice).await;
-    assert!(!p.online && p.devices == 0, "{p:?}");
+    let (p, before) = last_two_leave(&mut alice, bob2, bob1).await;
     assert!(
         p.last_seen >= before - 1000 && p.last_seen <= proto::now_ms(),
         "{p:?}"
@@ -437,13 +428,7 @@ async fn presence_and_typing_across_two_nodes() {
     drop(bob3);
     let p = next_presence(&mut alice).await;
     assert!(p.online && p.devices == 2, "{p:?}");
-    drop(bob2);
-    let p = next_presence(&mut alice).await;
-    assert!(p.online && p.devices == 1, "{p:?}");
-    let before = proto::now_ms();
-    drop(bob1);
-    let p = next_presence(&mut alice).await;
-    assert!(!p.online && p.devices == 0, "{p:?}");
+    let (p, before) = last_two_leave(&mut alice, bob2, bob1).await;
     assert!(p.last_seen >= before - 1000, "{p:?}");
     wait_remote(&c, 0, 0).await;
 

@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use im_client::proto::{self, frame, Body, ConversationSummary, ErrorCode, Frame};
+use im_client::proto::{self, frame, Body, ConversationSummary, ErrorCode};
 use im_client::{Event, RawConn};
 
 use crate::support::cluster::TestCluster;
@@ -74,21 +74,6 @@ async fn next_receipt(c: &mut RawConn) -> proto::ReadReceipt {
         if let Some(Body::ReadReceipt(r)) = next_frame(c).await.body {
             return r;
         }
-    }
-}
-
-/// Frames up to the Pong of a ping: what the connection was sent before it.
-async fn frames_before_pong(c: &mut RawConn, req_id: u64) -> Vec<Frame> {
-    c.send(&frame(req_id, Body::Ping(proto::Ping { client_time: 1 })))
-        .await
-        .unwrap();
-    let mut before = Vec::new();
-    loop {
-        let f = next_frame(c).await;
-        if f.req_id == req_id && matches!(f.body, Some(Body::Pong(_))) {
-            return before;
-        }
-        before.push(f);
     }
 }
 

@@ -397,7 +397,7 @@ impl PeerConn {
     /// server's PINGs in [`PeerConn::recv`]).
     pub async fn keepalive(&mut self) -> anyhow::Result<()> {
         match self {
-            PeerConn::Im { conn, .. } => Ok(crate::scenarios::ping(conn).await?),
+            PeerConn::Im { conn, .. } => Ok(crate::run::ping(conn).await?),
             PeerConn::Mqtt { .. } => self.write(mqtt::pingreq()).await,
             PeerConn::Nats { .. } => Ok(()),
         }

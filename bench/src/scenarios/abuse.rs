@@ -32,8 +32,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinSet;
 
 use super::chat::{self, ChatArgs, ChatReport};
-use super::{run_tag, Absent, Disconnects, Report, Tail};
 use crate::report::{line, summary_line};
+use crate::run::{run_tag, Absent, Disconnects, Report, Tail};
 use crate::target::{conn_options, Target, LOGIN_TIMEOUT};
 
 /// Flags of `im-bench abuse`.

@@ -29,10 +29,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use clap::Args;
-use im_client::{ClientError, RawConn, RawEvent};
-use im_proto::{group_op, Body, DeliverAck, GroupOp, MarkRead, MessageType};
+use im_proto::{Body, DeliverAck, MarkRead, MessageType};
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -40,24 +39,21 @@ use tokio::time::Instant;
 
 use super::follow::{Follower, Via};
 use super::sender::{self, SendCounts, ToOne};
-use super::{
-    figures_near_end, ping, run_tag, Clock, Disconnects, Problems, Report, RunArgs, ServerArgs,
-    Tail,
-};
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
+use crate::clock::Clock;
 use crate::outbox::{Outbox, Pacer, SendSpec, Target as To};
 use crate::report::{self, p99_text, Rate};
+use crate::run::{
+    figures_near_end, next_frame, ping, run_tag, Disconnects, Problems, Report, RunArgs, Tail,
+};
 use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
+use crate::target::ServerArgs;
 use crate::target::{Session, Target};
 use crate::util::parse_duration;
 use crate::wire;
 /// Histogram shards.
 const SHARDS: usize = 64;
-/// How long group creation may take.
-const GROUP_OP_TIMEOUT: Duration = Duration::from_secs(60);
-/// req_id of the GroupOp CREATE.
-const GROUP_OP_REQ: u64 = 1 << 40;
 
 /// Flags of `im-bench broadcast`.
 #[derive(Debug, Clone, Args)]
@@ -232,99 +228,6 @@ fn user(tag: &str, g: usize, k: usize) -> String {
     format!("b{tag}-{g}-{k}")
 }
 
-/// Member ids per GroupOp, in bytes: one frame must stay under the server's
-/// `limits.max_frame_bytes` (64 KiB by default).
-const GROUP_OP_BYTES: usize = 32 * 1024;
-
-/// Creates group `id` with `members` from the sender's connection (its owner): `CREATE`
-/// with the first members, then `ADD`s with the rest, each frame well under the frame
-/// limit. Returns the group's version (the seq of its last membership event).
-pub(crate) async fn create_group(
-    conn: &mut RawConn,
-    id: &str,
-    members: Vec<String>,
-) -> anyhow::Result<u64> {
-    let want = members.len();
-    let mut chunks: Vec<Vec<String>> = vec![Vec::new()];
-    let mut bytes = 0;
-    for m in members {
-        if bytes + m.len() + 3 > GROUP_OP_BYTES {
-            chunks.push(Vec::new());
-            bytes = 0;
-        }
-        bytes += m.len() + 3;
-        if let Some(last) = chunks.last_mut() {
-            last.push(m);
-        }
-    }
-    let (mut have, mut version) = (0, 0);
-    for (k, chunk) in chunks.into_iter().enumerate() {
-        let op = if k == 0 {
-            group_op::Op::Create
-        } else {
-            group_op::Op::Add
-        };
-        (have, version) = group_op(conn, id, op, chunk).await?;
-    }
-    if (have as usize) < want {
-        bail!("group {id} has {have} members, {want} asked for");
-    }
-    Ok(version)
-}
-
-/// Sends one GroupOp and waits for its GroupOpOk (again after RATE_LIMITED, once the
-/// server's retry_after_ms has passed); returns the member count and the version.
-async fn group_op(
-    conn: &mut RawConn,
-    id: &str,
-    op: group_op::Op,
-    members: Vec<String>,
-) -> anyhow::Result<(u32, u64)> {
-    let deadline = Instant::now() + GROUP_OP_TIMEOUT;
-    'again: loop {
-        conn.send(&im_proto::frame(
-            GROUP_OP_REQ,
-            Body::GroupOp(GroupOp {
-                op: op as i32,
-                group_id: id.to_owned(),
-                members: members.clone(),
-                ..Default::default()
-            }),
-        ))
-        .await
-        .with_context(|| format!("sending GroupOp {op:?} {id}"))?;
-        loop {
-            let ev = tokio::time::timeout_at(deadline, conn.recv())
-                .await
-                .with_context(|| format!("no GroupOpOk for {id} within {GROUP_OP_TIMEOUT:?}"))?
-                .with_context(|| format!("GroupOp {op:?} {id}"))?;
-            let f = match ev {
-                RawEvent::Frame(f) => f,
-                RawEvent::WsPong(_) => continue,
-                RawEvent::Closed { code, reason } => {
-                    bail!("connection closed during GroupOp {op:?} {id}: {code:?} {reason}")
-                }
-            };
-            match f.body {
-                Some(Body::GroupOpOk(ok)) if f.req_id == GROUP_OP_REQ => {
-                    return Ok((ok.members, ok.version))
-                }
-                Some(Body::Error(e))
-                    if f.req_id == GROUP_OP_REQ
-                        && e.code == im_proto::ErrorCode::RateLimited as i32 =>
-                {
-                    tokio::time::sleep(Duration::from_millis(e.retry_after_ms.max(1) as u64)).await;
-                    continue 'again;
-                }
-                Some(Body::Error(e)) if f.req_id == GROUP_OP_REQ || f.req_id == 0 => {
-                    bail!("GroupOp {op:?} {id}: {}", ClientError::from_server(e))
-                }
-                _ => {}
-            }
-        }
-    }
-}
-
 async fn run_against(args: &BroadcastArgs, target: &mut Target) -> anyhow::Result<BroadcastReport> {
     let (g_count, m) = (args.groups as usize, args.members as usize);
     let run_id: u64 = rand::random();
@@ -340,7 +243,7 @@ async fn run_against(args: &BroadcastArgs, target: &mut Target) -> anyhow::Resul
     for (g, s) in sender_sessions.iter_mut().enumerate() {
         let id = format!("b{tag}-{g}");
         let members = (0..m).map(|k| user(&tag, g, k)).collect();
-        let version = create_group(&mut s.conn, &id, members).await?;
+        let version = crate::groups::create_group(&mut s.conn, &id, members).await?;
         groups.push(Arc::new(Group {
             version,
             conversation: im_proto::group_conversation(&id),
@@ -550,15 +453,8 @@ async fn member(
         }
         tokio::select! {
             biased;
-            ev = conn.recv() => {
-                let f = match ev {
-                    Ok(RawEvent::Frame(f)) => f,
-                    Ok(RawEvent::WsPong(_)) => continue,
-                    other => {
-                        ctx.disconnects.record(&ctx.errors, other);
-                        break;
-                    }
-                };
+            f = next_frame(&mut conn, &ctx.errors, &ctx.disconnects) => {
+                let Some(f) = f else { break };
                 let now_us = clock.now_us();
                 let hints = follower.hints;
                 let mine = follower.on_frame(&f, |m, via| {
@@ -693,20 +589,16 @@ pub fn render(r: &BroadcastReport) -> String {
             }
         ),
     );
-    r.tail.server_lines(&mut s);
-    r.tail.server_log_lines(&mut s);
-    s
+    r.tail.with_server_lines(s)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
 
     #[test]
     fn flags_parse() {
-        let cli = crate::Cli::try_parse_from([
-            "im-bench",
+        let parsed = crate::parse_scenario(&[
             "broadcast",
             "--groups",
             "1",
@@ -717,12 +609,12 @@ mod tests {
             "--pull",
         ])
         .unwrap();
-        let crate::scenarios::Scenario::Broadcast(a) = cli.scenario else {
+        let crate::scenarios::Scenario::Broadcast(a) = parsed else {
             panic!("not broadcast")
         };
         assert_eq!((a.groups, a.members, a.rate, a.pull), (1, 5000, 0.0, true));
         assert_eq!(a.deliver_ack_every, Duration::from_secs(1));
-        assert!(crate::Cli::try_parse_from(["im-bench", "broadcast", "--members", "1"]).is_err());
+        assert!(crate::parse_scenario(&["broadcast", "--members", "1"]).is_err());
         assert_eq!(user("ab", 2, 3), "bab-2-3");
     }
 }

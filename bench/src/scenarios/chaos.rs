@@ -50,15 +50,16 @@ use tokio::time::Instant;
 
 use super::follow::Follower;
 use super::sender::{self, Ended, Hooks, RunCounts, SendCounts};
-use super::{
-    figures_near_end, ping, run_tag, Clock, Disconnects, Pair, Problems, Report, RunArgs,
-    ServerArgs, Tail,
-};
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
+use crate::clock::Clock;
 use crate::outbox::{Outbox, Pacer, Pending, Refused, SendSpec, Target as To};
-use crate::report::{self, p99_text, Rate};
+use crate::report::{self, p99_text};
+use crate::run::{
+    figures_near_end, ping, run_tag, Disconnects, Pair, Problems, Report, RunArgs, Tail,
+};
 use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
+use crate::target::ServerArgs;
 use crate::target::{Dialer, Session, Target};
 use crate::util::{fmt_us, max_open_files, parse_duration};
 use crate::wire::{self, BadFrame};
@@ -421,77 +422,20 @@ scenario! {
 
 async fn run_against(args: &ChaosArgs, target: &mut Target) -> anyhow::Result<ChaosReport> {
     let n = args.senders as usize;
+    let m = args.idle_connections as usize;
+    let total = 2 * n + m;
+    let storm_offset = storm_offset(args)?;
+    announce(args, target, total, storm_offset);
     let run_id: u64 = rand::random();
     let tag = run_tag(run_id);
-    let receivers: Vec<String> = (0..n).map(|i| format!("c{tag}-r{i}")).collect();
-    let senders: Vec<String> = (0..n).map(|i| format!("c{tag}-s{i}")).collect();
-    let m = args.idle_connections as usize;
-    let idlers: Vec<String> = (0..m).map(|j| format!("c{tag}-i{j}")).collect();
-    let total = 2 * n + m;
-    let storm_offset = args
-        .storm_at
-        .unwrap_or(args.run.warmup + args.run.duration / 2);
-    if args.storm_fraction > 0.0 && storm_offset >= args.run.warmup + args.run.duration {
-        anyhow::bail!(
-            "--storm-at {storm_offset:?} is not before the end of the run ({:?})",
-            args.run.warmup + args.run.duration
-        );
-    }
-    if let Some(limit) = max_open_files() {
-        if total as u64 + SPARE_FDS > limit {
-            eprintln!(
-                "im-bench chaos: warning: {total} connections need about {} file descriptors; this process may open {limit} (RLIMIT_NOFILE)",
-                total as u64 + SPARE_FDS
-            );
-        }
-    }
-    eprintln!(
-        "im-bench chaos: {n} pairs and {m} idle connections, killing {}% of connections every {:?}, {}% malformed frames{}, on {}",
-        args.kill_percent,
-        args.kill_every,
-        args.bad_percent,
-        if args.storm_fraction > 0.0 {
-            format!(
-                ", a storm of {:.0}% at {storm_offset:?}",
-                args.storm_fraction * 100.0
-            )
-        } else {
-            String::new()
-        },
-        target.url
-    );
-    let receiver_sessions = target.connect_all(&receivers, n).await?;
-    let sender_sessions = target.connect_all(&senders, 0).await?;
-    let idle_sessions = target.connect_all(&idlers, 2 * n).await?;
+    let names = |kind: &str, k: usize| -> Vec<String> {
+        (0..k).map(|i| format!("c{tag}-{kind}{i}")).collect()
+    };
+    let receiver_sessions = target.connect_all(&names("r", n), n).await?;
+    let sender_sessions = target.connect_all(&names("s", n), 0).await?;
+    let idle_sessions = target.connect_all(&names("i", m), 2 * n).await?;
     let clock = Clock::start(args.run.warmup, args.run.duration);
-    let ctx = Arc::new(Ctx {
-        clock,
-        dialer: target.dialer(),
-        tag,
-        run_id,
-        window: args.window as usize,
-        payload: args.payload as usize,
-        rate_per_sender: (args.rate > 0.0).then(|| args.rate / n as f64),
-        senders: n,
-        reconnect_delay: args.reconnect_delay,
-        bad_ratio: (args.bad_percent / 100.0).clamp(0.0, 1.0),
-        max_bad_per_conn: args.max_bad_per_conn,
-        ack_timeout: args.ack_timeout,
-        drain: args.run.drain,
-        kills: (0..total).map(|_| Notify::new()).collect(),
-        storm_victim: (0..total).map(|_| AtomicBool::new(false)).collect(),
-        storm_at: OnceLock::new(),
-        storm_reconnect: LatencyRecorder::new(SHARDS),
-        storm_recover: LatencyRecorder::new(SHARDS),
-        ack_latency: LatencyRecorder::new(SHARDS),
-        deliver_latency: LatencyRecorder::new(SHARDS),
-        reconnect_latency: LatencyRecorder::new(SHARDS),
-        recover_latency: LatencyRecorder::new(SHARDS),
-        send: SendCounts::default(),
-        count: Counts::default(),
-        errors: ErrorCounts::default(),
-        disconnects: Disconnects::default(),
-    });
+    let ctx = Arc::new(new_ctx(args, target, clock, tag, run_id, total));
 
     let pairs: Vec<Arc<Pair>> = (0..n).map(|_| Arc::new(Pair::default())).collect();
     let mut receiver_tasks = JoinSet::new();
@@ -509,29 +453,10 @@ async fn run_against(args: &ChaosArgs, target: &mut Target) -> anyhow::Result<Ch
     }
     let killer = tokio::spawn(killer(ctx.clone(), args.kill_percent, args.kill_every));
     let storm = (args.storm_fraction > 0.0).then(|| {
-        tokio::spawn(storm(
-            ctx.clone(),
-            clock.base + storm_offset,
-            args.storm_fraction,
-        ))
+        let at = clock.base + storm_offset;
+        tokio::spawn(storm(ctx.clone(), at, args.storm_fraction))
     });
-    let progress = {
-        let ctx = ctx.clone();
-        let mut rate = Rate::default();
-        report::spawn_progress(clock, move |dt| {
-            format!(
-                "acked {:>8.0} msg/s  kills {:>5}  storm back {:>5}/{:<5}  bad frames {:>5}  errors {:>6}  p99 recover {}  p99 send->ack {}",
-                rate.per_sec(ctx.send.acked_all.get(), dt),
-                ctx.count.kills_done.get(),
-                ctx.count.storm_recovered.get(),
-                ctx.count.storm_reconnected.get(),
-                ctx.count.bad_sent.get(),
-                ctx.errors.total(),
-                p99_text(&ctx.recover_latency.snapshot()),
-                p99_text(&ctx.ack_latency.snapshot()),
-            )
-        })
-    };
+    let progress = spawn_progress(&ctx);
     let figures = figures_near_end(target, &clock);
 
     let mut acked_by_pair: Vec<Vec<u64>> = vec![Vec::new(); n];
@@ -559,37 +484,150 @@ async fn run_against(args: &ChaosArgs, target: &mut Target) -> anyhow::Result<Ch
     };
     progress.abort();
     let server = figures.await.ok().flatten();
+    let storm = (args.storm_fraction > 0.0)
+        .then(|| storm_report(args, &ctx, storm_offset, total, storm_victims));
+    Ok(report(args, target, &ctx, storm, verdict, server))
+}
 
-    let (t, c) = (ctx.send.snapshot(), ctx.count.snapshot());
-    let (never, unexpected, unanswered) = (
-        c.never_reconnected,
-        c.unexpected_disconnects,
-        c.bad_unanswered,
-    );
-    let secs = clock.measured_secs();
-    let acked = t.acked_measured;
-    let storm = (args.storm_fraction > 0.0).then(|| {
-        let (senders_hit, receivers_hit, idle_hit) = storm_victims.unwrap_or_default();
-        let victims = senders_hit + receivers_hit + idle_hit;
-        let (skipped, reconnected, recovered) =
-            (c.storm_skipped, c.storm_reconnected, c.storm_recovered);
-        StormReport {
-            fraction: args.storm_fraction,
-            at_secs: storm_offset.as_secs_f64(),
-            connections: total as u64,
-            victims,
-            victim_senders: senders_hit,
-            victim_receivers: receivers_hit,
-            victim_idle: idle_hit,
-            skipped,
-            reconnected,
-            recovered,
-            resent: c.storm_resent,
-            reconnect_us: Summary::of(&ctx.storm_reconnect.snapshot()),
-            recover_us: Summary::of(&ctx.storm_recover.snapshot()),
-            passed: victims > 0 && reconnected + skipped == victims && recovered == reconnected,
+/// When the storm strikes: `--storm-at`, else half way through the measured window; it
+/// must fall before the end of the run.
+fn storm_offset(args: &ChaosArgs) -> anyhow::Result<Duration> {
+    let end = args.run.warmup + args.run.duration;
+    let offset = args
+        .storm_at
+        .unwrap_or(args.run.warmup + args.run.duration / 2);
+    if args.storm_fraction > 0.0 && offset >= end {
+        anyhow::bail!("--storm-at {offset:?} is not before the end of the run ({end:?})");
+    }
+    Ok(offset)
+}
+
+/// Says what the run will do (and warns when the open-files limit looks too low for
+/// `total` connections).
+fn announce(args: &ChaosArgs, target: &Target, total: usize, storm_offset: Duration) {
+    if let Some(limit) = max_open_files() {
+        if total as u64 + SPARE_FDS > limit {
+            eprintln!(
+                "im-bench chaos: warning: {total} connections need about {} file descriptors; this process may open {limit} (RLIMIT_NOFILE)",
+                total as u64 + SPARE_FDS
+            );
         }
-    });
+    }
+    let storm = if args.storm_fraction > 0.0 {
+        format!(
+            ", a storm of {:.0}% at {storm_offset:?}",
+            args.storm_fraction * 100.0
+        )
+    } else {
+        String::new()
+    };
+    eprintln!(
+        "im-bench chaos: {} pairs and {} idle connections, killing {}% of connections every {:?}, {}% malformed frames{storm}, on {}",
+        args.senders, args.idle_connections, args.kill_percent, args.kill_every, args.bad_percent, target.url
+    );
+}
+
+/// The run's shared state, for `total` connections.
+fn new_ctx(
+    args: &ChaosArgs,
+    target: &Target,
+    clock: Clock,
+    tag: String,
+    run_id: u64,
+    total: usize,
+) -> Ctx {
+    let n = args.senders as usize;
+    Ctx {
+        clock,
+        dialer: target.dialer(),
+        tag,
+        run_id,
+        window: args.window as usize,
+        payload: args.payload as usize,
+        rate_per_sender: (args.rate > 0.0).then(|| args.rate / n as f64),
+        senders: n,
+        reconnect_delay: args.reconnect_delay,
+        bad_ratio: (args.bad_percent / 100.0).clamp(0.0, 1.0),
+        max_bad_per_conn: args.max_bad_per_conn,
+        ack_timeout: args.ack_timeout,
+        drain: args.run.drain,
+        kills: (0..total).map(|_| Notify::new()).collect(),
+        storm_victim: (0..total).map(|_| AtomicBool::new(false)).collect(),
+        storm_at: OnceLock::new(),
+        storm_reconnect: LatencyRecorder::new(SHARDS),
+        storm_recover: LatencyRecorder::new(SHARDS),
+        ack_latency: LatencyRecorder::new(SHARDS),
+        deliver_latency: LatencyRecorder::new(SHARDS),
+        reconnect_latency: LatencyRecorder::new(SHARDS),
+        recover_latency: LatencyRecorder::new(SHARDS),
+        send: SendCounts::default(),
+        count: Counts::default(),
+        errors: ErrorCounts::default(),
+        disconnects: Disconnects::default(),
+    }
+}
+
+/// The progress line: acks, kills, the storm's returns, bad frames, errors, P99s.
+fn spawn_progress(ctx: &Arc<Ctx>) -> tokio::task::JoinHandle<()> {
+    report::spawn_rate_progress(ctx.clock, ctx.clone(), |ctx, rate, dt| {
+        format!(
+            "acked {:>8.0} msg/s  kills {:>5}  storm back {:>5}/{:<5}  bad frames {:>5}  errors {:>6}  p99 recover {}  p99 send->ack {}",
+            rate.per_sec(ctx.send.acked_all.get(), dt),
+            ctx.count.kills_done.get(),
+            ctx.count.storm_recovered.get(),
+            ctx.count.storm_reconnected.get(),
+            ctx.count.bad_sent.get(),
+            ctx.errors.total(),
+            p99_text(&ctx.recover_latency.snapshot()),
+            p99_text(&ctx.ack_latency.snapshot()),
+        )
+    })
+}
+
+/// What the storm did, from its victims (senders, receivers, idle connections hit) and
+/// the run's counts; it passed when every victim came back and recovered.
+fn storm_report(
+    args: &ChaosArgs,
+    ctx: &Ctx,
+    storm_offset: Duration,
+    total: usize,
+    victims: Option<(u64, u64, u64)>,
+) -> StormReport {
+    let c = ctx.count.snapshot();
+    let (senders_hit, receivers_hit, idle_hit) = victims.unwrap_or_default();
+    let victims = senders_hit + receivers_hit + idle_hit;
+    let (skipped, reconnected, recovered) =
+        (c.storm_skipped, c.storm_reconnected, c.storm_recovered);
+    StormReport {
+        fraction: args.storm_fraction,
+        at_secs: storm_offset.as_secs_f64(),
+        connections: total as u64,
+        victims,
+        victim_senders: senders_hit,
+        victim_receivers: receivers_hit,
+        victim_idle: idle_hit,
+        skipped,
+        reconnected,
+        recovered,
+        resent: c.storm_resent,
+        reconnect_us: Summary::of(&ctx.storm_reconnect.snapshot()),
+        recover_us: Summary::of(&ctx.storm_recover.snapshot()),
+        passed: victims > 0 && reconnected + skipped == victims && recovered == reconnected,
+    }
+}
+
+/// The final report: the run's figures, the delivery verdict, and whether everything
+/// passed (delivery, every killed connection back, every bad frame answered, the storm).
+fn report(
+    args: &ChaosArgs,
+    target: &Target,
+    ctx: &Ctx,
+    storm: Option<StormReport>,
+    verdict: Verdict,
+    server: Option<ServerFigures>,
+) -> ChaosReport {
+    let (t, c) = (ctx.send.snapshot(), ctx.count.snapshot());
+    let clock = ctx.clock;
     let storm_ok = storm.as_ref().is_none_or(|s| s.passed);
     let body = ChaosBody {
         scenario: "chaos",
@@ -599,7 +637,7 @@ async fn run_against(args: &ChaosArgs, target: &mut Target) -> anyhow::Result<Ch
         storm,
         window: args.window,
         rate: args.rate,
-        duration_secs: secs,
+        duration_secs: clock.measured_secs(),
         warmup_secs: args.run.warmup.as_secs_f64(),
         kill_percent: args.kill_percent,
         kill_every_secs: args.kill_every.as_secs_f64(),
@@ -608,8 +646,8 @@ async fn run_against(args: &ChaosArgs, target: &mut Target) -> anyhow::Result<Ch
         kills: c.kills_done,
         kills_ignored: c.kills_ignored,
         reconnect_failures: c.reconnect_failures,
-        never_reconnected: never,
-        unexpected_disconnects: unexpected,
+        never_reconnected: c.never_reconnected,
+        unexpected_disconnects: c.unexpected_disconnects,
         reconnect_us: Summary::of(&ctx.reconnect_latency.snapshot()),
         recover_us: Summary::of(&ctx.recover_latency.snapshot()),
         resent: c.resent,
@@ -617,9 +655,9 @@ async fn run_against(args: &ChaosArgs, target: &mut Target) -> anyhow::Result<Ch
         bad_frames_sent: c.bad_sent,
         bad_frames_answered: c.bad_answered,
         bad_frames_killed: c.bad_killed,
-        bad_frames_unanswered: unanswered,
-        acked,
-        acked_per_sec: clock.per_sec(acked),
+        bad_frames_unanswered: c.bad_unanswered,
+        acked: t.acked_measured,
+        acked_per_sec: clock.per_sec(t.acked_measured),
         sent_frames: t.sent,
         retries: t.retries,
         delivered: c.delivered,
@@ -628,11 +666,15 @@ async fn run_against(args: &ChaosArgs, target: &mut Target) -> anyhow::Result<Ch
         send_to_deliver_us: Summary::of(&ctx.deliver_latency.snapshot()),
         problems: Problems::of(&ctx.errors, &ctx.disconnects),
     };
-    let passed = verdict.passed() && never == 0 && unexpected == 0 && unanswered == 0 && storm_ok;
-    Ok(Report {
+    let passed = verdict.passed()
+        && c.never_reconnected == 0
+        && c.unexpected_disconnects == 0
+        && c.bad_unanswered == 0
+        && storm_ok;
+    Report {
         body,
         tail: Tail::new(verdict, passed, server),
-    })
+    }
 }
 
 /// Every `every` until the end of the measured window, kills `percent`% of the
@@ -1132,9 +1174,7 @@ pub fn render(r: &ChaosReport) -> String {
             "FAIL: the storm did not hit, or not every victim reconnected and recovered",
         );
     }
-    r.tail.server_lines(&mut s);
-    r.tail.server_log_lines(&mut s);
-    s
+    r.tail.with_server_lines(s)
 }
 
 /// The storm's lines of the text report.
@@ -1173,12 +1213,10 @@ fn storm_lines(s: &mut String, st: &StormReport) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
 
     #[test]
     fn storm_flags_parse() {
-        let cli = crate::Cli::try_parse_from([
-            "im-bench",
+        let parsed = crate::parse_scenario(&[
             "chaos",
             "--senders",
             "1000",
@@ -1190,7 +1228,7 @@ mod tests {
             "5s",
         ])
         .unwrap();
-        let crate::scenarios::Scenario::Chaos(a) = cli.scenario else {
+        let crate::scenarios::Scenario::Chaos(a) = parsed else {
             panic!("not chaos")
         };
         assert_eq!((a.senders, a.idle_connections), (1000, 8000));

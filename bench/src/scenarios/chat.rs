@@ -23,20 +23,21 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use im_client::RawEvent;
 use im_proto::{Body, MessageType};
 use serde::Serialize;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::sender::{self, SendCounts, ToOne};
-use super::{
-    figures_near_end, ping, Clock, Disconnects, Pair, Problems, Report, RunArgs, ServerArgs, Tail,
-};
 use crate::check::{check, Verdict};
+use crate::clock::Clock;
 use crate::outbox::{Outbox, Pacer, SendSpec, Target as To};
-use crate::report::{self, p99_text, Rate};
+use crate::report::{self, p99_text};
+use crate::run::{
+    figures_near_end, next_frame, ping, Disconnects, Pair, Problems, Report, RunArgs, Tail,
+};
 use crate::stats::{Counter, ErrorCounts, LatencyRecorder, LocalError, Summary};
+use crate::target::ServerArgs;
 use crate::target::{Session, Target};
 use crate::util::{fmt_us, parse_duration};
 
@@ -194,18 +195,14 @@ pub(crate) async fn run_against(
     for (i, s) in sender_sessions.into_iter().enumerate() {
         sender_tasks.spawn(sender(ctx.clone(), pairs[i].clone(), i, s));
     }
-    let progress = {
-        let ctx = ctx.clone();
-        let mut rate = Rate::default();
-        report::spawn_progress(clock, move |dt| {
-            format!(
-                "acked {:>9.0} msg/s  errors {:>6}  p99 send->ack {}",
-                rate.per_sec(ctx.send.acked_all.get(), dt),
-                ctx.errors.total(),
-                p99_text(&ctx.ack_latency.snapshot())
-            )
-        })
-    };
+    let progress = report::spawn_rate_progress(clock, ctx.clone(), |ctx, rate, dt| {
+        format!(
+            "acked {:>9.0} msg/s  errors {:>6}  p99 send->ack {}",
+            rate.per_sec(ctx.send.acked_all.get(), dt),
+            ctx.errors.total(),
+            p99_text(&ctx.ack_latency.snapshot())
+        )
+    });
     let figures = figures_near_end(target, &clock);
 
     let mut acked_by_pair: Vec<Vec<u64>> = vec![Vec::new(); n];
@@ -317,15 +314,8 @@ async fn receiver(
     loop {
         tokio::select! {
             biased;
-            ev = conn.recv() => {
-                let f = match ev {
-                    Ok(RawEvent::Frame(f)) => f,
-                    Ok(RawEvent::WsPong(_)) => continue,
-                    other => {
-                        ctx.disconnects.record(&ctx.errors, other);
-                        break;
-                    }
-                };
+            f = next_frame(&mut conn, &ctx.errors, &ctx.disconnects) => {
+                let Some(f) = f else { break };
                 match f.body {
                     Some(Body::Deliver(d)) => {
                         let now_us = clock.now_us();
@@ -421,20 +411,16 @@ pub fn render(r: &ChatReport) -> String {
             r.unacked_at_end, r.late_acks, r.duplicate_acks
         ),
     );
-    r.tail.server_lines(&mut s);
-    r.tail.server_log_lines(&mut s);
-    s
+    r.tail.with_server_lines(s)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
 
     #[test]
     fn flags_parse_with_defaults() {
-        let cli = crate::Cli::try_parse_from([
-            "im-bench",
+        let parsed = crate::parse_scenario(&[
             "chat",
             "--spawn",
             "/bin/im-server",
@@ -448,7 +434,7 @@ mod tests {
             "500",
         ])
         .unwrap();
-        let crate::scenarios::Scenario::Chat(a) = cli.scenario else {
+        let crate::scenarios::Scenario::Chat(a) = parsed else {
             panic!("not chat")
         };
         assert_eq!(a.senders, 200);
@@ -457,21 +443,13 @@ mod tests {
         assert_eq!(a.payload, 100);
         assert_eq!(a.run.duration, Duration::from_secs(3));
         assert_eq!(a.run.warmup, Duration::from_secs(2));
-        assert_eq!(a.server.secret, crate::scenarios::DEFAULT_SECRET);
+        assert_eq!(a.server.secret, crate::target::DEFAULT_SECRET);
         assert_eq!(a.server.sources, 254);
         assert_eq!(
             a.server.server_env,
             vec![("IM_PERSIST_BATCH_MAX".into(), "64".into())]
         );
-        assert!(crate::Cli::try_parse_from(["im-bench", "chat", "--payload", "4"]).is_err());
-        assert!(crate::Cli::try_parse_from([
-            "im-bench",
-            "chat",
-            "--url",
-            "ws://x/ws",
-            "--spawn",
-            "p"
-        ])
-        .is_err());
+        assert!(crate::parse_scenario(&["chat", "--payload", "4"]).is_err());
+        assert!(crate::parse_scenario(&["chat", "--url", "ws://x/ws", "--spawn", "p"]).is_err());
     }
 }

@@ -173,13 +173,7 @@ mod tests {
     use super::*;
     use im_proto::{Deliver, SyncResponse};
 
-    fn msg(conv: &str, seq: u64) -> ChatMessage {
-        ChatMessage {
-            conversation_id: conv.into(),
-            seq,
-            ..ChatMessage::default()
-        }
-    }
+    use crate::scenarios::test_message as msg;
 
     fn deliver(conv: &str, seqs: &[u64]) -> Frame {
         im_proto::frame(

@@ -33,13 +33,15 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::peers::{self, Expect, Ledger};
-use super::{ping, run_tag, Absent, Clock, Disconnects, Problems, Report, ServerArgs, Tail};
+use super::ledger::{self, Ending, Expect, Ledger};
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
+use crate::clock::Clock;
 use crate::outbox::{Outbox, SendSpec, Target as To};
 use crate::report::{self, fmt_bytes, p99_text, Rate};
+use crate::run::{ping, run_tag, Absent, Disconnects, Problems, Report, Tail};
 use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
+use crate::target::ServerArgs;
 use crate::target::{Dialer, Target};
 use crate::util::{fmt_us, max_open_files, parse_duration, self_rss_bytes};
 use crate::wire;
@@ -443,7 +445,7 @@ async fn run_against(args: &IdleArgs, target: &mut Target) -> anyhow::Result<Idl
         ledgers[idx] = ledger;
     }
     progress.abort();
-    let verdict = peers::verdict(ledgers);
+    let verdict = ledger::verdict(ledgers);
     if let (Some(b0), Some(last)) = (bench_rss_0, readings.last().and_then(|r| r.bench_rss_bytes)) {
         eprintln!(
             "im-bench idle: the bench itself: {} per connection",
@@ -533,25 +535,22 @@ async fn connection(
     let mut ping_sent: Option<Instant> = None;
     let mut outbox = Outbox::new(ctx.run_id, ctx.ack_timeout);
     let mut phase_rx = ctx.phase.clone();
-    let mut stopped_at: Option<Instant> = None;
-    let mut published = false;
+    let mut ending = Ending::new(idx, ctx.drain);
     let mut next_housekeeping = Instant::now() + HOUSEKEEPING;
 
     loop {
         let now = Instant::now();
         let phase = *phase_rx.borrow_and_update();
-        if phase == Phase::Stop && stopped_at.is_none() {
-            stopped_at = Some(now);
-        }
-        if let Some(stop) = stopped_at {
-            if !published && (outbox.is_empty() || now >= stop + ctx.drain) {
-                ctx.count.unacked_at_end.add(outbox.len() as u64);
-                ledger.publish(&ctx.expect);
-                published = true;
-            }
-            if published && (ctx.expect.caught_up(idx, &ledger) || now >= stop + ctx.drain * 2) {
-                break;
-            }
+        let unacked = outbox.len();
+        if ending.done(
+            now,
+            phase == Phase::Stop,
+            unacked,
+            &ctx.count.unacked_at_end,
+            &ledger,
+            &ctx.expect,
+        ) {
+            break;
         }
         for frame in outbox.due_retries(now) {
             if conn.send_bytes(frame).await.is_err() {
@@ -656,10 +655,12 @@ async fn connection(
             }
         }
     }
-    if !published {
-        ctx.count.unacked_at_end.add(outbox.len() as u64);
-        ledger.publish(&ctx.expect);
-    }
+    ending.publish(
+        outbox.len(),
+        &ctx.count.unacked_at_end,
+        &ledger,
+        &ctx.expect,
+    );
     ctx.online[idx].store(false, Ordering::Relaxed);
     ctx.count.online_now.sub(1);
     let _ = conn.close().await;
@@ -780,12 +781,10 @@ pub fn render(r: &IdleReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
 
     #[test]
     fn flags_parse() {
-        let cli = crate::Cli::try_parse_from([
-            "im-bench",
+        let parsed = crate::parse_scenario(&[
             "idle",
             "--connections",
             "19000",
@@ -797,7 +796,7 @@ mod tests {
             "60s",
         ])
         .unwrap();
-        let crate::scenarios::Scenario::Idle(a) = cli.scenario else {
+        let crate::scenarios::Scenario::Idle(a) = parsed else {
             panic!("not idle")
         };
         assert_eq!(a.connections, 19_000);

@@ -32,7 +32,6 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use im_client::RawEvent;
 use im_proto::{Body, ListConversations, MarkRead, MessageType, Typing};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -41,16 +40,17 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::peers::{self, Expect, Ledger};
-use super::{
-    figures_near_end, ping, run_tag, Clock, Disconnects, Problems, Report, RunArgs, ServerArgs,
-    Tail,
-};
+use super::ledger::{self, Ending, Expect, Ledger};
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
+use crate::clock::Clock;
 use crate::outbox::{Outbox, Pacer, SendSpec, Target as To};
-use crate::report::{self, fmt_bytes, p99_text, Rate};
+use crate::report::{self, fmt_bytes, p99_text};
+use crate::run::{
+    figures_near_end, next_frame, ping, run_tag, Disconnects, Problems, Report, RunArgs, Tail,
+};
 use crate::stats::{Counter, ErrorCounts, LatencyRecorder, LocalError, Summary};
+use crate::target::ServerArgs;
 use crate::target::{Session, Target};
 use crate::util::{parse_duration, Zipf};
 use crate::wire;
@@ -409,20 +409,17 @@ async fn run_against(args: &MixArgs, target: &mut Target) -> anyhow::Result<MixR
         list_rate: args.list_rate.unwrap_or(args.rate / 20.0).max(0.0),
     };
     let dispatcher = tokio::spawn(dispatch(ctx.clone(), queues, pairs, zipf, shape));
-    let progress = {
-        let ctx = ctx.clone();
-        let mut rate = Rate::default();
-        report::spawn_progress(clock, move |dt| {
+    let progress =
+        report::spawn_rate_progress(clock, ctx.clone(), |ctx, rate, dt| {
             format!(
-                "acked {:>8.0} msg/s  errors {:>5}  skipped {:>6}  p99 send->ack text {} / image {}",
-                rate.per_sec(ctx.count.acked_all.get(), dt),
-                ctx.errors.total(),
-                ctx.count.skipped_queue.get() + ctx.count.skipped_window.get(),
-                ctx.stats.first().map_or("-".into(), |s| p99_text(&s.ack.snapshot())),
-                ctx.stats.get(1).map_or("-".into(), |s| p99_text(&s.ack.snapshot())),
-            )
-        })
-    };
+            "acked {:>8.0} msg/s  errors {:>5}  skipped {:>6}  p99 send->ack text {} / image {}",
+            rate.per_sec(ctx.count.acked_all.get(), dt),
+            ctx.errors.total(),
+            ctx.count.skipped_queue.get() + ctx.count.skipped_window.get(),
+            ctx.stats.first().map_or("-".into(), |s| p99_text(&s.ack.snapshot())),
+            ctx.stats.get(1).map_or("-".into(), |s| p99_text(&s.ack.snapshot())),
+        )
+        });
     let figures = figures_near_end(target, &clock);
 
     let counts = dispatcher.await.context("dispatcher panicked")?;
@@ -432,7 +429,7 @@ async fn run_against(args: &MixArgs, target: &mut Target) -> anyhow::Result<MixR
         ledgers[idx] = ledger;
     }
     progress.abort();
-    let verdict = peers::verdict(ledgers);
+    let verdict = ledger::verdict(ledgers);
     let server = figures.await.ok().flatten();
 
     let mut sorted = counts;
@@ -585,8 +582,7 @@ async fn user(
     let mut ledger = Ledger::default();
     let mut outbox = Outbox::new(ctx.run_id, ctx.ack_timeout);
     let mut sending = true;
-    let mut stopped_at: Option<Instant> = None;
-    let mut published = false;
+    let mut ending = Ending::new(idx, ctx.drain);
     let mut last_tx = Instant::now();
     let mut next_housekeeping = last_tx + HOUSEKEEPING;
     let mut rng = StdRng::seed_from_u64(ctx.run_id ^ (idx as u64).wrapping_mul(0x9e37_79b9));
@@ -594,18 +590,16 @@ async fn user(
 
     loop {
         let now = Instant::now();
-        if !sending && stopped_at.is_none() {
-            stopped_at = Some(now);
-        }
-        if let Some(stop) = stopped_at {
-            if !published && (outbox.is_empty() || now >= stop + ctx.drain) {
-                ctx.count.unacked_at_end.add(outbox.len() as u64);
-                ledger.publish(&ctx.expect);
-                published = true;
-            }
-            if published && (ctx.expect.caught_up(idx, &ledger) || now >= stop + ctx.drain * 2) {
-                break;
-            }
+        let unacked = outbox.len();
+        if ending.done(
+            now,
+            !sending,
+            unacked,
+            &ctx.count.unacked_at_end,
+            &ledger,
+            &ctx.expect,
+        ) {
+            break;
         }
         for frame in outbox.due_retries(now) {
             if conn.send_bytes(frame).await.is_err() {
@@ -621,15 +615,8 @@ async fn user(
         }
         tokio::select! {
             biased;
-            ev = conn.recv() => {
-                let f = match ev {
-                    Ok(RawEvent::Frame(f)) => f,
-                    Ok(RawEvent::WsPong(_)) => continue,
-                    other => {
-                        ctx.disconnects.record(&ctx.errors, other);
-                        break;
-                    }
-                };
+            f = next_frame(&mut conn, &ctx.errors, &ctx.disconnects) => {
+                let Some(f) = f else { break };
                 let now = Instant::now();
                 match f.body {
                     Some(Body::SendAck(ack)) => {
@@ -785,10 +772,12 @@ async fn user(
             }
         }
     }
-    if !published {
-        ctx.count.unacked_at_end.add(outbox.len() as u64);
-        ledger.publish(&ctx.expect);
-    }
+    ending.publish(
+        outbox.len(),
+        &ctx.count.unacked_at_end,
+        &ledger,
+        &ctx.expect,
+    );
     let _ = conn.close().await;
     (idx, ledger)
 }
@@ -905,9 +894,7 @@ pub fn render(r: &MixReport) -> String {
     r.problems.lines(&mut s);
     r.tail
         .verdict_lines(&mut s, &format!("{} unacked at end", r.unacked_at_end));
-    r.tail.server_lines(&mut s);
-    r.tail.server_log_lines(&mut s);
-    s
+    r.tail.with_server_lines(s)
 }
 
 #[cfg(test)]

@@ -28,15 +28,16 @@ use serde::Serialize;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::{
-    figures_near_end, ping, run_tag, Clock, Disconnects, Pair, Problems, Report, RunArgs,
-    ServerArgs, Tail,
-};
 use crate::admin::ServerFigures;
 use crate::check::{check, Verdict};
+use crate::clock::Clock;
 use crate::outbox::{Outbox, SendSpec, Target as To};
-use crate::report::{self, p99_text, Rate};
+use crate::report::{self, p99_text};
+use crate::run::{
+    figures_near_end, next_frame, ping, run_tag, Disconnects, Pair, Problems, Report, RunArgs, Tail,
+};
 use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
+use crate::target::ServerArgs;
 use crate::target::{Session, Target};
 use crate::util::parse_duration;
 use crate::wire;
@@ -236,18 +237,14 @@ async fn run_against(args: &RoundtripArgs, target: &mut Target) -> anyhow::Resul
     for (i, s) in a_sessions.into_iter().enumerate() {
         tasks.spawn(side_a(ctx.clone(), pairs[i].clone(), i, s));
     }
-    let progress = {
-        let ctx = ctx.clone();
-        let mut rate = Rate::default();
-        report::spawn_progress(clock, move |dt| {
-            format!(
-                "exchanges {:>7.0}/s  errors {:>5}  p99 round trip {}",
-                rate.per_sec(ctx.count.exchanges.get(), dt),
-                ctx.errors.total(),
-                p99_text(&ctx.round_trip.snapshot())
-            )
-        })
-    };
+    let progress = report::spawn_rate_progress(clock, ctx.clone(), |ctx, rate, dt| {
+        format!(
+            "exchanges {:>7.0}/s  errors {:>5}  p99 round trip {}",
+            rate.per_sec(ctx.count.exchanges.get(), dt),
+            ctx.errors.total(),
+            p99_text(&ctx.round_trip.snapshot())
+        )
+    });
     let figures = figures_near_end(target, &clock);
 
     // sides[i] = (a, b).
@@ -432,15 +429,8 @@ async fn side_a(ctx: Arc<Ctx>, pair: Arc<Ends>, i: usize, session: Session) -> (
         }
         tokio::select! {
             biased;
-            ev = conn.recv() => {
-                let f = match ev {
-                    Ok(RawEvent::Frame(f)) => f,
-                    Ok(RawEvent::WsPong(_)) => continue,
-                    other => {
-                        ctx.disconnects.record(&ctx.errors, other);
-                        break;
-                    }
-                };
+            f = next_frame(&mut conn, &ctx.errors, &ctx.disconnects) => {
+                let Some(f) = f else { break };
                 let now = Instant::now();
                 match f.body {
                     Some(Body::SendAck(ack)) => {
@@ -552,15 +542,8 @@ async fn side_b(ctx: Arc<Ctx>, pair: Arc<Ends>, i: usize, session: Session) -> (
         }
         tokio::select! {
             biased;
-            ev = conn.recv() => {
-                let f = match ev {
-                    Ok(RawEvent::Frame(f)) => f,
-                    Ok(RawEvent::WsPong(_)) => continue,
-                    other => {
-                        ctx.disconnects.record(&ctx.errors, other);
-                        break;
-                    }
-                };
+            f = next_frame(&mut conn, &ctx.errors, &ctx.disconnects) => {
+                let Some(f) = f else { break };
                 let now = Instant::now();
                 match f.body {
                     Some(Body::Deliver(d)) => {
@@ -664,7 +647,5 @@ pub fn render(r: &RoundtripReport) -> String {
     }
     r.problems.lines(&mut s);
     r.tail.verdict_lines(&mut s, "");
-    r.tail.server_lines(&mut s);
-    r.tail.server_log_lines(&mut s);
-    s
+    r.tail.with_server_lines(s)
 }

@@ -19,8 +19,9 @@ use im_proto::{Body, Frame, MessageType, SendAck};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{Clock, Disconnects};
+use crate::clock::Clock;
 use crate::outbox::{Outbox, Pacer, Pending, Refused, SendSpec};
+use crate::run::Disconnects;
 use crate::stats::{ErrorCounts, LatencyRecorder, LocalError};
 
 counters! {
@@ -369,7 +370,7 @@ pub async fn run(
                         hooks.timed_out(p);
                     }
                     if now.saturating_duration_since(last_tx) >= cfg.heartbeat / 2 {
-                        if let Err(e) = super::ping(conn).await {
+                        if let Err(e) = crate::run::ping(conn).await {
                             hooks.write_failed(&e);
                             return Ended::Disconnected;
                         }

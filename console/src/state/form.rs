@@ -16,6 +16,17 @@ pub struct Field {
     pub choices: Option<&'static [&'static str]>,
 }
 
+impl Field {
+    /// A typed field (no choices) with `value` filled in.
+    pub fn text(label: &'static str, value: impl Into<String>) -> Field {
+        Field {
+            label,
+            value: value.into(),
+            choices: None,
+        }
+    }
+}
+
 /// What a form is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FormKind {
@@ -52,21 +63,13 @@ impl Form {
         Form {
             kind: FormKind::LogFilter,
             fields: vec![
-                Field {
-                    label: "user id",
-                    value: String::new(),
-                    choices: None,
-                },
+                Field::text("user id", ""),
                 Field {
                     label: "level",
                     value: "debug".into(),
                     choices: Some(LEVELS),
                 },
-                Field {
-                    label: "ttl (seconds)",
-                    value: "600".into(),
-                    choices: None,
-                },
+                Field::text("ttl (seconds)", "600"),
             ],
             focus: 0,
             error: None,
@@ -77,11 +80,7 @@ impl Form {
     pub fn global_level(current: &str) -> Form {
         Form {
             kind: FormKind::GlobalLevel,
-            fields: vec![Field {
-                label: "global level",
-                value: current.to_owned(),
-                choices: None,
-            }],
+            fields: vec![Field::text("global level", current)],
             focus: 0,
             error: None,
         }
@@ -91,18 +90,7 @@ impl Form {
     pub fn announce() -> Form {
         Form {
             kind: FormKind::Announce,
-            fields: vec![
-                Field {
-                    label: "group id",
-                    value: String::new(),
-                    choices: None,
-                },
-                Field {
-                    label: "text",
-                    value: String::new(),
-                    choices: None,
-                },
-            ],
+            fields: vec![Field::text("group id", ""), Field::text("text", "")],
             focus: 0,
             error: None,
         }
@@ -112,11 +100,7 @@ impl Form {
     pub fn trace(current: &str) -> Form {
         Form {
             kind: FormKind::Trace,
-            fields: vec![Field {
-                label: "msg_id",
-                value: current.to_owned(),
-                choices: None,
-            }],
+            fields: vec![Field::text("msg_id", current)],
             focus: 0,
             error: None,
         }
@@ -127,21 +111,9 @@ impl Form {
         Form {
             kind: FormKind::Profile,
             fields: vec![
-                Field {
-                    label: "seconds",
-                    value: p.seconds.to_string(),
-                    choices: None,
-                },
-                Field {
-                    label: "frequency (Hz)",
-                    value: p.frequency.to_string(),
-                    choices: None,
-                },
-                Field {
-                    label: "save to folder",
-                    value: p.dir.display().to_string(),
-                    choices: None,
-                },
+                Field::text("seconds", p.seconds.to_string()),
+                Field::text("frequency (Hz)", p.frequency.to_string()),
+                Field::text("save to folder", p.dir.display().to_string()),
             ],
             focus: 0,
             error: None,
@@ -153,16 +125,8 @@ impl Form {
         Form {
             kind: FormKind::HeapProfile,
             fields: vec![
-                Field {
-                    label: "seconds (1-60)",
-                    value: p.heap_seconds.to_string(),
-                    choices: None,
-                },
-                Field {
-                    label: "save to folder",
-                    value: p.dir.display().to_string(),
-                    choices: None,
-                },
+                Field::text("seconds (1-60)", p.heap_seconds.to_string()),
+                Field::text("save to folder", p.dir.display().to_string()),
             ],
             focus: 0,
             error: None,

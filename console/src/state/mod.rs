@@ -4,7 +4,7 @@
 //! through [`AppState::tick`]. Nothing here does I/O or reads a clock, so it is tested
 //! directly and the views render from it alone.
 //!
-//! Split by concern: [`nav`] (views, sort keys, the table filter), [`node`] (what is known
+//! Split by concern: [`nav`] (sort keys, the table filter), [`node`] (what is known
 //! about each node), [`form`] (the popup forms), [`reducer`] (key actions and API results
 //! in, commands out), [`trace`] (the Trace view's message). This file holds the console-wide state they change.
 
@@ -21,8 +21,9 @@ use std::time::{Duration, Instant};
 
 use crate::api::{Connection, LogTailLine};
 
+pub use crate::screen::View;
 pub use form::{Field, Form, FormKind, ProfileSettings};
-pub use nav::{matches_filter, SortKey, View};
+pub use nav::{matches_filter, SortKey};
 pub use node::{
     display_user, ClusterSummary, Fetched, Health, History, NodeState, ProfileKind, ProfileResult,
     ProfileState, SlowEvent, SlowState, TopRow,

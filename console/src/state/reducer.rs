@@ -839,216 +839,50 @@ impl AppState {
         let Some(n) = self.nodes.get_mut(node) else {
             return;
         };
-        let name = n.name().to_owned();
-        let mut message: Option<(Level, String)> = None;
-        match update {
-            Update::Overview(r) => {
-                match &r {
-                    Ok(o) => {
-                        n.history.record(o);
-                        if matches!(
-                            n.health,
-                            Health::Unreachable { .. } | Health::Failing { .. }
-                        ) {
-                            message = Some((Level::Info, format!("node {name} is back")));
-                        }
-                        n.health = Health::Up;
-                    }
-                    Err(e) if e.is_unreachable() => {
-                        if !matches!(n.health, Health::Unreachable { .. }) {
-                            if n.health == Health::Up {
-                                message =
-                                    Some((Level::Error, format!("node {name} unreachable: {e}")));
-                            }
-                            n.health = Health::Unreachable {
-                                error: e.to_string(),
-                                since: now,
-                            };
-                        } else if let Health::Unreachable { error, .. } = &mut n.health {
-                            *error = e.to_string();
-                        }
-                    }
-                    Err(e) => {
-                        let text = e.to_string();
-                        if n.health
-                            != (Health::Failing {
-                                error: text.clone(),
-                            })
-                        {
-                            message = Some((Level::Error, format!("node {name}: {text}")));
-                        }
-                        n.health = Health::Failing { error: text };
-                    }
-                }
-                n.overview.set(r.map(|o| *o), now);
-            }
-            Update::Connections(r) => n.connections.set(r, now),
-            Update::Slow(r) => n.slow.record(r, now),
-            Update::Memory(r) => n.memory.set(r, now),
-            Update::TopQueued(r) => n.top_queued.set(r, now),
-            Update::LogFilters(r) => n.log_filters.set(r, now),
-            Update::Logs(r) => n.logs.set(r, now),
-            Update::Kicked { conn_id, result } => {
-                message = Some(match result {
-                    Ok(_) => {
-                        if let Some(list) = &mut n.connections.data {
-                            list.connections.retain(|c| c.conn_id != conn_id);
-                        }
-                        (
-                            Level::Info,
-                            format!("kicked conn {conn_id} on {name} (close code 4002)"),
-                        )
-                    }
-                    Err(e) => (Level::Error, format!("kick conn {conn_id} failed: {e}")),
-                });
-            }
-            Update::Revoked { user, result } => {
-                message = Some(match result {
-                    Ok(r) => {
-                        if let Some(list) = &mut n.connections.data {
-                            list.connections.retain(|c| c.user_id != user);
-                        }
-                        (
-                            Level::Info,
-                            format!(
-                                "revoked {user} on {name}: {} sessions closed (4003), older tokens refused",
-                                r.closed
-                            ),
-                        )
-                    }
-                    Err(e) => (Level::Error, format!("revoke {user} failed: {e}")),
-                });
-            }
-            Update::FilterSet {
-                uid,
-                level,
-                ttl_secs,
-                result,
-            } => {
-                message = Some(match result {
-                    Ok(()) => (
-                        Level::Info,
-                        format!("log filter set on {name}: {uid} at {level} for {ttl_secs}s"),
-                    ),
-                    Err(e) => (Level::Error, format!("set log filter {uid} failed: {e}")),
-                });
-            }
-            Update::FilterDeleted { uid, result } => {
-                message = Some(match result {
-                    Ok(()) => {
-                        if let Some(f) = &mut n.log_filters.data {
-                            f.filters.retain(|f| f.uid != uid);
-                        }
-                        (
-                            Level::Info,
-                            format!("log filter for {uid} removed on {name}"),
-                        )
-                    }
-                    Err(e) => (Level::Error, format!("remove log filter {uid} failed: {e}")),
-                });
-            }
-            Update::GlobalLevelSet(r) => {
-                message = Some(match r {
-                    Ok(level) => {
-                        if let Some(f) = &mut n.log_filters.data {
-                            f.global_level = level.clone();
-                        }
-                        (
-                            Level::Info,
-                            format!("global level on {name} is now {level}"),
-                        )
-                    }
-                    Err(e) => (Level::Error, format!("set global level failed: {e}")),
-                });
-            }
-            Update::Profile(r) => {
-                let (state, text) = profile_outcome(ProfileKind::Cpu, &name, r);
-                message = Some(text);
-                n.profile = state;
-            }
-            Update::HeapProfile(r) => {
-                let (state, text) = profile_outcome(ProfileKind::Heap, &name, r);
-                message = Some(text);
-                n.heap = state;
-            }
+        let message = match update {
             Update::TailLines { generation, lines } => {
                 self.tail_lines(generation, lines);
-                return;
+                None
             }
-            Update::TailEnded { generation, result } => {
-                let Some(t) = self.tail.as_mut().filter(|t| t.generation == generation) else {
-                    return;
-                };
-                if !t.is_open() {
-                    return;
-                }
-                let why = match result {
-                    Ok(()) => "the node closed the stream".to_owned(),
-                    Err(e) => e.to_string(),
-                };
-                let text = format!("live tail of {} ended: {why}", t.uid);
-                t.status = TailStatus::Ended(why);
-                message = Some((Level::Error, text));
-            }
+            Update::TailEnded { generation, result } => self.tail_ended(generation, result),
             Update::User { uid, result } => {
                 if self.user.as_deref() != Some(uid.as_str()) {
                     return;
                 }
-                if let Err(e) = &result {
-                    if n.user.error.as_ref().map(|x| x.to_string()) != Some(e.to_string())
-                        && !matches!(e, ApiError::Status { status: 404, .. })
-                    {
-                        message = Some((Level::Error, format!("user {uid} on {name}: {e}")));
-                    }
-                    // An answer about another user is not this one's stale data.
-                    if n.user.data.as_ref().is_some_and(|d| d.user_id != uid) {
-                        n.user.data = None;
-                    }
-                    if matches!(e, ApiError::Status { status: 404, .. }) {
-                        n.user.data = None;
-                    }
-                }
-                n.user.set(result, now);
+                user_answer(n, &uid, result, now)
             }
             Update::Trace { msg_id, result } => {
-                message = Some(match &result {
-                    Ok(t) => (
-                        Level::Info,
-                        format!(
-                            "trace of {msg_id}: {} stages from {} node(s)",
-                            t.stages.len(),
-                            t.nodes.len()
-                        ),
-                    ),
-                    Err(e) => (Level::Error, format!("trace of {msg_id}: {e}")),
-                });
+                let message = trace_message(&msg_id, &result);
                 self.trace_answer(&msg_id, result);
+                Some(message)
             }
-            Update::Announced { group_id, result } => {
-                message = Some(match result.map(|r| r.results.into_iter().next()) {
-                    Ok(Some(p)) => (
-                        Level::Info,
-                        format!(
-                            "announced to {group_id} on {name}: msg_id {} seq {}{}",
-                            p.msg_id,
-                            p.seq,
-                            if p.duplicate { " (duplicate)" } else { "" }
-                        ),
-                    ),
-                    Ok(None) => (
-                        Level::Error,
-                        format!("announce to {group_id}: the node answered no result"),
-                    ),
-                    Err(e) => (Level::Error, format!("announce to {group_id} failed: {e}")),
-                });
-            }
-        }
+            other => node_update(n, other, now),
+        };
         if let Some((level, text)) = message {
             match level {
                 Level::Info => self.info(text),
                 Level::Error => self.error(text),
             }
         }
+    }
+
+    /// The live tail `generation` ended (if it is still the open one): why, as a message.
+    fn tail_ended(
+        &mut self,
+        generation: u64,
+        result: Result<(), ApiError>,
+    ) -> Option<(Level, String)> {
+        let t = self.tail.as_mut().filter(|t| t.generation == generation)?;
+        if !t.is_open() {
+            return None;
+        }
+        let why = match result {
+            Ok(()) => "the node closed the stream".to_owned(),
+            Err(e) => e.to_string(),
+        };
+        let text = format!("live tail of {} ended: {why}", t.uid);
+        t.status = TailStatus::Ended(why);
+        Some((Level::Error, text))
     }
 }
 
@@ -1059,6 +893,233 @@ fn valid_uid(uid: &str) -> bool {
         && uid
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'@' | b'-'))
+}
+
+/// A message the status line shows: its level and text.
+type Message = (Level, String);
+
+/// Records a node's own poll or command result (not the tail, user or trace ones); the
+/// message to show, if any.
+fn node_update(n: &mut NodeState, update: Update, now: Instant) -> Option<Message> {
+    let name = n.name().to_owned();
+    match update {
+        Update::Overview(r) => {
+            let message = overview_health(n, &name, &r, now);
+            n.overview.set(r.map(|o| *o), now);
+            return message;
+        }
+        Update::Connections(r) => n.connections.set(r, now),
+        Update::Slow(r) => n.slow.record(r, now),
+        Update::Memory(r) => n.memory.set(r, now),
+        Update::TopQueued(r) => n.top_queued.set(r, now),
+        Update::LogFilters(r) => n.log_filters.set(r, now),
+        Update::Logs(r) => n.logs.set(r, now),
+        Update::Profile(r) => {
+            let (state, text) = profile_outcome(ProfileKind::Cpu, &name, r);
+            n.profile = state;
+            return Some(text);
+        }
+        Update::HeapProfile(r) => {
+            let (state, text) = profile_outcome(ProfileKind::Heap, &name, r);
+            n.heap = state;
+            return Some(text);
+        }
+        Update::Kicked { conn_id, result } => return Some(kicked(n, &name, conn_id, result)),
+        Update::Revoked { user, result } => return Some(revoked(n, &name, &user, result)),
+        Update::Announced { group_id, result } => return Some(announced(&name, &group_id, result)),
+        other => return log_outcome(n, &name, other),
+    }
+    None
+}
+
+/// The node's health after an overview poll, and the message when it changed (back up,
+/// unreachable, failing).
+fn overview_health(
+    n: &mut NodeState,
+    name: &str,
+    r: &Result<Box<Overview>, ApiError>,
+    now: Instant,
+) -> Option<Message> {
+    let mut message = None;
+    match r {
+        Ok(o) => {
+            n.history.record(o);
+            if matches!(
+                n.health,
+                Health::Unreachable { .. } | Health::Failing { .. }
+            ) {
+                message = Some((Level::Info, format!("node {name} is back")));
+            }
+            n.health = Health::Up;
+        }
+        Err(e) if e.is_unreachable() => {
+            if let Health::Unreachable { error, .. } = &mut n.health {
+                *error = e.to_string();
+            } else {
+                if n.health == Health::Up {
+                    message = Some((Level::Error, format!("node {name} unreachable: {e}")));
+                }
+                n.health = Health::Unreachable {
+                    error: e.to_string(),
+                    since: now,
+                };
+            }
+        }
+        Err(e) => {
+            let text = e.to_string();
+            if n.health
+                != (Health::Failing {
+                    error: text.clone(),
+                })
+            {
+                message = Some((Level::Error, format!("node {name}: {text}")));
+            }
+            n.health = Health::Failing { error: text };
+        }
+    }
+    message
+}
+
+/// A kick answered: the connection leaves the table.
+fn kicked(
+    n: &mut NodeState,
+    name: &str,
+    conn_id: u64,
+    result: Result<Kicked, ApiError>,
+) -> Message {
+    match result {
+        Ok(_) => {
+            if let Some(list) = &mut n.connections.data {
+                list.connections.retain(|c| c.conn_id != conn_id);
+            }
+            let text = format!("kicked conn {conn_id} on {name} (close code 4002)");
+            (Level::Info, text)
+        }
+        Err(e) => (Level::Error, format!("kick conn {conn_id} failed: {e}")),
+    }
+}
+
+/// A revocation answered: the user's sessions leave the table.
+fn revoked(
+    n: &mut NodeState,
+    name: &str,
+    user: &str,
+    result: Result<Revoked, ApiError>,
+) -> Message {
+    match result {
+        Ok(r) => {
+            if let Some(list) = &mut n.connections.data {
+                list.connections.retain(|c| c.user_id != user);
+            }
+            let text = format!(
+                "revoked {user} on {name}: {} sessions closed (4003), older tokens refused",
+                r.closed
+            );
+            (Level::Info, text)
+        }
+        Err(e) => (Level::Error, format!("revoke {user} failed: {e}")),
+    }
+}
+
+/// A log filter set or removed, or the global level changed: the node's table follows.
+fn log_outcome(n: &mut NodeState, name: &str, update: Update) -> Option<Message> {
+    let filters = n.log_filters.data.as_mut();
+    Some(match update {
+        Update::FilterSet {
+            uid,
+            level,
+            ttl_secs,
+            result,
+        } => match result {
+            Ok(()) => (
+                Level::Info,
+                format!("log filter set on {name}: {uid} at {level} for {ttl_secs}s"),
+            ),
+            Err(e) => (Level::Error, format!("set log filter {uid} failed: {e}")),
+        },
+        Update::FilterDeleted { uid, result } => match result {
+            Ok(()) => {
+                if let Some(f) = filters {
+                    f.filters.retain(|f| f.uid != uid);
+                }
+                (
+                    Level::Info,
+                    format!("log filter for {uid} removed on {name}"),
+                )
+            }
+            Err(e) => (Level::Error, format!("remove log filter {uid} failed: {e}")),
+        },
+        Update::GlobalLevelSet(r) => match r {
+            Ok(level) => {
+                let text = format!("global level on {name} is now {level}");
+                if let Some(f) = filters {
+                    f.global_level = level;
+                }
+                (Level::Info, text)
+            }
+            Err(e) => (Level::Error, format!("set global level failed: {e}")),
+        },
+        _ => return None,
+    })
+}
+
+/// The user diagnosis of `uid` answered; a failure other than 404 is shown once, and no
+/// stale answer about another user (or one that no longer exists) stays.
+fn user_answer(
+    n: &mut NodeState,
+    uid: &str,
+    result: Result<UserDiag, ApiError>,
+    now: Instant,
+) -> Option<Message> {
+    let mut message = None;
+    if let Err(e) = &result {
+        let not_found = matches!(e, ApiError::Status { status: 404, .. });
+        if n.user.error.as_ref().map(|x| x.to_string()) != Some(e.to_string()) && !not_found {
+            let name = n.name();
+            message = Some((Level::Error, format!("user {uid} on {name}: {e}")));
+        }
+        // An answer about another user is not this one's stale data.
+        if not_found || n.user.data.as_ref().is_some_and(|d| d.user_id != uid) {
+            n.user.data = None;
+        }
+    }
+    n.user.set(result, now);
+    message
+}
+
+/// What a trace answer says on the status line.
+fn trace_message(msg_id: &str, result: &Result<MessageTrace, ApiError>) -> Message {
+    match result {
+        Ok(t) => (
+            Level::Info,
+            format!(
+                "trace of {msg_id}: {} stages from {} node(s)",
+                t.stages.len(),
+                t.nodes.len()
+            ),
+        ),
+        Err(e) => (Level::Error, format!("trace of {msg_id}: {e}")),
+    }
+}
+
+/// What an announcement's answer says on the status line.
+fn announced(name: &str, group_id: &str, result: Result<PostedMessages, ApiError>) -> Message {
+    match result.map(|r| r.results.into_iter().next()) {
+        Ok(Some(p)) => (
+            Level::Info,
+            format!(
+                "announced to {group_id} on {name}: msg_id {} seq {}{}",
+                p.msg_id,
+                p.seq,
+                if p.duplicate { " (duplicate)" } else { "" }
+            ),
+        ),
+        Ok(None) => (
+            Level::Error,
+            format!("announce to {group_id}: the node answered no result"),
+        ),
+        Err(e) => (Level::Error, format!("announce to {group_id} failed: {e}")),
+    }
 }
 
 /// A finished capture's state and status line.

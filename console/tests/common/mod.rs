@@ -104,6 +104,21 @@ impl MockNode {
     pub fn fixture(&self, method: &str, path: &str, status: u16, name: &str) {
         self.reply(method, path, Reply::json(status, fixture(name)));
     }
+
+    /// Queues the recorded answer of each read the console polls (overview, connections,
+    /// slow consumers, memory, log filters, logs), one of each.
+    pub fn recorded_reads(&self) {
+        for (path, name) in [
+            ("/admin/v1/overview", "overview.json"),
+            ("/admin/v1/connections", "connections.json"),
+            ("/admin/v1/slow-consumers", "slow_consumers_1.json"),
+            ("/admin/v1/memory", "memory.json"),
+            ("/admin/v1/log-filters", "log_filters.json"),
+            ("/admin/v1/logs", "logs.json"),
+        ] {
+            self.fixture("GET", path, 200, name);
+        }
+    }
 }
 
 async fn serve(

@@ -1,4 +1,4 @@
-//! Helpers the source-layout tests share (`modules.rs`, `layout.rs`): they read
+//! Helpers the source-layout tests share (`modules.rs`, `layout/functions.rs`): they read
 //! `server/src` as text.
 
 use std::fs;

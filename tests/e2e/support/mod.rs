@@ -487,6 +487,22 @@ pub async fn next_frame(c: &mut RawConn) -> Frame {
     }
 }
 
+/// Pings and returns the frames that came before the Pong: what was queued for `c`
+/// before the ping was handled.
+pub async fn frames_before_pong(c: &mut RawConn, req_id: u64) -> Vec<Frame> {
+    c.send(&frame(req_id, Body::Ping(proto::Ping { client_time: 1 })))
+        .await
+        .unwrap();
+    let mut before = Vec::new();
+    loop {
+        let f = next_frame(c).await;
+        if f.req_id == req_id && matches!(f.body, Some(Body::Pong(_))) {
+            return before;
+        }
+        before.push(f);
+    }
+}
+
 /// Waits for the close of a raw connection; returns (code, reason) and the frames before it.
 pub async fn until_closed(c: &mut RawConn) -> (Option<u16>, String, Vec<Frame>) {
     let mut frames = Vec::new();

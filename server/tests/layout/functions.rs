@@ -2,12 +2,10 @@
 //! [`MAX_LINES`] lines, counted from the line of its `fn` to the line of its closing
 //! brace (comments, strings and char literals are skipped when braces are matched).
 
-mod common;
-
 use std::fs;
 use std::path::Path;
 
-use common::rust_files;
+use crate::common::rust_files;
 
 /// The longest a function may be.
 const MAX_LINES: usize = 150;

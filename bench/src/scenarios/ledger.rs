@@ -1,5 +1,5 @@
-//! Bookkeeping for scenarios in which every connection both sends one-to-one messages to
-//! others and receives theirs (`idle`, `mix`): each connection keeps a [`Ledger`] (what
+//! The delivery ledger of the scenarios in which every connection both sends one-to-one
+//! messages to others and receives theirs (`idle`, `mix`): each connection keeps a [`Ledger`] (what
 //! it was acked, per recipient and conversation; what it was delivered, per
 //! conversation), and the run's [`Expect`] tells a receiver, once every sender has
 //! drained, which seq it must reach in each conversation before it may stop.
@@ -7,10 +7,13 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
+use std::time::Duration;
 
 use im_proto::ChatMessage;
+use tokio::time::Instant;
 
 use crate::check::{check_all, Verdict};
+use crate::stats::Counter;
 
 /// One connection's record of its one-to-one traffic.
 #[derive(Debug, Default)]
@@ -146,17 +149,72 @@ pub fn verdict(ledgers: Vec<Ledger>) -> Verdict {
     v
 }
 
+/// A connection's end of run: from its stop it drains its unacked sends, then
+/// publishes its acks to the [`Expect`] (once), then waits for what it is owed; each
+/// wait is bounded by the drain time.
+#[derive(Debug)]
+pub struct Ending {
+    me: usize,
+    drain: Duration,
+    stopped_at: Option<Instant>,
+    published: bool,
+}
+
+impl Ending {
+    /// The end of run of connection `me`, each of its waits at most `drain`.
+    pub fn new(me: usize, drain: Duration) -> Self {
+        Ending {
+            me,
+            drain,
+            stopped_at: None,
+            published: false,
+        }
+    }
+
+    /// Moves on at `now` (`stopping`: the connection sends no more; `unacked`: its sends
+    /// not acked yet, counted in `unacked_at_end` when it publishes); true once it is done.
+    pub fn done(
+        &mut self,
+        now: Instant,
+        stopping: bool,
+        unacked: usize,
+        unacked_at_end: &Counter,
+        ledger: &Ledger,
+        expect: &Expect,
+    ) -> bool {
+        if stopping && self.stopped_at.is_none() {
+            self.stopped_at = Some(now);
+        }
+        let Some(stop) = self.stopped_at else {
+            return false;
+        };
+        if !self.published && (unacked == 0 || now >= stop + self.drain) {
+            self.publish(unacked, unacked_at_end, ledger, expect);
+        }
+        self.published && (expect.caught_up(self.me, ledger) || now >= stop + self.drain * 2)
+    }
+
+    /// Publishes the acks now, unless done already (a connection that ended early).
+    pub fn publish(
+        &mut self,
+        unacked: usize,
+        unacked_at_end: &Counter,
+        ledger: &Ledger,
+        expect: &Expect,
+    ) {
+        if !self.published {
+            unacked_at_end.add(unacked as u64);
+            ledger.publish(expect);
+            self.published = true;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn msg(conv: &str, seq: u64) -> ChatMessage {
-        ChatMessage {
-            conversation_id: conv.into(),
-            seq,
-            ..ChatMessage::default()
-        }
-    }
+    use crate::scenarios::test_message as msg;
 
     #[test]
     fn ledgers_expect_and_check() {
