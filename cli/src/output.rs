@@ -198,7 +198,18 @@ fn group_event_text(e: &GroupEvent) -> String {
         let _ = write!(users, " and {more} more");
     }
     match group_op::Op::try_from(e.op) {
-        Ok(group_op::Op::Create) => format!("{actor} created the group"),
+        Ok(group_op::Op::Create) => {
+            let others = e.users.iter().filter(|u| **u != e.actor);
+            let mut with = others.map(|u| escape(u)).collect::<Vec<_>>().join(", ");
+            if more > 0 {
+                let _ = write!(with, " and {more} more");
+            }
+            if with.is_empty() {
+                format!("{actor} created the group")
+            } else {
+                format!("{actor} created the group with {with}")
+            }
+        }
         Ok(group_op::Op::Join) => format!("{users} joined"),
         Ok(group_op::Op::Leave) => format!("{users} left"),
         Ok(group_op::Op::Add) => format!("{actor} added {users}"),
@@ -215,13 +226,16 @@ fn group_event_text(e: &GroupEvent) -> String {
 }
 
 fn group_event_json(e: &GroupEvent) -> Value {
-    json!({
+    let mut v = json!({
         "op": group_op::Op::try_from(e.op).map_or("UNKNOWN", |o| o.as_str_name()),
         "actor": e.actor,
         "users": e.users,
         "count": e.count,
-        "role": role_name(e.role),
-    })
+    });
+    if e.op == group_op::Op::SetRole as i32 {
+        v["role"] = json!(role_name(e.role));
+    }
+    v
 }
 
 /// `owner`, `admin`, `member` or `none`.
