@@ -70,6 +70,10 @@ pub enum Command {
     Conversations(ConversationsArgs),
     /// Mark a conversation read up to a seq.
     Read(ReadArgs),
+    /// Recall a message (yours within the recall window; group owners and admins any).
+    Recall(RecallArgs),
+    /// Replace the text of one of your messages.
+    Edit(EditArgs),
     /// Group administration.
     #[command(subcommand)]
     Group(GroupCommand),
@@ -139,6 +143,31 @@ pub struct ReadArgs {
     pub conversation: String,
     /// Everything up to this seq is read.
     pub seq: u64,
+}
+
+/// `im recall`.
+#[derive(Debug, Args)]
+pub struct RecallArgs {
+    /// The conversation id (u:A:B or g:GROUP).
+    #[arg(value_parser = parse_conversation)]
+    pub conversation: String,
+    /// The message's seq.
+    #[arg(value_parser = clap::value_parser!(u64).range(1..))]
+    pub seq: u64,
+}
+
+/// `im edit`.
+#[derive(Debug, Args)]
+pub struct EditArgs {
+    /// The conversation id (u:A:B or g:GROUP).
+    #[arg(value_parser = parse_conversation)]
+    pub conversation: String,
+    /// The message's seq.
+    #[arg(value_parser = clap::value_parser!(u64).range(1..))]
+    pub seq: u64,
+    /// The new text (several words are joined with spaces; `-` reads it from stdin).
+    #[arg(required = true, num_args = 1..)]
+    pub text: Vec<String>,
 }
 
 /// `im group ...`.

@@ -158,10 +158,10 @@ pub fn body_text(m: &ChatMessage) -> String {
         Ok(MessageType::Text) => escape(&String::from_utf8_lossy(&m.payload)).into_owned(),
         Ok(MessageType::Image) => format!("[image, {} bytes]", m.payload.len()),
         Ok(MessageType::File) => format!("[file, {} bytes]", m.payload.len()),
-        Ok(MessageType::Recall) => format!("[recalled #{}]", m.ref_seq),
+        Ok(MessageType::Recall) => format!("[recalled{}]", ref_of(m)),
         Ok(MessageType::Edit) => format!(
-            "[edited #{}] {}",
-            m.ref_seq,
+            "[edited{}] {}",
+            ref_of(m),
             escape(&String::from_utf8_lossy(&m.payload))
         ),
         Ok(MessageType::System) => match group_event(m) {
@@ -174,6 +174,15 @@ pub fn body_text(m: &ChatMessage) -> String {
         format!("{body} [edited]")
     } else {
         body
+    }
+}
+
+/// ` #SEQ` of the message an event changes (a conversation list's preview has none).
+fn ref_of(m: &ChatMessage) -> String {
+    if m.ref_seq > 0 {
+        format!(" #{}", m.ref_seq)
+    } else {
+        String::new()
     }
 }
 

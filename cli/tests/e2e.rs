@@ -114,6 +114,7 @@ fn fails(cmd: Command, args: &[&str], code: i32, needle: &str) -> Run {
 struct Listener {
     child: Child,
     lines: mpsc::Receiver<String>,
+    status: mpsc::Receiver<String>,
 }
 
 impl Listener {
@@ -127,13 +128,13 @@ impl Listener {
             .spawn()
             .expect("spawn im listen");
         let stderr = child.stderr.take().expect("stderr");
-        let (ready_tx, ready) = mpsc::channel();
+        let (status_tx, status) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let _ = ready_tx.send(line);
+                let _ = status_tx.send(line);
             }
         });
-        let first = ready.recv_timeout(WAIT).expect("im listen said nothing");
+        let first = status.recv_timeout(WAIT).expect("im listen said nothing");
         assert!(first.starts_with("im: listening as"), "{first}");
         let stdout = child.stdout.take().expect("stdout");
         let (tx, lines) = mpsc::channel();
@@ -142,7 +143,11 @@ impl Listener {
                 let _ = tx.send(line);
             }
         });
-        Listener { child, lines }
+        Listener {
+            child,
+            lines,
+            status,
+        }
     }
 
     /// The next line within [`WAIT`].
@@ -150,6 +155,22 @@ impl Listener {
         self.lines
             .recv_timeout(WAIT)
             .expect("a line from im listen")
+    }
+
+    /// The next stderr line within [`WAIT`].
+    fn status(&self) -> String {
+        self.status
+            .recv_timeout(WAIT)
+            .expect("a status line from im listen")
+    }
+
+    /// Sends SIGINT, as Ctrl-C does.
+    fn interrupt(&self) {
+        let ok = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -INT");
     }
 
     /// Waits for the process to exit by itself; its exit code.
@@ -227,6 +248,58 @@ fn a_message_sent_while_away_and_one_sent_live_reach_im_listen() {
         "{text}"
     );
     assert!(lines[1].ends_with("alice: red\\u{1b}[31m"), "{text}");
+}
+
+#[test]
+fn listen_rides_out_a_server_restart_and_stops_on_ctrl_c() {
+    let mut server = TestServer::start();
+    let bob = Listener::start(&server, "bob", &[]);
+    server.restart();
+    let lost = bob.status();
+    assert!(lost.starts_with("im: connection lost"), "{lost}");
+    let mut back = bob.status();
+    while !back.starts_with("im: reconnected") {
+        back = bob.status();
+    }
+    ok(
+        im(&server, "alice"),
+        &["send", "--to", "bob", "after the restart"],
+    );
+    let line = bob.line();
+    assert!(line.ends_with("alice: after the restart"), "{line}");
+    bob.interrupt();
+    assert_eq!(bob.exit_code(), Some(0), "Ctrl-C is a normal stop");
+}
+
+#[test]
+fn edits_and_recalls_are_acked_and_shown_in_history() {
+    let server = TestServer::start();
+    ok(im(&server, "alice"), &["send", "--to", "bob", "frist"]);
+    ok(im(&server, "alice"), &["send", "--to", "bob", "oops"]);
+    let edited = ok(im(&server, "alice"), &["edit", "u:alice:bob", "1", "first"]);
+    assert_eq!(ack_of(&edited), (3, "u:alice:bob".to_owned()));
+    let recalled = ok(im(&server, "alice"), &["recall", "u:alice:bob", "2"]);
+    assert_eq!(ack_of(&recalled), (4, "u:alice:bob".to_owned()));
+
+    let history = ok(im(&server, "bob"), &["history", "--with", "alice"]);
+    assert!(
+        history.contains("u:alice:bob #1 alice: first [edited]"),
+        "{history}"
+    );
+    assert!(
+        history.contains("u:alice:bob #2 alice: [recalled]"),
+        "{history}"
+    );
+    assert!(history.contains("#3 alice: [edited #1] first"), "{history}");
+    assert!(history.contains("#4 alice: [recalled #2]"), "{history}");
+    let list = ok(im(&server, "bob"), &["conversations"]);
+    assert!(list.trim_end().ends_with("#4 alice: [recalled]"), "{list}");
+    fails(
+        im(&server, "bob"),
+        &["edit", "u:alice:bob", "1", "mine now"],
+        5,
+        "FORBIDDEN",
+    );
 }
 
 #[test]

@@ -21,6 +21,8 @@ pub async fn run(global: &Global, command: Command) -> anyhow::Result<()> {
         Command::History(a) => history::history(&session, &mut out, a).await,
         Command::Conversations(a) => conversations::list(&session, &mut out, a).await,
         Command::Read(a) => conversations::mark_read(&session, &mut out, a).await,
+        Command::Recall(a) => send::recall(&session, &mut out, a).await,
+        Command::Edit(a) => send::edit(&session, &mut out, a).await,
         Command::Group(g) => group::run(&session, &mut out, g).await,
         Command::Whoami => whoami(&session, &mut out),
     };

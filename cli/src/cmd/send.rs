@@ -1,12 +1,12 @@
-//! `im send`: one text message to a user or a group, printed with its ack (msg_id,
-//! seq) once the server has committed it.
+//! `im send`, `im recall`, `im edit`: what goes into a conversation, each printed with
+//! its ack (msg_id, seq) once the server has committed it.
 
 use std::io::Read as _;
 
-use im_client::proto::MessageType;
+use im_client::proto::{MessageType, SendAck};
 use serde_json::json;
 
-use crate::args::SendArgs;
+use crate::args::{EditArgs, RecallArgs, SendArgs};
 use crate::failure::{Exit, Failure};
 use crate::output::{escape, Out};
 use crate::session::Session;
@@ -17,14 +17,41 @@ const MAX_STDIN: u64 = 1024 * 1024;
 /// Sends the text and prints the ack.
 pub async fn send(s: &Session, out: &mut Out, a: SendArgs) -> anyhow::Result<()> {
     let target = super::target(a.peer)?;
-    let text = if a.text == ["-"] {
-        read_stdin()?
-    } else {
-        a.text.join(" ")
-    };
+    let text = text_of(a.text)?;
     let ack = s
         .call(s.client.send(target, MessageType::Text, text, None))
         .await?;
+    print_ack(out, &ack)
+}
+
+/// Recalls a message; prints the ack of the RECALL event.
+pub async fn recall(s: &Session, out: &mut Out, a: RecallArgs) -> anyhow::Result<()> {
+    let ack = s
+        .call(s.client.recall(a.conversation.as_str(), a.seq, ""))
+        .await?;
+    print_ack(out, &ack)
+}
+
+/// Edits a message; prints the ack of the EDIT event.
+pub async fn edit(s: &Session, out: &mut Out, a: EditArgs) -> anyhow::Result<()> {
+    let text = text_of(a.text)?;
+    let ack = s
+        .call(s.client.edit(a.conversation.as_str(), a.seq, "", text))
+        .await?;
+    print_ack(out, &ack)
+}
+
+/// The words joined with spaces, or stdin for a lone `-`.
+fn text_of(words: Vec<String>) -> Result<String, Failure> {
+    if words == ["-"] {
+        read_stdin()
+    } else {
+        Ok(words.join(" "))
+    }
+}
+
+/// `msg_id=ID seq=N conversation=C`.
+fn print_ack(out: &mut Out, ack: &SendAck) -> anyhow::Result<()> {
     out.emit(
         || {
             format!(
