@@ -272,6 +272,25 @@ fn listen_rides_out_a_server_restart_and_stops_on_ctrl_c() {
 }
 
 #[test]
+fn listen_ends_with_the_login_refusal_when_its_token_expires() {
+    let server = TestServer::start_with(&[("IM_LIMITS_TOKEN_LEEWAY_SECS", "0")]);
+    let child = im(&server, "bob")
+        .env("IM_TOKEN", server.token_ttl("bob", Duration::from_secs(2)))
+        .arg("listen")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn im listen");
+    let r = finish(child, WAIT);
+    assert_eq!(r.code, Some(4), "{r:?}");
+    assert!(r.stderr.contains("im: connection lost"), "{r:?}");
+    assert!(
+        r.stderr.contains("refused the login: invalid token"),
+        "{r:?}"
+    );
+}
+
+#[test]
 fn edits_and_recalls_are_acked_and_shown_in_history() {
     let server = TestServer::start();
     ok(im(&server, "alice"), &["send", "--to", "bob", "frist"]);

@@ -6,6 +6,7 @@ use im_client::Event;
 use serde_json::{json, Value};
 
 use crate::args::ListenArgs;
+use crate::failure::{Exit, Failure};
 use crate::output::{escape, message_json, message_text, Out};
 use crate::session::Session;
 
@@ -18,6 +19,7 @@ pub async fn listen(s: &Session, out: &mut Out, a: ListenArgs) -> anyhow::Result
         escape(s.client.user_id())
     );
     let mut messages = 0u64;
+    let mut last_loss = None;
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     loop {
@@ -26,18 +28,36 @@ pub async fn listen(s: &Session, out: &mut Out, a: ListenArgs) -> anyhow::Result
             e = s.client.next_event() => e,
         };
         let Some(event) = event else {
-            return Err(s
-                .ctx
-                .request_failed(im_client::ClientError::Disconnected)
-                .into());
+            return Err(ended(s, last_loss).into());
         };
-        if matches!(event, Event::Message(_)) {
-            messages += 1;
+        match &event {
+            Event::Message(_) => messages += 1,
+            Event::Disconnected { reason } => last_loss = Some(reason.clone()),
+            _ => {}
         }
         print(out, &event)?;
         if a.count.is_some_and(|n| messages >= n) {
             return Ok(());
         }
+    }
+}
+
+/// Why the event stream ended: the SDK gave up reconnecting (the login was refused, say
+/// for an expired token) after the loss it reported last.
+fn ended(s: &Session, last_loss: Option<String>) -> Failure {
+    let url = &s.ctx.url;
+    match last_loss {
+        Some(reason) => match reason.strip_prefix("login refused: ") {
+            Some(why) => Failure::new(
+                Exit::Auth,
+                format!("the server at {url} refused the login: {why}"),
+            ),
+            None => Failure::new(
+                Exit::Unreachable,
+                format!("the connection to {url} ended: {reason}"),
+            ),
+        },
+        None => s.ctx.request_failed(im_client::ClientError::Disconnected),
     }
 }
 
@@ -65,7 +85,7 @@ fn print(out: &mut Out, event: &Event) -> std::io::Result<()> {
         Event::Presence(p) => out.emit(|| presence_text(p), || presence_json(p)),
         Event::Disconnected { reason } => status(
             out,
-            format!("connection lost ({}); reconnecting", escape(reason)),
+            format!("connection lost ({})", escape(reason)),
             json!({"kind": "disconnected", "reason": reason}),
         ),
         Event::Reconnected { node_id } => status(
