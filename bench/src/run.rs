@@ -240,6 +240,17 @@ pub struct Report<B: ReportBody> {
     pub tail: Tail<B::Correctness, B::Server>,
 }
 
+impl<B: ReportBody<Correctness = Verdict, Server = Option<ServerFigures>>> Report<B> {
+    /// A report that passes exactly when its delivery `verdict` does.
+    pub fn judged(body: B, verdict: Verdict, server: Option<ServerFigures>) -> Self {
+        let passed = verdict.passed();
+        Report {
+            body,
+            tail: Tail::new(verdict, passed, server),
+        }
+    }
+}
+
 impl<B: ReportBody> std::ops::Deref for Report<B> {
     type Target = B;
     fn deref(&self) -> &B {

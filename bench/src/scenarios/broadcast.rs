@@ -45,7 +45,7 @@ use crate::outbox::{Outbox, Pacer, SendSpec, Target as To};
 use crate::report::{self, p99_text, Rate};
 use crate::run::{
     figures_near_end, next_frame, ping, run_tag, spawn_each, Disconnects, Head, Problems, Report,
-    RunArgs, Tail,
+    RunArgs,
 };
 use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
 use crate::target::ServerArgs;
@@ -360,11 +360,7 @@ async fn run_against(args: &BroadcastArgs, target: &mut Target) -> anyhow::Resul
         delivery_us: Summary::of(&ctx.delivery_latency.snapshot()),
         problems: Problems::of(&ctx.errors, &ctx.disconnects),
     };
-    let passed = verdict.passed();
-    Ok(Report {
-        body,
-        tail: Tail::new(verdict, passed, server),
-    })
+    Ok(Report::judged(body, verdict, server))
 }
 
 /// Group `g`'s sender: sends at the group's rate until the end, drains, then tells the

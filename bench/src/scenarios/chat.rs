@@ -34,7 +34,7 @@ use crate::outbox::{Outbox, Pacer, SendSpec, Target as To};
 use crate::report::{self, p99_text};
 use crate::run::{
     figures_near_end, next_frame, ping, spawn_each, Disconnects, Head, Pair, Problems, Report,
-    RunArgs, Tail,
+    RunArgs,
 };
 use crate::stats::{Counter, ErrorCounts, LatencyRecorder, LocalError, Summary};
 use crate::target::ServerArgs;
@@ -237,11 +237,7 @@ pub(crate) async fn run_against(
         send_to_deliver_us: Summary::of(&ctx.deliver_latency.snapshot()),
         problems: Problems::of(&ctx.errors, &ctx.disconnects),
     };
-    let passed = verdict.passed();
-    Ok(Report {
-        body,
-        tail: Tail::new(verdict, passed, server),
-    })
+    Ok(Report::judged(body, verdict, server))
 }
 
 /// Sender `s{i}`: keeps up to `window` sends in flight (at `--rate`, if set) until the

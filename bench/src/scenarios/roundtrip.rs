@@ -34,7 +34,7 @@ use crate::outbox::{Outbox, SendSpec, Target as To};
 use crate::report::{self, p99_text};
 use crate::run::{
     figures_near_end, next_frame, ping, run_tag, spawn_each, Disconnects, Head, Pair, Problems,
-    Report, RunArgs, Tail,
+    Report, RunArgs,
 };
 use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
 use crate::target::ServerArgs;
@@ -290,11 +290,7 @@ async fn run_against(args: &RoundtripArgs, target: &mut Target) -> anyhow::Resul
         cursor_lag_messages: lag,
         problems: Problems::of(&ctx.errors, &ctx.disconnects),
     };
-    let passed = verdict.passed();
-    Ok(Report {
-        body,
-        tail: Tail::new(verdict, passed, server),
-    })
+    Ok(Report::judged(body, verdict, server))
 }
 
 /// Reconnects every user and syncs after the server's stored cursors: returns (users
