@@ -366,6 +366,19 @@ async fn deliver_ack(
     .await
 }
 
+impl Ctx {
+    /// What a side sends to `peer` (text of the run's payload size), and its outbox.
+    fn sending_to(&self, peer: String) -> (SendSpec, Outbox) {
+        let spec = SendSpec {
+            target: To::User(peer.into()),
+            msg_type: MessageType::Text,
+            payload_len: self.payload,
+            tag: 0,
+        };
+        (spec, Outbox::new(self.run_id, self.timeout))
+    }
+}
+
 /// Side `a{i}`: runs exchanges until the end, then waits for `b` to finish and for
 /// every reply `b` was acked.
 async fn side_a(ctx: Arc<Ctx>, pair: Arc<Ends>, i: usize, session: Session) -> (usize, bool, Side) {
@@ -375,13 +388,7 @@ async fn side_a(ctx: Arc<Ctx>, pair: Arc<Ends>, i: usize, session: Session) -> (
     } = session;
     let clock = ctx.clock;
     let conv = im_proto::direct_conversation(&ctx.a(i), &ctx.b(i));
-    let spec = SendSpec {
-        target: To::User(ctx.b(i).into()),
-        msg_type: MessageType::Text,
-        payload_len: ctx.payload,
-        tag: 0,
-    };
-    let mut outbox = Outbox::new(ctx.run_id, ctx.timeout);
+    let (spec, mut outbox) = ctx.sending_to(ctx.b(i));
     let mut side = Side::default();
     let mut max_acked = 0;
     // The exchange in flight: (t0, acked, replied).
@@ -512,13 +519,7 @@ async fn side_b(ctx: Arc<Ctx>, pair: Arc<Ends>, i: usize, session: Session) -> (
     } = session;
     let clock = ctx.clock;
     let conv = im_proto::direct_conversation(&ctx.a(i), &ctx.b(i));
-    let spec = SendSpec {
-        target: To::User(ctx.a(i).into()),
-        msg_type: MessageType::Text,
-        payload_len: ctx.payload,
-        tag: 0,
-    };
-    let mut outbox = Outbox::new(ctx.run_id, ctx.timeout);
+    let (spec, mut outbox) = ctx.sending_to(ctx.a(i));
     let mut side = Side::default();
     let mut max_acked = 0;
     let mut last = 0u64;
