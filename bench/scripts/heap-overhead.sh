@@ -64,12 +64,7 @@ run_round() { # round
     record_round
 }
 
-echo "heap-overhead: $ROUNDS rounds, ${#MODES[@]} servers side by side, $SENDERS senders x window" \
-     "$WINDOW each, ${DURATION}s measured after ${WARMUP}s warmup, synchronous=$SYNC," \
-     "pin=$PIN, capture ${CAPTURE_SECS}s" >&2
-for round in $(seq 0 $((ROUNDS - 1))); do
-    run_round "$round"
-done
+run_rounds heap-overhead
 
 printf '\n%-9s %13s %13s %14s   %s\n' mode bench_ratio server_ratio per_cpu_ratio \
     "median bench msgs/s, server msgs/s, msgs/cpu-s, server CPU us/msg"

@@ -126,6 +126,16 @@ record_round() { # appends each mode's figures of the round to $WORK/results and
     done
 }
 
+run_rounds() { # NAME: says what runs, then every round (the script's run_round)
+    echo "$1: $ROUNDS rounds, ${#MODES[@]} servers side by side, $SENDERS senders x window" \
+         "$WINDOW each, ${DURATION}s measured after ${WARMUP}s warmup, synchronous=$SYNC," \
+         "pin=$PIN, capture ${CAPTURE_SECS}s" >&2
+    local round
+    for round in $(seq 0 $((ROUNDS - 1))); do
+        run_round "$round"
+    done
+}
+
 median() { sort -n | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 
 # Per-round ratio of column c of mode m to the baseline mode's in the same round.
