@@ -32,22 +32,14 @@
 #   cp target/release/im-server target/release/im-server-noprof
 #   cargo build --release -p im-server -p im-bench
 # Usage: bench/scripts/diag-overhead.sh   (env: ROUNDS DURATION WARMUP SENDERS WINDOW
-#        FILTERS SYNC PIN PORT_BASE SERVER BENCH MODES; defaults below; MODES is a
-#        space-separated subset of the modes, `plain` included)
+#        FILTERS SYNC PIN PORT_BASE SERVER BENCH MODES; defaults in side-by-side.sh and
+#        below; MODES is a space-separated subset of the modes, `plain` included)
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-SERVER=${SERVER:-$ROOT/target/release/im-server}
-SERVER_NOPROF=${SERVER_NOPROF:-$ROOT/target/release/im-server-noprof}
-BENCH=${BENCH:-$ROOT/target/release/im-bench}
-ROUNDS=${ROUNDS:-3}
-DURATION=${DURATION:-10}
-WARMUP=${WARMUP:-2}
-SENDERS=${SENDERS:-50}
-WINDOW=${WINDOW:-8}
+# shellcheck source=side-by-side.sh
+. "$(dirname "$0")/side-by-side.sh"
+side_by_side_defaults
 FILTERS=${FILTERS:-1000}
-SYNC=${SYNC:-normal}
-PIN=${PIN:-1}
 PORT_BASE=${PORT_BASE:-27070}
 read -ra MODES <<<"${MODES:-plain nofilter filters capture noprobes nomonitors}"
 has_mode() { [[ " ${MODES[*]} " == *" $1 "* ]]; }
@@ -63,8 +55,6 @@ if has_mode noprof; then
     [ -x "$SERVER_NOPROF" ] || { echo "missing $SERVER_NOPROF: see the build commands at the top" >&2; exit 2; }
 fi
 WORK_NAME=im-diag-bench
-# shellcheck source=side-by-side.sh
-. "$(dirname "$0")/side-by-side.sh"
 side_by_side_setup
 
 run_round() { # round
@@ -120,12 +110,7 @@ run_round() { # round
     record_round
 }
 
-echo "diag-overhead: $ROUNDS rounds, ${#MODES[@]} servers side by side, $SENDERS senders x window" \
-     "$WINDOW each, ${DURATION}s measured after ${WARMUP}s warmup, synchronous=$SYNC," \
-     "pin=$PIN, capture ${CAPTURE_SECS}s" >&2
-for round in $(seq 0 $((ROUNDS - 1))); do
-    run_round "$round"
-done
+run_rounds diag-overhead
 
 printf '\n%-9s %13s %13s %14s   %s\n' mode bench_ratio server_ratio per_cpu_ratio \
     "median bench msgs/s, server msgs/s, msgs/cpu-s"

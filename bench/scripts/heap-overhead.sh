@@ -20,20 +20,12 @@
 #   cp target/release/im-server target/release/im-server-noprof
 #   cargo build --release -p im-server -p im-bench
 # Usage: bench/scripts/heap-overhead.sh   (env: ROUNDS DURATION WARMUP SENDERS WINDOW
-#        SYNC PIN PORT_BASE SERVER SERVER_NOPROF BENCH; defaults below)
+#        SYNC PIN PORT_BASE SERVER SERVER_NOPROF BENCH; defaults in side-by-side.sh and below)
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-SERVER=${SERVER:-$ROOT/target/release/im-server}
-SERVER_NOPROF=${SERVER_NOPROF:-$ROOT/target/release/im-server-noprof}
-BENCH=${BENCH:-$ROOT/target/release/im-bench}
-ROUNDS=${ROUNDS:-3}
-DURATION=${DURATION:-10}
-WARMUP=${WARMUP:-2}
-SENDERS=${SENDERS:-50}
-WINDOW=${WINDOW:-8}
-SYNC=${SYNC:-normal}
-PIN=${PIN:-1}
+# shellcheck source=side-by-side.sh
+. "$(dirname "$0")/side-by-side.sh"
+side_by_side_defaults
 PORT_BASE=${PORT_BASE:-28070}
 MODES=(noprof inactive capture)
 SECRET=heap-bench-secret-of-at-least-32-bytes
@@ -44,8 +36,6 @@ for bin in "$SERVER" "$SERVER_NOPROF" "$BENCH"; do
     [ -x "$bin" ] || { echo "missing $bin: see the build commands at the top" >&2; exit 2; }
 done
 WORK_NAME=im-heap-bench
-# shellcheck source=side-by-side.sh
-. "$(dirname "$0")/side-by-side.sh"
 side_by_side_setup
 
 run_round() { # round
@@ -74,12 +64,7 @@ run_round() { # round
     record_round
 }
 
-echo "heap-overhead: $ROUNDS rounds, ${#MODES[@]} servers side by side, $SENDERS senders x window" \
-     "$WINDOW each, ${DURATION}s measured after ${WARMUP}s warmup, synchronous=$SYNC," \
-     "pin=$PIN, capture ${CAPTURE_SECS}s" >&2
-for round in $(seq 0 $((ROUNDS - 1))); do
-    run_round "$round"
-done
+run_rounds heap-overhead
 
 printf '\n%-9s %13s %13s %14s   %s\n' mode bench_ratio server_ratio per_cpu_ratio \
     "median bench msgs/s, server msgs/s, msgs/cpu-s, server CPU us/msg"

@@ -4,9 +4,24 @@
 # accepted messages and CPU over the measured window, and report per mode the median over
 # rounds of its ratio to a baseline mode in the same round.
 #
-# The sourcing script sets MODES (array), PORT_BASE, ROUNDS, DURATION, WARMUP, SENDERS,
-# WINDOW, SYNC, PIN, SECRET, TOKEN, BENCH, and WORK_NAME before `side_by_side_setup`; a
+# The sourcing script calls `side_by_side_defaults` (SERVER, SERVER_NOPROF, BENCH, ROUNDS,
+# DURATION, WARMUP, SENDERS, WINDOW, SYNC, PIN), sets MODES (array), PORT_BASE, SECRET,
+# TOKEN and WORK_NAME, then calls `side_by_side_setup`; a
 # round's functions read the caller's `addr`, `pid` and `bench` maps and `round`.
+
+side_by_side_defaults() { # the knobs both scripts share (env overrides each)
+    ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+    SERVER=${SERVER:-$ROOT/target/release/im-server}
+    SERVER_NOPROF=${SERVER_NOPROF:-$ROOT/target/release/im-server-noprof}
+    BENCH=${BENCH:-$ROOT/target/release/im-bench}
+    ROUNDS=${ROUNDS:-3}
+    DURATION=${DURATION:-10}
+    WARMUP=${WARMUP:-2}
+    SENDERS=${SENDERS:-50}
+    WINDOW=${WINDOW:-8}
+    SYNC=${SYNC:-normal}
+    PIN=${PIN:-1}
+}
 
 side_by_side_setup() { # checks the tools and makes $WORK (removed, with the servers, at exit)
     command -v jq >/dev/null || { echo "needs jq" >&2; exit 2; }
@@ -108,6 +123,16 @@ record_round() { # appends each mode's figures of the round to $WORK/results and
         printf '%s %s %s %s %s\n' "$round" "$mode" "$rate" "$srate" "$eff" >>"$WORK/results"
         printf '    %-8s bench %8.1f msgs/s  server %8.1f msgs/s  %8.1f msgs/cpu-s  passed=%s\n' \
             "$mode" "$rate" "$srate" "$eff" "$passed" >&2
+    done
+}
+
+run_rounds() { # NAME: says what runs, then every round (the script's run_round)
+    echo "$1: $ROUNDS rounds, ${#MODES[@]} servers side by side, $SENDERS senders x window" \
+         "$WINDOW each, ${DURATION}s measured after ${WARMUP}s warmup, synchronous=$SYNC," \
+         "pin=$PIN, capture ${CAPTURE_SECS}s" >&2
+    local round
+    for round in $(seq 0 $((ROUNDS - 1))); do
+        run_round "$round"
     done
 }
 

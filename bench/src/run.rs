@@ -15,6 +15,7 @@ use clap::Args;
 use im_client::{ClientError, RawConn, RawEvent};
 use im_proto::Ping;
 use serde::Serialize;
+use tokio::task::JoinSet;
 
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
@@ -103,6 +104,35 @@ impl Problems {
     /// Appends the report's error and disconnect lines to `s`.
     pub fn lines(&self, s: &mut String) {
         report::errors_lines(s, &self.errors, &self.disconnects);
+    }
+}
+
+/// The first fields of every scenario's report: which scenario ran, against which
+/// client endpoint.
+#[derive(Debug, Clone, Serialize)]
+pub struct Head {
+    /// The scenario's name, e.g. `"chat"`.
+    pub scenario: &'static str,
+    /// The client endpoint used.
+    pub url: String,
+}
+
+impl Head {
+    /// The head of a `scenario` run against `target`.
+    pub fn new(scenario: &'static str, target: &Target) -> Self {
+        Head {
+            scenario,
+            url: target.url.clone(),
+        }
+    }
+
+    /// A report's text, starting with its first line: `im-bench SCENARIO: WHAT`, the
+    /// measured and warmup seconds, the endpoint.
+    pub fn text(&self, measured: f64, warmup: f64, what: impl std::fmt::Display) -> String {
+        format!(
+            "im-bench {}: {what}, {measured:.1}s measured after {warmup:.1}s warmup, {}\n",
+            self.scenario, self.url
+        )
     }
 }
 
@@ -210,6 +240,17 @@ pub struct Report<B: ReportBody> {
     pub tail: Tail<B::Correctness, B::Server>,
 }
 
+impl<B: ReportBody<Correctness = Verdict, Server = Option<ServerFigures>>> Report<B> {
+    /// A report that passes exactly when its delivery `verdict` does.
+    pub fn judged(body: B, verdict: Verdict, server: Option<ServerFigures>) -> Self {
+        let passed = verdict.passed();
+        Report {
+            body,
+            tail: Tail::new(verdict, passed, server),
+        }
+    }
+}
+
 impl<B: ReportBody> std::ops::Deref for Report<B> {
     type Target = B;
     fn deref(&self) -> &B {
@@ -272,6 +313,20 @@ pub async fn next_frame(
             }
         }
     }
+}
+
+/// Spawns `task(i, session)` for each session, in order.
+pub fn spawn_each<S, T, F, Fut>(sessions: Vec<S>, mut task: F) -> JoinSet<T>
+where
+    F: FnMut(usize, S) -> Fut,
+    Fut: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let mut set = JoinSet::new();
+    for (i, s) in sessions.into_iter().enumerate() {
+        set.spawn(task(i, s));
+    }
+    set
 }
 
 /// What a one-to-one sender tells its receiver about the end of the run.

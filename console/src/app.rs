@@ -64,14 +64,15 @@ pub async fn run(terminal: &mut DefaultTerminal, settings: Settings) -> Result<(
     for (i, c) in clients.iter().enumerate() {
         let (ptx, prx) = watch::channel(state.plan(i));
         plans.push(ptx);
-        tasks.spawn(overview_loop(
-            i,
-            c.clone(),
-            tx.clone(),
-            prx.clone(),
-            settings.interval,
-        ));
-        tasks.spawn(view_loop(i, c.clone(), tx.clone(), prx, settings.interval));
+        let poller = Poller {
+            node: i,
+            client: c.clone(),
+            tx: tx.clone(),
+            plan: prx,
+            every: settings.interval,
+        };
+        tasks.spawn(poller.clone().overview());
+        tasks.spawn(poller.view());
     }
 
     let mut tail_task: Option<AbortHandle> = None;
@@ -155,69 +156,84 @@ async fn next_poll(tick: &mut tokio::time::Interval, plan: &mut watch::Receiver<
     }
 }
 
-/// Polls the overview every interval (and at once when the plan changes, e.g. `r`).
-async fn overview_loop(
+/// One node's poller: the plan says what to poll, answers go out on `tx` tagged with
+/// the node's index.
+#[derive(Clone)]
+struct Poller {
     node: usize,
     client: Arc<AdminClient>,
     tx: mpsc::Sender<Msg>,
-    mut plan: watch::Receiver<Plan>,
+    plan: watch::Receiver<Plan>,
     every: Duration,
-) {
-    let mut tick = poll_interval(every);
-    while next_poll(&mut tick, &mut plan).await {
-        let r = client.overview().await.map(Box::new);
-        if tx.send((node, Update::Overview(r))).await.is_err() {
-            return;
-        }
-    }
 }
 
-/// Polls what the shown view needs for this node (nothing when another node is shown).
-async fn view_loop(
-    node: usize,
-    client: Arc<AdminClient>,
-    tx: mpsc::Sender<Msg>,
-    mut plan: watch::Receiver<Plan>,
-    every: Duration,
-) {
-    let mut tick = poll_interval(every);
-    while next_poll(&mut tick, &mut plan).await {
-        let p = plan.borrow_and_update().clone();
-        let mut updates = Vec::new();
-        if let Some(sort) = &p.connections {
-            updates.push(Update::Connections(
-                client.connections(sort, CONNECTIONS_LIMIT).await,
-            ));
-        }
-        if p.slow {
-            updates.push(Update::Slow(client.slow_consumers().await));
-        }
-        if p.memory {
-            let (m, q) = tokio::join!(
-                client.memory(),
-                client.connections("queued", TOP_QUEUED_LIMIT)
-            );
-            updates.push(Update::Memory(m));
-            updates.push(Update::TopQueued(q));
-        }
-        if p.logs {
-            let (f, l) = tokio::join!(client.log_filters(), client.logs());
-            updates.push(Update::LogFilters(f));
-            updates.push(Update::Logs(l));
-        }
-        if let Some(uid) = &p.user {
-            let result = client.user(uid, USER_BACKLOG, USER_MESSAGES).await;
-            updates.push(Update::User {
-                uid: uid.clone(),
-                result,
-            });
-        }
-        for u in updates {
-            if tx.send((node, u)).await.is_err() {
+impl Poller {
+    /// Polls the overview every interval (and at once when the plan changes, e.g. `r`).
+    async fn overview(mut self) {
+        let mut tick = poll_interval(self.every);
+        while next_poll(&mut tick, &mut self.plan).await {
+            let r = self.client.overview().await.map(Box::new);
+            if !self.send(vec![Update::Overview(r)]).await {
                 return;
             }
         }
     }
+
+    /// Polls what the shown view needs for this node (nothing when another node is shown).
+    async fn view(mut self) {
+        let mut tick = poll_interval(self.every);
+        while next_poll(&mut tick, &mut self.plan).await {
+            let p = self.plan.borrow_and_update().clone();
+            let updates = view_updates(&self.client, &p).await;
+            if !self.send(updates).await {
+                return;
+            }
+        }
+    }
+
+    /// Hands the answers to the app; false once it has gone.
+    async fn send(&self, updates: Vec<Update>) -> bool {
+        for u in updates {
+            if self.tx.send((self.node, u)).await.is_err() {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// The answers the plan `p` asks of one node for the shown view.
+async fn view_updates(client: &AdminClient, p: &Plan) -> Vec<Update> {
+    let mut updates = Vec::new();
+    if let Some(sort) = &p.connections {
+        updates.push(Update::Connections(
+            client.connections(sort, CONNECTIONS_LIMIT).await,
+        ));
+    }
+    if p.slow {
+        updates.push(Update::Slow(client.slow_consumers().await));
+    }
+    if p.memory {
+        let (m, q) = tokio::join!(
+            client.memory(),
+            client.connections("queued", TOP_QUEUED_LIMIT)
+        );
+        updates.push(Update::Memory(m));
+        updates.push(Update::TopQueued(q));
+    }
+    if p.logs {
+        let (f, l) = tokio::join!(client.log_filters(), client.logs());
+        updates.push(Update::LogFilters(f));
+        updates.push(Update::Logs(l));
+    }
+    if let Some(uid) = &p.user {
+        let result = client.user(uid, USER_BACKLOG, USER_MESSAGES).await;
+        updates.push(Update::User {
+            uid: uid.clone(),
+            result,
+        });
+    }
+    updates
 }
 
 /// Starts the task for one command; its result comes back on `tx`.

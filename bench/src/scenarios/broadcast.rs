@@ -39,13 +39,13 @@ use tokio::time::Instant;
 
 use super::follow::{Follower, Via};
 use super::sender::{self, SendCounts, ToOne};
-use crate::admin::ServerFigures;
 use crate::check::Verdict;
 use crate::clock::Clock;
 use crate::outbox::{Outbox, Pacer, SendSpec, Target as To};
 use crate::report::{self, p99_text, Rate};
 use crate::run::{
-    figures_near_end, next_frame, ping, run_tag, Disconnects, Problems, Report, RunArgs, Tail,
+    figures_near_end, next_frame, ping, run_tag, spawn_each, Disconnects, Head, Problems, Report,
+    RunArgs,
 };
 use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
 use crate::target::ServerArgs;
@@ -151,10 +151,9 @@ pub type BroadcastReport = Report<BroadcastBody>;
 /// The broadcast report's own fields.
 #[derive(Debug, Clone, Serialize)]
 pub struct BroadcastBody {
-    /// Always `"broadcast"`.
-    pub scenario: &'static str,
-    /// The client endpoint used.
-    pub url: String,
+    /// Which scenario ran, and against which endpoint.
+    #[serde(flatten)]
+    pub head: Head,
     /// Groups.
     pub groups: u32,
     /// Members per group (sender included).
@@ -220,8 +219,6 @@ pub struct BroadcastBody {
 
 scenario! {
     "broadcast", BroadcastArgs => BroadcastBody,
-    correctness: Verdict, server: Option<ServerFigures>,
-    target: server, json: run.json,
 }
 
 fn user(tag: &str, g: usize, k: usize) -> String {
@@ -287,10 +284,9 @@ async fn run_against(args: &BroadcastArgs, target: &mut Target) -> anyhow::Resul
         let g = idx / (m - 1);
         member_tasks.spawn(member(ctx.clone(), groups[g].clone(), g, idx, s));
     }
-    let mut sender_tasks = JoinSet::new();
-    for (g, s) in sender_sessions.into_iter().enumerate() {
-        sender_tasks.spawn(group_sender(ctx.clone(), groups[g].clone(), g, g_count, s));
-    }
+    let mut sender_tasks = spawn_each(sender_sessions, |g, s| {
+        group_sender(ctx.clone(), groups[g].clone(), g, g_count, s)
+    });
     let progress = {
         let ctx = ctx.clone();
         let (mut d, mut a, mut sy) = (Rate::default(), Rate::default(), Rate::default());
@@ -328,8 +324,7 @@ async fn run_against(args: &BroadcastArgs, target: &mut Target) -> anyhow::Resul
     let (t, c) = (ctx.send.snapshot(), ctx.count.snapshot());
     let (acked, deliveries) = (t.acked_measured, c.deliveries_measured);
     let body = BroadcastBody {
-        scenario: "broadcast",
-        url: target.url.clone(),
+        head: Head::new("broadcast", target),
         groups: args.groups,
         members: args.members,
         rate_per_group: args.rate,
@@ -365,11 +360,7 @@ async fn run_against(args: &BroadcastArgs, target: &mut Target) -> anyhow::Resul
         delivery_us: Summary::of(&ctx.delivery_latency.snapshot()),
         problems: Problems::of(&ctx.errors, &ctx.disconnects),
     };
-    let passed = verdict.passed();
-    Ok(Report {
-        body,
-        tail: Tail::new(verdict, passed, server),
-    })
+    Ok(Report::judged(body, verdict, server))
 }
 
 /// Group `g`'s sender: sends at the group's rate until the end, drains, then tells the
@@ -526,26 +517,25 @@ async fn member(
 
 /// The text form of a report.
 pub fn render(r: &BroadcastReport) -> String {
-    use std::fmt::Write as _;
     let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "im-bench broadcast: {} groups x {} members, {} per group (window {}), payload {} B, {} expected / {} observed, {:.1}s measured after {:.1}s warmup, {}",
-        r.groups,
-        r.members,
-        if r.rate_per_group > 0.0 {
+    s.push_str(&r.head.text(
+        r.duration_secs,
+        r.warmup_secs,
+        format_args!(
+            "{} groups x {} members, {} per group (window {}), payload {} B, {} expected / {} observed",
+            r.groups,
+            r.members,
+            if r.rate_per_group > 0.0 {
             format!("{} msg/s", r.rate_per_group)
         } else {
             "as fast as acks allow".to_owned()
         },
-        r.window,
-        r.payload_bytes,
-        r.expected_mode,
-        r.observed_mode,
-        r.duration_secs,
-        r.warmup_secs,
-        r.url
-    );
+            r.window,
+            r.payload_bytes,
+            r.expected_mode,
+            r.observed_mode
+        ),
+    ));
     report::line(
         &mut s,
         "throughput",

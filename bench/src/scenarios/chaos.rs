@@ -45,7 +45,6 @@ use im_proto::{Body, ErrorCode, Frame, MessageType, SendAck, SyncRequest};
 use rand::seq::index::sample;
 use serde::Serialize;
 use tokio::sync::{watch, Notify};
-use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::follow::Follower;
@@ -56,7 +55,8 @@ use crate::clock::Clock;
 use crate::outbox::{Outbox, Pacer, Pending, Refused, SendSpec, Target as To};
 use crate::report::{self, p99_text};
 use crate::run::{
-    figures_near_end, ping, run_tag, Disconnects, Pair, Problems, Report, RunArgs, Tail,
+    figures_near_end, ping, run_tag, spawn_each, Disconnects, Head, Pair, Problems, Report,
+    RunArgs, Tail,
 };
 use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
 use crate::target::ServerArgs;
@@ -306,10 +306,9 @@ pub type ChaosReport = Report<ChaosBody>;
 /// The chaos report's own fields.
 #[derive(Debug, Clone, Serialize)]
 pub struct ChaosBody {
-    /// Always `"chaos"`.
-    pub scenario: &'static str,
-    /// The client endpoint used.
-    pub url: String,
+    /// Which scenario ran, and against which endpoint.
+    #[serde(flatten)]
+    pub head: Head,
     /// Pairs.
     pub senders: u32,
     /// Extra idle connections.
@@ -416,8 +415,6 @@ pub struct StormReport {
 
 scenario! {
     "chaos", ChaosArgs => ChaosBody,
-    correctness: Verdict, server: Option<ServerFigures>,
-    target: server, json: run.json,
 }
 
 async fn run_against(args: &ChaosArgs, target: &mut Target) -> anyhow::Result<ChaosReport> {
@@ -438,19 +435,16 @@ async fn run_against(args: &ChaosArgs, target: &mut Target) -> anyhow::Result<Ch
     let ctx = Arc::new(new_ctx(args, target, clock, tag, run_id, total));
 
     let pairs: Vec<Arc<Pair>> = (0..n).map(|_| Arc::new(Pair::default())).collect();
-    let mut receiver_tasks = JoinSet::new();
-    for (i, s) in receiver_sessions.into_iter().enumerate() {
-        receiver_tasks.spawn(receiver(ctx.clone(), pairs[i].clone(), i, s));
-    }
-    let mut sender_tasks = JoinSet::new();
-    for (i, s) in sender_sessions.into_iter().enumerate() {
-        sender_tasks.spawn(chaos_sender(ctx.clone(), pairs[i].clone(), i, s));
-    }
+    let mut receiver_tasks = spawn_each(receiver_sessions, |i, s| {
+        receiver(ctx.clone(), pairs[i].clone(), i, s)
+    });
+    let mut sender_tasks = spawn_each(sender_sessions, |i, s| {
+        chaos_sender(ctx.clone(), pairs[i].clone(), i, s)
+    });
     let (idle_stop, idle_stop_rx) = watch::channel(false);
-    let mut idle_tasks = JoinSet::new();
-    for (j, s) in idle_sessions.into_iter().enumerate() {
-        idle_tasks.spawn(idle_conn(ctx.clone(), j, s, idle_stop_rx.clone()));
-    }
+    let mut idle_tasks = spawn_each(idle_sessions, |j, s| {
+        idle_conn(ctx.clone(), j, s, idle_stop_rx.clone())
+    });
     let killer = tokio::spawn(killer(ctx.clone(), args.kill_percent, args.kill_every));
     let storm = (args.storm_fraction > 0.0).then(|| {
         let at = clock.base + storm_offset;
@@ -630,8 +624,7 @@ fn report(
     let clock = ctx.clock;
     let storm_ok = storm.as_ref().is_none_or(|s| s.passed);
     let body = ChaosBody {
-        scenario: "chaos",
-        url: target.url.clone(),
+        head: Head::new("chaos", target),
         senders: args.senders,
         idle_connections: args.idle_connections,
         storm,
@@ -1103,29 +1096,28 @@ fn idle_sync() -> Frame {
 
 /// The text form of a report.
 pub fn render(r: &ChaosReport) -> String {
-    use std::fmt::Write as _;
     let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "im-bench chaos: {} pairs{}, {}, killing {}% of connections every {:.1}s, {}% malformed frames, {:.1}s measured after {:.1}s warmup, {}",
-        r.senders,
-        if r.idle_connections > 0 {
-            format!(" and {} idle connections", r.idle_connections)
-        } else {
-            String::new()
-        },
-        if r.rate > 0.0 {
-            format!("rate {:.0} msg/s (window {})", r.rate, r.window)
-        } else {
-            format!("window {}", r.window)
-        },
-        r.kill_percent,
-        r.kill_every_secs,
-        r.bad_percent,
+    s.push_str(&r.head.text(
         r.duration_secs,
         r.warmup_secs,
-        r.url
-    );
+        format_args!(
+            "{} pairs{}, {}, killing {}% of connections every {:.1}s, {}% malformed frames",
+            r.senders,
+            if r.idle_connections > 0 {
+                format!(" and {} idle connections", r.idle_connections)
+            } else {
+                String::new()
+            },
+            if r.rate > 0.0 {
+                format!("rate {:.0} msg/s (window {})", r.rate, r.window)
+            } else {
+                format!("window {}", r.window)
+            },
+            r.kill_percent,
+            r.kill_every_secs,
+            r.bad_percent
+        ),
+    ));
     report::line(
         &mut s,
         "throughput",

@@ -25,7 +25,6 @@ use anyhow::Context;
 use clap::Args;
 use im_proto::{Body, MessageType};
 use serde::Serialize;
-use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::sender::{self, SendCounts, ToOne};
@@ -34,7 +33,8 @@ use crate::clock::Clock;
 use crate::outbox::{Outbox, Pacer, SendSpec, Target as To};
 use crate::report::{self, p99_text};
 use crate::run::{
-    figures_near_end, next_frame, ping, Disconnects, Pair, Problems, Report, RunArgs, Tail,
+    figures_near_end, next_frame, ping, spawn_each, Disconnects, Head, Pair, Problems, Report,
+    RunArgs,
 };
 use crate::stats::{Counter, ErrorCounts, LatencyRecorder, LocalError, Summary};
 use crate::target::ServerArgs;
@@ -102,10 +102,9 @@ pub type ChatReport = Report<ChatBody>;
 /// The chat report's own fields.
 #[derive(Debug, Clone, Serialize)]
 pub struct ChatBody {
-    /// Always `"chat"`.
-    pub scenario: &'static str,
-    /// The client endpoint used.
-    pub url: String,
+    /// Which scenario ran, and against which endpoint.
+    #[serde(flatten)]
+    pub head: Head,
     /// Sender/receiver pairs.
     pub senders: u32,
     /// Outstanding sends per sender.
@@ -148,8 +147,6 @@ pub struct ChatBody {
 
 scenario! {
     "chat", ChatArgs => ChatBody,
-    correctness: Verdict, server: Option<crate::admin::ServerFigures>,
-    target: server, json: run.json,
 }
 
 /// One chat run against an open target (also the honest traffic of `abuse`).
@@ -187,14 +184,12 @@ pub(crate) async fn run_against(
     });
 
     let pairs: Vec<Arc<Pair>> = (0..n).map(|_| Arc::new(Pair::default())).collect();
-    let mut receiver_tasks = JoinSet::new();
-    for (i, s) in receiver_sessions.into_iter().enumerate() {
-        receiver_tasks.spawn(receiver(ctx.clone(), pairs[i].clone(), i, s));
-    }
-    let mut sender_tasks = JoinSet::new();
-    for (i, s) in sender_sessions.into_iter().enumerate() {
-        sender_tasks.spawn(sender(ctx.clone(), pairs[i].clone(), i, s));
-    }
+    let mut receiver_tasks = spawn_each(receiver_sessions, |i, s| {
+        receiver(ctx.clone(), pairs[i].clone(), i, s)
+    });
+    let mut sender_tasks = spawn_each(sender_sessions, |i, s| {
+        sender(ctx.clone(), pairs[i].clone(), i, s)
+    });
     let progress = report::spawn_rate_progress(clock, ctx.clone(), |ctx, rate, dt| {
         format!(
             "acked {:>9.0} msg/s  errors {:>6}  p99 send->ack {}",
@@ -222,8 +217,7 @@ pub(crate) async fn run_against(
     let t = ctx.send.snapshot();
     let acked = t.acked_measured;
     let body = ChatBody {
-        scenario: "chat",
-        url: target.url.clone(),
+        head: Head::new("chat", target),
         senders: args.senders,
         window: args.window,
         rate: args.rate,
@@ -243,11 +237,7 @@ pub(crate) async fn run_against(
         send_to_deliver_us: Summary::of(&ctx.deliver_latency.snapshot()),
         problems: Problems::of(&ctx.errors, &ctx.disconnects),
     };
-    let passed = verdict.passed();
-    Ok(Report {
-        body,
-        tail: Tail::new(verdict, passed, server),
-    })
+    Ok(Report::judged(body, verdict, server))
 }
 
 /// Sender `s{i}`: keeps up to `window` sends in flight (at `--rate`, if set) until the
@@ -361,7 +351,6 @@ async fn receiver(
 
 /// The text form of a report.
 pub fn render(r: &ChatReport) -> String {
-    use std::fmt::Write as _;
     let mut s = String::new();
     let d = &r.send_to_deliver_us;
     let mode = if r.rate > 0.0 {
@@ -369,11 +358,14 @@ pub fn render(r: &ChatReport) -> String {
     } else {
         format!("window {}", r.window)
     };
-    let _ = writeln!(
-        s,
-        "im-bench chat: {} senders -> {} receivers, {mode}, payload {} B, {:.1}s measured after {:.1}s warmup, {}",
-        r.senders, r.senders, r.payload_bytes, r.duration_secs, r.warmup_secs, r.url
-    );
+    s.push_str(&r.head.text(
+        r.duration_secs,
+        r.warmup_secs,
+        format_args!(
+            "{} senders -> {} receivers, {mode}, payload {} B",
+            r.senders, r.senders, r.payload_bytes
+        ),
+    ));
     report::line(
         &mut s,
         "throughput",

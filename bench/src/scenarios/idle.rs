@@ -39,7 +39,7 @@ use crate::check::Verdict;
 use crate::clock::Clock;
 use crate::outbox::{Outbox, SendSpec, Target as To};
 use crate::report::{self, fmt_bytes, p99_text, Rate};
-use crate::run::{ping, run_tag, Absent, Disconnects, Problems, Report, Tail};
+use crate::run::{ping, run_tag, Absent, Disconnects, Head, Problems, Report, Tail};
 use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
 use crate::target::ServerArgs;
 use crate::target::{Dialer, Target};
@@ -197,10 +197,9 @@ pub type IdleReport = Report<IdleBody>;
 /// The idle report's own fields.
 #[derive(Debug, Clone, Serialize)]
 pub struct IdleBody {
-    /// Always `"idle"`.
-    pub scenario: &'static str,
-    /// The client endpoint used.
-    pub url: String,
+    /// Which scenario ran, and against which endpoint.
+    #[serde(flatten)]
+    pub head: Head,
     /// Connections asked for.
     pub connections: u32,
     /// Connections that logged in.
@@ -457,8 +456,7 @@ async fn run_against(args: &IdleArgs, target: &mut Target) -> anyhow::Result<Idl
     let (failed, dropped, established) = (c.failed, c.dropped, c.established);
     let ramp_secs = ramp_actual.as_secs_f64();
     let body = IdleBody {
-        scenario: "idle",
-        url: target.url.clone(),
+        head: Head::new("idle", target),
         connections: args.connections,
         established,
         failed,
@@ -705,7 +703,7 @@ pub fn render(r: &IdleReport) -> String {
         } else {
             format!("{:.1}s", r.ping_interval_secs)
         },
-        r.url
+        r.head.url
     );
     report::line(
         &mut s,

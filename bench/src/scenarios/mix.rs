@@ -41,13 +41,11 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::ledger::{self, Ending, Expect, Ledger};
-use crate::admin::ServerFigures;
-use crate::check::Verdict;
 use crate::clock::Clock;
 use crate::outbox::{Outbox, Pacer, SendSpec, Target as To};
 use crate::report::{self, fmt_bytes, p99_text};
 use crate::run::{
-    figures_near_end, next_frame, ping, run_tag, Disconnects, Problems, Report, RunArgs, Tail,
+    figures_near_end, next_frame, ping, run_tag, Disconnects, Head, Problems, Report, RunArgs, Tail,
 };
 use crate::stats::{Counter, ErrorCounts, LatencyRecorder, LocalError, Summary};
 use crate::target::ServerArgs;
@@ -273,10 +271,9 @@ pub type MixReport = Report<MixBody>;
 /// The mix report's own fields.
 #[derive(Debug, Clone, Serialize)]
 pub struct MixBody {
-    /// Always `"mix"`.
-    pub scenario: &'static str,
-    /// The client endpoint used.
-    pub url: String,
+    /// Which scenario ran, and against which endpoint.
+    #[serde(flatten)]
+    pub head: Head,
     /// Users (connections).
     pub users: u32,
     /// Conversations.
@@ -334,8 +331,6 @@ pub struct MixBody {
 
 scenario! {
     "mix", MixArgs => MixBody,
-    correctness: Verdict, server: Option<ServerFigures>,
-    target: server, json: run.json,
 }
 
 async fn run_against(args: &MixArgs, target: &mut Target) -> anyhow::Result<MixReport> {
@@ -440,8 +435,7 @@ async fn run_against(args: &MixArgs, target: &mut Target) -> anyhow::Result<MixR
     let t = ctx.count.snapshot();
     let acked = t.acked_measured;
     let body = MixBody {
-        scenario: "mix",
-        url: target.url.clone(),
+        head: Head::new("mix", target),
         users: args.users,
         conversations: c as u32,
         zipf: args.zipf,
@@ -840,21 +834,20 @@ impl Actions {
 
 /// The text form of a report.
 pub fn render(r: &MixReport) -> String {
-    use std::fmt::Write as _;
     let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "im-bench mix: {} users, {} conversations (zipf {}: hottest 1% get {:.0}% by the law, top 10 got {:.1}% observed), {:.0} msg/s, {:.1}s measured after {:.1}s warmup, {}",
-        r.users,
-        r.conversations,
-        r.zipf,
-        r.zipf_top1pct_share * 100.0,
-        r.top10_share_observed * 100.0,
-        r.rate,
+    s.push_str(&r.head.text(
         r.duration_secs,
         r.warmup_secs,
-        r.url
-    );
+        format_args!(
+            "{} users, {} conversations (zipf {}: hottest 1% get {:.0}% by the law, top 10 got {:.1}% observed), {:.0} msg/s",
+            r.users,
+            r.conversations,
+            r.zipf,
+            r.zipf_top1pct_share * 100.0,
+            r.top10_share_observed * 100.0,
+            r.rate
+        ),
+    ));
     report::line(
         &mut s,
         "throughput",

@@ -68,8 +68,17 @@ macro_rules! counters {
 /// Wires a scenario module: its [`ReportBody`] (which parts of the shared tail its report
 /// carries; the text form is the module's `render`) and its entry point `run` (open the
 /// target, the module's `run_against`, then [`finish`]). `target` and `json` name where in
-/// the module's args the target options and the `--json` flag are.
+/// the module's args the target options and the `--json` flag are; without them, the
+/// usual ones (a [`crate::check::Verdict`], the server's figures, `server`, `run.json`).
 macro_rules! scenario {
+    // The usual scenario: a delivery verdict, the server's figures, `server` and `run.json`.
+    ($what:literal, $args:ty => $body:ty $(,)?) => {
+        scenario! {
+            $what, $args => $body,
+            correctness: $crate::check::Verdict, server: Option<$crate::admin::ServerFigures>,
+            target: server, json: run.json,
+        }
+    };
     (
         $what:literal, $args:ty => $body:ty,
         correctness: $correctness:ty, server: $server:ty,

@@ -28,13 +28,13 @@ use serde::Serialize;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::admin::ServerFigures;
 use crate::check::{check, Verdict};
 use crate::clock::Clock;
 use crate::outbox::{Outbox, SendSpec, Target as To};
 use crate::report::{self, p99_text};
 use crate::run::{
-    figures_near_end, next_frame, ping, run_tag, Disconnects, Pair, Problems, Report, RunArgs, Tail,
+    figures_near_end, next_frame, ping, run_tag, spawn_each, Disconnects, Head, Pair, Problems,
+    Report, RunArgs,
 };
 use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
 use crate::target::ServerArgs;
@@ -135,10 +135,9 @@ pub type RoundtripReport = Report<RoundtripBody>;
 /// The roundtrip report's own fields.
 #[derive(Debug, Clone, Serialize)]
 pub struct RoundtripBody {
-    /// Always `"roundtrip"`.
-    pub scenario: &'static str,
-    /// The client endpoint used.
-    pub url: String,
+    /// Which scenario ran, and against which endpoint.
+    #[serde(flatten)]
+    pub head: Head,
     /// Pairs.
     pub pairs: u32,
     /// Think time, seconds.
@@ -180,8 +179,6 @@ pub struct RoundtripBody {
 
 scenario! {
     "roundtrip", RoundtripArgs => RoundtripBody,
-    correctness: Verdict, server: Option<ServerFigures>,
-    target: server, json: run.json,
 }
 
 async fn run_against(args: &RoundtripArgs, target: &mut Target) -> anyhow::Result<RoundtripReport> {
@@ -230,10 +227,9 @@ async fn run_against(args: &RoundtripArgs, target: &mut Target) -> anyhow::Resul
         disconnects: Disconnects::default(),
     });
     let pairs: Vec<Arc<Ends>> = (0..n).map(|_| Arc::new(Ends::default())).collect();
-    let mut tasks = JoinSet::new();
-    for (i, s) in b_sessions.into_iter().enumerate() {
-        tasks.spawn(side_b(ctx.clone(), pairs[i].clone(), i, s));
-    }
+    let mut tasks = spawn_each(b_sessions, |i, s| {
+        side_b(ctx.clone(), pairs[i].clone(), i, s)
+    });
     for (i, s) in a_sessions.into_iter().enumerate() {
         tasks.spawn(side_a(ctx.clone(), pairs[i].clone(), i, s));
     }
@@ -274,8 +270,7 @@ async fn run_against(args: &RoundtripArgs, target: &mut Target) -> anyhow::Resul
     let c = ctx.count.snapshot();
     let exchanges = c.exchanges_measured;
     let body = RoundtripBody {
-        scenario: "roundtrip",
-        url: target.url.clone(),
+        head: Head::new("roundtrip", target),
         pairs: args.pairs,
         think_secs: args.think.as_secs_f64(),
         payload_bytes: args.payload,
@@ -295,11 +290,7 @@ async fn run_against(args: &RoundtripArgs, target: &mut Target) -> anyhow::Resul
         cursor_lag_messages: lag,
         problems: Problems::of(&ctx.errors, &ctx.disconnects),
     };
-    let passed = verdict.passed();
-    Ok(Report {
-        body,
-        tail: Tail::new(verdict, passed, server),
-    })
+    Ok(Report::judged(body, verdict, server))
 }
 
 /// Reconnects every user and syncs after the server's stored cursors: returns (users
@@ -375,6 +366,19 @@ async fn deliver_ack(
     .await
 }
 
+impl Ctx {
+    /// What a side sends to `peer` (text of the run's payload size), and its outbox.
+    fn sending_to(&self, peer: String) -> (SendSpec, Outbox) {
+        let spec = SendSpec {
+            target: To::User(peer.into()),
+            msg_type: MessageType::Text,
+            payload_len: self.payload,
+            tag: 0,
+        };
+        (spec, Outbox::new(self.run_id, self.timeout))
+    }
+}
+
 /// Side `a{i}`: runs exchanges until the end, then waits for `b` to finish and for
 /// every reply `b` was acked.
 async fn side_a(ctx: Arc<Ctx>, pair: Arc<Ends>, i: usize, session: Session) -> (usize, bool, Side) {
@@ -384,13 +388,7 @@ async fn side_a(ctx: Arc<Ctx>, pair: Arc<Ends>, i: usize, session: Session) -> (
     } = session;
     let clock = ctx.clock;
     let conv = im_proto::direct_conversation(&ctx.a(i), &ctx.b(i));
-    let spec = SendSpec {
-        target: To::User(ctx.b(i).into()),
-        msg_type: MessageType::Text,
-        payload_len: ctx.payload,
-        tag: 0,
-    };
-    let mut outbox = Outbox::new(ctx.run_id, ctx.timeout);
+    let (spec, mut outbox) = ctx.sending_to(ctx.b(i));
     let mut side = Side::default();
     let mut max_acked = 0;
     // The exchange in flight: (t0, acked, replied).
@@ -521,13 +519,7 @@ async fn side_b(ctx: Arc<Ctx>, pair: Arc<Ends>, i: usize, session: Session) -> (
     } = session;
     let clock = ctx.clock;
     let conv = im_proto::direct_conversation(&ctx.a(i), &ctx.b(i));
-    let spec = SendSpec {
-        target: To::User(ctx.a(i).into()),
-        msg_type: MessageType::Text,
-        payload_len: ctx.payload,
-        tag: 0,
-    };
-    let mut outbox = Outbox::new(ctx.run_id, ctx.timeout);
+    let (spec, mut outbox) = ctx.sending_to(ctx.a(i));
     let mut side = Side::default();
     let mut max_acked = 0;
     let mut last = 0u64;
@@ -615,13 +607,15 @@ async fn side_b(ctx: Arc<Ctx>, pair: Arc<Ends>, i: usize, session: Session) -> (
 
 /// The text form of a report.
 pub fn render(r: &RoundtripReport) -> String {
-    use std::fmt::Write as _;
     let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "im-bench roundtrip: {} pairs, one exchange in flight each, think {:.3}s, payload {} B, {:.1}s measured after {:.1}s warmup, {}",
-        r.pairs, r.think_secs, r.payload_bytes, r.duration_secs, r.warmup_secs, r.url
-    );
+    s.push_str(&r.head.text(
+        r.duration_secs,
+        r.warmup_secs,
+        format_args!(
+            "{} pairs, one exchange in flight each, think {:.3}s, payload {} B",
+            r.pairs, r.think_secs, r.payload_bytes
+        ),
+    ));
     report::line(
         &mut s,
         "throughput",
