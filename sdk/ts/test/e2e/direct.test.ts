@@ -1,0 +1,36 @@
+import assert from "node:assert/strict";
+import { after, before, test } from "node:test";
+import { directConversationId } from "../../src/index.js";
+import { connectUser, TestServer, texts, waitFor } from "../support.js";
+
+let server: TestServer;
+before(async () => {
+  server = await TestServer.start();
+});
+after(async () => {
+  await server.stop();
+});
+
+test("one-to-one: sends are acked, delivered once and in order, both ways", async () => {
+  const alice = await connectUser(server, "alice");
+  const bob = await connectUser(server, "bob");
+  const conv = directConversationId("alice", "bob");
+  const acks = await Promise.all(Array.from({ length: 50 }, (_, i) => alice.client.send({ to: "bob" }, `m${i}`)));
+  assert.equal(new Set(acks.map((a) => a.seq)).size, 50);
+  assert.ok(acks.every((a) => a.conversationId === conv && !a.duplicate));
+  await waitFor("bob has 50", () => bob.messages.length >= 50);
+  assert.deepEqual(texts(bob.messages, conv), Array.from({ length: 50 }, (_, i) => `m${i}`));
+  assert.deepEqual(
+    bob.messages.map((m) => m.seq),
+    [...acks.map((a) => a.seq)].sort((a, b) => a - b),
+  );
+  assert.ok(bob.messages.every((m) => m.sender === "alice" && m.type === "TEXT"));
+  const back = await bob.client.send({ to: "alice" }, "hi alice");
+  await waitFor("alice has the reply", () => alice.messages.length === 1);
+  assert.equal(alice.messages[0]?.seq, back.seq);
+  // Own sends are not echoed to the sender.
+  assert.equal(bob.messages.length, 50);
+  await alice.client.close();
+  await bob.client.close();
+  assert.equal(alice.client.state, "closed");
+});
