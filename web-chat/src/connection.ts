@@ -1,0 +1,205 @@
+/**
+ * One signed-in session's SDK client: made with the network-aware WebSocket and an
+ * IndexedDB outbox, its events turned into state actions (messages, acks, receipts,
+ * typing, presence, connection status), and the conversation list refreshed after each
+ * sync. User intents that call the client live in actions.ts.
+ */
+import {
+  Client,
+  IndexedDbOutboxStore,
+  MemoryOutboxStore,
+  directConversationId,
+  groupConversationId,
+  type ImError,
+  type Message,
+  type OutboxEntry,
+  type OutboxStore,
+  type ConversationSummary,
+} from "im-sdk";
+import { NetworkWebSocket, watchNetwork } from "./net.js";
+import type { IncomingMsg, Store, SummaryIn } from "./state.js";
+
+/** Conversations fetched per ListConversations page, and pages read at most. */
+const LIST_PAGE = 50;
+const LIST_PAGES = 4;
+/** Reconnect delays are kept short: a chat should come back soon after the network. */
+const RECONNECT_MAX_MS = 3000;
+
+/** The text a message shows, or null for events that are not shown as messages. */
+export function messageText(m: Message): string | null {
+  switch (m.type) {
+    case "TEXT":
+      return m.text;
+    case "IMAGE":
+      return "[image]";
+    case "FILE":
+      return "[file]";
+    case "SYSTEM":
+      return m.groupEvent ? `${m.groupEvent.actor} ${m.groupEvent.op.toLowerCase()} ${m.groupEvent.users.join(", ")}` : "";
+    default:
+      return null;
+  }
+}
+
+/** A stored message for the state, or null when it is not shown. */
+export function incoming(m: Message): IncomingMsg | null {
+  if (m.state === "RECALLED" || m.state === "HIDDEN") return null;
+  const text = messageText(m);
+  if (text === null) return null;
+  return { conversationId: m.conversationId, seq: m.seq, sender: m.sender, text, time: m.sendTime, clientMsgId: m.clientMsgId };
+}
+
+function summary(c: ConversationSummary): SummaryIn {
+  const last = c.lastMessage ? incoming(c.lastMessage) : null;
+  return {
+    id: c.conversationId,
+    kind: c.kind === "GROUP" ? "group" : "direct",
+    name: c.name,
+    unread: c.unread,
+    lastSeq: c.lastSeq,
+    lastText: last?.text ?? "",
+    lastTime: c.lastTime,
+    peerReadSeq: c.peerReadSeq,
+  };
+}
+
+function outboxStore(me: string): OutboxStore {
+  return typeof indexedDB === "undefined" ? new MemoryOutboxStore() : new IndexedDbOutboxStore(`im-outbox-${me}`);
+}
+
+/** A signed-in session: the client and how to end it. */
+export class Connection {
+  /** The SDK client. */
+  readonly client: Client;
+  private readonly unwatch: () => void;
+  private presenceFor = "";
+  private everConnected = false;
+
+  /**
+   * Shows what a previous run left in the outbox as "sending…", then makes the client
+   * for `me` at `serverUrl` and starts connecting (the SDK resends the outbox).
+   */
+  static async start(store: Store, me: string, serverUrl: string, token: string): Promise<Connection> {
+    const outbox = outboxStore(me);
+    await showOutbox(store, me, outbox);
+    return new Connection(store, me, serverUrl, token, outbox);
+  }
+
+  private constructor(
+    private readonly store: Store,
+    readonly me: string,
+    serverUrl: string,
+    token: string,
+    outbox: OutboxStore,
+  ) {
+    this.client = new Client({
+      url: serverUrl,
+      token,
+      routeUrl: null,
+      webSocket: NetworkWebSocket,
+      outboxStore: outbox,
+      reconnectMaxMs: RECONNECT_MAX_MS,
+    });
+    this.unwatch = watchNetwork((online) => {
+      if (!online) store.dispatch({ type: "status", status: "offline" });
+    });
+    this.listen();
+    this.client.connect().catch((e: unknown) => this.ended(e));
+  }
+
+  /** Ends the session (unsent messages stay in the outbox for the next sign-in). */
+  async close(): Promise<void> {
+    this.unwatch();
+    await this.client.close();
+  }
+
+  private listen(): void {
+    const c = this.client;
+    const d = (a: Parameters<Store["dispatch"]>[0]): void => this.store.dispatch(a);
+    c.on("connected", () => {
+      this.everConnected = true;
+      d({ type: "status", status: "online" });
+      this.presenceFor = "";
+      void this.refreshList();
+    });
+    c.on("disconnected", () => d({ type: "status", status: this.everConnected ? "offline" : "connecting" }));
+    c.on("message", (m) => {
+      const msg = incoming(m);
+      if (msg) d({ type: "messages", list: [msg] });
+    });
+    c.on("acked", (a) =>
+      d({ type: "acked", conversationId: a.conversationId, clientMsgId: a.clientMsgId, seq: a.seq, time: a.serverTime }),
+    );
+    c.on("sendFailed", (f) => d({ type: "send-failed", clientMsgId: f.clientMsgId, reason: f.error.message }));
+    c.on("receipt", (r) => d({ type: "receipt", conversationId: r.conversationId, userId: r.userId, seq: r.seq }));
+    c.on("typing", (t) =>
+      d({ type: "typing", conversationId: t.conversationId, userId: t.userId, typing: t.typing, now: Date.now() }),
+    );
+    c.on("presence", (p) => d({ type: "presence", userId: p.userId, online: p.online }));
+    c.on("synced", () => void this.refreshList());
+    c.on("closed", (e) => {
+      if (e.error) this.ended(e.error);
+    });
+  }
+
+  private ended(e: unknown): void {
+    const why = e instanceof Error ? e.message : String(e);
+    this.store.dispatch({ type: "signed-out", notice: `Signed out: ${why}` });
+  }
+
+  /** Reads the conversation list (a few pages) into the state. */
+  async refreshList(): Promise<void> {
+    try {
+      let after = "";
+      for (let i = 0; i < LIST_PAGES; i++) {
+        const page = await this.client.listConversations({ after, limit: LIST_PAGE });
+        this.store.dispatch({ type: "summaries", list: page.conversations.map(summary) });
+        after = page.nextAfter;
+        if (!after) break;
+      }
+      await this.watchPresence();
+    } catch (e) {
+      this.notice("Could not load the conversation list", e);
+    }
+  }
+
+  /** Subscribes to the presence of every direct peer in the list (when it changed). */
+  async watchPresence(): Promise<void> {
+    const peers = [...this.store.state.conversations.values()]
+      .filter((c) => c.kind === "direct")
+      .map((c) => c.name)
+      .sort()
+      .slice(0, 100);
+    const key = peers.join("\n");
+    if (key === this.presenceFor || this.client.state !== "connected") return;
+    this.presenceFor = key;
+    try {
+      await this.client.subscribePresence(peers);
+    } catch (e) {
+      this.presenceFor = "";
+      this.notice("Could not watch presence", e);
+    }
+  }
+
+  /** Shows a problem without ending the session. */
+  notice(what: string, e: unknown): void {
+    const err = e as Partial<ImError>;
+    this.store.dispatch({ type: "notice", text: `${what}: ${err.message ?? String(e)}` });
+  }
+}
+
+/** Shows what a previous run left unsent as "sending…". */
+async function showOutbox(store: Store, me: string, outbox: OutboxStore): Promise<void> {
+  let entries: OutboxEntry[];
+  try {
+    entries = await outbox.load();
+  } catch {
+    return; // No readable outbox: nothing to show; the SDK reports its own failure.
+  }
+  for (const e of entries) {
+    if (e.op !== "send") continue;
+    const conversationId = "to" in e.target ? directConversationId(me, e.target.to) : groupConversationId(e.target.group);
+    const text = new TextDecoder().decode(e.payload);
+    store.dispatch({ type: "queued", conversationId, clientMsgId: e.clientMsgId, text, time: e.createdAt });
+  }
+}
