@@ -126,10 +126,12 @@ export class Connection {
     c.on("message", (m) => {
       const msg = incoming(m);
       if (msg) d({ type: "messages", list: [msg] });
+      void this.watchPresence();
     });
-    c.on("acked", (a) =>
-      d({ type: "acked", conversationId: a.conversationId, clientMsgId: a.clientMsgId, seq: a.seq, time: a.serverTime }),
-    );
+    c.on("acked", (a) => {
+      d({ type: "acked", conversationId: a.conversationId, clientMsgId: a.clientMsgId, seq: a.seq, time: a.serverTime });
+      void this.watchPresence();
+    });
     c.on("sendFailed", (f) => d({ type: "send-failed", clientMsgId: f.clientMsgId, reason: f.error.message }));
     c.on("receipt", (r) => d({ type: "receipt", conversationId: r.conversationId, userId: r.userId, seq: r.seq }));
     c.on("typing", (t) =>
@@ -163,10 +165,11 @@ export class Connection {
     }
   }
 
-  /** Subscribes to the presence of every direct peer in the list (when it changed). */
+  /** Subscribes to the presence of every direct peer with messages (when that set changed). */
   async watchPresence(): Promise<void> {
     const peers = [...this.store.state.conversations.values()]
-      .filter((c) => c.kind === "direct")
+      // The server watches only users one shares a conversation with (a message sent).
+      .filter((c) => c.kind === "direct" && c.lastSeq > 0)
       .map((c) => c.name)
       .sort()
       .slice(0, 100);

@@ -194,6 +194,9 @@ function applyMessages(s: State, list: IncomingMsg[]): void {
     const c = conversation(s, m.conversationId);
     const known = c.lastSeq;
     // Counted unread only past the last seq the list reported (which counted those).
+    // The server counts a user's own message as read by them (their read cursor moves to
+    // it, with no receipt), so a message from the other side says they read up to it.
+    if (m.sender !== s.me && m.sender !== "") c.peerReadSeq = Math.max(c.peerReadSeq, m.seq);
     if (insertStored(c, m) && m.seq > known) {
       touchLast(c, m.seq, m.text, m.time);
       if (m.sender !== s.me && s.selected !== c.id) c.unread += 1;

@@ -76,6 +76,8 @@ test("an ack of a message never shown adds nothing; a refusal marks the message 
 
 test("receipts move the peer's read mark forward only, and ignore our own", () => {
   const s = signedIn();
+  reduce(s, { type: "messages", list: [msg(2, "bob"), msg(4, "alice")] });
+  assert.equal(s.conversations.get(CONV)?.peerReadSeq, 2, "a peer's own message counts as read by them");
   reduce(s, { type: "receipt", conversationId: CONV, userId: "bob", seq: 5 });
   reduce(s, { type: "receipt", conversationId: CONV, userId: "bob", seq: 3 });
   reduce(s, { type: "receipt", conversationId: CONV, userId: "alice", seq: 9 });

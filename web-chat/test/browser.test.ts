@@ -1,0 +1,235 @@
+// The web chat end to end: two users in two Chromium contexts against the real
+// im-server, chatting both ways; one goes offline (DevTools network emulation) while the
+// other sends, and sends itself; back online everything arrives once, in order, with
+// read receipts; a reload pages history backwards by scrolling up.
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import puppeteer, { type Browser, type Page } from "puppeteer-core";
+import {
+  chromiumMissing,
+  chromiumPath,
+  mintToken,
+  requireTools,
+  screenshotDir,
+  serveApp,
+  serverBinMissing,
+  skipUnlessTools,
+  startImServer,
+} from "./support.js";
+
+const WAIT = { timeout: 15_000 };
+const CONV = "u:alice:bob";
+
+/** Everything one run needs, stopped in reverse. */
+interface Env {
+  browser: Browser;
+  a: Page;
+  b: Page;
+  appUrl: string;
+  wsUrl: string;
+  stop: () => Promise<void>;
+}
+
+async function startEnv(): Promise<Env> {
+  const server = await startImServer();
+  const app = await serveApp();
+  const browser = await puppeteer.launch({
+    executablePath: chromiumPath(),
+    headless: true,
+    args: ["--no-sandbox", "--disable-dev-shm-usage", "--window-size=1000,700"],
+    defaultViewport: { width: 1000, height: 700 },
+  });
+  const page = async (): Promise<Page> => (await browser.createBrowserContext()).newPage();
+  const a = await page();
+  const b = await page();
+  for (const [name, p] of [["a", a], ["b", b]] as const) {
+    p.on("pageerror", (e) => console.log(`page ${name} error: ${e instanceof Error ? e.message : String(e)}`));
+  }
+  const stop = async (): Promise<void> => {
+    await browser.close().catch(() => undefined);
+    await app.stop();
+    await server.stop();
+  };
+  return { browser, a, b, appUrl: app.url, wsUrl: server.wsUrl, stop };
+}
+
+async function signIn(p: Page, env: Env, user: string): Promise<void> {
+  await p.goto(env.appUrl);
+  await p.waitForSelector("#signin-form", { visible: true, ...WAIT });
+  await p.$eval("#signin-url", (e, url) => ((e as HTMLInputElement).value = url), env.wsUrl);
+  await p.$eval("#signin-token", (e, t) => ((e as HTMLTextAreaElement).value = t), mintToken(user));
+  await p.click("#signin-form button[type=submit]");
+  await waitOnline(p);
+}
+
+async function waitOnline(p: Page): Promise<void> {
+  await p.waitForFunction(() => document.querySelector("#status")?.textContent === "online", WAIT);
+}
+
+async function send(p: Page, text: string): Promise<void> {
+  await p.$eval("#composer-text", (e, t) => ((e as HTMLInputElement).value = t), text);
+  await p.click("#composer button[type=submit]");
+}
+
+/** The texts of the shown messages, in screen order. */
+function texts(p: Page): Promise<string[]> {
+  return p.$$eval("#messages .msg .text", (els) => els.map((e) => e.textContent ?? ""));
+}
+
+/** The delivery state under our own message with this text ("sending…", "sent", "read"). */
+function delivery(p: Page, text: string): Promise<string[]> {
+  return p.$$eval(
+    "#messages .msg.mine",
+    (els, t) => els.filter((e) => e.querySelector(".text")?.textContent === t).map((e) => e.querySelector(".delivery")?.textContent ?? ""),
+    text,
+  );
+}
+
+async function waitDelivery(p: Page, text: string, state: string): Promise<void> {
+  await p.waitForFunction(
+    (t, s) =>
+      [...document.querySelectorAll("#messages .msg.mine")].some(
+        (e) => e.querySelector(".text")?.textContent === t && e.querySelector(".delivery")?.textContent === s,
+      ),
+    WAIT,
+    text,
+    state,
+  );
+}
+
+async function waitText(p: Page, text: string): Promise<void> {
+  await p.waitForFunction(
+    (t) => [...document.querySelectorAll("#messages .msg .text")].some((e) => e.textContent === t),
+    WAIT,
+    text,
+  );
+}
+
+function range(prefix: string, n: number): string[] {
+  return Array.from({ length: n }, (_, i) => `${prefix}-${i + 1}`);
+}
+
+/** Runs `fn`; on failure keeps screenshots of both pages and prints where. */
+async function withShots(env: Env, name: string, fn: () => Promise<void>): Promise<void> {
+  try {
+    await fn();
+  } catch (e) {
+    const dir = await screenshotDir(name);
+    await env.a.screenshot({ path: `${dir}/alice.png` }).catch(() => undefined);
+    await env.b.screenshot({ path: `${dir}/bob.png` }).catch(() => undefined);
+    console.log(`screenshots of the failure: ${dir}`);
+    throw e;
+  }
+}
+
+const missing = [chromiumMissing(), serverBinMissing()];
+
+test("two users chat through the real server, offline and back, and page history", skipUnlessTools(...missing), async (t) => {
+  requireTools(...missing);
+  const env = await startEnv();
+  t.after(() => env.stop());
+  await withShots(env, "web-chat-e2e", async () => {
+    await chatBothWays(env);
+    await offlineAndBack(env);
+    await pageHistory(env);
+    if (process.env.KEEP_SCREENSHOTS) {
+      const dir = await screenshotDir("web-chat-working");
+      await env.a.screenshot({ path: `${dir}/alice.png` });
+      await env.b.screenshot({ path: `${dir}/bob.png` });
+      console.log(`screenshots of the working app: ${dir}`);
+    }
+  });
+});
+
+const HOSTILE = `hello bob <img src=x onerror="window.pwned=1"><b>not bold</b> & "quotes"`;
+
+async function chatBothWays({ a, b, ...env }: Env): Promise<void> {
+  await signIn(a, { a, b, ...env }, "alice");
+  await signIn(b, { a, b, ...env }, "bob");
+  // The tab remembers its sign-in: a reload comes back signed in.
+  await a.reload();
+  await waitOnline(a);
+
+  await a.type("#new-chat-user", "bob");
+  await a.click("#new-chat button[type=submit]");
+  await send(a, HOSTILE);
+  await waitDelivery(a, HOSTILE, "sent");
+
+  // Bob's list shows the new conversation live, with its unread count.
+  await b.waitForFunction((id) => document.querySelector(`li[data-id="${id}"] .unread`)?.textContent === "1", WAIT, CONV);
+  await b.click(`li[data-id="${CONV}"]`);
+  await waitText(b, HOSTILE);
+  assert.equal(await b.$$eval("#messages img, #messages b", (els) => els.length), 0, "message text is not markup");
+  assert.equal(await b.evaluate(() => (window as { pwned?: number }).pwned), undefined);
+  assert.equal(await b.$eval(`li[data-id="${CONV}"]`, (e) => e.querySelector(".unread")), null, "read when viewed");
+
+  // Bob viewed it: Alice sees "read"; Bob replies; Alice sees typing and presence.
+  await waitDelivery(a, HOSTILE, "read");
+  await b.type("#composer-text", "hi ali");
+  await a.waitForFunction(() => document.querySelector("#typing")?.textContent === "bob is typing…", WAIT);
+  await send(b, "hi alice");
+  await waitText(a, "hi alice");
+  await waitDelivery(b, "hi alice", "read");
+  await a.waitForFunction(() => document.querySelector("#conv-dot")?.classList.contains("online"), WAIT);
+}
+
+async function offlineAndBack({ a, b }: Env): Promise<void> {
+  await b.setOfflineMode(true);
+  // The emulation must really cut Bob's connection: banner, status, and Alice sees him go.
+  await b.waitForSelector("#offline-banner", { visible: true, ...WAIT });
+  assert.equal(await b.$eval("#status", (e) => e.textContent), "offline");
+  await a.waitForFunction(() => !document.querySelector("#conv-dot")?.classList.contains("online"), WAIT);
+
+  const fromAlice = range("offline", 20);
+  for (const text of fromAlice) await send(a, text);
+  for (const text of fromAlice) await waitDelivery(a, text, "sent");
+  const fromBob = range("queued-by-bob", 2);
+  for (const text of fromBob) await send(b, text);
+  for (const text of fromBob) assert.deepEqual(await delivery(b, text), ["sending…"]);
+  // Everything Alice sent is committed; give a live push time to (wrongly) arrive.
+  await new Promise((ok) => setTimeout(ok, 1500));
+  const seenOffline = await texts(b);
+  assert.deepEqual(seenOffline.filter((x) => x.startsWith("offline-")), [], "nothing arrives while offline");
+  assert.deepEqual((await texts(a)).filter((x) => x.startsWith("queued-by-bob")), []);
+
+  await b.setOfflineMode(false);
+  await waitOnline(b);
+  assert.equal(await b.$eval("#offline-banner", (e) => (e as HTMLElement).hidden), true);
+  await waitText(b, "offline-20");
+  for (const text of fromBob) await waitDelivery(b, text, "read");
+  await waitText(a, "queued-by-bob-2");
+  const expected = [HOSTILE, "hi alice", ...fromAlice, ...fromBob];
+  assert.deepEqual(await texts(b), expected, "Bob sees each message once, in order");
+  assert.deepEqual(await texts(a), expected, "Alice too");
+  await waitDelivery(a, "offline-20", "read");
+}
+
+async function pageHistory({ a, b }: Env): Promise<void> {
+  // A fresh page of Bob's tab (signed in again from sessionStorage), no conversation open.
+  await b.reload();
+  await waitOnline(b);
+  const more = range("later", 20);
+  for (const text of more) await send(a, text);
+  for (const text of more) await waitDelivery(a, text, "sent");
+  const all = await texts(a);
+  assert.equal(all.length, 44);
+  await b.waitForFunction((id) => document.querySelector(`li[data-id="${id}"] .unread`)?.textContent === "20", WAIT, CONV);
+
+  // Opening the conversation shows the newest page, and marks it read: a real receipt
+  // (Bob's read cursor was at his own last message, below these).
+  await b.click(`li[data-id="${CONV}"]`);
+  await waitText(b, "later-20");
+  await waitDelivery(a, "later-20", "read");
+  const first = await texts(b);
+  assert.ok(first.length < all.length, `the first page is a page (${first.length} of ${all.length})`);
+  assert.deepEqual(first, all.slice(all.length - first.length));
+
+  // Scrolling up loads the older ones until none remain.
+  await b.waitForFunction(() => {
+    const pane = document.querySelector("#messages-pane");
+    if (pane) pane.scrollTop = 0;
+    return document.querySelector("#messages .msg .text")?.textContent?.startsWith("hello bob") ?? false;
+  }, WAIT);
+  assert.deepEqual(await texts(b), all, "history pages join without gaps or doubles");
+  await b.waitForFunction(() => (document.querySelector("#load-older") as HTMLElement | null)?.hidden === true, WAIT);
+}
