@@ -17,6 +17,10 @@ export class Actions implements Intents {
   private conn: Connection | null = null;
   /** Per conversation, the seq last sent in a MarkRead. */
   private readonly marked = new Map<string, number>();
+  /** Sign-ins so far: a session's end is acted on only if it is still the latest. */
+  private generation = 0;
+  /** The connection switch in progress (sign-in, sign-out), so they run in order. */
+  private switching: Promise<void> = Promise.resolve();
 
   constructor(
     private readonly store: Store,
@@ -40,19 +44,36 @@ export class Actions implements Intents {
     saveSession(this.storage, { serverUrl: url, token: token.trim() });
     this.marked.clear();
     this.store.dispatch({ type: "signing-in", serverUrl: url, me });
-    void this.replaceConnection(Connection.start(this.store, me, url, token.trim()));
+    const generation = ++this.generation;
+    const ended = (why: string): void => {
+      if (generation !== this.generation) return; // an older session's end
+      // The server refused the session: forget it, so a reload does not retry it.
+      clearSession(this.storage);
+      this.replaceConnection(null);
+      this.store.dispatch({ type: "signed-out", notice: `Signed out: ${why}` });
+    };
+    this.replaceConnection(() => Connection.start(this.store, me, url, token.trim(), ended));
   }
 
-  private async replaceConnection(next: Promise<Connection> | null): Promise<void> {
-    const old = this.conn;
-    this.conn = null;
-    if (old) await old.close().catch(() => undefined);
-    this.conn = next ? await next : null;
+  /** Closes the current connection, then opens `next` (in order, one at a time). */
+  private replaceConnection(next: (() => Promise<Connection>) | null): void {
+    this.switching = this.switching
+      .then(async () => {
+        const old = this.conn;
+        this.conn = null;
+        if (old) await old.close().catch(() => undefined);
+        if (next) this.conn = await next();
+      })
+      .catch((e: unknown) => {
+        clearSession(this.storage);
+        this.store.dispatch({ type: "signed-out", notice: e instanceof Error ? e.message : String(e) });
+      });
   }
 
   signOut(): void {
     clearSession(this.storage);
-    void this.replaceConnection(null);
+    this.generation++;
+    this.replaceConnection(null);
     this.store.dispatch({ type: "signed-out", notice: "" });
   }
 

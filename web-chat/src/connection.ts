@@ -74,15 +74,22 @@ export class Connection {
   private readonly unwatch: () => void;
   private presenceFor = "";
   private everConnected = false;
+  private closing = false;
 
   /**
    * Shows what a previous run left in the outbox as "sending…", then makes the client
    * for `me` at `serverUrl` and starts connecting (the SDK resends the outbox).
    */
-  static async start(store: Store, me: string, serverUrl: string, token: string): Promise<Connection> {
+  static async start(
+    store: Store,
+    me: string,
+    serverUrl: string,
+    token: string,
+    onEnded: (why: string) => void,
+  ): Promise<Connection> {
     const outbox = outboxStore(me);
     await showOutbox(store, me, outbox);
-    return new Connection(store, me, serverUrl, token, outbox);
+    return new Connection(store, me, serverUrl, token, outbox, onEnded);
   }
 
   private constructor(
@@ -91,6 +98,7 @@ export class Connection {
     serverUrl: string,
     token: string,
     outbox: OutboxStore,
+    private readonly onEnded: (why: string) => void,
   ) {
     this.client = new Client({
       url: serverUrl,
@@ -109,6 +117,7 @@ export class Connection {
 
   /** Ends the session (unsent messages stay in the outbox for the next sign-in). */
   async close(): Promise<void> {
+    this.closing = true;
     this.unwatch();
     await this.client.close();
   }
@@ -144,9 +153,12 @@ export class Connection {
     });
   }
 
+  /** The client stopped for good (login refused, token expired, kicked...). */
   private ended(e: unknown): void {
-    const why = e instanceof Error ? e.message : String(e);
-    this.store.dispatch({ type: "signed-out", notice: `Signed out: ${why}` });
+    if (this.closing) return;
+    this.closing = true;
+    this.unwatch();
+    this.onEnded(e instanceof Error ? e.message : String(e));
   }
 
   /** Reads the conversation list (a few pages) into the state. */

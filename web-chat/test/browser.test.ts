@@ -53,12 +53,16 @@ async function startEnv(): Promise<Env> {
   return { browser, a, b, appUrl: app.url, wsUrl: server.wsUrl, stop };
 }
 
-async function signIn(p: Page, env: Env, user: string): Promise<void> {
+async function fillSignIn(p: Page, env: Env, token: string): Promise<void> {
   await p.goto(env.appUrl);
   await p.waitForSelector("#signin-form", { visible: true, ...WAIT });
   await p.$eval("#signin-url", (e, url) => ((e as HTMLInputElement).value = url), env.wsUrl);
-  await p.$eval("#signin-token", (e, t) => ((e as HTMLTextAreaElement).value = t), mintToken(user));
+  await p.$eval("#signin-token", (e, t) => ((e as HTMLTextAreaElement).value = t), token);
   await p.click("#signin-form button[type=submit]");
+}
+
+async function signIn(p: Page, env: Env, user: string): Promise<void> {
+  await fillSignIn(p, env, mintToken(user));
   await waitOnline(p);
 }
 
@@ -122,6 +126,15 @@ async function withShots(env: Env, name: string, fn: () => Promise<void>): Promi
   }
 }
 
+/** With KEEP_SCREENSHOTS set, keeps screenshots of both pages as they are now. */
+async function keepShots(env: Env, name: string): Promise<void> {
+  if (!process.env.KEEP_SCREENSHOTS) return;
+  const dir = await screenshotDir(`web-chat-${name}`);
+  await env.a.screenshot({ path: `${dir}/alice.png` });
+  await env.b.screenshot({ path: `${dir}/bob.png` });
+  console.log(`screenshots (${name}): ${dir}`);
+}
+
 const missing = [chromiumMissing(), serverBinMissing()];
 
 test("two users chat through the real server, offline and back, and page history", skipUnlessTools(...missing), async (t) => {
@@ -132,18 +145,18 @@ test("two users chat through the real server, offline and back, and page history
     await chatBothWays(env);
     await offlineAndBack(env);
     await pageHistory(env);
-    if (process.env.KEEP_SCREENSHOTS) {
-      const dir = await screenshotDir("web-chat-working");
-      await env.a.screenshot({ path: `${dir}/alice.png` });
-      await env.b.screenshot({ path: `${dir}/bob.png` });
-      console.log(`screenshots of the working app: ${dir}`);
-    }
+    await keepShots(env, "working");
+    await outboxSurvivesClosedTab(env);
   });
 });
 
 const HOSTILE = `hello bob <img src=x onerror="window.pwned=1"><b>not bold</b> & "quotes"`;
 
 async function chatBothWays({ a, b, ...env }: Env): Promise<void> {
+  // A token the server refuses brings the form back with the reason, and is not kept.
+  await fillSignIn(a, { a, b, ...env }, mintToken("alice", 3600, "another-secret-of-at-least-32-bytes!"));
+  await a.waitForFunction(() => /Signed out/.test(document.querySelector("#signin-error")?.textContent ?? ""), WAIT);
+  assert.equal(await a.evaluate(() => sessionStorage.length), 0);
   await signIn(a, { a, b, ...env }, "alice");
   await signIn(b, { a, b, ...env }, "bob");
   // The tab remembers its sign-in: a reload comes back signed in.
@@ -173,7 +186,8 @@ async function chatBothWays({ a, b, ...env }: Env): Promise<void> {
   await a.waitForFunction(() => document.querySelector("#conv-dot")?.classList.contains("online"), WAIT);
 }
 
-async function offlineAndBack({ a, b }: Env): Promise<void> {
+async function offlineAndBack(env: Env): Promise<void> {
+  const { a, b } = env;
   await b.setOfflineMode(true);
   // The emulation must really cut Bob's connection: banner, status, and Alice sees him go.
   await b.waitForSelector("#offline-banner", { visible: true, ...WAIT });
@@ -186,6 +200,7 @@ async function offlineAndBack({ a, b }: Env): Promise<void> {
   const fromBob = range("queued-by-bob", 2);
   for (const text of fromBob) await send(b, text);
   for (const text of fromBob) assert.deepEqual(await delivery(b, text), ["sending…"]);
+  await keepShots(env, "offline");
   // Everything Alice sent is committed; give a live push time to (wrongly) arrive.
   await new Promise((ok) => setTimeout(ok, 1500));
   const seenOffline = await texts(b);
@@ -232,4 +247,23 @@ async function pageHistory({ a, b }: Env): Promise<void> {
   }, WAIT);
   assert.deepEqual(await texts(b), all, "history pages join without gaps or doubles");
   await b.waitForFunction(() => (document.querySelector("#load-older") as HTMLElement | null)?.hidden === true, WAIT);
+}
+
+async function outboxSurvivesClosedTab(env: Env): Promise<void> {
+  const { a, b } = env;
+  await b.setOfflineMode(true);
+  await b.waitForSelector("#offline-banner", { visible: true, ...WAIT });
+  await send(b, "kept-by-bob");
+  assert.deepEqual(await delivery(b, "kept-by-bob"), ["sending…"]);
+  // The tab closes with the message unsent; a new tab (online) signs in and resends it.
+  const context = b.browserContext();
+  await b.close();
+  const b2 = await context.newPage();
+  env.b = b2;
+  await signIn(b2, env, "bob");
+  await waitText(a, "kept-by-bob");
+  await b2.click(`li[data-id="${CONV}"]`);
+  await waitDelivery(b2, "kept-by-bob", "read");
+  assert.equal((await texts(a)).filter((x) => x === "kept-by-bob").length, 1, "delivered once");
+  assert.equal((await texts(b2)).filter((x) => x === "kept-by-bob").length, 1, "shown once");
 }

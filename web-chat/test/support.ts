@@ -65,12 +65,12 @@ function b64url(data: string | Buffer): string {
   return Buffer.from(data).toString("base64url");
 }
 
-/** An HS256 JWT for `user` (claims sub, iat, exp) signed with SECRET. */
-export function mintToken(user: string, ttlSecs = 3600): string {
+/** An HS256 JWT for `user` (claims sub, iat, exp) signed with `secret`. */
+export function mintToken(user: string, ttlSecs = 3600, secret = SECRET): string {
   const now = Math.floor(Date.now() / 1000);
   const head = b64url(JSON.stringify({ alg: "HS256", typ: "JWT" }));
   const body = b64url(JSON.stringify({ sub: user, iat: now, exp: now + ttlSecs }));
-  const sig = createHmac("sha256", SECRET).update(`${head}.${body}`).digest();
+  const sig = createHmac("sha256", secret).update(`${head}.${body}`).digest();
   return `${head}.${body}.${b64url(sig)}`;
 }
 
