@@ -25,8 +25,8 @@ export interface ChatMsg {
   failed?: string;
 }
 
-/** One conversation: its summary and the messages loaded so far. */
-export interface Conversation {
+/** A conversation summary as the state takes it (from ListConversations). */
+export interface SummaryIn {
   id: string;
   kind: "direct" | "group";
   /** Direct: the other party. Group: the group id. */
@@ -37,6 +37,10 @@ export interface Conversation {
   lastTime: number;
   /** Highest seq the other party (any other member) has read. */
   peerReadSeq: number;
+}
+
+/** One conversation: its summary and the messages loaded so far. */
+export interface Conversation extends SummaryIn {
   /** Loaded messages: stored ones by seq, then pending ones in send order. */
   messages: ChatMsg[];
   /** Older messages exist before the first loaded one (unknown: true until a page says). */
@@ -69,18 +73,6 @@ export interface IncomingMsg {
   text: string;
   time: number;
   clientMsgId: string;
-}
-
-/** A conversation summary as the state takes it (from ListConversations). */
-export interface SummaryIn {
-  id: string;
-  kind: "direct" | "group";
-  name: string;
-  unread: number;
-  lastSeq: number;
-  lastText: string;
-  lastTime: number;
-  peerReadSeq: number;
 }
 
 /** Everything that changes the state. */
@@ -197,6 +189,7 @@ function applyMessages(s: State, list: IncomingMsg[]): void {
     // The server counts a user's own message as read by them (their read cursor moves to
     // it, with no receipt), so a message from the other side says they read up to it.
     if (m.sender !== s.me && m.sender !== "") c.peerReadSeq = Math.max(c.peerReadSeq, m.seq);
+    if (c.typing?.user === m.sender) c.typing = null; // their message is what they typed
     if (insertStored(c, m) && m.seq > known) {
       touchLast(c, m.seq, m.text, m.time);
       if (m.sender !== s.me && s.selected !== c.id) c.unread += 1;

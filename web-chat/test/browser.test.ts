@@ -266,4 +266,10 @@ async function outboxSurvivesClosedTab(env: Env): Promise<void> {
   await waitDelivery(b2, "kept-by-bob", "read");
   assert.equal((await texts(a)).filter((x) => x === "kept-by-bob").length, 1, "delivered once");
   assert.equal((await texts(b2)).filter((x) => x === "kept-by-bob").length, 1, "shown once");
+
+  // Signing out forgets the tab's session and shows the form again, the URL kept.
+  await a.click("#signout");
+  await a.waitForSelector("#signin-form", { visible: true, ...WAIT });
+  assert.equal(await a.evaluate(() => sessionStorage.length), 0);
+  assert.equal(await a.$eval("#signin-url", (e) => (e as HTMLInputElement).value), env.wsUrl);
 }

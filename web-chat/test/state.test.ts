@@ -108,6 +108,9 @@ test("typing shows for others only, and stops on a stop", () => {
   assert.equal(s.conversations.get(CONV)?.typing?.user, "bob");
   reduce(s, { type: "typing", conversationId: CONV, userId: "bob", typing: false, now: 2 });
   assert.equal(s.conversations.get(CONV)?.typing, null);
+  reduce(s, { type: "typing", conversationId: CONV, userId: "bob", typing: true, now: 3 });
+  reduce(s, { type: "messages", list: [msg(1, "bob")] });
+  assert.equal(s.conversations.get(CONV)?.typing, null, "their message ends their typing");
 });
 
 test("presence is forgotten when the connection drops; sign-out keeps the server URL", () => {
