@@ -70,6 +70,16 @@ async function waitOnline(p: Page): Promise<void> {
   await p.waitForFunction(() => document.querySelector("#status")?.textContent === "online", WAIT);
 }
 
+/** Reloads the page and waits until the new document is signed in again (from sessionStorage). */
+async function reloadOnline(p: Page): Promise<void> {
+  await p.evaluate(() => ((window as { beforeReload?: boolean }).beforeReload = true));
+  await p.reload();
+  await p.waitForFunction(
+    () => !(window as { beforeReload?: boolean }).beforeReload && document.querySelector("#status")?.textContent === "online",
+    WAIT,
+  );
+}
+
 async function send(p: Page, text: string): Promise<void> {
   await p.$eval("#composer-text", (e, t) => ((e as HTMLInputElement).value = t), text);
   await p.click("#composer button[type=submit]");
@@ -160,8 +170,7 @@ async function chatBothWays({ a, b, ...env }: Env): Promise<void> {
   await signIn(a, { a, b, ...env }, "alice");
   await signIn(b, { a, b, ...env }, "bob");
   // The tab remembers its sign-in: a reload comes back signed in.
-  await a.reload();
-  await waitOnline(a);
+  await reloadOnline(a);
 
   await a.type("#new-chat-user", "bob");
   await a.click("#new-chat button[type=submit]");
@@ -221,8 +230,7 @@ async function offlineAndBack(env: Env): Promise<void> {
 
 async function pageHistory({ a, b }: Env): Promise<void> {
   // A fresh page of Bob's tab (signed in again from sessionStorage), no conversation open.
-  await b.reload();
-  await waitOnline(b);
+  await reloadOnline(b);
   const more = range("later", 20);
   for (const text of more) await send(a, text);
   for (const text of more) await waitDelivery(a, text, "sent");
