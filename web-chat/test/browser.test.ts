@@ -32,25 +32,52 @@ interface Env {
 
 async function startEnv(): Promise<Env> {
   const server = await startImServer();
-  const app = await serveApp();
-  const browser = await puppeteer.launch({
-    executablePath: chromiumPath(),
-    headless: true,
-    args: ["--no-sandbox", "--disable-dev-shm-usage", "--window-size=1000,700"],
-    defaultViewport: { width: 1000, height: 700 },
+  const app = await serveApp().catch(async (e: unknown) => {
+    await server.stop();
+    throw e;
   });
-  const page = async (): Promise<Page> => (await browser.createBrowserContext()).newPage();
-  const a = await page();
-  const b = await page();
-  for (const [name, p] of [["a", a], ["b", b]] as const) {
-    p.on("pageerror", (e) => console.log(`page ${name} error: ${e instanceof Error ? e.message : String(e)}`));
-  }
-  const stop = async (): Promise<void> => {
-    await browser.close().catch(() => undefined);
+  const stopServers = async (): Promise<void> => {
     await app.stop();
     await server.stop();
   };
-  return { browser, a, b, appUrl: app.url, wsUrl: server.wsUrl, stop };
+  let browser: Browser;
+  try {
+    browser = await puppeteer.launch({
+      executablePath: chromiumPath(),
+      headless: true,
+      args: ["--no-sandbox", "--disable-dev-shm-usage", "--window-size=1000,700"],
+      defaultViewport: { width: 1000, height: 700 },
+    });
+  } catch (e) {
+    await stopServers();
+    throw e;
+  }
+  const stop = async (): Promise<void> => {
+    await browser.close().catch(() => undefined);
+    await stopServers();
+  };
+  try {
+    const a = await newPage(browser, "alice");
+    const b = await newPage(browser, "bob");
+    return { browser, a, b, appUrl: app.url, wsUrl: server.wsUrl, stop };
+  } catch (e) {
+    await stop();
+    throw e;
+  }
+}
+
+/** Uncaught errors of the app's pages (the test ends asserting there were none). */
+const pageErrors: string[] = [];
+
+/** A page in a browser context of its own (its own storage), its uncaught errors kept. */
+async function newPage(browser: Browser, name: string): Promise<Page> {
+  const p = await (await browser.createBrowserContext()).newPage();
+  watchErrors(p, name);
+  return p;
+}
+
+function watchErrors(p: Page, name: string): void {
+  p.on("pageerror", (e) => pageErrors.push(`${name}: ${e instanceof Error ? e.message : String(e)}`));
 }
 
 async function fillSignIn(p: Page, env: Env, token: string): Promise<void> {
@@ -147,7 +174,9 @@ async function keepShots(env: Env, name: string): Promise<void> {
 
 const missing = [chromiumMissing(), serverBinMissing()];
 
-test("two users chat through the real server, offline and back, and page history", skipUnlessTools(...missing), async (t) => {
+const options = { ...skipUnlessTools(...missing), timeout: 180_000 };
+
+test("two users chat through the real server, offline and back, and page history", options, async (t) => {
   requireTools(...missing);
   const env = await startEnv();
   t.after(() => env.stop());
@@ -157,6 +186,7 @@ test("two users chat through the real server, offline and back, and page history
     await pageHistory(env);
     await keepShots(env, "working");
     await outboxSurvivesClosedTab(env);
+    assert.deepEqual(pageErrors, [], "no uncaught errors in the pages");
   });
 });
 
@@ -267,6 +297,7 @@ async function outboxSurvivesClosedTab(env: Env): Promise<void> {
   const context = b.browserContext();
   await b.close();
   const b2 = await context.newPage();
+  watchErrors(b2, "bob (new tab)");
   env.b = b2;
   await signIn(b2, env, "bob");
   await waitText(a, "kept-by-bob");
