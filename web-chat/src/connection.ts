@@ -10,6 +10,7 @@ import {
   MemoryOutboxStore,
   directConversationId,
   groupConversationId,
+  type GroupEvent,
   type ImError,
   type Message,
   type OutboxEntry,
@@ -35,10 +36,29 @@ export function messageText(m: Message): string | null {
     case "FILE":
       return "[file]";
     case "SYSTEM":
-      return m.groupEvent ? `${m.groupEvent.actor} ${m.groupEvent.op.toLowerCase()} ${m.groupEvent.users.join(", ")}` : "";
+      return m.groupEvent ? groupEventText(m.groupEvent) : "";
     default:
       return null;
   }
+}
+
+/** A group membership change as a sentence. */
+export function groupEventText(e: GroupEvent): string {
+  const who = e.users.join(", ") + (e.count > e.users.length ? ` and ${e.count - e.users.length} more` : "");
+  const did: Record<GroupEvent["op"], string> = {
+    CREATE: "created the group",
+    JOIN: "joined",
+    LEAVE: "left",
+    ADD: `added ${who}`,
+    REMOVE: `removed ${who}`,
+    BAN: `banned ${who}`,
+    UNBAN: `let ${who} back`,
+    SET_ROLE: `made ${who} ${e.role.toLowerCase()}`,
+    TRANSFER: `gave the group to ${who}`,
+    DISSOLVE: "dissolved the group",
+    INFO: "looked the group up",
+  };
+  return `${e.actor} ${did[e.op]}`;
 }
 
 /** A stored message for the state, or null when it is not shown. */
@@ -95,7 +115,7 @@ export class Connection {
   private constructor(
     private readonly store: Store,
     readonly me: string,
-    serverUrl: string,
+    private readonly serverUrl: string,
     token: string,
     outbox: OutboxStore,
     private readonly onEnded: (why: string) => void,
@@ -126,12 +146,18 @@ export class Connection {
     const c = this.client;
     const d = (a: Parameters<Store["dispatch"]>[0]): void => this.store.dispatch(a);
     c.on("connected", () => {
+      if (!this.everConnected) d({ type: "notice", text: "" });
       this.everConnected = true;
       d({ type: "status", status: "online" });
       this.presenceFor = "";
       void this.refreshList();
     });
-    c.on("disconnected", () => d({ type: "status", status: this.everConnected ? "offline" : "connecting" }));
+    c.on("disconnected", (e) => {
+      if (this.everConnected) return d({ type: "status", status: "offline" });
+      // Not connected yet: say why, while the SDK keeps trying.
+      const why = e.reason || (navigator.onLine ? `connection closed (${e.code})` : "network offline");
+      d({ type: "notice", text: `Cannot connect to ${this.serverUrl} yet: ${why}` });
+    });
     c.on("message", (m) => {
       const msg = incoming(m);
       if (msg) d({ type: "messages", list: [msg] });

@@ -80,10 +80,10 @@ function watchErrors(p: Page, name: string): void {
   p.on("pageerror", (e) => pageErrors.push(`${name}: ${e instanceof Error ? e.message : String(e)}`));
 }
 
-async function fillSignIn(p: Page, env: Env, token: string): Promise<void> {
+async function fillSignIn(p: Page, env: Env, token: string, wsUrl = env.wsUrl): Promise<void> {
   await p.goto(env.appUrl);
   await p.waitForSelector("#signin-form", { visible: true, ...WAIT });
-  await p.$eval("#signin-url", (e, url) => ((e as HTMLInputElement).value = url), env.wsUrl);
+  await p.$eval("#signin-url", (e, url) => ((e as HTMLInputElement).value = url), wsUrl);
   await p.$eval("#signin-token", (e, t) => ((e as HTMLTextAreaElement).value = t), token);
   await p.click("#signin-form button[type=submit]");
 }
@@ -197,6 +197,11 @@ async function chatBothWays({ a, b, ...env }: Env): Promise<void> {
   await fillSignIn(a, { a, b, ...env }, mintToken("alice", 3600, "another-secret-of-at-least-32-bytes!"));
   await a.waitForFunction(() => /Signed out/.test(document.querySelector("#signin-error")?.textContent ?? ""), WAIT);
   assert.equal(await a.evaluate(() => sessionStorage.length), 0);
+  // A server that does not answer: the app says so while the SDK keeps trying.
+  await fillSignIn(b, { a, b, ...env }, mintToken("bob"), "ws://127.0.0.1:9/ws");
+  await b.waitForFunction(() => /Cannot connect/.test(document.querySelector("#notice")?.textContent ?? ""), WAIT);
+  assert.equal(await b.$eval("#status", (e) => e.textContent), "connecting");
+  await b.click("#signout");
   await signIn(a, { a, b, ...env }, "alice");
   await signIn(b, { a, b, ...env }, "bob");
   // The tab remembers its sign-in: a reload comes back signed in.
