@@ -39,3 +39,46 @@ export function clock(ms: number): string {
   const d = new Date(ms);
   return `${String(d.getHours()).padStart(2, "0")}:${String(d.getMinutes()).padStart(2, "0")}`;
 }
+
+/** Sets a node's text only when it differs (a rewrite would drop a selection in it). */
+export function setText(node: Element, text: string): void {
+  if (node.textContent !== text) node.textContent = text;
+}
+
+/** Sets an attribute only when it differs. */
+export function setAttr(node: Element, name: string, value: string): void {
+  if (node.getAttribute(name) !== value) node.setAttribute(name, value);
+}
+
+/**
+ * Makes `parent`'s children the nodes of `items`, in order, keeping the node already
+ * made for each key (in `cache`) so a click or a selection on it survives a render.
+ */
+export function keyedChildren<T, N extends HTMLElement>(
+  parent: HTMLElement,
+  cache: Map<string, N>,
+  items: readonly T[],
+  key: (item: T) => string,
+  make: (item: T) => N,
+  update: (node: N, item: T) => void,
+): void {
+  const keep = new Set<string>();
+  items.forEach((item, i) => {
+    const k = key(item);
+    keep.add(k);
+    let node = cache.get(k);
+    if (!node) {
+      node = make(item);
+      cache.set(k, node);
+    }
+    update(node, item);
+    const at = parent.children[i];
+    if (at !== node) parent.insertBefore(node, at ?? null);
+  });
+  for (const [k, node] of cache) {
+    if (!keep.has(k)) {
+      node.remove();
+      cache.delete(k);
+    }
+  }
+}

@@ -3,7 +3,7 @@
  * clicks, keys and scrolls into {@link Intents}. It reads the state and never changes
  * it; message text only ever goes in as text.
  */
-import { byId, clock, el, show } from "./dom.js";
+import { byId, clock, el, keyedChildren, setAttr, setText, show } from "./dom.js";
 import { type ChatMsg, type Conversation, type State, peerOf, sortedConversations } from "./state.js";
 
 /** What the user asks for; actions.ts carries it out. */
@@ -34,6 +34,9 @@ export class View {
   private readonly pane = byId("messages-pane", HTMLDivElement);
   private readonly list = byId("messages", HTMLOListElement);
   private shownConversation: string | null = null;
+  /** The list items made so far, by conversation id and by message key. */
+  private readonly convItems = new Map<string, HTMLLIElement>();
+  private readonly msgItems = new Map<string, HTMLLIElement>();
 
   /** Binds the page's inputs to `intents`. */
   constructor(private readonly intents: Intents) {
@@ -108,19 +111,14 @@ export class View {
   }
 
   private renderList(s: State): void {
-    const items = sortedConversations(s).map((c) => {
-      const peer = peerOf(c.id, s.me);
-      const online = peer !== null && s.online.has(peer);
-      return el(
-        "li",
-        { "data-id": c.id, class: c.id === s.selected ? "conv selected" : "conv" },
-        el("span", { class: online ? "dot online" : "dot" }),
-        el("span", { class: "conv-name" }, c.name),
-        c.unread > 0 && el("span", { class: "unread" }, String(c.unread)),
-        el("span", { class: "conv-last" }, c.lastText),
-      );
-    });
-    byId("conversations", HTMLUListElement).replaceChildren(...items);
+    keyedChildren(
+      byId("conversations", HTMLUListElement),
+      this.convItems,
+      sortedConversations(s),
+      (c) => c.id,
+      (c) => el("li", { "data-id": c.id }, el("span"), el("span", { class: "conv-name" }), el("span"), el("span", { class: "conv-last" })),
+      (li, c) => updateConversationItem(li, c, s),
+    );
   }
 
   private renderConversation(s: State, now: number): void {
@@ -147,8 +145,14 @@ export class View {
 
   private renderMessages(s: State, c: Conversation): void {
     const mark = this.scrollMark();
-    this.list.replaceChildren(...c.messages.map((m) => messageItem(m, s.me, c.peerReadSeq)));
     const switched = mark.conversation !== c.id;
+    if (switched) {
+      this.list.replaceChildren();
+      this.msgItems.clear();
+    }
+    keyedChildren(this.list, this.msgItems, c.messages, (m) => m.key, (m) => messageItem(m, s.me), (li, m) =>
+      updateMessageItem(li, m, c.peerReadSeq),
+    );
     this.shownConversation = c.id;
     if (switched || mark.atBottom) {
       this.pane.scrollTop = this.pane.scrollHeight;
@@ -177,19 +181,36 @@ function deliveryState(m: ChatMsg, peerReadSeq: number): string {
   return m.seq <= peerReadSeq ? "read" : "sent";
 }
 
-function messageItem(m: ChatMsg, me: string, peerReadSeq: number): HTMLLIElement {
+function messageItem(m: ChatMsg, me: string): HTMLLIElement {
   const mine = m.sender === me;
-  const cls = ["msg", mine ? "mine" : "theirs", m.pending ? "pending" : "", m.failed ? "failed" : ""];
   return el(
     "li",
-    { class: cls.filter(Boolean).join(" "), "data-key": m.key, "data-seq": String(m.seq) },
+    { "data-key": m.key },
     !mine && el("span", { class: "sender" }, m.sender),
     el("span", { class: "text" }, m.text),
-    el(
-      "span",
-      { class: "meta" },
-      clock(m.time),
-      mine && el("span", { class: "delivery" }, deliveryState(m, peerReadSeq)),
-    ),
+    el("span", { class: "meta" }, el("span", { class: "time" }), mine && el("span", { class: "delivery" })),
   );
+}
+
+function updateMessageItem(li: HTMLLIElement, m: ChatMsg, peerReadSeq: number): void {
+  const mine = li.querySelector(".delivery");
+  const cls = ["msg", mine ? "mine" : "theirs", m.pending ? "pending" : "", m.failed ? "failed" : ""];
+  setAttr(li, "class", cls.filter(Boolean).join(" "));
+  setAttr(li, "data-seq", String(m.seq));
+  const time = li.querySelector(".time");
+  if (time) setText(time, clock(m.time));
+  if (mine) setText(mine, deliveryState(m, peerReadSeq));
+}
+
+function updateConversationItem(li: HTMLLIElement, c: Conversation, s: State): void {
+  const [dot, name, unread, last] = li.children;
+  const peer = peerOf(c.id, s.me);
+  setAttr(li, "class", c.id === s.selected ? "conv selected" : "conv");
+  if (dot) setAttr(dot, "class", peer !== null && s.online.has(peer) ? "dot online" : "dot");
+  if (name) setText(name, c.name);
+  if (unread) {
+    setAttr(unread, "class", c.unread > 0 ? "unread" : "unread none");
+    setText(unread, c.unread > 0 ? String(c.unread) : "");
+  }
+  if (last) setText(last, c.lastText);
 }

@@ -146,6 +146,33 @@ async function waitText(p: Page, text: string): Promise<void> {
   );
 }
 
+/** In the page: whether IndexedDB database `name` holds any record (the SDK's outbox). */
+async function outboxRecords(name: string): Promise<boolean> {
+  const db = await new Promise<IDBDatabase>((ok, fail) => {
+    const req = indexedDB.open(name);
+    req.onsuccess = () => ok(req.result);
+    req.onerror = () => fail(req.error);
+  });
+  try {
+    const stores = [...db.objectStoreNames];
+    if (stores.length === 0) return false;
+    const tx = db.transaction(stores, "readonly");
+    const counts = await Promise.all(
+      stores.map(
+        (st) =>
+          new Promise<number>((ok, fail) => {
+            const req = tx.objectStore(st).count();
+            req.onsuccess = () => ok(req.result);
+            req.onerror = () => fail(req.error);
+          }),
+      ),
+    );
+    return counts.some((n) => n > 0);
+  } finally {
+    db.close();
+  }
+}
+
 function range(prefix: string, n: number): string[] {
   return Array.from({ length: n }, (_, i) => `${prefix}-${i + 1}`);
 }
@@ -218,7 +245,7 @@ async function chatBothWays({ a, b, ...env }: Env): Promise<void> {
   await waitText(b, HOSTILE);
   assert.equal(await b.$$eval("#messages img, #messages b", (els) => els.length), 0, "message text is not markup");
   assert.equal(await b.evaluate(() => (window as { pwned?: number }).pwned), undefined);
-  assert.equal(await b.$eval(`li[data-id="${CONV}"]`, (e) => e.querySelector(".unread")), null, "read when viewed");
+  assert.equal(await b.$eval(`li[data-id="${CONV}"] .unread`, (e) => e.textContent), "", "read when viewed");
 
   // Bob viewed it: Alice sees "read"; Bob replies; Alice sees typing and presence.
   await waitDelivery(a, HOSTILE, "read");
@@ -298,6 +325,7 @@ async function outboxSurvivesClosedTab(env: Env): Promise<void> {
   await b.waitForSelector("#offline-banner", { visible: true, ...WAIT });
   await send(b, "kept-by-bob");
   assert.deepEqual(await delivery(b, "kept-by-bob"), ["sending…"]);
+  await b.waitForFunction(outboxRecords, WAIT, "im-outbox-bob");
   // The tab closes with the message unsent; a new tab (online) signs in and resends it.
   const context = b.browserContext();
   await b.close();
