@@ -124,6 +124,7 @@ export class Actions implements Intents {
     this.store.dispatch({ type: "history-loading", conversationId: id });
     conn.client.fetchHistory(id, { beforeSeq, limit: HISTORY_PAGE }).then(
       (page) => {
+        if (this.conn !== conn) return; // signed out (or in again) meanwhile
         const list = page.messages.flatMap((m) => {
           const x = incoming(m);
           return x ? [x] : [];
@@ -131,6 +132,7 @@ export class Actions implements Intents {
         this.store.dispatch({ type: "history", conversationId: id, list, more: page.more });
       },
       (e: unknown) => {
+        if (this.conn !== conn) return;
         const text = `Could not load history: ${e instanceof Error ? e.message : String(e)}`;
         this.store.dispatch({ type: "history-failed", conversationId: id, notice: text });
       },
@@ -151,8 +153,11 @@ export class Actions implements Intents {
     if (seq <= (this.marked.get(c.id) ?? 0)) return;
     this.marked.set(c.id, seq);
     const id = c.id;
-    this.conn.client.markRead(id, seq).then(
-      () => this.store.dispatch({ type: "read", conversationId: id, seq }),
+    const conn = this.conn;
+    conn.client.markRead(id, seq).then(
+      () => {
+        if (this.conn === conn) this.store.dispatch({ type: "read", conversationId: id, seq });
+      },
       () => this.marked.delete(id), // tried again at the next change
     );
   }

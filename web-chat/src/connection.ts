@@ -95,6 +95,8 @@ export class Connection {
   private presenceFor = "";
   private everConnected = false;
   private closing = false;
+  private listing: Promise<void> | null = null;
+  private listAgain = false;
 
   /**
    * Shows what a previous run left in the outbox as "sending…", then makes the client
@@ -144,13 +146,16 @@ export class Connection {
 
   private listen(): void {
     const c = this.client;
-    const d = (a: Parameters<Store["dispatch"]>[0]): void => this.store.dispatch(a);
+    // Once closing, this session's events no longer touch the state (a new one may own it).
+    const d = (a: Parameters<Store["dispatch"]>[0]): void => {
+      if (!this.closing) this.store.dispatch(a);
+    };
     c.on("connected", () => {
       if (!this.everConnected) d({ type: "notice", text: "" });
       this.everConnected = true;
       d({ type: "status", status: "online" });
       this.presenceFor = "";
-      void this.refreshList();
+      this.refreshList();
     });
     c.on("disconnected", (e) => {
       if (this.everConnected) return d({ type: "status", status: "offline" });
@@ -173,7 +178,7 @@ export class Connection {
       d({ type: "typing", conversationId: t.conversationId, userId: t.userId, typing: t.typing, now: Date.now() }),
     );
     c.on("presence", (p) => d({ type: "presence", userId: p.userId, online: p.online }));
-    c.on("synced", () => void this.refreshList());
+    c.on("synced", () => this.refreshList());
     c.on("closed", (e) => {
       if (e.error) this.ended(e.error);
     });
@@ -187,12 +192,28 @@ export class Connection {
     this.onEnded(e instanceof Error ? e.message : String(e));
   }
 
+  /** Reads the conversation list again (once more after the read under way, if any). */
+  refreshList(): void {
+    if (this.listing) {
+      this.listAgain = true;
+      return;
+    }
+    this.listing = this.readList().finally(() => {
+      this.listing = null;
+      if (this.listAgain) {
+        this.listAgain = false;
+        this.refreshList();
+      }
+    });
+  }
+
   /** Reads the conversation list (a few pages) into the state. */
-  async refreshList(): Promise<void> {
+  private async readList(): Promise<void> {
     try {
       let after = "";
-      for (let i = 0; i < LIST_PAGES; i++) {
+      for (let i = 0; i < LIST_PAGES && !this.closing; i++) {
         const page = await this.client.listConversations({ after, limit: LIST_PAGE });
+        if (this.closing) return;
         this.store.dispatch({ type: "summaries", list: page.conversations.map(summary) });
         after = page.nextAfter;
         if (!after) break;
@@ -224,6 +245,7 @@ export class Connection {
 
   /** Shows a problem without ending the session. */
   notice(what: string, e: unknown): void {
+    if (this.closing) return;
     const err = e as Partial<ImError>;
     this.store.dispatch({ type: "notice", text: `${what}: ${err.message ?? String(e)}` });
   }
