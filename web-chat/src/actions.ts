@@ -4,7 +4,8 @@
  * backwards, signal typing, and mark what is on screen read.
  */
 import { directConversationId, newClientMsgId, type Target } from "im-sdk";
-import { Connection, incoming } from "./connection.js";
+import { Connection } from "./connection.js";
+import { incoming } from "./convert.js";
 import { checkServerUrl, clearSession, saveSession, SignInError, tokenUser } from "./session.js";
 import { type Conversation, type Store, lastStoredSeq, oldestSeq } from "./state.js";
 import type { Intents } from "./view.js";

@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import type { Message } from "im-sdk";
-import { incoming, messageText } from "../src/connection.js";
+import { incoming, messageText } from "../src/convert.js";
 
 function message(over: Partial<Message>): Message {
   return {
