@@ -162,10 +162,14 @@ export class Client extends Emitter<ClientEvents> {
     return this.engine.start();
   }
 
-  /** Stops for good: flushes DeliverAcks, closes the socket, fails waiting requests. */
-  close(): Promise<void> {
+  /**
+   * Stops for good: sends the DeliverAcks due (waiting up to a second for the server to
+   * take them), closes the socket, fails waiting requests. Outbox entries stay in the
+   * outbox store for the next run.
+   */
+  async close(): Promise<void> {
+    await this.engine.drain(1000);
     this.engine.terminate();
-    return Promise.resolve();
   }
 
   private enqueue(entry: OutboxEntry): Promise<SendAck> {

@@ -522,13 +522,27 @@ export class Engine {
     this.timer("acks", this.opts.ackDelayMs, () => this.flushAcks());
   }
 
-  /** Sends the DeliverAcks due (batched: one per conversation). */
-  flushAcks(): void {
+  /** Sends the DeliverAcks due (batched: one per conversation); returns how many. */
+  flushAcks(): number {
+    this.clearTimer("acks");
     const s = this.socket;
-    if (!s) return;
-    for (const [conv, seq] of this.tracker.takeAcks()) {
+    if (!s) return 0;
+    const acks = this.tracker.takeAcks();
+    for (const [conv, seq] of acks) {
       s.send(0n, { case: "deliverAck", value: FrameOut.deliverAck(conv, seq) });
     }
+    return acks.length;
+  }
+
+  /**
+   * Graceful stop: sends the DeliverAcks due and waits (at most `waitMs`) for a Pong
+   * behind them, so the server has handled them before the socket closes.
+   * @param waitMs - longest wait.
+   */
+  async drain(waitMs: number): Promise<void> {
+    if (this.state !== "connected" || this.flushAcks() === 0) return;
+    const ping = this.request({ case: "ping", value: FrameOut.ping(Date.now()) }, "pong").catch(() => undefined);
+    await Promise.race([ping, new Promise((r) => setTimeout(r, waitMs))]);
   }
 
   /** Sends what the outbox lets go now; wakes up again after a pause. */

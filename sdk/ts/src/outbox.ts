@@ -1,10 +1,12 @@
 /**
  * The outbox: every send, recall and edit waits here, under its client_msg_id, until
  * the server acknowledges it. Bounded (refuses with {@link OutboxFullError} when full),
- * persisted through an {@link OutboxStore}, resent with the same id after reconnects,
- * and paced by a congestion window that halves on RATE_LIMITED/OVERLOADED (with a pause
- * of the server's retry_after_ms) and grows back on acks, so a refused burst never turns
- * into a flood of refusals.
+ * persisted through an {@link OutboxStore}, resent with the same id after reconnects.
+ * Two brakes keep a refused burst from turning into a flood of refusals (which the
+ * server closes 1008): a window of entries in flight that halves on OVERLOADED and
+ * grows back on acks, and, after RATE_LIMITED, a pacer that sends one entry per
+ * interval (first a little slower than the server's retry_after_ms, the time one
+ * token takes), speeding up by 1% per ack until it is off again.
  * @module
  */
 
@@ -13,8 +15,8 @@ import { OutboxFullError, type ImError, type ServerError } from "./errors.js";
 import { MemoryOutboxStore, type OutboxEntry, type OutboxStore } from "./store.js";
 import type { SendAck } from "./types.js";
 
-/** First and largest number of outbox entries in flight at once. */
-export const WINDOW_START = 64;
+/** First number of outbox entries in flight at once. */
+export const WINDOW_START = 32;
 /** Largest congestion window. */
 export const WINDOW_MAX = 1024;
 
@@ -34,6 +36,8 @@ export class Outbox {
   private inflightCount = 0;
   private window = WINDOW_START;
   private pausedUntil = 0;
+  private paceMs = 0;
+  private nextAt = 0;
   /** The persistence adapter. */
   readonly store: OutboxStore;
 
@@ -106,8 +110,12 @@ export class Outbox {
    * the window is full. @param now - ms.
    */
   take(now: number): OutboxEntry[] {
-    if (now < this.pausedUntil) return [];
-    const room = Math.floor(this.window) - this.inflightCount;
+    if (now < this.pausedUntil || now < this.nextAt) return [];
+    let room = Math.floor(this.window) - this.inflightCount;
+    if (this.paceMs > 0) {
+      room = Math.min(room, 1);
+      this.nextAt = now + this.paceMs;
+    }
     const out: OutboxEntry[] = [];
     if (room <= 0) return out;
     for (const p of this.pending.values()) {
@@ -122,7 +130,13 @@ export class Outbox {
 
   /** Ms until the pause ends (0: not paused). @param now - ms. */
   pausedFor(now: number): number {
-    return Math.max(0, this.pausedUntil - now);
+    const pending = this.pending.size > this.inflightCount;
+    return pending ? Math.max(0, this.pausedUntil - now, Math.ceil(this.nextAt - now)) : 0;
+  }
+
+  /** The pacer's interval, ms (0: not pacing). */
+  get pace(): number {
+    return this.paceMs;
   }
 
   /**
@@ -135,6 +149,10 @@ export class Outbox {
     this.pending.delete(ack.clientMsgId);
     if (p.inflight) this.inflightCount -= 1;
     this.window = Math.min(WINDOW_MAX, this.window + 1 / Math.max(1, this.window) + (this.window < WINDOW_START ? 1 : 0));
+    if (this.paceMs > 0) {
+      this.paceMs *= 0.99;
+      if (this.paceMs < 1) this.paceMs = 0;
+    }
     p.resolve?.(ack);
     return true;
   }
@@ -155,7 +173,8 @@ export class Outbox {
       const until = now + retryDelay(err.retryAfterMs, this.random);
       if (until > this.pausedUntil) {
         this.pausedUntil = until;
-        this.window = Math.max(1, this.window / 2);
+        if (err.code === "OVERLOADED") this.window = Math.max(1, this.window / 2);
+        else this.paceMs = Math.max(this.paceMs, Math.max(1, err.retryAfterMs) * 1.25);
       }
       return "retry";
     }
