@@ -106,6 +106,9 @@ export class View {
     const notice = byId("notice", HTMLParagraphElement);
     notice.textContent = s.notice;
     show(notice, s.notice !== "");
+    let unread = 0;
+    for (const c of s.conversations.values()) unread += c.unread;
+    document.title = unread > 0 ? `(${unread}) im web chat` : "im web chat";
     this.renderList(s);
     this.renderConversation(s, now);
   }

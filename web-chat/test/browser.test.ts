@@ -299,6 +299,7 @@ async function pageHistory({ a, b }: Env): Promise<void> {
   const all = await texts(a);
   assert.equal(all.length, 44);
   await b.waitForFunction((id) => document.querySelector(`li[data-id="${id}"] .unread`)?.textContent === "20", WAIT, CONV);
+  assert.equal(await b.title(), "(20) im web chat");
 
   // Opening the conversation shows the newest page, and marks it read: a real receipt
   // (Bob's read cursor was at his own last message, below these).
