@@ -314,22 +314,22 @@ export class Client extends Emitter<ClientEvents> {
 
   /** Adds members. @param groupId - the group. @param users - who to add. */
   addMembers(groupId: string, users: string[]): Promise<GroupInfo> {
-    return this.groupOp({ op: "ADD", groupId, members: nonEmpty(users) });
+    return this.guard(() => this.groupOp({ op: "ADD", groupId, members: nonEmpty(users) }));
   }
 
   /** Removes members. @param groupId - the group. @param users - who to remove. */
   removeMembers(groupId: string, users: string[]): Promise<GroupInfo> {
-    return this.groupOp({ op: "REMOVE", groupId, members: nonEmpty(users) });
+    return this.guard(() => this.groupOp({ op: "REMOVE", groupId, members: nonEmpty(users) }));
   }
 
   /** Removes and bans users. @param groupId - the group. @param users - who to ban. */
   banMembers(groupId: string, users: string[]): Promise<GroupInfo> {
-    return this.groupOp({ op: "BAN", groupId, members: nonEmpty(users) });
+    return this.guard(() => this.groupOp({ op: "BAN", groupId, members: nonEmpty(users) }));
   }
 
   /** Lifts bans. @param groupId - the group. @param users - who to unban. */
   unbanMembers(groupId: string, users: string[]): Promise<GroupInfo> {
-    return this.groupOp({ op: "UNBAN", groupId, members: nonEmpty(users) });
+    return this.guard(() => this.groupOp({ op: "UNBAN", groupId, members: nonEmpty(users) }));
   }
 
   /**
@@ -340,7 +340,7 @@ export class Client extends Emitter<ClientEvents> {
     if (role !== "MEMBER" && role !== "ADMIN") {
       return Promise.reject(new InvalidArgumentError("role", `must be MEMBER or ADMIN, not ${String(role)}`));
     }
-    return this.groupOp({ op: "SET_ROLE", groupId, members: nonEmpty(users), role });
+    return this.guard(() => this.groupOp({ op: "SET_ROLE", groupId, members: nonEmpty(users), role }));
   }
 
   /** Makes `user` the owner (the caller becomes an admin). @param groupId - the group. @param user - the new owner. */

@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
-import { directConversationId } from "../../src/index.js";
+import { directConversationId, InvalidArgumentError, ServerError } from "../../src/index.js";
 import { connectUser, TestServer, texts, waitFor } from "../support.js";
 
 let server: TestServer;
@@ -33,4 +33,30 @@ test("one-to-one: sends are acked, delivered once and in order, both ways", asyn
   await alice.client.close();
   await bob.client.close();
   assert.equal(alice.client.state, "closed");
+});
+
+test("bad input is refused with typed errors and never reaches the server", async () => {
+  const a = await connectUser(server, "bi");
+  await a.client.ping();
+  const msgsIn = async (): Promise<number> => {
+    const r = (await (await server.admin("GET", "/admin/v1/connections?user=bi")).json()) as {
+      connections: Array<{ user_id: string; msgs_in: number }>;
+    };
+    return r.connections.find((c) => c.user_id === "bi")?.msgs_in ?? -1;
+  };
+  const before = await msgsIn();
+  assert.ok(before > 0, "the admin API lists the connection");
+  const bad: Array<Promise<unknown>> = [
+    a.client.send({ to: "no such:user" }, "x"),
+    a.client.send({ to: "bob" }, ""),
+    a.client.send({ to: "bob" }, new Uint8Array(70 * 1024)),
+    a.client.send({ group: "" }, "x"),
+    a.client.markRead("nonsense", 1),
+    a.client.createGroup({ members: ["ok", "bad user"] }),
+  ];
+  for (const p of bad) await assert.rejects(p, (e: unknown) => e instanceof InvalidArgumentError);
+  assert.equal(await msgsIn(), before, "nothing was sent");
+  // The server's own refusals arrive typed too.
+  await assert.rejects(a.client.groupInfo("nosuchgroup"), (e: unknown) => e instanceof ServerError && e.code === "NOT_FOUND");
+  await a.client.close();
 });
