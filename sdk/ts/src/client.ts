@@ -13,6 +13,7 @@ import type { ClientEvents, ConnectionState } from "./events.js";
 import { toGroupInfo, toMessage, toSummary, type pb } from "./convert.js";
 import { newClientMsgId } from "./ids.js";
 import type { ClientOptions, ResolvedOptions, WebSocketConstructor } from "./options.js";
+import { browserNetwork } from "./network.js";
 import { routeBaseOf } from "./route.js";
 import type { OutboxEntry } from "./store.js";
 import type {
@@ -118,6 +119,7 @@ export function resolveOptions(o: ClientOptions): ResolvedOptions {
     typingIntervalMs: positive("typingIntervalMs", o.typingIntervalMs, 3000),
     heartbeatMs: o.heartbeatMs === undefined ? undefined : positive("heartbeatMs", o.heartbeatMs, 30_000),
     refreshBeforeExpMs: o.refreshBeforeExpMs === undefined ? undefined : positive("refreshBeforeExpMs", o.refreshBeforeExpMs, 60_000),
+    watchNetwork: o.watchNetwork ?? browserNetwork() !== undefined,
   };
 }
 
@@ -176,7 +178,10 @@ export class Client extends Emitter<ClientEvents> {
     if (this.engine.state === "closed") return Promise.reject(new ClientClosedError("the client is closed"));
     const acked = this.engine.outbox.add(entry);
     this.engine.outbox.store.put(entry).then(
-      () => this.engine.pump(),
+      () => {
+        this.emit("queued", { clientMsgId: entry.clientMsgId });
+        this.engine.pump();
+      },
       (e: unknown) => {
         this.emit("error", new ProtocolError(`outbox store put failed: ${String(e)}`));
         this.engine.pump();

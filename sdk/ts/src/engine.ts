@@ -23,6 +23,7 @@ import {
 import type { ClientEvents, ConnectionState } from "./events.js";
 import type { ResolvedOptions } from "./options.js";
 import { Outbox } from "./outbox.js";
+import { browserNetwork } from "./network.js";
 import { chooseUrl } from "./route.js";
 import { CLIENT_GONE, Socket } from "./socket.js";
 import { SyncEngine } from "./sync.js";
@@ -93,6 +94,8 @@ export class Engine {
   private lostNode: string | undefined;
   private closed = false;
   private closeWake: (() => void) | undefined;
+  private offline = false;
+  private unwatch: (() => void) | undefined;
   private firstLogin: { resolve: (s: Session) => void; reject: (e: ImError) => void } | undefined;
 
   /** @param opts - resolved options. @param emit - the client's event emitter. */
@@ -170,8 +173,26 @@ export class Engine {
     });
   }
 
+  /** Follows the browser's network: offline closes the socket, online reconnects at once. */
+  private watchNetwork(): void {
+    const net = this.opts.watchNetwork ? browserNetwork() : undefined;
+    if (!net) return;
+    this.offline = !net.online();
+    this.unwatch = net.subscribe((online) => {
+      this.offline = !online;
+      if (!online) this.socket?.close(CLIENT_GONE, "browser offline");
+      else this.closeWake?.();
+    });
+  }
+
+  /** Waits while the browser is offline (woken by `online` or close()). */
+  private async whileOffline(): Promise<void> {
+    while (this.offline && !this.closed) await this.sleep(60_000);
+  }
+
   /** The reconnect loop: runs until close() or a terminal refusal. */
   private async run(): Promise<void> {
+    this.watchNetwork();
     try {
       this.outbox.restore(await this.outbox.store.load());
     } catch (e) {
@@ -183,6 +204,7 @@ export class Engine {
       this.setState("connecting");
       this.emit("connecting", { attempt: this.backoff.attempts, delayMs: delay });
       if (delay > 0) await this.sleep(delay);
+      await this.whileOffline();
       if (this.closed) break;
       const next = await this.attempt(needToken);
       if (this.closed) break;
@@ -192,6 +214,8 @@ export class Engine {
       }
       needToken = next.needToken;
       delay = next.quick ? Math.min(this.backoff.next(), 250) : this.backoff.next();
+      // Offline: no backoff to sit out once the network is back.
+      if (this.offline) delay = 0;
     }
   }
 
@@ -630,6 +654,7 @@ export class Engine {
   terminate(err?: ImError): void {
     if (this.state === "closed") return;
     this.closed = true;
+    this.unwatch?.();
     this.closeWake?.();
     this.flushAcks();
     const s = this.socket;

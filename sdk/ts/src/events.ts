@@ -33,6 +33,8 @@ export interface ClientEvents {
   presence: Presence;
   /** Someone is typing (or stopped). */
   typing: Typing;
+  /** An outbox entry is stored in the outbox store (it survives a reload from now on). */
+  queued: { clientMsgId: string };
   /** An outbox entry was acknowledged (also for entries reloaded from the store). */
   acked: SendAck;
   /** An outbox entry was refused for good (not retried), with the server's error. */

@@ -72,6 +72,12 @@ export interface ClientOptions {
   heartbeatMs?: number;
   /** Refresh the token this long before its exp, ms (default: a third of its remaining life, at most 60000). */
   refreshBeforeExpMs?: number;
+  /**
+   * Follow the browser's network state (default: true where `window` `online`/`offline`
+   * events and `navigator.onLine` exist): on `offline` the socket is closed and reconnect
+   * attempts wait; on `online` the client reconnects at once. Sends stay in the outbox.
+   */
+  watchNetwork?: boolean;
 }
 
 /** Options with defaults filled in. */
@@ -110,4 +116,6 @@ export interface ResolvedOptions {
   heartbeatMs: number | undefined;
   /** See {@link ClientOptions}. */
   refreshBeforeExpMs: number | undefined;
+  /** See {@link ClientOptions}. */
+  watchNetwork: boolean;
 }

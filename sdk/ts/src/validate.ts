@@ -80,30 +80,25 @@ export function checkPayload(p: unknown, max: number): Uint8Array {
   return bytes;
 }
 
-/** Throws unless `url` is a ws:// or wss:// URL. @param url - the URL. */
-export function checkWsUrl(url: unknown): URL {
+function checkUrl(name: string, url: unknown, protocols: [string, string]): URL {
   let u: URL;
   try {
     u = new URL(String(url));
   } catch {
-    throw new InvalidArgumentError("url", `not a URL: ${JSON.stringify(url)}`);
+    throw new InvalidArgumentError(name, `not a URL: ${JSON.stringify(url)}`);
   }
-  if (u.protocol !== "ws:" && u.protocol !== "wss:") {
-    throw new InvalidArgumentError("url", `must be ws:// or wss://, got ${u.protocol}`);
+  if (!protocols.includes(u.protocol)) {
+    throw new InvalidArgumentError(name, `must be ${protocols.map((p) => `${p}//`).join(" or ")}, got ${u.protocol}`);
   }
   return u;
 }
 
+/** Throws unless `url` is a ws:// or wss:// URL. @param url - the URL. */
+export function checkWsUrl(url: unknown): URL {
+  return checkUrl("url", url, ["ws:", "wss:"]);
+}
+
 /** Throws unless `url` is an http:// or https:// URL. @param url - the URL. */
 export function checkHttpUrl(url: unknown): URL {
-  let u: URL;
-  try {
-    u = new URL(String(url));
-  } catch {
-    throw new InvalidArgumentError("routeUrl", `not a URL: ${JSON.stringify(url)}`);
-  }
-  if (u.protocol !== "http:" && u.protocol !== "https:") {
-    throw new InvalidArgumentError("routeUrl", `must be http:// or https://, got ${u.protocol}`);
-  }
-  return u;
+  return checkUrl("routeUrl", url, ["http:", "https:"]);
 }

@@ -216,7 +216,7 @@ export function makeUser(server: TestServer, user: string, opts: Partial<ClientO
   });
   const tc: TestClient = { client, messages: [], events: [] };
   client.on("message", (m) => tc.messages.push(m));
-  for (const name of ["connecting", "connected", "disconnected", "closed", "receipt", "presence", "typing", "acked", "sendFailed", "tokenRefreshed", "error"] as const) {
+  for (const name of ["connecting", "connected", "disconnected", "closed", "queued", "receipt", "presence", "typing", "acked", "sendFailed", "tokenRefreshed", "error"] as const) {
     client.on(name, (payload: unknown) => tc.events.push({ name, payload }));
   }
   return tc;

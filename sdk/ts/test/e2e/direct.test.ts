@@ -18,6 +18,8 @@ test("one-to-one: sends are acked, delivered once and in order, both ways", asyn
   const acks = await Promise.all(Array.from({ length: 50 }, (_, i) => alice.client.send({ to: "bob" }, `m${i}`)));
   assert.equal(new Set(acks.map((a) => a.seq)).size, 50);
   assert.ok(acks.every((a) => a.conversationId === conv && !a.duplicate));
+  const queued = alice.events.filter((e) => e.name === "queued").map((e) => (e.payload as { clientMsgId: string }).clientMsgId);
+  assert.deepEqual(new Set(queued), new Set(acks.map((a) => a.clientMsgId)), "each send was stored before its ack");
   await waitFor("bob has 50", () => bob.messages.length >= 50);
   assert.deepEqual(texts(bob.messages, conv), Array.from({ length: 50 }, (_, i) => `m${i}`));
   assert.deepEqual(

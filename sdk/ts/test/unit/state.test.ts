@@ -149,3 +149,34 @@ test("policy closes (1008 flood) back off instead of looping hot", async () => {
   assert.ok(n < 12, `${n} connections in 600 ms`);
   assert.ok(delays.slice(1).every((d) => d >= 0 && d <= 400));
 });
+
+test("browser offline closes the socket and holds reconnects; online reconnects at once", async () => {
+  const g = globalThis as unknown as Record<string, unknown>;
+  const et = new EventTarget();
+  const nav = { onLine: true };
+  const saved = { add: g.addEventListener, remove: g.removeEventListener, navigator: Object.getOwnPropertyDescriptor(globalThis, "navigator") };
+  g.addEventListener = et.addEventListener.bind(et);
+  g.removeEventListener = et.removeEventListener.bind(et);
+  Object.defineProperty(globalThis, "navigator", { value: nav, configurable: true });
+  try {
+    ScriptedSocket.script = (ws) => ws.loginOk();
+    const { c, log } = client({ reconnectMinMs: 5000, reconnectMaxMs: 5000 });
+    await c.connect();
+    const opened = ScriptedSocket.opened;
+    nav.onLine = false;
+    et.dispatchEvent(new Event("offline"));
+    await waitFor("disconnected", () => c.state !== "connected");
+    await new Promise((r) => setTimeout(r, 100));
+    assert.equal(ScriptedSocket.opened, opened, "no attempt while offline");
+    nav.onLine = true;
+    et.dispatchEvent(new Event("online"));
+    await waitFor("reconnected at once (not after the 5 s backoff)", () => c.state === "connected", 1000);
+    assert.equal(log.filter((x) => x === "connected").length, 2);
+    await c.close();
+  } finally {
+    g.addEventListener = saved.add;
+    g.removeEventListener = saved.remove;
+    if (saved.navigator) Object.defineProperty(globalThis, "navigator", saved.navigator);
+    else delete g.navigator;
+  }
+});
