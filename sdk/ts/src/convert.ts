@@ -183,4 +183,5 @@ export function toServerError(e: pb.Error): ServerError {
   return new ServerError(name<ServerErrorCode>(pb.ErrorCode, e.code, "UNSPECIFIED"), e.message, e.retryAfterMs);
 }
 
+/** The generated im.v1 module (schemas, enums, message types). */
 export { pb };
