@@ -62,3 +62,18 @@ test("bad input is refused with typed errors and never reaches the server", asyn
   await assert.rejects(a.client.groupInfo("nosuchgroup"), (e: unknown) => e instanceof ServerError && e.code === "NOT_FOUND");
   await a.client.close();
 });
+
+test("node choice: GET /v1/route picks the URL; a failing route falls back to the given URL", async () => {
+  const routed = await connectUser(server, "rt1");
+  const c = routed.events.find((e) => e.name === "connected")?.payload as { url: string };
+  const answer = (await (await fetch(`http://${server.clientAddr}/v1/route`)).json()) as { ws_url: string };
+  assert.equal(c.url, answer.ws_url);
+  assert.ok(!routed.events.some((e) => e.name === "error"), "the route answered");
+  // Nothing listens on port 1: the route call fails, the client connects to `url`.
+  const fallback = await connectUser(server, "rt2", { routeUrl: "http://127.0.0.1:1" });
+  assert.equal(fallback.client.state, "connected");
+  const err = fallback.events.find((e) => e.name === "error")?.payload as Error;
+  assert.match(err.message, /route failed/);
+  await routed.client.close();
+  await fallback.client.close();
+});
