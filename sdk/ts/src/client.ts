@@ -220,19 +220,7 @@ export class Client extends Emitter<ClientEvents> {
    * @param msgId - its id.
    */
   recall(conversationId: string, seq: number, msgId: string): Promise<SendAck> {
-    try {
-      const entry: OutboxEntry = {
-        op: "recall",
-        clientMsgId: newClientMsgId(),
-        conversationId: checkConversation(conversationId),
-        seq: checkSeq("seq", seq),
-        msgId: checkMsgId(msgId),
-        createdAt: Date.now(),
-      };
-      return this.enqueue(entry);
-    } catch (e) {
-      return Promise.reject(e);
-    }
+    return this.guard(() => this.enqueue({ op: "recall", ...messageRef(conversationId, seq, msgId) }));
   }
 
   /**
@@ -243,20 +231,13 @@ export class Client extends Emitter<ClientEvents> {
    * @param payload - the new text or bytes.
    */
   edit(conversationId: string, seq: number, msgId: string, payload: string | Uint8Array): Promise<SendAck> {
-    try {
-      const entry: OutboxEntry = {
+    return this.guard(() =>
+      this.enqueue({
         op: "edit",
-        clientMsgId: newClientMsgId(),
-        conversationId: checkConversation(conversationId),
-        seq: checkSeq("seq", seq),
-        msgId: checkMsgId(msgId),
+        ...messageRef(conversationId, seq, msgId),
         payload: checkPayload(payload, this.opts.maxPayloadBytes),
-        createdAt: Date.now(),
-      };
-      return this.enqueue(entry);
-    } catch (e) {
-      return Promise.reject(e);
-    }
+      }),
+    );
   }
 
   /** Runs `f` turning a synchronous argument error into a rejection. */
@@ -483,6 +464,17 @@ function checkClientMsgId(id: unknown): string {
     throw new InvalidArgumentError("clientMsgId", "must be a non-empty string of at most 128 characters");
   }
   return id;
+}
+
+/** The checked reference to a message that a recall or edit names, with a fresh client_msg_id. */
+function messageRef(conversationId: string, seq: number, msgId: string) {
+  return {
+    clientMsgId: newClientMsgId(),
+    conversationId: checkConversation(conversationId),
+    seq: checkSeq("seq", seq),
+    msgId: checkMsgId(msgId),
+    createdAt: Date.now(),
+  };
 }
 
 function checkMsgId(id: unknown): string {

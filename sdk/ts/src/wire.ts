@@ -60,25 +60,11 @@ export function wireEntry(e: OutboxEntry): Body {
         }),
       };
     case "recall":
-      return {
-        case: "recall",
-        value: create(pb.RecallSchema, {
-          conversationId: e.conversationId,
-          seq: BigInt(e.seq),
-          msgId: e.msgId,
-          clientMsgId: e.clientMsgId,
-        }),
-      };
-    case "edit":
-      return {
-        case: "edit",
-        value: create(pb.EditSchema, {
-          conversationId: e.conversationId,
-          seq: BigInt(e.seq),
-          msgId: e.msgId,
-          payload: e.payload,
-          clientMsgId: e.clientMsgId,
-        }),
-      };
+    case "edit": {
+      const ref = { conversationId: e.conversationId, seq: BigInt(e.seq), msgId: e.msgId, clientMsgId: e.clientMsgId };
+      return e.op === "recall"
+        ? { case: "recall", value: create(pb.RecallSchema, ref) }
+        : { case: "edit", value: create(pb.EditSchema, { ...ref, payload: e.payload }) };
+    }
   }
 }
