@@ -1,5 +1,5 @@
-//! The fixed micro-workload of the CI performance gate (`.ci/perf-gate`, README
-//! "Performance gate"): the server's in-process message path on a deterministic message
+//! The fixed micro-workload of the CI performance gate (`.ci/perf-gate`,
+//! docs/performance-gate.md): the server's in-process message path on a deterministic message
 //! mix, with no socket, no store and no runtime, so that `valgrind --tool=callgrind`
 //! counts the same instructions on every run.
 //!

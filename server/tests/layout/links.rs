@@ -9,11 +9,6 @@ use std::path::{Path, PathBuf};
 /// Most lines README.md may have.
 const README_MAX_LINES: usize = 200;
 
-/// Top-level folders other parts of the repository bring (the `im` command-line client,
-/// the TypeScript SDK, the web chat, the test script): a link into one of them is checked
-/// once the folder is in the tree, and skipped with a note while it is not.
-const ALONGSIDE: [&str; 4] = ["cli", "sdk", "web-chat", "scripts"];
-
 /// The documents whose links are checked, relative to the repository root.
 fn documents(root: &Path) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = [
@@ -83,11 +78,10 @@ fn anchors(markdown: &str) -> Vec<String> {
         .collect()
 }
 
-/// What is wrong with link `target` of document `doc`: `Ok(None)` when it resolves,
-/// `Ok(Some(note))` when it is skipped, `Err` when it is broken.
-fn check(root: &Path, doc: &Path, target: &str) -> Result<Option<String>, String> {
+/// What is wrong with link `target` of document `doc`: `Err` when it is broken.
+fn check(root: &Path, doc: &Path, target: &str) -> Result<(), String> {
     if target.contains("://") || target.starts_with("mailto:") {
-        return Ok(None);
+        return Ok(());
     }
     let (file, fragment) = target.split_once('#').unwrap_or((target, ""));
     let doc_dir = doc.parent().unwrap_or(Path::new(""));
@@ -96,17 +90,6 @@ fn check(root: &Path, doc: &Path, target: &str) -> Result<Option<String>, String
     } else {
         normalize(&doc_dir.join(file))
     };
-    let top = path
-        .components()
-        .next()
-        .and_then(|c| c.as_os_str().to_str())
-        .unwrap_or_default();
-    if ALONGSIDE.contains(&top) && !root.join(top).exists() {
-        return Ok(Some(format!(
-            "{} -> {target}: {top}/ is not in this tree yet",
-            doc.display()
-        )));
-    }
     if !root.join(&path).exists() {
         return Err(format!(
             "{} -> {target}: no file {}",
@@ -124,7 +107,7 @@ fn check(root: &Path, doc: &Path, target: &str) -> Result<Option<String>, String
             ));
         }
     }
-    Ok(None)
+    Ok(())
 }
 
 /// `path` with its `..` and `.` components folded (it stays relative to the root).
@@ -160,10 +143,8 @@ fn every_relative_link_resolves() {
     for doc in documents(&root) {
         let text = fs::read_to_string(root.join(&doc)).expect("reading a document");
         for (line, target) in links(&text) {
-            match check(&root, &doc, &target) {
-                Ok(None) => {}
-                Ok(Some(note)) => eprintln!("skipped: {note}"),
-                Err(e) => broken.push(format!("line {line}: {e}")),
+            if let Err(e) = check(&root, &doc, &target) {
+                broken.push(format!("line {line}: {e}"));
             }
         }
     }
