@@ -143,7 +143,7 @@ pub struct LogTailLine {
     /// `error`, `warn`, `info`, `debug` or `trace`.
     #[serde(deserialize_with = "crate::lenient_string")]
     pub level: String,
-    /// The emitting module (e.g. `im_server::pipeline::persist`).
+    /// The emitting module (e.g. `im_server::persist::writer`).
     #[serde(deserialize_with = "crate::lenient_string")]
     pub target: String,
     /// The user the event belongs to.

@@ -1,11 +1,11 @@
-//! The fixed micro-workload of the CI performance gate (`.ci/perf-gate`,
-//! docs/performance-gate.md): the server's in-process message path on a deterministic message
+//! The fixed micro-workload of the CI performance gate (`.ci/perf-gate`, README
+//! "Performance gate"): the server's in-process message path on a deterministic message
 //! mix, with no socket, no store and no runtime, so that `valgrind --tool=callgrind`
 //! counts the same instructions on every run.
 //!
 //! Per message: decode the client's `Send` frame (`Frame::decode`, as
 //! `gateway::protocol` does), encode and queue the `SendAck` to the sender and hand the
-//! committed message to the real `route::Router` (as `persist`
+//! committed message to the real `route::Router` (as the writer, `persist`,
 //! does after a commit), which encodes it once and pushes the shared bytes into each
 //! recipient's `flow::Outbound`. After every commit batch each connection's queue is
 //! drained the way the write loop does (`OutboundRx::fill`, `flow::coalesce`, i.e.
@@ -217,7 +217,7 @@ fn workload(
             seq += 1;
             let msg_id = format!("{seq:032x}");
             let server_time = 1_700_000_000_000 + seq as i64;
-            // As `pipeline::persist` after a commit: the ack, then the delivery.
+            // As the writer (`persist`) after a commit: the ack, then the delivery.
             let ack = im_proto::encode(&frame(
                 f.req_id,
                 Body::SendAck(SendAck {

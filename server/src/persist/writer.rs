@@ -5,6 +5,7 @@
 //! to the router, in commit order. How requesters are answered is `super::answer`.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -271,12 +272,23 @@ impl Writer {
         }
         self.last_try = Instant::now();
         if self.round.has_no_write() {
-            let _ = self
-                .guard
-                .write(&mut self.fault_since, self.store.probe_write())
-                .await;
+            let _ = self.write(self.store().probe_write()).await;
         }
         true
+    }
+
+    /// The one shape of every commit: `write` through the guard (bounded in time, its
+    /// outcome recorded in the store's health).
+    async fn write<T>(
+        &mut self,
+        write: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        self.guard.write(&mut self.fault_since, write).await
+    }
+
+    /// The store, for a write the caller hands to [`Writer::write`].
+    fn store(&self) -> Arc<dyn Store> {
+        self.store.clone()
     }
 
     /// Commits the batch's Sends and delivery cursors in one transaction, then acks the
@@ -290,20 +302,17 @@ impl Writer {
         self.last_try = Instant::now();
         self.recheck().await;
         let start = Instant::now();
-        let sends = &mut self.round.sends;
-        for s in sends.iter() {
+        for s in &self.round.sends {
             self.metrics.stage(Stage::PersistWait, start - s.enqueued);
         }
-        let messages: Vec<NewMessage> = sends.iter().map(|s| s.message.clone()).collect();
+        let messages: Vec<NewMessage> =
+            self.round.sends.iter().map(|s| s.message.clone()).collect();
         let result = self
-            .guard
-            .write(
-                &mut self.fault_since,
-                self.store.commit_batch(&messages, &cursors),
-            )
+            .write(self.store().commit_batch(&messages, &cursors))
             .await;
         self.metrics.stage_since(Stage::PersistCommit, start);
         let end = Instant::now();
+        let sends = &mut self.round.sends;
         for s in sends.iter_mut() {
             if let Some(tr) = s.trace.as_deref_mut() {
                 tr.stage(Stage::PersistWait, s.enqueued, start);
@@ -345,13 +354,7 @@ impl Writer {
         let states = &self.round.states;
         let reads: Vec<ReadUpdate> = states.iter().filter_map(|r| r.read.clone()).collect();
         let flags: Vec<FlagsUpdate> = states.iter().filter_map(|r| r.flags.clone()).collect();
-        let result = self
-            .guard
-            .write(
-                &mut self.fault_since,
-                self.store.commit_state(&reads, &flags),
-            )
-            .await;
+        let result = self.write(self.store().commit_state(&reads, &flags)).await;
         match result {
             Ok(moved) => {
                 self.receipts_for(moved);
@@ -402,13 +405,7 @@ impl Writer {
     /// membership cache and sends its SYSTEM event before its requester hears back.
     async fn commit_groups(&mut self) {
         for (group_id, req, reply) in std::mem::take(&mut self.round.groups) {
-            let result = self
-                .guard
-                .write(
-                    &mut self.fault_since,
-                    self.store.group_change(&group_id, &req),
-                )
-                .await;
+            let result = self.write(self.store().group_change(&group_id, &req)).await;
             let result = match result {
                 Ok(outcome) => {
                     group_committed(&self.relations, &self.router, &group_id, &outcome).await;
@@ -427,10 +424,7 @@ impl Writer {
             return;
         }
         let rows: Vec<HiddenMessage> = self.round.hides.iter().map(|h| h.hidden.clone()).collect();
-        let result = self
-            .guard
-            .write(&mut self.fault_since, self.store.hide_messages(&rows))
-            .await;
+        let result = self.write(self.store().hide_messages(&rows)).await;
         match result {
             Ok(()) => done_all(&mut self.round.hides),
             Err(e) => refuse_all(&mut self.round.hides, &Refusal::store(e)),
@@ -441,11 +435,7 @@ impl Writer {
     async fn commit_presence(&mut self) {
         for (user_id, hidden, reply) in std::mem::take(&mut self.round.presence) {
             let result = self
-                .guard
-                .write(
-                    &mut self.fault_since,
-                    self.store.set_presence_hidden(&user_id, hidden),
-                )
+                .write(self.store().set_presence_hidden(&user_id, hidden))
                 .await;
             let _ = reply.send(result);
         }

@@ -1,7 +1,7 @@
 //! Store health: whether this node may take Sends, and why not. Two facts make it up,
 //! each with one writer:
 //! - the last commit's fault, set and cleared by the persistence writer
-//!   (`pipeline::persist`): a storage error that persists (disk full, I/O error, a
+//!   (`persist`): a storage error that persists (disk full, I/O error, a
 //!   read-only file system) or a store that does not answer in time. The writer clears
 //!   it when a commit, or its probe write while idle, succeeds again;
 //! - free space under the floor (`store.min_free_disk_mb`), set each sample by the
