@@ -77,7 +77,7 @@ pub use link::Link;
 use link::{Health, PresenceOp};
 use presence::PresenceMap;
 use registry::{LoadReport, Registry};
-use supervise::{Supervisor, Watchers};
+use supervise::Supervisor;
 use trust::ClusterKey;
 
 /// Errors setting up cluster mode; each names what failed.
@@ -224,25 +224,14 @@ impl Cluster {
                 "cleared this node's presence keys from an earlier run"
             );
         }
-        let mut subs = Vec::new();
-        for subject in [link.subject(&link.node_id), link.all_subject.clone()] {
-            let sub = link.client.subscribe(subject.clone()).await.map_err(|e| {
-                ClusterError::Subscribe {
-                    subject,
-                    message: e.to_string(),
-                }
-            })?;
-            subs.push(sub);
+        let subs = [link.subject(&link.node_id), link.all_subject.clone()];
+        let mut inbox = Vec::new();
+        for subject in subs {
+            inbox.push(self.subscribe(subject).await?);
         }
-        let trace_subject = trace::subject(&link.trace_prefix, &link.node_id);
-        let trace_sub = link
-            .client
-            .subscribe(trace_subject.clone())
-            .await
-            .map_err(|e| ClusterError::Subscribe {
-                subject: trace_subject,
-                message: e.to_string(),
-            })?;
+        let trace_sub = self
+            .subscribe(trace::subject(&link.trace_prefix, &link.node_id))
+            .await?;
         // First report before anything else, so the node is routable at once.
         if let Err(e) = put_report(&self.buckets.nodes(), &link, &report()).await {
             tracing::warn!(error = %e, "could not publish the first load report");
@@ -251,7 +240,7 @@ impl Cluster {
             spawn(
                 Task::ClusterInbound,
                 inbound::inbound(
-                    futures_util::stream::select_all(subs),
+                    futures_util::stream::select_all(inbox),
                     router.clone(),
                     relations.clone(),
                     revoked,
@@ -283,23 +272,21 @@ impl Cluster {
                 kv::write_presence(self.buckets.clone(), link.clone(), rx),
             ));
         }
-        let mut supervisor = Supervisor {
-            js: self.js.clone(),
-            buckets: self.buckets.clone(),
-            link,
-            router,
-            relations,
-            report,
-            interval: self.report_interval,
-            watchers: Watchers(Vec::new()),
-            recreated: metrics::counter!("im_cluster_kv_recreated_total"),
-            resyncs: metrics::counter!("im_cluster_resyncs_total"),
-        };
-        supervisor.recreated.absolute(0);
-        supervisor.resyncs.absolute(0);
-        supervisor.spawn_watchers();
+        let supervisor = Supervisor::start(self, router, relations, report);
         tasks.push(spawn(Task::Cluster, supervisor.run()));
         Ok(tasks)
+    }
+
+    /// A subscription to `subject` on the link's connection.
+    async fn subscribe(&self, subject: String) -> Result<async_nats::Subscriber, ClusterError> {
+        let client = &self.link.client;
+        client
+            .subscribe(subject.clone())
+            .await
+            .map_err(|e| ClusterError::Subscribe {
+                subject,
+                message: e.to_string(),
+            })
     }
 
     /// Publishes a report now (e.g. draining at the start of a shutdown).

@@ -13,13 +13,13 @@ use tokio::task::JoinHandle;
 use super::kv::{put_report, Buckets};
 use super::link::{Link, PresenceOp, KV_OK, KV_RESYNCING};
 use super::watch::{watch_presence, watch_registry};
-use super::{ReportFn, RETRY};
+use super::{Cluster, ReportFn, RETRY};
 use crate::obs::runtime::{spawn, Task};
 use crate::route::Router;
 use crate::store::membership::Relations;
 
 /// Aborts its tasks when dropped (the watches of the current buckets).
-pub(super) struct Watchers(pub(super) Vec<JoinHandle<()>>);
+struct Watchers(Vec<JoinHandle<()>>);
 
 impl Drop for Watchers {
     fn drop(&mut self) {
@@ -32,19 +32,44 @@ impl Drop for Watchers {
 /// Heals the link: on a reconnect or a KV failure, rebuilds this node's part of the
 /// cluster state and has every node's sessions sync (see the module header).
 pub(super) struct Supervisor {
-    pub(super) js: jetstream::Context,
-    pub(super) buckets: Arc<Buckets>,
-    pub(super) link: Arc<Link>,
-    pub(super) router: Arc<Router>,
-    pub(super) relations: Arc<Relations>,
-    pub(super) report: ReportFn,
-    pub(super) interval: Duration,
-    pub(super) watchers: Watchers,
-    pub(super) recreated: metrics::Counter,
-    pub(super) resyncs: metrics::Counter,
+    js: jetstream::Context,
+    buckets: Arc<Buckets>,
+    link: Arc<Link>,
+    router: Arc<Router>,
+    relations: Arc<Relations>,
+    report: ReportFn,
+    interval: Duration,
+    watchers: Watchers,
+    recreated: metrics::Counter,
+    resyncs: metrics::Counter,
 }
 
 impl Supervisor {
+    /// The supervisor of `cluster`'s started link, with the watches running.
+    pub(super) fn start(
+        cluster: &Cluster,
+        router: Arc<Router>,
+        relations: Arc<Relations>,
+        report: ReportFn,
+    ) -> Self {
+        let mut supervisor = Supervisor {
+            js: cluster.js.clone(),
+            buckets: cluster.buckets.clone(),
+            link: cluster.link.clone(),
+            router,
+            relations,
+            report,
+            interval: cluster.report_interval,
+            watchers: Watchers(Vec::new()),
+            recreated: metrics::counter!("im_cluster_kv_recreated_total"),
+            resyncs: metrics::counter!("im_cluster_resyncs_total"),
+        };
+        supervisor.recreated.absolute(0);
+        supervisor.resyncs.absolute(0);
+        supervisor.spawn_watchers();
+        supervisor
+    }
+
     pub(super) async fn run(mut self) {
         let mut last: Option<Instant> = None;
         loop {
@@ -64,7 +89,7 @@ impl Supervisor {
         }
     }
 
-    pub(super) fn spawn_watchers(&mut self) {
+    fn spawn_watchers(&mut self) {
         self.watchers = Watchers(vec![
             spawn(
                 Task::Cluster,
