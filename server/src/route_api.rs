@@ -2,7 +2,10 @@
 //! go to. In cluster mode the least-loaded live node of the cluster registry (skipping
 //! the ones the client asks to avoid), falling back to this node unless it is draining;
 //! on a single node, this node unless it is draining. A refusal is 503 with
-//! `Retry-After` and the admin API's error body (`admin::error`). It only reads the
+//! `Retry-After` and the admin API's error body (`admin::error`). Every answer carries
+//! `Access-Control-Allow-Origin: *`, so that a web app served from another origin can
+//! ask too: the answer is a public node address, and the request carries no credentials.
+//! It only reads the
 //! registry that `cluster` keeps, so it lives apart from the cluster link: `cluster`
 //! calls neither this module nor the admin API.
 
@@ -40,6 +43,18 @@ struct RouteQuery {
 }
 
 async fn route_handler(
+    state: axum::extract::State<RouteApi>,
+    q: Result<axum::extract::Query<RouteQuery>, axum::extract::rejection::QueryRejection>,
+) -> axum::response::Response {
+    let mut response = route_answer(state, q);
+    response.headers_mut().insert(
+        axum::http::header::ACCESS_CONTROL_ALLOW_ORIGIN,
+        axum::http::HeaderValue::from_static("*"),
+    );
+    response
+}
+
+fn route_answer(
     axum::extract::State(api): axum::extract::State<RouteApi>,
     q: Result<axum::extract::Query<RouteQuery>, axum::extract::rejection::QueryRejection>,
 ) -> axum::response::Response {

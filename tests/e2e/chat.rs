@@ -108,3 +108,32 @@ async fn duplicate_client_msg_id_is_stored_and_delivered_once() {
     assert_eq!(synced.len(), 1, "{synced:?}");
     assert_eq!(synced[0].msg_id, first.msg_id);
 }
+
+/// `GET /v1/route` answers a browser of any origin (the web chat is served elsewhere):
+/// every answer, a refusal too, carries `Access-Control-Allow-Origin: *`.
+#[test]
+fn route_answers_any_origin() {
+    let server = TestServer::start();
+    let (status, head, body) = http_bytes(server.client_addr, "GET", "/v1/route", None, b"");
+    let body = String::from_utf8_lossy(&body);
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("access-control-allow-origin: *"),
+        "{head}"
+    );
+    assert!(body.contains(&server.client_addr.to_string()), "{body}");
+    let (status, head, _) = http_bytes(
+        server.client_addr,
+        "GET",
+        "/v1/route?avoid=a&avoid=b",
+        None,
+        b"",
+    );
+    assert_eq!(status, 400);
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("access-control-allow-origin: *"),
+        "{head}"
+    );
+}
