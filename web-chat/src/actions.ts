@@ -1,7 +1,7 @@
 /**
  * The user's intents carried out: sign in and out, open and select conversations, send
- * (through the SDK's outbox, shown "sending…" until acknowledged), page history
- * backwards, signal typing, and mark what is on screen read.
+ * (through the SDK's outbox, shown "sending…", then "saved" once stored, until
+ * acknowledged), page history backwards, signal typing, and mark what is on screen read.
  */
 import { directConversationId, newClientMsgId, type Target } from "im-sdk";
 import { Connection } from "./connection.js";

@@ -1,8 +1,9 @@
 /**
- * One signed-in session's SDK client: made with the network-aware WebSocket and an
- * IndexedDB outbox, its events turned into state actions (messages, acks, receipts,
- * typing, presence, connection status), and the conversation list refreshed after each
- * sync. User intents that call the client live in actions.ts.
+ * One signed-in session's SDK client: made to follow the browser's network state (the
+ * SDK's `watchNetwork`: `offline` closes the socket, `online` reconnects) with an
+ * IndexedDB outbox, its events turned into state actions (messages, stored sends, acks,
+ * receipts, typing, presence, connection status), and the conversation list refreshed
+ * after each sync. User intents that call the client live in actions.ts.
  */
 import {
   Client,
@@ -15,7 +16,6 @@ import {
   type OutboxStore,
 } from "im-sdk";
 import { incoming, summary } from "./convert.js";
-import { NetworkWebSocket, watchNetwork } from "./net.js";
 import type { Store } from "./state.js";
 
 /** Conversations fetched per ListConversations page, and pages read at most. */
@@ -24,15 +24,16 @@ const LIST_PAGES = 4;
 /** Reconnect delays are kept short: a chat should come back soon after the network. */
 const RECONNECT_MAX_MS = 3000;
 
-function outboxStore(me: string): OutboxStore {
-  return typeof indexedDB === "undefined" ? new MemoryOutboxStore() : new IndexedDbOutboxStore(`im-outbox-${me}`);
+/** The outbox of `me`, and whether it outlives the tab (IndexedDB, not memory). */
+function outboxStore(me: string): { outbox: OutboxStore; durable: boolean } {
+  if (typeof indexedDB === "undefined") return { outbox: new MemoryOutboxStore(), durable: false };
+  return { outbox: new IndexedDbOutboxStore(`im-outbox-${me}`), durable: true };
 }
 
 /** A signed-in session: the client and how to end it. */
 export class Connection {
   /** The SDK client. */
   readonly client: Client;
-  private readonly unwatch: () => void;
   private presenceFor = "";
   private everConnected = false;
   private closing = false;
@@ -40,7 +41,7 @@ export class Connection {
   private listAgain = false;
 
   /**
-   * Shows what a previous run left in the outbox as "sending…", then makes the client
+   * Shows what a previous run left in the outbox as pending, then makes the client
    * for `me` at `serverUrl` and starts connecting (the SDK resends the outbox).
    */
   static async start(
@@ -50,9 +51,9 @@ export class Connection {
     token: string,
     onEnded: (why: string) => void,
   ): Promise<Connection> {
-    const outbox = outboxStore(me);
-    await showOutbox(store, me, outbox);
-    return new Connection(store, me, serverUrl, token, outbox, onEnded);
+    const { outbox, durable } = outboxStore(me);
+    await showOutbox(store, me, outbox, durable);
+    return new Connection(store, me, serverUrl, token, outbox, durable, onEnded);
   }
 
   private constructor(
@@ -61,18 +62,19 @@ export class Connection {
     private readonly serverUrl: string,
     token: string,
     outbox: OutboxStore,
+    private readonly durable: boolean,
     private readonly onEnded: (why: string) => void,
   ) {
     this.client = new Client({
       url: serverUrl,
       token,
       routeUrl: null,
-      webSocket: NetworkWebSocket,
       outboxStore: outbox,
       reconnectMaxMs: RECONNECT_MAX_MS,
-    });
-    this.unwatch = watchNetwork((online) => {
-      if (!online) store.dispatch({ type: "status", status: "offline" });
+      // Browsers can report the network gone while an open WebSocket lingers (DevTools'
+      // offline emulation does not touch it): the SDK closes it at `offline`, holds
+      // reconnects while offline, and reconnects at `online`.
+      watchNetwork: true,
     });
     this.listen();
     this.client.connect().catch((e: unknown) => this.ended(e));
@@ -81,7 +83,6 @@ export class Connection {
   /** Ends the session (unsent messages stay in the outbox for the next sign-in). */
   async close(): Promise<void> {
     this.closing = true;
-    this.unwatch();
     await this.client.close();
   }
 
@@ -113,6 +114,8 @@ export class Connection {
       d({ type: "acked", conversationId: a.conversationId, clientMsgId: a.clientMsgId, seq: a.seq, time: a.serverTime });
       void this.watchPresence();
     });
+    // Stored in IndexedDB: the message survives a closed tab from now on ("saved").
+    if (this.durable) c.on("queued", (q) => d({ type: "stored", clientMsgId: q.clientMsgId }));
     c.on("sendFailed", (f) => d({ type: "send-failed", clientMsgId: f.clientMsgId, reason: f.error.message }));
     c.on("receipt", (r) => d({ type: "receipt", conversationId: r.conversationId, userId: r.userId, seq: r.seq }));
     c.on("typing", (t) =>
@@ -129,7 +132,6 @@ export class Connection {
   private ended(e: unknown): void {
     if (this.closing) return;
     this.closing = true;
-    this.unwatch();
     this.onEnded(e instanceof Error ? e.message : String(e));
   }
 
@@ -192,8 +194,8 @@ export class Connection {
   }
 }
 
-/** Shows what a previous run left unsent as "sending…". */
-async function showOutbox(store: Store, me: string, outbox: OutboxStore): Promise<void> {
+/** Shows what a previous run left unsent: "saved" when the outbox outlives the tab. */
+async function showOutbox(store: Store, me: string, outbox: OutboxStore, durable: boolean): Promise<void> {
   let entries: OutboxEntry[];
   try {
     entries = await outbox.load();
@@ -204,6 +206,7 @@ async function showOutbox(store: Store, me: string, outbox: OutboxStore): Promis
     if (e.op !== "send") continue;
     const conversationId = "to" in e.target ? directConversationId(me, e.target.to) : groupConversationId(e.target.group);
     const text = new TextDecoder().decode(e.payload);
-    store.dispatch({ type: "queued", conversationId, clientMsgId: e.clientMsgId, text, time: e.createdAt });
+    const time = e.createdAt;
+    store.dispatch({ type: "queued", conversationId, clientMsgId: e.clientMsgId, text, time, stored: durable });
   }
 }

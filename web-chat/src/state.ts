@@ -21,6 +21,8 @@ export interface ChatMsg {
   time: number;
   /** Ours and not acknowledged yet ("sending…"). */
   pending: boolean;
+  /** Pending and kept in the device's outbox, so it survives a closed tab ("saved"). */
+  stored?: boolean;
   /** Ours and refused for good: why. */
   failed?: string;
 }
@@ -88,7 +90,8 @@ export type Action =
   | { type: "history-loading"; conversationId: string }
   | { type: "history"; conversationId: string; list: IncomingMsg[]; more: boolean }
   | { type: "history-failed"; conversationId: string; notice: string }
-  | { type: "queued"; conversationId: string; clientMsgId: string; text: string; time: number }
+  | { type: "queued"; conversationId: string; clientMsgId: string; text: string; time: number; stored?: boolean }
+  | { type: "stored"; clientMsgId: string }
   | { type: "acked"; conversationId: string; clientMsgId: string; seq: number; time: number }
   | { type: "send-failed"; clientMsgId: string; reason: string }
   | { type: "read"; conversationId: string; seq: number }
@@ -234,7 +237,16 @@ function applyAck(s: State, a: Extract<Action, { type: "acked" }>): void {
 function applyQueued(s: State, a: Extract<Action, { type: "queued" }>): void {
   const c = conversation(s, a.conversationId);
   if (c.messages.some((x) => x.key === a.clientMsgId)) return;
-  c.messages.push({ key: a.clientMsgId, seq: 0, sender: s.me, text: a.text, time: a.time, pending: true });
+  c.messages.push({ key: a.clientMsgId, seq: 0, sender: s.me, text: a.text, time: a.time, pending: true, stored: a.stored ?? false });
+}
+
+/** Our pending message with this id, in whichever conversation holds it. */
+function findPending(s: State, clientMsgId: string): ChatMsg | undefined {
+  for (const c of s.conversations.values()) {
+    const m = c.messages.find((x) => x.key === clientMsgId && x.pending);
+    if (m) return m;
+  }
+  return undefined;
 }
 
 function applySendFailed(s: State, clientMsgId: string, reason: string): void {
@@ -294,6 +306,12 @@ export function reduce(s: State, a: Action): void {
       return;
     case "queued":
       return applyQueued(s, a);
+    case "stored": {
+      // Only while pending: an ack may come first when a resend beat the store's write.
+      const m = findPending(s, a.clientMsgId);
+      if (m) m.stored = true;
+      return;
+    }
     case "acked":
       return applyAck(s, a);
     case "send-failed":

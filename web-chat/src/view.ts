@@ -180,7 +180,7 @@ export class View {
 /** What the sender sees under their own message. */
 function deliveryState(m: ChatMsg, peerReadSeq: number): string {
   if (m.failed) return `not sent: ${m.failed}`;
-  if (m.pending) return "sending…";
+  if (m.pending) return m.stored ? "saved" : "sending…";
   return m.seq <= peerReadSeq ? "read" : "sent";
 }
 

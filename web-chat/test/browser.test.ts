@@ -146,33 +146,6 @@ async function waitText(p: Page, text: string): Promise<void> {
   );
 }
 
-/** In the page: whether IndexedDB database `name` holds any record (the SDK's outbox). */
-async function outboxRecords(name: string): Promise<boolean> {
-  const db = await new Promise<IDBDatabase>((ok, fail) => {
-    const req = indexedDB.open(name);
-    req.onsuccess = () => ok(req.result);
-    req.onerror = () => fail(req.error);
-  });
-  try {
-    const stores = [...db.objectStoreNames];
-    if (stores.length === 0) return false;
-    const tx = db.transaction(stores, "readonly");
-    const counts = await Promise.all(
-      stores.map(
-        (st) =>
-          new Promise<number>((ok, fail) => {
-            const req = tx.objectStore(st).count();
-            req.onsuccess = () => ok(req.result);
-            req.onerror = () => fail(req.error);
-          }),
-      ),
-    );
-    return counts.some((n) => n > 0);
-  } finally {
-    db.close();
-  }
-}
-
 function range(prefix: string, n: number): string[] {
   return Array.from({ length: n }, (_, i) => `${prefix}-${i + 1}`);
 }
@@ -270,13 +243,15 @@ async function offlineAndBack(env: Env): Promise<void> {
   for (const text of fromAlice) await waitDelivery(a, text, "sent");
   const fromBob = range("queued-by-bob", 2);
   for (const text of fromBob) await send(b, text);
-  for (const text of fromBob) assert.deepEqual(await delivery(b, text), ["sending…"]);
+  // Stored in the outbox (the SDK's `queued` event), not sent: the socket is cut.
+  for (const text of fromBob) await waitDelivery(b, text, "saved");
   await keepShots(env, "offline");
   // Everything Alice sent is committed; give a live push time to (wrongly) arrive.
   await new Promise((ok) => setTimeout(ok, 1500));
   const seenOffline = await texts(b);
   assert.deepEqual(seenOffline.filter((x) => x.startsWith("offline-")), [], "nothing arrives while offline");
   assert.deepEqual((await texts(a)).filter((x) => x.startsWith("queued-by-bob")), []);
+  for (const text of fromBob) assert.deepEqual(await delivery(b, text), ["saved"], "still unsent while offline");
 
   await b.setOfflineMode(false);
   await waitOnline(b);
@@ -325,8 +300,8 @@ async function outboxSurvivesClosedTab(env: Env): Promise<void> {
   await b.setOfflineMode(true);
   await b.waitForSelector("#offline-banner", { visible: true, ...WAIT });
   await send(b, "kept-by-bob");
-  assert.deepEqual(await delivery(b, "kept-by-bob"), ["sending…"]);
-  await b.waitForFunction(outboxRecords, WAIT, "im-outbox-bob");
+  // "saved" once the SDK says the outbox's IndexedDB holds it: closing the tab is safe.
+  await waitDelivery(b, "kept-by-bob", "saved");
   // The tab closes with the message unsent; a new tab (online) signs in and resends it.
   const context = b.browserContext();
   await b.close();

@@ -1,5 +1,6 @@
 // Unit tests of the app state: messages inserted once in seq order, pending sends
-// replaced by their ack, unread counting, receipts, typing and history paging marks.
+// marked stored then replaced by their ack, unread counting, receipts, typing and
+// history paging marks.
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { type IncomingMsg, type State, initialState, lastStoredSeq, oldestSeq, peerOf, reduce } from "../src/state.js";
@@ -60,6 +61,24 @@ test("a pending send shows until its ack, then sits at its seq", () => {
   // The same message again from history (it carries the client_msg_id) is not doubled.
   reduce(s, { type: "history", conversationId: CONV, list: [msg(2, "alice", "c1")], more: false });
   assert.deepEqual(seqs(s), [1, 2, 3]);
+});
+
+test("a pending send is marked stored once the outbox holds it, and not after its ack", () => {
+  const s = signedIn();
+  reduce(s, { type: "queued", conversationId: CONV, clientMsgId: "c1", text: "a", time: 1 });
+  reduce(s, { type: "queued", conversationId: CONV, clientMsgId: "c2", text: "b", time: 2, stored: true });
+  const c = s.conversations.get(CONV);
+  assert.deepEqual(c?.messages.map((m) => [m.key, m.stored ?? false]), [["c1", false], ["c2", true]]);
+  reduce(s, { type: "stored", clientMsgId: "c1" });
+  assert.equal(c?.messages[0]?.stored, true);
+  // The ack came first (a resend beat the store's write): the stored message stays sent.
+  reduce(s, { type: "queued", conversationId: CONV, clientMsgId: "c3", text: "c", time: 3 });
+  reduce(s, { type: "acked", conversationId: CONV, clientMsgId: "c3", seq: 7, time: 4 });
+  reduce(s, { type: "stored", clientMsgId: "c3" });
+  const m = c?.messages.find((x) => x.key === "c3");
+  assert.deepEqual([m?.seq, m?.pending, m?.stored], [7, false, undefined]);
+  reduce(s, { type: "stored", clientMsgId: "unknown" });
+  assert.equal(c?.messages.length, 3);
 });
 
 test("an ack of a message never shown adds nothing; a refusal marks the message failed", () => {
