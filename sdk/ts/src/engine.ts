@@ -250,6 +250,12 @@ export class Engine {
       socket.close(1000, "client closed");
       return { needToken: false };
     }
+    if (this.offline) {
+      // The network went away while this socket was opening: drop it and wait for online.
+      socket.close(CLIENT_GONE, "browser offline");
+      this.emit("disconnected", { code: CLIENT_GONE, reason: "browser offline", willReconnect: true });
+      return { needToken: false };
+    }
     this.socket = socket;
     const login = await this.doLogin(socket, lost);
     if ("refused" in login) {

@@ -21,6 +21,8 @@ class ScriptedSocket {
   static script: Script = () => undefined;
   static opened = 0;
   static last: ScriptedSocket | undefined;
+  /** Called as each socket is made, before it opens. */
+  static onConstruct: (() => void) | undefined;
   binaryType = "";
   loginReq = 0n;
   readyState = 0;
@@ -31,6 +33,7 @@ class ScriptedSocket {
   constructor(readonly url: string) {
     ScriptedSocket.opened += 1;
     ScriptedSocket.last = this;
+    ScriptedSocket.onConstruct?.();
     setTimeout(() => {
       this.readyState = 1;
       this.onopen?.({});
@@ -150,7 +153,8 @@ test("policy closes (1008 flood) back off instead of looping hot", async () => {
   assert.ok(delays.slice(1).every((d) => d >= 0 && d <= 400));
 });
 
-test("browser offline closes the socket and holds reconnects; online reconnects at once", async () => {
+/** Runs `body` with a browser-like network (window events and `navigator.onLine`). */
+async function withBrowserNetwork(body: (goOnline: (on: boolean) => void) => Promise<void>): Promise<void> {
   const g = globalThis as unknown as Record<string, unknown>;
   const et = new EventTarget();
   const nav = { onLine: true };
@@ -159,24 +163,56 @@ test("browser offline closes the socket and holds reconnects; online reconnects 
   g.removeEventListener = et.removeEventListener.bind(et);
   Object.defineProperty(globalThis, "navigator", { value: nav, configurable: true });
   try {
-    ScriptedSocket.script = (ws) => ws.loginOk();
-    const { c, log } = client({ reconnectMinMs: 5000, reconnectMaxMs: 5000 });
-    await c.connect();
-    const opened = ScriptedSocket.opened;
-    nav.onLine = false;
-    et.dispatchEvent(new Event("offline"));
-    await waitFor("disconnected", () => c.state !== "connected");
-    await new Promise((r) => setTimeout(r, 100));
-    assert.equal(ScriptedSocket.opened, opened, "no attempt while offline");
-    nav.onLine = true;
-    et.dispatchEvent(new Event("online"));
-    await waitFor("reconnected at once (not after the 5 s backoff)", () => c.state === "connected", 1000);
-    assert.equal(log.filter((x) => x === "connected").length, 2);
-    await c.close();
+    await body((on) => {
+      nav.onLine = on;
+      et.dispatchEvent(new Event(on ? "online" : "offline"));
+    });
   } finally {
     g.addEventListener = saved.add;
     g.removeEventListener = saved.remove;
     if (saved.navigator) Object.defineProperty(globalThis, "navigator", saved.navigator);
     else delete g.navigator;
   }
+}
+
+test("browser offline closes the socket and holds reconnects; online reconnects at once", async () => {
+  await withBrowserNetwork(async (goOnline) => {
+    ScriptedSocket.script = (ws) => ws.loginOk();
+    const { c, log } = client({ reconnectMinMs: 5000, reconnectMaxMs: 5000 });
+    await c.connect();
+    const opened = ScriptedSocket.opened;
+    goOnline(false);
+    await waitFor("disconnected", () => c.state !== "connected");
+    await new Promise((r) => setTimeout(r, 100));
+    assert.equal(ScriptedSocket.opened, opened, "no attempt while offline");
+    goOnline(true);
+    await waitFor("reconnected at once (not after the 5 s backoff)", () => c.state === "connected", 1000);
+    assert.equal(log.filter((x) => x === "connected").length, 2);
+    await c.close();
+  });
+});
+
+test("a socket still opening when the browser goes offline is dropped, not logged in", async () => {
+  await withBrowserNetwork(async (goOnline) => {
+    ScriptedSocket.script = (ws) => ws.loginOk();
+    const { c } = client({ reconnectMinMs: 5000, reconnectMaxMs: 5000 });
+    const opened = ScriptedSocket.opened;
+    // Offline while the first socket is being made, before it opens.
+    ScriptedSocket.onConstruct = () => {
+      ScriptedSocket.onConstruct = undefined;
+      goOnline(false);
+    };
+    const connecting = c.connect();
+    try {
+      await new Promise((r) => setTimeout(r, 100));
+      assert.notEqual(c.state, "connected");
+      assert.equal(ScriptedSocket.last?.readyState, 3, "the socket opened offline was closed");
+      assert.equal(ScriptedSocket.opened, opened + 1, "no attempt while offline");
+      goOnline(true);
+      await connecting;
+      await waitFor("connected once back online", () => c.state === "connected", 1000);
+    } finally {
+      await c.close();
+    }
+  });
 });
