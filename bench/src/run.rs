@@ -82,6 +82,24 @@ impl Disconnects {
     }
 }
 
+/// What goes wrong on a run's connections as it runs: errors by code and connections
+/// that ended, by reason. Every scenario's run-wide state holds one; its [`Problems`]
+/// close the report.
+#[derive(Debug, Default)]
+pub struct Faults {
+    /// Errors by code.
+    pub errors: ErrorCounts,
+    /// Connections that ended, by reason.
+    pub disconnects: Disconnects,
+}
+
+impl Faults {
+    /// The errors and ended connections so far.
+    pub fn problems(&self) -> Problems {
+        Problems::of(&self.errors, &self.disconnects)
+    }
+}
+
 /// What went wrong during a run: errors by code and ended connections by reason, the
 /// last fields of every scenario's report body (flattened, so the JSON keeps its shape).
 #[derive(Debug, Clone, Default, Serialize)]
@@ -296,19 +314,15 @@ pub async fn ping(conn: &mut RawConn) -> Result<(), ClientError> {
 }
 
 /// The next frame of a scenario connection, WebSocket pongs skipped; `None` once the
-/// connection ended, which is counted in `errors` and `disconnects`. Cancel-safe (only
+/// connection ended, which is counted in `faults`. Cancel-safe (only
 /// [`RawConn::recv`] is awaited), so it can race other branches of a `select!`.
-pub async fn next_frame(
-    conn: &mut RawConn,
-    errors: &ErrorCounts,
-    disconnects: &Disconnects,
-) -> Option<im_proto::Frame> {
+pub async fn next_frame(conn: &mut RawConn, faults: &Faults) -> Option<im_proto::Frame> {
     loop {
         match conn.recv().await {
             Ok(RawEvent::Frame(f)) => return Some(f),
             Ok(RawEvent::WsPong(_)) => {}
             other => {
-                disconnects.record(errors, other);
+                faults.disconnects.record(&faults.errors, other);
                 return None;
             }
         }

@@ -97,8 +97,8 @@ macro_rules! run_counts {
             fn counts(&self) -> $crate::scenarios::sender::RunCounts<'_> {
                 $crate::scenarios::sender::RunCounts {
                     send: &self.send,
-                    errors: &self.errors,
-                    disconnects: &self.disconnects,
+                    errors: &self.faults.errors,
+                    disconnects: &self.faults.disconnects,
                 }
             }
         }
@@ -258,6 +258,27 @@ pub struct Loop<'a> {
     pub heartbeat: Duration,
     /// Disconnect injection: return [`Ended::Killed`] when notified.
     pub kill: Option<&'a Notify>,
+}
+
+impl<'a> Loop<'a> {
+    /// A loop over `clock` keeping up to `window` sends in flight (paced by `pacer`, if
+    /// any), draining for `drain`, with no disconnect injection.
+    pub fn new(
+        clock: Clock,
+        window: usize,
+        pacer: Option<&'a mut Pacer>,
+        drain: Duration,
+        heartbeat: Duration,
+    ) -> Self {
+        Loop {
+            clock,
+            window,
+            pacer,
+            drain,
+            heartbeat,
+            kill: None,
+        }
+    }
 }
 
 /// Runs the sending loop on `conn` until the run is over, the connection ends, or a
