@@ -370,13 +370,9 @@ async fn group_sender(
     groups: usize,
     session: Session,
 ) -> (usize, Vec<u64>) {
-    let Session {
-        mut conn,
-        heartbeat,
-    } = session;
     let clock = ctx.clock;
-    let mut outbox = Outbox::new(ctx.run_id, ctx.ack_timeout);
-    let mut pacer = (ctx.rate > 0.0).then(|| Pacer::staggered(ctx.rate, g, groups, clock.base));
+    let outbox = Outbox::new(ctx.run_id, ctx.ack_timeout);
+    let pacer = (ctx.rate > 0.0).then(|| Pacer::staggered(ctx.rate, g, groups, clock.base));
     let spec = SendSpec {
         target: To::Group(group.id.as_str().into()),
         msg_type: MessageType::Text,
@@ -384,9 +380,8 @@ async fn group_sender(
         tag: 0,
     };
     let mut hooks = ToOne::new(ctx.counts(), clock, &ctx.ack_latency, g, spec).with_system_pushes();
-    let cfg = sender::Loop::new(clock, ctx.window, pacer.as_mut(), ctx.drain, heartbeat);
-    sender::run(&mut conn, &mut outbox, cfg, &mut hooks).await;
-    ctx.send.sender_done(pacer.as_ref(), &outbox);
+    let mut conn =
+        sender::run_to_one(session, outbox, pacer, ctx.window, ctx.drain, &mut hooks).await;
     group.max_acked.store(hooks.max_acked, Ordering::Release);
     group.done.send_replace(true);
     let _ = conn.close().await;

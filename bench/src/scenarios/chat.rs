@@ -240,13 +240,9 @@ pub(crate) async fn run_against(
 /// Sender `s{i}`: keeps up to `window` sends in flight (at `--rate`, if set) until the
 /// end, then drains. Returns the seqs it was acked.
 async fn sender(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) -> (usize, Vec<u64>) {
-    let Session {
-        mut conn,
-        heartbeat,
-    } = session;
     let clock = ctx.clock;
-    let mut outbox = Outbox::new(ctx.run_id, ctx.ack_timeout);
-    let mut pacer = ctx
+    let outbox = Outbox::new(ctx.run_id, ctx.ack_timeout);
+    let pacer = ctx
         .rate_per_sender
         .map(|r| Pacer::staggered(r, i, ctx.senders, clock.base));
     let spec = SendSpec {
@@ -256,13 +252,11 @@ async fn sender(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) -> (
         tag: 0,
     };
     let mut hooks = ToOne::new(ctx.counts(), clock, &ctx.ack_latency, i, spec);
-    let cfg = sender::Loop::new(clock, ctx.window, pacer.as_mut(), ctx.drain, heartbeat);
-    sender::run(&mut conn, &mut outbox, cfg, &mut hooks).await;
-    let (acked, max_acked) = (hooks.acked, hooks.max_acked);
-    ctx.send.sender_done(pacer.as_ref(), &outbox);
-    pair.sender_finished(max_acked);
+    let mut conn =
+        sender::run_to_one(session, outbox, pacer, ctx.window, ctx.drain, &mut hooks).await;
+    pair.sender_finished(hooks.max_acked);
     let _ = conn.close().await;
-    (i, acked)
+    (i, hooks.acked)
 }
 
 /// Receiver `r{i}`: records every delivered seq (arrival order) and send-to-deliver

@@ -23,6 +23,7 @@ use crate::clock::Clock;
 use crate::outbox::{Outbox, Pacer, Pending, Refused, SendSpec};
 use crate::run::Disconnects;
 use crate::stats::{ErrorCounts, LatencyRecorder, LocalError};
+use crate::target::Session;
 
 counters! {
     /// What every sender of the loop counts (`chat`, `broadcast`, `chaos`).
@@ -279,6 +280,28 @@ impl<'a> Loop<'a> {
             kill: None,
         }
     }
+}
+
+/// A sender whose every message goes to one target (`chat`, `broadcast`): runs the loop
+/// over `session` with `hooks` (paced by `pacer`, if any) until the run is over and the
+/// acks are drained, then counts what the pacer skipped and what stayed un-acked.
+/// Returns the connection, for the caller to tell its end before closing it.
+pub async fn run_to_one(
+    session: Session,
+    mut outbox: Outbox,
+    mut pacer: Option<Pacer>,
+    window: usize,
+    drain: Duration,
+    hooks: &mut ToOne<'_>,
+) -> RawConn {
+    let Session {
+        mut conn,
+        heartbeat,
+    } = session;
+    let cfg = Loop::new(hooks.clock, window, pacer.as_mut(), drain, heartbeat);
+    run(&mut conn, &mut outbox, cfg, hooks).await;
+    hooks.counts.send.sender_done(pacer.as_ref(), &outbox);
+    conn
 }
 
 /// Runs the sending loop on `conn` until the run is over, the connection ends, or a
