@@ -533,21 +533,13 @@ async fn connection(
     let mut ping_sent: Option<Instant> = None;
     let mut outbox = Outbox::new(ctx.run_id, ctx.ack_timeout);
     let mut phase_rx = ctx.phase.clone();
-    let mut ending = Ending::new(idx, ctx.drain);
+    let mut ending = Ending::new(idx, ctx.drain, &ctx.count.unacked_at_end, &ctx.expect);
     let mut next_housekeeping = Instant::now() + HOUSEKEEPING;
 
     loop {
         let now = Instant::now();
         let phase = *phase_rx.borrow_and_update();
-        let unacked = outbox.len();
-        if ending.done(
-            now,
-            phase == Phase::Stop,
-            unacked,
-            &ctx.count.unacked_at_end,
-            &ledger,
-            &ctx.expect,
-        ) {
+        if ending.done(now, phase == Phase::Stop, outbox.len(), &ledger) {
             break;
         }
         for frame in outbox.due_retries(now) {
@@ -653,12 +645,7 @@ async fn connection(
             }
         }
     }
-    ending.publish(
-        outbox.len(),
-        &ctx.count.unacked_at_end,
-        &ledger,
-        &ctx.expect,
-    );
+    ending.publish(outbox.len(), &ledger);
     ctx.online[idx].store(false, Ordering::Relaxed);
     ctx.count.online_now.sub(1);
     let _ = conn.close().await;

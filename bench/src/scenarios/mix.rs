@@ -574,7 +574,7 @@ async fn user(
     let mut ledger = Ledger::default();
     let mut outbox = Outbox::new(ctx.run_id, ctx.ack_timeout);
     let mut sending = true;
-    let mut ending = Ending::new(idx, ctx.drain);
+    let mut ending = Ending::new(idx, ctx.drain, &ctx.count.unacked_at_end, &ctx.expect);
     let mut last_tx = Instant::now();
     let mut next_housekeeping = last_tx + HOUSEKEEPING;
     let mut rng = StdRng::seed_from_u64(ctx.run_id ^ (idx as u64).wrapping_mul(0x9e37_79b9));
@@ -582,15 +582,7 @@ async fn user(
 
     loop {
         let now = Instant::now();
-        let unacked = outbox.len();
-        if ending.done(
-            now,
-            !sending,
-            unacked,
-            &ctx.count.unacked_at_end,
-            &ledger,
-            &ctx.expect,
-        ) {
+        if ending.done(now, !sending, outbox.len(), &ledger) {
             break;
         }
         for frame in outbox.due_retries(now) {
@@ -764,12 +756,7 @@ async fn user(
             }
         }
     }
-    ending.publish(
-        outbox.len(),
-        &ctx.count.unacked_at_end,
-        &ledger,
-        &ctx.expect,
-    );
+    ending.publish(outbox.len(), &ledger);
     let _ = conn.close().await;
     (idx, ledger)
 }
