@@ -222,6 +222,13 @@ impl Ctx {
         }
     }
 
+    /// Resolves when connection `idx` is told to die, counting the kill as done. As
+    /// cancel-safe as [`Notify::notified`], so it can race the connection's reads.
+    async fn kill_notified(&self, idx: usize) {
+        self.kills[idx].notified().await;
+        self.count.kills_done.inc();
+    }
+
     /// A connection ended unexpectedly (`ev`: the close or the error):
     /// counted by reason and as an unexpected disconnect.
     fn lost(&self, ev: Result<RawEvent, ClientError>) {
@@ -942,10 +949,7 @@ async fn receiver(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) ->
         }
         let lost = tokio::select! {
             biased;
-            () = ctx.kills[idx].notified() => {
-                ctx.count.kills_done.inc();
-                true
-            }
+            () = ctx.kill_notified(idx) => true,
             ev = c.recv() => {
                 match ev {
                     Ok(RawEvent::Frame(f)) => {
@@ -1013,10 +1017,7 @@ async fn idle_conn(ctx: Arc<Ctx>, j: usize, session: Session, mut stop: watch::R
         }
         let lost = tokio::select! {
             biased;
-            () = ctx.kills[idx].notified() => {
-                ctx.count.kills_done.inc();
-                true
-            }
+            () = ctx.kill_notified(idx) => true,
             ev = c.recv() => match ev {
                 Ok(RawEvent::Frame(f)) => {
                     match f.body {
