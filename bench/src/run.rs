@@ -16,6 +16,7 @@ use im_client::{ClientError, RawConn, RawEvent};
 use im_proto::Ping;
 use serde::Serialize;
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
@@ -301,6 +302,25 @@ pub async fn finish<B: ReportBody>(
     } else {
         Outcome::Fail
     })
+}
+
+/// Pings on `conn` when nothing was written since `last_tx` for half the `heartbeat`
+/// (the server then keeps the connection), moving `last_tx` to `now`. A failed write is
+/// counted in `faults` as a transport error, and returned.
+pub async fn keep_alive(
+    conn: &mut RawConn,
+    now: Instant,
+    last_tx: &mut Instant,
+    heartbeat: Duration,
+    faults: &Faults,
+) -> Result<(), ClientError> {
+    if now.saturating_duration_since(*last_tx) < heartbeat / 2 {
+        return Ok(());
+    }
+    *last_tx = now;
+    ping(conn)
+        .await
+        .inspect_err(|_| faults.errors.local(LocalError::Transport))
 }
 
 /// Sends a protocol Ping (the server answers Pong, and counts it as activity).

@@ -55,8 +55,8 @@ use crate::clock::Clock;
 use crate::outbox::{Outbox, Pacer, Pending, Refused, SendSpec, Target as To};
 use crate::report::{self, p99_text};
 use crate::run::{
-    figures_near_end, ping, run_tag, spawn_each, Faults, Head, Pair, Problems, Report, RunArgs,
-    Tail,
+    figures_near_end, keep_alive, ping, run_tag, spawn_each, Faults, Head, Pair, Problems, Report,
+    RunArgs, Tail,
 };
 use crate::stats::{LatencyRecorder, LocalError, Summary};
 use crate::target::ServerArgs;
@@ -979,12 +979,8 @@ async fn receiver(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) ->
                 if now >= hard_deadline {
                     break;
                 }
-                if now.saturating_duration_since(last_tx) >= heartbeat / 2 {
-                    if ping(c).await.is_err() {
-                        ctx.faults.errors.local(LocalError::Transport);
-                    }
-                    last_tx = now;
-                }
+                // A failed ping is counted; the read that follows sees the connection end.
+                let _ = keep_alive(c, now, &mut last_tx, heartbeat, &ctx.faults).await;
                 false
             }
         };

@@ -33,9 +33,10 @@ use crate::clock::Clock;
 use crate::outbox::{Outbox, Pacer, SendSpec, Target as To};
 use crate::report::{self, p99_text};
 use crate::run::{
-    figures_near_end, next_frame, ping, spawn_each, Faults, Head, Pair, Problems, Report, RunArgs,
+    figures_near_end, keep_alive, next_frame, spawn_each, Faults, Head, Pair, Problems, Report,
+    RunArgs,
 };
-use crate::stats::{Counter, LatencyRecorder, LocalError, Summary};
+use crate::stats::{Counter, LatencyRecorder, Summary};
 use crate::target::ServerArgs;
 use crate::target::{Session, Target};
 use crate::util::{fmt_us, parse_duration};
@@ -317,12 +318,8 @@ async fn receiver(
                 if now >= hard_deadline || pair.caught_up(last) {
                     break;
                 }
-                if now.saturating_duration_since(last_tx) >= heartbeat / 2 {
-                    if ping(&mut conn).await.is_err() {
-                        ctx.faults.errors.local(LocalError::Transport);
-                        break;
-                    }
-                    last_tx = now;
+                if keep_alive(&mut conn, now, &mut last_tx, heartbeat, &ctx.faults).await.is_err() {
+                    break;
                 }
             }
         }

@@ -45,7 +45,8 @@ use crate::clock::Clock;
 use crate::outbox::{Outbox, Pacer, SendSpec, Target as To};
 use crate::report::{self, fmt_bytes, p99_text};
 use crate::run::{
-    figures_near_end, next_frame, ping, run_tag, Faults, Head, Problems, Report, RunArgs, Tail,
+    figures_near_end, keep_alive, next_frame, run_tag, Faults, Head, Problems, Report, RunArgs,
+    Tail,
 };
 use crate::stats::{Counter, LatencyRecorder, LocalError, Summary};
 use crate::target::ServerArgs;
@@ -745,12 +746,8 @@ async fn user(
                     for _ in outbox.expired(now) {
                         ctx.faults.errors.local(LocalError::AckTimeout);
                     }
-                    if now.saturating_duration_since(last_tx) >= heartbeat / 2 {
-                        if ping(&mut conn).await.is_err() {
-                            ctx.faults.errors.local(LocalError::Transport);
-                            break;
-                        }
-                        last_tx = now;
+                    if keep_alive(&mut conn, now, &mut last_tx, heartbeat, &ctx.faults).await.is_err() {
+                        break;
                     }
                 }
             }

@@ -33,8 +33,8 @@ use crate::clock::Clock;
 use crate::outbox::{Outbox, SendSpec, Target as To};
 use crate::report::{self, p99_text};
 use crate::run::{
-    figures_near_end, next_frame, ping, run_tag, spawn_each, Faults, Head, Pair, Problems, Report,
-    RunArgs,
+    figures_near_end, keep_alive, next_frame, run_tag, spawn_each, Faults, Head, Pair, Problems,
+    Report, RunArgs,
 };
 use crate::stats::{LatencyRecorder, LocalError, Summary};
 use crate::target::ServerArgs;
@@ -491,12 +491,8 @@ async fn side_a(ctx: Arc<Ctx>, pair: Arc<Ends>, i: usize, session: Session) -> (
                     let _ = conn.send_bytes(frame).await;
                 }
                 outbox.expired(now);
-                if now.saturating_duration_since(last_tx) >= heartbeat / 2 {
-                    if ping(&mut conn).await.is_err() {
-                        ctx.faults.errors.local(LocalError::Transport);
-                        break;
-                    }
-                    last_tx = now;
+                if keep_alive(&mut conn, now, &mut last_tx, heartbeat, &ctx.faults).await.is_err() {
+                    break;
                 }
             }
         }
@@ -588,12 +584,8 @@ async fn side_b(ctx: Arc<Ctx>, pair: Arc<Ends>, i: usize, session: Session) -> (
                 for _ in outbox.expired(now) {
                     ctx.faults.errors.local(LocalError::AckTimeout);
                 }
-                if now.saturating_duration_since(last_tx) >= heartbeat / 2 {
-                    if ping(&mut conn).await.is_err() {
-                        ctx.faults.errors.local(LocalError::Transport);
-                        break;
-                    }
-                    last_tx = now;
+                if keep_alive(&mut conn, now, &mut last_tx, heartbeat, &ctx.faults).await.is_err() {
+                    break;
                 }
             }
         }
