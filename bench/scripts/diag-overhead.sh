@@ -57,22 +57,21 @@ fi
 WORK_NAME=im-diag-bench
 side_by_side_setup
 
+mode_server() { # MODE: the mode's binary and settings (see start_servers)
+    case $1 in
+        plain) extra+=(IM_LOG_UID_FILTERS=false) ;;
+        noprobes) extra+=(IM_OBS_PROBES=false) ;;
+        nomonitors) extra+=(IM_OBS_TASK_MONITORS=false) ;;
+        trace1k) extra+=(IM_OBS_TRACE_SAMPLE_RATE=0.001) ;;
+        traceall) extra+=(IM_OBS_TRACE_SAMPLE_RATE=1) ;;
+        noprof) bin=$SERVER_NOPROF ;;
+    esac
+}
+
 run_round() { # round
-    local round=$1 k mode
+    local round=$1
     declare -A addr pid bench s1 s2
-    for k in "${!MODES[@]}"; do
-        mode=${MODES[$k]}
-        local extra=()
-        if [ "$mode" = plain ]; then extra+=(IM_LOG_UID_FILTERS=false); fi
-        if [ "$mode" = noprobes ]; then extra+=(IM_OBS_PROBES=false); fi
-        if [ "$mode" = nomonitors ]; then extra+=(IM_OBS_TASK_MONITORS=false); fi
-        if [ "$mode" = trace1k ]; then extra+=(IM_OBS_TRACE_SAMPLE_RATE=0.001); fi
-        if [ "$mode" = traceall ]; then extra+=(IM_OBS_TRACE_SAMPLE_RATE=1); fi
-        local server=$SERVER
-        if [ "$mode" = noprof ]; then server=$SERVER_NOPROF; fi
-        start_server "$mode" $((PORT_BASE + 20 * round + 2 * k)) "$server" "${extra[@]}"
-    done
-    await_servers
+    start_servers 20
     if has_mode filters; then
         for i in $(seq "$FILTERS"); do
             admin "${addr[filters]}" PUT "/admin/v1/log-filters/other$i" \
@@ -90,9 +89,7 @@ run_round() { # round
     start_benches 20
     local capture_pid=
     if has_mode capture; then
-        (sleep "$WARMUP.5"
-         admin "${addr[capture]}" GET "/admin/v1/profile/cpu?seconds=$CAPTURE_SECS&format=bundle" \
-            >"$WORK/r$round-capture/profile.json") &
+        start_capture cpu
         capture_pid=$!
     fi
 

@@ -38,20 +38,16 @@ done
 WORK_NAME=im-heap-bench
 side_by_side_setup
 
+mode_server() { # MODE: the mode's binary (see start_servers)
+    if [ "$1" = noprof ]; then bin=$SERVER_NOPROF; fi
+}
+
 run_round() { # round
-    local round=$1 k mode
+    local round=$1
     declare -A addr pid bench s1 s2
-    for k in "${!MODES[@]}"; do
-        mode=${MODES[$k]}
-        local bin=$SERVER
-        if [ "$mode" = noprof ]; then bin=$SERVER_NOPROF; fi
-        start_server "$mode" $((PORT_BASE + 10 * round + 2 * k)) "$bin"
-    done
-    await_servers
+    start_servers 10
     start_benches 10
-    (sleep "$WARMUP.5"
-     admin "${addr[capture]}" GET "/admin/v1/profile/heap?seconds=$CAPTURE_SECS&format=bundle" \
-        >"$WORK/r$round-capture/profile.json") &
+    start_capture heap
     local capture_pid=$!
 
     measure

@@ -6,8 +6,9 @@
 #
 # The sourcing script calls `side_by_side_defaults` (SERVER, SERVER_NOPROF, BENCH, ROUNDS,
 # DURATION, WARMUP, SENDERS, WINDOW, SYNC, PIN), sets MODES (array), PORT_BASE, SECRET,
-# TOKEN and WORK_NAME, then calls `side_by_side_setup`; a
-# round's functions read the caller's `addr`, `pid` and `bench` maps and `round`.
+# TOKEN, CAPTURE_SECS and WORK_NAME, defines `mode_server`, then calls
+# `side_by_side_setup`; a round's functions read the caller's `addr`, `pid` and `bench`
+# maps and `round`.
 
 side_by_side_defaults() { # the knobs both scripts share (env overrides each)
     ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -63,6 +64,28 @@ start_server() { # MODE PORT BINARY [ENV=VALUE...]: one server of the round, pin
         "$3" 2>"$dir/server.log" &
     pid[$mode]=$!
     PIDS+=("$!")
+}
+
+start_servers() { # STRIDE: starts one server per mode, each on its own ports, and waits
+    # until all listen. The caller's `mode_server MODE` sets `bin` (the binary) and may
+    # append ENV=VALUE words to `extra` for that mode.
+    local k mode bin extra
+    for k in "${!MODES[@]}"; do
+        mode=${MODES[$k]}
+        bin=$SERVER
+        extra=()
+        mode_server "$mode"
+        start_server "$mode" $((PORT_BASE + $1 * round + 2 * k)) "$bin" "${extra[@]}"
+    done
+    await_servers
+}
+
+start_capture() { # KIND: captures a KIND profile (format=bundle) of the `capture` server
+    # in the background from just after the warmup into the round's profile.json; `$!` is
+    # its pid when this returns
+    (sleep "$WARMUP.5"
+     admin "${addr[capture]}" GET "/admin/v1/profile/$1?seconds=$CAPTURE_SECS&format=bundle" \
+        >"$WORK/r$round-capture/profile.json") &
 }
 
 await_servers() { # waits until every server of the round listens

@@ -240,6 +240,14 @@ impl Pacer {
         }
     }
 
+    /// Sender `i` of `n`'s pacer at `per_sec` each, its first event due at `base` plus
+    /// its share of one interval: the senders are staggered over the interval so that
+    /// their paced sends do not come in waves.
+    pub fn staggered(per_sec: f64, i: usize, n: usize, base: Instant) -> Self {
+        let offset = Duration::from_secs_f64(i as f64 / (n as f64 * per_sec));
+        Pacer::new(per_sec, base + offset)
+    }
+
     /// The interval between events.
     pub fn interval(&self) -> Duration {
         self.interval

@@ -16,6 +16,7 @@ use im_client::{ClientError, RawConn, RawEvent};
 use im_proto::Ping;
 use serde::Serialize;
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
@@ -79,6 +80,24 @@ impl Disconnects {
     /// The counts by reason.
     pub fn snapshot(&self) -> BTreeMap<String, u64> {
         self.by_reason.lock().map(|d| d.clone()).unwrap_or_default()
+    }
+}
+
+/// What goes wrong on a run's connections as it runs: errors by code and connections
+/// that ended, by reason. Every scenario's run-wide state holds one; its [`Problems`]
+/// close the report.
+#[derive(Debug, Default)]
+pub struct Faults {
+    /// Errors by code.
+    pub errors: ErrorCounts,
+    /// Connections that ended, by reason.
+    pub disconnects: Disconnects,
+}
+
+impl Faults {
+    /// The errors and ended connections so far.
+    pub fn problems(&self) -> Problems {
+        Problems::of(&self.errors, &self.disconnects)
     }
 }
 
@@ -285,6 +304,25 @@ pub async fn finish<B: ReportBody>(
     })
 }
 
+/// Pings on `conn` when nothing was written since `last_tx` for half the `heartbeat`
+/// (the server then keeps the connection), moving `last_tx` to `now`. A failed write is
+/// counted in `faults` as a transport error, and returned.
+pub async fn keep_alive(
+    conn: &mut RawConn,
+    now: Instant,
+    last_tx: &mut Instant,
+    heartbeat: Duration,
+    faults: &Faults,
+) -> Result<(), ClientError> {
+    if now.saturating_duration_since(*last_tx) < heartbeat / 2 {
+        return Ok(());
+    }
+    *last_tx = now;
+    ping(conn)
+        .await
+        .inspect_err(|_| faults.errors.local(LocalError::Transport))
+}
+
 /// Sends a protocol Ping (the server answers Pong, and counts it as activity).
 pub async fn ping(conn: &mut RawConn) -> Result<(), ClientError> {
     let client_time = im_proto::now_ms();
@@ -296,19 +334,15 @@ pub async fn ping(conn: &mut RawConn) -> Result<(), ClientError> {
 }
 
 /// The next frame of a scenario connection, WebSocket pongs skipped; `None` once the
-/// connection ended, which is counted in `errors` and `disconnects`. Cancel-safe (only
+/// connection ended, which is counted in `faults`. Cancel-safe (only
 /// [`RawConn::recv`] is awaited), so it can race other branches of a `select!`.
-pub async fn next_frame(
-    conn: &mut RawConn,
-    errors: &ErrorCounts,
-    disconnects: &Disconnects,
-) -> Option<im_proto::Frame> {
+pub async fn next_frame(conn: &mut RawConn, faults: &Faults) -> Option<im_proto::Frame> {
     loop {
         match conn.recv().await {
             Ok(RawEvent::Frame(f)) => return Some(f),
             Ok(RawEvent::WsPong(_)) => {}
             other => {
-                disconnects.record(errors, other);
+                faults.disconnects.record(&faults.errors, other);
                 return None;
             }
         }

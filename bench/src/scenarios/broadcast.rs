@@ -44,10 +44,10 @@ use crate::clock::Clock;
 use crate::outbox::{Outbox, Pacer, SendSpec, Target as To};
 use crate::report::{self, p99_text, Rate};
 use crate::run::{
-    figures_near_end, next_frame, ping, run_tag, spawn_each, Disconnects, Head, Problems, Report,
+    figures_near_end, next_frame, ping, run_tag, spawn_each, Faults, Head, Problems, Report,
     RunArgs,
 };
-use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
+use crate::stats::{LatencyRecorder, LocalError, Summary};
 use crate::target::ServerArgs;
 use crate::target::{Session, Target};
 use crate::util::parse_duration;
@@ -131,8 +131,7 @@ struct Ctx {
     delivery_latency: LatencyRecorder,
     send: SendCounts,
     count: Counts,
-    errors: ErrorCounts,
-    disconnects: Disconnects,
+    faults: Faults,
 }
 
 counters! {
@@ -275,8 +274,7 @@ async fn run_against(args: &BroadcastArgs, target: &mut Target) -> anyhow::Resul
         delivery_latency: LatencyRecorder::new(SHARDS),
         send: SendCounts::default(),
         count: Counts::default(),
-        errors: ErrorCounts::default(),
-        disconnects: Disconnects::default(),
+        faults: Faults::default(),
     });
 
     let mut member_tasks = JoinSet::new();
@@ -296,7 +294,7 @@ async fn run_against(args: &BroadcastArgs, target: &mut Target) -> anyhow::Resul
                 a.per_sec(ctx.send.acked_all.get(), dt),
                 d.per_sec(ctx.count.deliveries.get(), dt),
                 sy.per_sec(ctx.count.syncs.get(), dt),
-                ctx.errors.total(),
+                ctx.faults.errors.total(),
                 p99_text(&ctx.delivery_latency.snapshot()),
             )
         })
@@ -358,7 +356,7 @@ async fn run_against(args: &BroadcastArgs, target: &mut Target) -> anyhow::Resul
         rate_skipped: t.rate_skipped,
         send_to_ack_us: Summary::of(&ctx.ack_latency.snapshot()),
         delivery_us: Summary::of(&ctx.delivery_latency.snapshot()),
-        problems: Problems::of(&ctx.errors, &ctx.disconnects),
+        problems: ctx.faults.problems(),
     };
     Ok(Report::judged(body, verdict, server))
 }
@@ -372,16 +370,9 @@ async fn group_sender(
     groups: usize,
     session: Session,
 ) -> (usize, Vec<u64>) {
-    let Session {
-        mut conn,
-        heartbeat,
-    } = session;
     let clock = ctx.clock;
-    let mut outbox = Outbox::new(ctx.run_id, ctx.ack_timeout);
-    let mut pacer = (ctx.rate > 0.0).then(|| {
-        let offset = Duration::from_secs_f64(g as f64 / (groups as f64 * ctx.rate));
-        Pacer::new(ctx.rate, clock.base + offset)
-    });
+    let outbox = Outbox::new(ctx.run_id, ctx.ack_timeout);
+    let pacer = (ctx.rate > 0.0).then(|| Pacer::staggered(ctx.rate, g, groups, clock.base));
     let spec = SendSpec {
         target: To::Group(group.id.as_str().into()),
         msg_type: MessageType::Text,
@@ -389,16 +380,8 @@ async fn group_sender(
         tag: 0,
     };
     let mut hooks = ToOne::new(ctx.counts(), clock, &ctx.ack_latency, g, spec).with_system_pushes();
-    let cfg = sender::Loop {
-        clock,
-        window: ctx.window,
-        pacer: pacer.as_mut(),
-        drain: ctx.drain,
-        heartbeat,
-        kill: None,
-    };
-    sender::run(&mut conn, &mut outbox, cfg, &mut hooks).await;
-    ctx.send.sender_done(pacer.as_ref(), &outbox);
+    let mut conn =
+        sender::run_to_one(session, outbox, pacer, ctx.window, ctx.drain, &mut hooks).await;
     group.max_acked.store(hooks.max_acked, Ordering::Release);
     group.done.send_replace(true);
     let _ = conn.close().await;
@@ -429,7 +412,7 @@ async fn member(
     loop {
         if let Some(req) = follower.sync_request() {
             if conn.send(&req).await.is_err() {
-                ctx.errors.local(LocalError::Transport);
+                ctx.faults.errors.local(LocalError::Transport);
                 break;
             }
             ctx.count.syncs.inc();
@@ -444,7 +427,7 @@ async fn member(
         }
         tokio::select! {
             biased;
-            f = next_frame(&mut conn, &ctx.errors, &ctx.disconnects) => {
+            f = next_frame(&mut conn, &ctx.faults) => {
                 let Some(f) = f else { break };
                 let now_us = clock.now_us();
                 let hints = follower.hints;
@@ -465,7 +448,7 @@ async fn member(
                 });
                 ctx.count.hints.add(follower.hints - hints);
                 if !mine {
-                    ctx.errors.stray(&f);
+                    ctx.faults.errors.stray(&f);
                 }
             }
             _ = done_rx.changed(), if !*done_rx.borrow() => {}
@@ -483,7 +466,7 @@ async fn member(
                             seq: acked_cursor,
                         }));
                         if conn.send(&ack).await.is_err() {
-                            ctx.errors.local(LocalError::Transport);
+                            ctx.faults.errors.local(LocalError::Transport);
                             break;
                         }
                         ctx.count.deliver_acks.inc();
@@ -493,7 +476,7 @@ async fn member(
                                 seq: acked_cursor,
                             }));
                             if conn.send(&read).await.is_err() {
-                                ctx.errors.local(LocalError::Transport);
+                                ctx.faults.errors.local(LocalError::Transport);
                                 break;
                             }
                             ctx.count.mark_reads.inc();
@@ -503,7 +486,7 @@ async fn member(
                 }
                 if now >= last_tx + heartbeat / 2 {
                     if ping(&mut conn).await.is_err() {
-                        ctx.errors.local(LocalError::Transport);
+                        ctx.faults.errors.local(LocalError::Transport);
                         break;
                     }
                     last_tx = now;

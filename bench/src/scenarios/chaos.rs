@@ -55,10 +55,10 @@ use crate::clock::Clock;
 use crate::outbox::{Outbox, Pacer, Pending, Refused, SendSpec, Target as To};
 use crate::report::{self, p99_text};
 use crate::run::{
-    figures_near_end, ping, run_tag, spawn_each, Disconnects, Head, Pair, Problems, Report,
+    figures_near_end, keep_alive, ping, run_tag, spawn_each, Faults, Head, Pair, Problems, Report,
     RunArgs, Tail,
 };
-use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
+use crate::stats::{LatencyRecorder, LocalError, Summary};
 use crate::target::ServerArgs;
 use crate::target::{Dialer, Session, Target};
 use crate::util::{fmt_us, max_open_files, parse_duration};
@@ -173,8 +173,7 @@ struct Ctx {
     recover_latency: LatencyRecorder,
     send: SendCounts,
     count: Counts,
-    errors: ErrorCounts,
-    disconnects: Disconnects,
+    faults: Faults,
 }
 
 counters! {
@@ -223,10 +222,17 @@ impl Ctx {
         }
     }
 
+    /// Resolves when connection `idx` is told to die, counting the kill as done. As
+    /// cancel-safe as [`Notify::notified`], so it can race the connection's reads.
+    async fn kill_notified(&self, idx: usize) {
+        self.kills[idx].notified().await;
+        self.count.kills_done.inc();
+    }
+
     /// A connection ended unexpectedly (`ev`: the close or the error):
     /// counted by reason and as an unexpected disconnect.
     fn lost(&self, ev: Result<RawEvent, ClientError>) {
-        self.disconnects.record(&self.errors, ev);
+        self.faults.disconnects.record(&self.faults.errors, ev);
         self.count.unexpected_disconnects.inc();
     }
 
@@ -270,7 +276,9 @@ impl Ctx {
                 }
                 Err(e) => {
                     self.count.reconnect_failures.inc();
-                    self.disconnects.add(format!("reconnect failed: {e}"));
+                    self.faults
+                        .disconnects
+                        .add(format!("reconnect failed: {e}"));
                     if Instant::now() >= give_up {
                         self.count.never_reconnected.inc();
                         return None;
@@ -285,7 +293,7 @@ impl Ctx {
         match self.dialer.token(user) {
             Ok(t) => Some(t),
             Err(e) => {
-                self.disconnects.add(format!("token: {e:#}"));
+                self.faults.disconnects.add(format!("token: {e:#}"));
                 self.count.never_reconnected.inc();
                 None
             }
@@ -556,8 +564,7 @@ fn new_ctx(
         recover_latency: LatencyRecorder::new(SHARDS),
         send: SendCounts::default(),
         count: Counts::default(),
-        errors: ErrorCounts::default(),
-        disconnects: Disconnects::default(),
+        faults: Faults::default(),
     }
 }
 
@@ -571,7 +578,7 @@ fn spawn_progress(ctx: &Arc<Ctx>) -> tokio::task::JoinHandle<()> {
             ctx.count.storm_recovered.get(),
             ctx.count.storm_reconnected.get(),
             ctx.count.bad_sent.get(),
-            ctx.errors.total(),
+            ctx.faults.errors.total(),
             p99_text(&ctx.recover_latency.snapshot()),
             p99_text(&ctx.ack_latency.snapshot()),
         )
@@ -657,7 +664,7 @@ fn report(
         unacked_at_end: t.unacked_at_end,
         send_to_ack_us: Summary::of(&ctx.ack_latency.snapshot()),
         send_to_deliver_us: Summary::of(&ctx.deliver_latency.snapshot()),
-        problems: Problems::of(&ctx.errors, &ctx.disconnects),
+        problems: ctx.faults.problems(),
     };
     let passed = verdict.passed()
         && c.never_reconnected == 0
@@ -786,19 +793,19 @@ impl Hooks for ChaosHooks<'_> {
     }
 
     fn refused(&mut self, e: &im_proto::Error, outcome: Refused) {
-        self.ctx.errors.server(e.code);
+        self.ctx.faults.errors.server(e.code);
         if let Refused::Failed(p) = outcome {
             self.settle(p.n);
         }
     }
 
     fn timed_out(&mut self, p: Pending) {
-        self.ctx.errors.local(LocalError::AckTimeout);
+        self.ctx.faults.errors.local(LocalError::AckTimeout);
         self.settle(p.n);
     }
 
     fn other(&mut self, f: Frame, _now: Instant) -> Vec<Vec<u8>> {
-        self.ctx.errors.stray(&f);
+        self.ctx.faults.errors.stray(&f);
         if let Some(Body::Error(e)) = &f.body {
             let injected = f.req_id == 0 || f.req_id >= BAD_REQ_BASE;
             if e.code == ErrorCode::BadFrame as i32 && injected && self.bad_outstanding > 0 {
@@ -823,10 +830,9 @@ async fn chaos_sender(
     let clock = ctx.clock;
     let me = ctx.sender_name(i);
     let mut outbox = Outbox::new(ctx.run_id, ctx.ack_timeout);
-    let mut pacer = ctx.rate_per_sender.map(|r| {
-        let offset = Duration::from_secs_f64(i as f64 / (ctx.senders as f64 * r));
-        Pacer::new(r, clock.base + offset)
-    });
+    let mut pacer = ctx
+        .rate_per_sender
+        .map(|r| Pacer::staggered(r, i, ctx.senders, clock.base));
     let mut hooks = ChaosHooks {
         ctx: &ctx,
         i,
@@ -845,12 +851,8 @@ async fn chaos_sender(
     };
     while let Some(mut c) = conn.take() {
         let cfg = sender::Loop {
-            clock,
-            window: ctx.window,
-            pacer: pacer.as_mut(),
-            drain: ctx.drain,
-            heartbeat,
             kill: Some(&ctx.kills[i]),
+            ..sender::Loop::new(clock, ctx.window, pacer.as_mut(), ctx.drain, heartbeat)
         };
         let ended = sender::run(&mut c, &mut outbox, cfg, &mut hooks).await;
         let kill = ctx.killed(i);
@@ -932,7 +934,7 @@ async fn receiver(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) ->
     while let Some(c) = conn.as_mut() {
         if let Some(req) = follower.sync_request() {
             if c.send(&req).await.is_err() {
-                ctx.errors.local(LocalError::Transport);
+                ctx.faults.errors.local(LocalError::Transport);
             }
             last_tx = Instant::now();
         }
@@ -947,10 +949,7 @@ async fn receiver(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) ->
         }
         let lost = tokio::select! {
             biased;
-            () = ctx.kills[idx].notified() => {
-                ctx.count.kills_done.inc();
-                true
-            }
+            () = ctx.kill_notified(idx) => true,
             ev = c.recv() => {
                 match ev {
                     Ok(RawEvent::Frame(f)) => {
@@ -964,7 +963,7 @@ async fn receiver(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) ->
                             }
                         });
                         if !mine {
-                            ctx.errors.stray(&f);
+                            ctx.faults.errors.stray(&f);
                         }
                         false
                     }
@@ -980,12 +979,8 @@ async fn receiver(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) ->
                 if now >= hard_deadline {
                     break;
                 }
-                if now.saturating_duration_since(last_tx) >= heartbeat / 2 {
-                    if ping(c).await.is_err() {
-                        ctx.errors.local(LocalError::Transport);
-                    }
-                    last_tx = now;
-                }
+                // A failed ping is counted; the read that follows sees the connection end.
+                let _ = keep_alive(c, now, &mut last_tx, heartbeat, &ctx.faults).await;
                 false
             }
         };
@@ -1018,33 +1013,30 @@ async fn idle_conn(ctx: Arc<Ctx>, j: usize, session: Session, mut stop: watch::R
         }
         let lost = tokio::select! {
             biased;
-            () = ctx.kills[idx].notified() => {
-                ctx.count.kills_done.inc();
-                true
-            }
+            () = ctx.kill_notified(idx) => true,
             ev = c.recv() => match ev {
                 Ok(RawEvent::Frame(f)) => {
                     match f.body {
                         Some(Body::SyncResp(r)) if f.req_id == IDLE_SYNC_REQ => {
                             // An idle user has no conversations: nothing to page through.
                             if !r.messages.is_empty() {
-                                ctx.errors.local(LocalError::Unexpected);
+                                ctx.faults.errors.local(LocalError::Unexpected);
                             }
                             if let Some(kill) = recovering.take() {
                                 ctx.recovered(idx, kill);
                             }
                         }
                         Some(Body::Error(e)) => {
-                            ctx.errors.server(e.code);
+                            ctx.faults.errors.server(e.code);
                             if f.req_id == IDLE_SYNC_REQ && recovering.is_some() {
                                 // The sync was refused (e.g. OVERLOADED): ask again.
                                 if c.send(&idle_sync()).await.is_err() {
-                                    ctx.errors.local(LocalError::Transport);
+                                    ctx.faults.errors.local(LocalError::Transport);
                                 }
                             }
                         }
                         Some(Body::Pong(_)) => {}
-                        _ => ctx.errors.local(LocalError::Unexpected),
+                        _ => ctx.faults.errors.local(LocalError::Unexpected),
                     }
                     false
                 }
@@ -1062,7 +1054,7 @@ async fn idle_conn(ctx: Arc<Ctx>, j: usize, session: Session, mut stop: watch::R
                 }
                 next_ping = now + heartbeat / 2;
                 if ping(c).await.is_err() {
-                    ctx.errors.local(LocalError::Transport);
+                    ctx.faults.errors.local(LocalError::Transport);
                 }
                 false
             }
@@ -1071,7 +1063,7 @@ async fn idle_conn(ctx: Arc<Ctx>, j: usize, session: Session, mut stop: watch::R
             let kill = ctx.replace(idx, &me, &mut conn).await;
             if let Some(c) = conn.as_mut() {
                 if c.send(&idle_sync()).await.is_err() {
-                    ctx.errors.local(LocalError::Transport);
+                    ctx.faults.errors.local(LocalError::Transport);
                 }
             }
             recovering = Some(kill);

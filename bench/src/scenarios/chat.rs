@@ -33,10 +33,10 @@ use crate::clock::Clock;
 use crate::outbox::{Outbox, Pacer, SendSpec, Target as To};
 use crate::report::{self, p99_text};
 use crate::run::{
-    figures_near_end, next_frame, ping, spawn_each, Disconnects, Head, Pair, Problems, Report,
+    figures_near_end, keep_alive, next_frame, spawn_each, Faults, Head, Pair, Problems, Report,
     RunArgs,
 };
-use crate::stats::{Counter, ErrorCounts, LatencyRecorder, LocalError, Summary};
+use crate::stats::{Counter, LatencyRecorder, Summary};
 use crate::target::ServerArgs;
 use crate::target::{Session, Target};
 use crate::util::{fmt_us, parse_duration};
@@ -90,8 +90,7 @@ struct Ctx {
     send: SendCounts,
     /// Messages received by receivers.
     delivered: Counter,
-    errors: ErrorCounts,
-    disconnects: Disconnects,
+    faults: Faults,
 }
 
 sender::run_counts!(Ctx);
@@ -179,8 +178,7 @@ pub(crate) async fn run_against(
         deliver_latency: LatencyRecorder::new(SHARDS),
         send: SendCounts::default(),
         delivered: Counter::default(),
-        errors: ErrorCounts::default(),
-        disconnects: Disconnects::default(),
+        faults: Faults::default(),
     });
 
     let pairs: Vec<Arc<Pair>> = (0..n).map(|_| Arc::new(Pair::default())).collect();
@@ -194,7 +192,7 @@ pub(crate) async fn run_against(
         format!(
             "acked {:>9.0} msg/s  errors {:>6}  p99 send->ack {}",
             rate.per_sec(ctx.send.acked_all.get(), dt),
-            ctx.errors.total(),
+            ctx.faults.errors.total(),
             p99_text(&ctx.ack_latency.snapshot())
         )
     });
@@ -235,7 +233,7 @@ pub(crate) async fn run_against(
         rate_skipped: t.rate_skipped,
         send_to_ack_us: Summary::of(&ctx.ack_latency.snapshot()),
         send_to_deliver_us: Summary::of(&ctx.deliver_latency.snapshot()),
-        problems: Problems::of(&ctx.errors, &ctx.disconnects),
+        problems: ctx.faults.problems(),
     };
     Ok(Report::judged(body, verdict, server))
 }
@@ -243,17 +241,11 @@ pub(crate) async fn run_against(
 /// Sender `s{i}`: keeps up to `window` sends in flight (at `--rate`, if set) until the
 /// end, then drains. Returns the seqs it was acked.
 async fn sender(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) -> (usize, Vec<u64>) {
-    let Session {
-        mut conn,
-        heartbeat,
-    } = session;
     let clock = ctx.clock;
-    let mut outbox = Outbox::new(ctx.run_id, ctx.ack_timeout);
-    // Senders are staggered over one interval so that paced sends do not come in waves.
-    let mut pacer = ctx.rate_per_sender.map(|r| {
-        let offset = Duration::from_secs_f64(i as f64 / (ctx.senders as f64 * r));
-        Pacer::new(r, clock.base + offset)
-    });
+    let outbox = Outbox::new(ctx.run_id, ctx.ack_timeout);
+    let pacer = ctx
+        .rate_per_sender
+        .map(|r| Pacer::staggered(r, i, ctx.senders, clock.base));
     let spec = SendSpec {
         target: To::User(format!("r{i}").into()),
         msg_type: MessageType::Text,
@@ -261,20 +253,11 @@ async fn sender(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) -> (
         tag: 0,
     };
     let mut hooks = ToOne::new(ctx.counts(), clock, &ctx.ack_latency, i, spec);
-    let cfg = sender::Loop {
-        clock,
-        window: ctx.window,
-        pacer: pacer.as_mut(),
-        drain: ctx.drain,
-        heartbeat,
-        kill: None,
-    };
-    sender::run(&mut conn, &mut outbox, cfg, &mut hooks).await;
-    let (acked, max_acked) = (hooks.acked, hooks.max_acked);
-    ctx.send.sender_done(pacer.as_ref(), &outbox);
-    pair.sender_finished(max_acked);
+    let mut conn =
+        sender::run_to_one(session, outbox, pacer, ctx.window, ctx.drain, &mut hooks).await;
+    pair.sender_finished(hooks.max_acked);
     let _ = conn.close().await;
-    (i, acked)
+    (i, hooks.acked)
 }
 
 /// Receiver `r{i}`: records every delivered seq (arrival order) and send-to-deliver
@@ -304,7 +287,7 @@ async fn receiver(
     loop {
         tokio::select! {
             biased;
-            f = next_frame(&mut conn, &ctx.errors, &ctx.disconnects) => {
+            f = next_frame(&mut conn, &ctx.faults) => {
                 let Some(f) = f else { break };
                 match f.body {
                     Some(Body::Deliver(d)) => {
@@ -327,7 +310,7 @@ async fn receiver(
                             break;
                         }
                     }
-                    _ => ctx.errors.stray(&f),
+                    _ => ctx.faults.errors.stray(&f),
                 }
             }
             _ = tick.tick() => {
@@ -335,12 +318,8 @@ async fn receiver(
                 if now >= hard_deadline || pair.caught_up(last) {
                     break;
                 }
-                if now.saturating_duration_since(last_tx) >= heartbeat / 2 {
-                    if ping(&mut conn).await.is_err() {
-                        ctx.errors.local(LocalError::Transport);
-                        break;
-                    }
-                    last_tx = now;
+                if keep_alive(&mut conn, now, &mut last_tx, heartbeat, &ctx.faults).await.is_err() {
+                    break;
                 }
             }
         }

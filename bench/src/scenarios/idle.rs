@@ -39,8 +39,8 @@ use crate::check::Verdict;
 use crate::clock::Clock;
 use crate::outbox::{Outbox, SendSpec, Target as To};
 use crate::report::{self, fmt_bytes, p99_text, Rate};
-use crate::run::{ping, run_tag, Absent, Disconnects, Head, Problems, Report, Tail};
-use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
+use crate::run::{ping, run_tag, Absent, Faults, Head, Problems, Report, Tail};
+use crate::stats::{LatencyRecorder, LocalError, Summary};
 use crate::target::ServerArgs;
 use crate::target::{Dialer, Target};
 use crate::util::{fmt_us, max_open_files, parse_duration, self_rss_bytes};
@@ -146,8 +146,7 @@ struct Ctx {
     deliver_latency: LatencyRecorder,
     count: Counts,
     expect: Expect,
-    errors: ErrorCounts,
-    disconnects: Disconnects,
+    faults: Faults,
 }
 
 counters! {
@@ -353,8 +352,7 @@ async fn run_against(args: &IdleArgs, target: &mut Target) -> anyhow::Result<Idl
         deliver_latency: LatencyRecorder::new(SHARDS),
         count: Counts::default(),
         expect: Expect::new(n),
-        errors: ErrorCounts::default(),
-        disconnects: Disconnects::default(),
+        faults: Faults::default(),
     });
     let progress = {
         let ctx = ctx.clone();
@@ -372,7 +370,7 @@ async fn run_against(args: &IdleArgs, target: &mut Target) -> anyhow::Result<Idl
                 conns.per_sec(ctx.count.established.get(), dt),
                 pings.per_sec(ctx.count.pongs.get(), dt),
                 acked.per_sec(ctx.count.acked.get(), dt),
-                ctx.errors.total(),
+                ctx.faults.errors.total(),
                 p99_text(&ctx.connect_latency.snapshot()),
                 p99_text(&ctx.ping_rtt.snapshot()),
             )
@@ -487,7 +485,7 @@ async fn run_against(args: &IdleArgs, target: &mut Target) -> anyhow::Result<Idl
         unacked_at_end: c.unacked_at_end,
         send_to_ack_us: Summary::of(&ctx.ack_latency.snapshot()),
         send_to_deliver_us: Summary::of(&ctx.deliver_latency.snapshot()),
-        problems: Problems::of(&ctx.errors, &ctx.disconnects),
+        problems: ctx.faults.problems(),
     };
     let passed = verdict.passed() && failed == 0 && dropped == 0;
     Ok(Report {
@@ -510,8 +508,10 @@ async fn connection(
         Err(e) => {
             drop(permit);
             ctx.count.failed.inc();
-            ctx.errors.local(LocalError::Transport);
-            ctx.disconnects.add(format!("connect/login failed: {e}"));
+            ctx.faults.errors.local(LocalError::Transport);
+            ctx.faults
+                .disconnects
+                .add(format!("connect/login failed: {e}"));
             ctx.expect.absent();
             return (idx, ledger);
         }
@@ -533,21 +533,13 @@ async fn connection(
     let mut ping_sent: Option<Instant> = None;
     let mut outbox = Outbox::new(ctx.run_id, ctx.ack_timeout);
     let mut phase_rx = ctx.phase.clone();
-    let mut ending = Ending::new(idx, ctx.drain);
+    let mut ending = Ending::new(idx, ctx.drain, &ctx.count.unacked_at_end, &ctx.expect);
     let mut next_housekeeping = Instant::now() + HOUSEKEEPING;
 
     loop {
         let now = Instant::now();
         let phase = *phase_rx.borrow_and_update();
-        let unacked = outbox.len();
-        if ending.done(
-            now,
-            phase == Phase::Stop,
-            unacked,
-            &ctx.count.unacked_at_end,
-            &ledger,
-            &ctx.expect,
-        ) {
+        if ending.done(now, phase == Phase::Stop, outbox.len(), &ledger) {
             break;
         }
         for frame in outbox.due_retries(now) {
@@ -571,7 +563,7 @@ async fn connection(
                     }
                     other => {
                         ctx.count.dropped.inc();
-                        ctx.disconnects.record(&ctx.errors, other);
+                        ctx.faults.disconnects.record(&ctx.faults.errors, other);
                         break;
                     }
                 };
@@ -604,10 +596,10 @@ async fn connection(
                         }
                     }
                     Some(Body::Error(e)) => {
-                        ctx.errors.server(e.code);
+                        ctx.faults.errors.server(e.code);
                         outbox.refused(f.req_id, &e, now);
                     }
-                    _ => ctx.errors.local(LocalError::Unexpected),
+                    _ => ctx.faults.errors.local(LocalError::Unexpected),
                 }
             }
             _ = phase_rx.changed(), if phase != Phase::Stop => {}
@@ -626,7 +618,7 @@ async fn connection(
                         PingKind::Ws => conn.ws_ping(clock.us(now)).await,
                     };
                     if sent.is_err() {
-                        ctx.errors.local(LocalError::Transport);
+                        ctx.faults.errors.local(LocalError::Transport);
                     }
                     ctx.count.pings.inc();
                     if phase == Phase::Hold && rand::random::<f64>() < ctx.send_prob {
@@ -647,18 +639,13 @@ async fn connection(
                 if now >= next_housekeeping {
                     next_housekeeping = now + HOUSEKEEPING;
                     for _ in outbox.expired(now) {
-                        ctx.errors.local(LocalError::AckTimeout);
+                        ctx.faults.errors.local(LocalError::AckTimeout);
                     }
                 }
             }
         }
     }
-    ending.publish(
-        outbox.len(),
-        &ctx.count.unacked_at_end,
-        &ledger,
-        &ctx.expect,
-    );
+    ending.publish(outbox.len(), &ledger);
     ctx.online[idx].store(false, Ordering::Relaxed);
     ctx.count.online_now.sub(1);
     let _ = conn.close().await;

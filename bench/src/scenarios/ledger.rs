@@ -150,38 +150,40 @@ pub fn verdict(ledgers: Vec<Ledger>) -> Verdict {
 }
 
 /// A connection's end of run: from its stop it drains its unacked sends, then
-/// publishes its acks to the [`Expect`] (once), then waits for what it is owed; each
-/// wait is bounded by the drain time.
+/// publishes its acks to the run's [`Expect`] (once, counting what stayed unacked), then
+/// waits for what it is owed; each wait is bounded by the drain time.
 #[derive(Debug)]
-pub struct Ending {
+pub struct Ending<'a> {
     me: usize,
     drain: Duration,
+    unacked_at_end: &'a Counter,
+    expect: &'a Expect,
     stopped_at: Option<Instant>,
     published: bool,
 }
 
-impl Ending {
-    /// The end of run of connection `me`, each of its waits at most `drain`.
-    pub fn new(me: usize, drain: Duration) -> Self {
+impl<'a> Ending<'a> {
+    /// The end of run of connection `me`, each of its waits at most `drain`; it counts
+    /// its unacked sends in `unacked_at_end` and publishes its acks to `expect`.
+    pub fn new(
+        me: usize,
+        drain: Duration,
+        unacked_at_end: &'a Counter,
+        expect: &'a Expect,
+    ) -> Self {
         Ending {
             me,
             drain,
+            unacked_at_end,
+            expect,
             stopped_at: None,
             published: false,
         }
     }
 
     /// Moves on at `now` (`stopping`: the connection sends no more; `unacked`: its sends
-    /// not acked yet, counted in `unacked_at_end` when it publishes); true once it is done.
-    pub fn done(
-        &mut self,
-        now: Instant,
-        stopping: bool,
-        unacked: usize,
-        unacked_at_end: &Counter,
-        ledger: &Ledger,
-        expect: &Expect,
-    ) -> bool {
+    /// not acked yet, counted when it publishes `ledger`); true once it is done.
+    pub fn done(&mut self, now: Instant, stopping: bool, unacked: usize, ledger: &Ledger) -> bool {
         if stopping && self.stopped_at.is_none() {
             self.stopped_at = Some(now);
         }
@@ -189,22 +191,17 @@ impl Ending {
             return false;
         };
         if !self.published && (unacked == 0 || now >= stop + self.drain) {
-            self.publish(unacked, unacked_at_end, ledger, expect);
+            self.publish(unacked, ledger);
         }
-        self.published && (expect.caught_up(self.me, ledger) || now >= stop + self.drain * 2)
+        self.published && (self.expect.caught_up(self.me, ledger) || now >= stop + self.drain * 2)
     }
 
-    /// Publishes the acks now, unless done already (a connection that ended early).
-    pub fn publish(
-        &mut self,
-        unacked: usize,
-        unacked_at_end: &Counter,
-        ledger: &Ledger,
-        expect: &Expect,
-    ) {
+    /// Publishes the acks in `ledger` now (and counts `unacked`), unless done already (a
+    /// connection that ended early).
+    pub fn publish(&mut self, unacked: usize, ledger: &Ledger) {
         if !self.published {
-            unacked_at_end.add(unacked as u64);
-            ledger.publish(expect);
+            self.unacked_at_end.add(unacked as u64);
+            ledger.publish(self.expect);
             self.published = true;
         }
     }

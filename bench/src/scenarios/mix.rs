@@ -45,9 +45,10 @@ use crate::clock::Clock;
 use crate::outbox::{Outbox, Pacer, SendSpec, Target as To};
 use crate::report::{self, fmt_bytes, p99_text};
 use crate::run::{
-    figures_near_end, next_frame, ping, run_tag, Disconnects, Head, Problems, Report, RunArgs, Tail,
+    figures_near_end, keep_alive, next_frame, run_tag, Faults, Head, Problems, Report, RunArgs,
+    Tail,
 };
-use crate::stats::{Counter, ErrorCounts, LatencyRecorder, LocalError, Summary};
+use crate::stats::{Counter, LatencyRecorder, LocalError, Summary};
 use crate::target::ServerArgs;
 use crate::target::{Session, Target};
 use crate::util::{parse_duration, Zipf};
@@ -222,8 +223,7 @@ struct Ctx {
     list: LatencyRecorder,
     count: Counts,
     expect: Expect,
-    errors: ErrorCounts,
-    disconnects: Disconnects,
+    faults: Faults,
 }
 
 counters! {
@@ -385,8 +385,7 @@ async fn run_against(args: &MixArgs, target: &mut Target) -> anyhow::Result<MixR
         list: LatencyRecorder::new(SHARDS),
         count: Counts::default(),
         expect: Expect::new(n),
-        errors: ErrorCounts::default(),
-        disconnects: Disconnects::default(),
+        faults: Faults::default(),
     });
 
     let mut queues = Vec::with_capacity(n);
@@ -409,7 +408,7 @@ async fn run_against(args: &MixArgs, target: &mut Target) -> anyhow::Result<MixR
             format!(
             "acked {:>8.0} msg/s  errors {:>5}  skipped {:>6}  p99 send->ack text {} / image {}",
             rate.per_sec(ctx.count.acked_all.get(), dt),
-            ctx.errors.total(),
+            ctx.faults.errors.total(),
             ctx.count.skipped_queue.get() + ctx.count.skipped_window.get(),
             ctx.stats.first().map_or("-".into(), |s| p99_text(&s.ack.snapshot())),
             ctx.stats.get(1).map_or("-".into(), |s| p99_text(&s.ack.snapshot())),
@@ -476,7 +475,7 @@ async fn run_against(args: &MixArgs, target: &mut Target) -> anyhow::Result<MixR
                 send_to_deliver_us: Summary::of(&s.deliver.snapshot()),
             })
             .collect(),
-        problems: Problems::of(&ctx.errors, &ctx.disconnects),
+        problems: ctx.faults.problems(),
     };
     let passed = verdict.passed() && t.action_errors == 0;
     Ok(Report {
@@ -576,7 +575,7 @@ async fn user(
     let mut ledger = Ledger::default();
     let mut outbox = Outbox::new(ctx.run_id, ctx.ack_timeout);
     let mut sending = true;
-    let mut ending = Ending::new(idx, ctx.drain);
+    let mut ending = Ending::new(idx, ctx.drain, &ctx.count.unacked_at_end, &ctx.expect);
     let mut last_tx = Instant::now();
     let mut next_housekeeping = last_tx + HOUSEKEEPING;
     let mut rng = StdRng::seed_from_u64(ctx.run_id ^ (idx as u64).wrapping_mul(0x9e37_79b9));
@@ -584,20 +583,12 @@ async fn user(
 
     loop {
         let now = Instant::now();
-        let unacked = outbox.len();
-        if ending.done(
-            now,
-            !sending,
-            unacked,
-            &ctx.count.unacked_at_end,
-            &ledger,
-            &ctx.expect,
-        ) {
+        if ending.done(now, !sending, outbox.len(), &ledger) {
             break;
         }
         for frame in outbox.due_retries(now) {
             if conn.send_bytes(frame).await.is_err() {
-                ctx.errors.local(LocalError::Transport);
+                ctx.faults.errors.local(LocalError::Transport);
                 break;
             }
             ctx.count.retries.inc();
@@ -609,7 +600,7 @@ async fn user(
         }
         tokio::select! {
             biased;
-            f = next_frame(&mut conn, &ctx.errors, &ctx.disconnects) => {
+            f = next_frame(&mut conn, &ctx.faults) => {
                 let Some(f) = f else { break };
                 let now = Instant::now();
                 match f.body {
@@ -658,14 +649,14 @@ async fn user(
                                 seq,
                             }), None);
                             if conn.send_bytes(f).await.is_err() {
-                                ctx.errors.local(LocalError::Transport);
+                                ctx.faults.errors.local(LocalError::Transport);
                                 break;
                             }
                             ctx.count.reads_sent.inc();
                         }
                     }
                     Some(Body::Error(e)) => {
-                        ctx.errors.server(e.code);
+                        ctx.faults.errors.server(e.code);
                         if f.req_id >= ACTION_REQ {
                             actions.answered(f.req_id);
                             ctx.count.action_errors.inc();
@@ -687,7 +678,7 @@ async fn user(
                     Some(Body::ReadReceipt(_)) => ctx.count.receipts_received.inc(),
                     Some(Body::Typing(_)) => ctx.count.typing_received.inc(),
                     Some(Body::Pong(_)) => {}
-                    _ => ctx.errors.local(LocalError::Unexpected),
+                    _ => ctx.faults.errors.local(LocalError::Unexpected),
                 }
             }
             job = jobs.recv(), if sending => {
@@ -707,7 +698,7 @@ async fn user(
                             Some(t),
                         );
                         if conn.send_bytes(f).await.is_err() {
-                            ctx.errors.local(LocalError::Transport);
+                            ctx.faults.errors.local(LocalError::Transport);
                             break;
                         }
                         last_tx = t;
@@ -727,7 +718,7 @@ async fn user(
                         user_id: String::new(),
                     }), None);
                     if conn.send_bytes(f).await.is_err() {
-                        ctx.errors.local(LocalError::Transport);
+                        ctx.faults.errors.local(LocalError::Transport);
                         break;
                     }
                     ctx.count.typing_sent.inc();
@@ -742,7 +733,7 @@ async fn user(
                 let t = Instant::now();
                 let frame = outbox.start(spec, t, clock.us(t));
                 if conn.send_bytes(frame).await.is_err() {
-                    ctx.errors.local(LocalError::Transport);
+                    ctx.faults.errors.local(LocalError::Transport);
                     break;
                 }
                 ctx.stats[class as usize].sent.inc();
@@ -753,25 +744,16 @@ async fn user(
                 if now >= next_housekeeping {
                     next_housekeeping = now + HOUSEKEEPING;
                     for _ in outbox.expired(now) {
-                        ctx.errors.local(LocalError::AckTimeout);
+                        ctx.faults.errors.local(LocalError::AckTimeout);
                     }
-                    if now.saturating_duration_since(last_tx) >= heartbeat / 2 {
-                        if ping(&mut conn).await.is_err() {
-                            ctx.errors.local(LocalError::Transport);
-                            break;
-                        }
-                        last_tx = now;
+                    if keep_alive(&mut conn, now, &mut last_tx, heartbeat, &ctx.faults).await.is_err() {
+                        break;
                     }
                 }
             }
         }
     }
-    ending.publish(
-        outbox.len(),
-        &ctx.count.unacked_at_end,
-        &ledger,
-        &ctx.expect,
-    );
+    ending.publish(outbox.len(), &ledger);
     let _ = conn.close().await;
     (idx, ledger)
 }

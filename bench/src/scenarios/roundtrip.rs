@@ -33,10 +33,10 @@ use crate::clock::Clock;
 use crate::outbox::{Outbox, SendSpec, Target as To};
 use crate::report::{self, p99_text};
 use crate::run::{
-    figures_near_end, next_frame, ping, run_tag, spawn_each, Disconnects, Head, Pair, Problems,
+    figures_near_end, keep_alive, next_frame, run_tag, spawn_each, Faults, Head, Pair, Problems,
     Report, RunArgs,
 };
-use crate::stats::{ErrorCounts, LatencyRecorder, LocalError, Summary};
+use crate::stats::{LatencyRecorder, LocalError, Summary};
 use crate::target::ServerArgs;
 use crate::target::{Session, Target};
 use crate::util::parse_duration;
@@ -94,8 +94,7 @@ struct Ctx {
     reply_deliver: LatencyRecorder,
     round_trip: LatencyRecorder,
     count: Counts,
-    errors: ErrorCounts,
-    disconnects: Disconnects,
+    faults: Faults,
 }
 
 counters! {
@@ -223,8 +222,7 @@ async fn run_against(args: &RoundtripArgs, target: &mut Target) -> anyhow::Resul
         reply_deliver: LatencyRecorder::new(SHARDS),
         round_trip: LatencyRecorder::new(SHARDS),
         count: Counts::default(),
-        errors: ErrorCounts::default(),
-        disconnects: Disconnects::default(),
+        faults: Faults::default(),
     });
     let pairs: Vec<Arc<Ends>> = (0..n).map(|_| Arc::new(Ends::default())).collect();
     let mut tasks = spawn_each(b_sessions, |i, s| {
@@ -237,7 +235,7 @@ async fn run_against(args: &RoundtripArgs, target: &mut Target) -> anyhow::Resul
         format!(
             "exchanges {:>7.0}/s  errors {:>5}  p99 round trip {}",
             rate.per_sec(ctx.count.exchanges.get(), dt),
-            ctx.errors.total(),
+            ctx.faults.errors.total(),
             p99_text(&ctx.round_trip.snapshot())
         )
     });
@@ -288,7 +286,7 @@ async fn run_against(args: &RoundtripArgs, target: &mut Target) -> anyhow::Resul
         cursor_checked: checked,
         cursor_behind: behind,
         cursor_lag_messages: lag,
-        problems: Problems::of(&ctx.errors, &ctx.disconnects),
+        problems: ctx.faults.problems(),
     };
     Ok(Report::judged(body, verdict, server))
 }
@@ -412,7 +410,7 @@ async fn side_a(ctx: Arc<Ctx>, pair: Arc<Ends>, i: usize, session: Session) -> (
         if current.is_none() && now < clock.end && now >= next_start {
             let frame = outbox.start(spec.clone(), now, clock.us(now));
             if conn.send_bytes(frame).await.is_err() {
-                ctx.errors.local(LocalError::Transport);
+                ctx.faults.errors.local(LocalError::Transport);
                 break;
             }
             current = Some((now, false, false));
@@ -427,7 +425,7 @@ async fn side_a(ctx: Arc<Ctx>, pair: Arc<Ends>, i: usize, session: Session) -> (
         }
         tokio::select! {
             biased;
-            f = next_frame(&mut conn, &ctx.errors, &ctx.disconnects) => {
+            f = next_frame(&mut conn, &ctx.faults) => {
                 let Some(f) = f else { break };
                 let now = Instant::now();
                 match f.body {
@@ -460,7 +458,7 @@ async fn side_a(ctx: Arc<Ctx>, pair: Arc<Ends>, i: usize, session: Session) -> (
                                 }
                             }
                             if deliver_ack(&mut conn, &conv, m.seq).await.is_err() {
-                                ctx.errors.local(LocalError::Transport);
+                                ctx.faults.errors.local(LocalError::Transport);
                             }
                             ctx.count.deliver_acks.inc();
                             last_tx = now;
@@ -470,11 +468,11 @@ async fn side_a(ctx: Arc<Ctx>, pair: Arc<Ends>, i: usize, session: Session) -> (
                         }
                     }
                     Some(Body::Error(e)) => {
-                        ctx.errors.server(e.code);
+                        ctx.faults.errors.server(e.code);
                         outbox.refused(f.req_id, &e, now);
                     }
                     Some(Body::Pong(_)) => {}
-                    _ => ctx.errors.local(LocalError::Unexpected),
+                    _ => ctx.faults.errors.local(LocalError::Unexpected),
                 }
                 if let Some((t0, true, true)) = current {
                     current = None;
@@ -493,12 +491,8 @@ async fn side_a(ctx: Arc<Ctx>, pair: Arc<Ends>, i: usize, session: Session) -> (
                     let _ = conn.send_bytes(frame).await;
                 }
                 outbox.expired(now);
-                if now.saturating_duration_since(last_tx) >= heartbeat / 2 {
-                    if ping(&mut conn).await.is_err() {
-                        ctx.errors.local(LocalError::Transport);
-                        break;
-                    }
-                    last_tx = now;
+                if keep_alive(&mut conn, now, &mut last_tx, heartbeat, &ctx.faults).await.is_err() {
+                    break;
                 }
             }
         }
@@ -534,7 +528,7 @@ async fn side_b(ctx: Arc<Ctx>, pair: Arc<Ends>, i: usize, session: Session) -> (
         }
         tokio::select! {
             biased;
-            f = next_frame(&mut conn, &ctx.errors, &ctx.disconnects) => {
+            f = next_frame(&mut conn, &ctx.faults) => {
                 let Some(f) = f else { break };
                 let now = Instant::now();
                 match f.body {
@@ -552,7 +546,7 @@ async fn side_b(ctx: Arc<Ctx>, pair: Arc<Ends>, i: usize, session: Session) -> (
                                 ctx.deliver.record(i, now_us.saturating_sub(sent_us));
                             }
                             if deliver_ack(&mut conn, &conv, m.seq).await.is_err() {
-                                ctx.errors.local(LocalError::Transport);
+                                ctx.faults.errors.local(LocalError::Transport);
                                 continue;
                             }
                             ctx.count.deliver_acks.inc();
@@ -562,7 +556,7 @@ async fn side_b(ctx: Arc<Ctx>, pair: Arc<Ends>, i: usize, session: Session) -> (
                             }
                             let frame = outbox.start(spec.clone(), t3, clock.us(t3));
                             if conn.send_bytes(frame).await.is_err() {
-                                ctx.errors.local(LocalError::Transport);
+                                ctx.faults.errors.local(LocalError::Transport);
                             }
                             last_tx = t3;
                         }
@@ -575,11 +569,11 @@ async fn side_b(ctx: Arc<Ctx>, pair: Arc<Ends>, i: usize, session: Session) -> (
                         max_acked = max_acked.max(ack.seq);
                     }
                     Some(Body::Error(e)) => {
-                        ctx.errors.server(e.code);
+                        ctx.faults.errors.server(e.code);
                         outbox.refused(f.req_id, &e, now);
                     }
                     Some(Body::Pong(_)) => {}
-                    _ => ctx.errors.local(LocalError::Unexpected),
+                    _ => ctx.faults.errors.local(LocalError::Unexpected),
                 }
             }
             _ = tick.tick() => {
@@ -588,14 +582,10 @@ async fn side_b(ctx: Arc<Ctx>, pair: Arc<Ends>, i: usize, session: Session) -> (
                     let _ = conn.send_bytes(frame).await;
                 }
                 for _ in outbox.expired(now) {
-                    ctx.errors.local(LocalError::AckTimeout);
+                    ctx.faults.errors.local(LocalError::AckTimeout);
                 }
-                if now.saturating_duration_since(last_tx) >= heartbeat / 2 {
-                    if ping(&mut conn).await.is_err() {
-                        ctx.errors.local(LocalError::Transport);
-                        break;
-                    }
-                    last_tx = now;
+                if keep_alive(&mut conn, now, &mut last_tx, heartbeat, &ctx.faults).await.is_err() {
+                    break;
                 }
             }
         }

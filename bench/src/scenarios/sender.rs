@@ -23,6 +23,7 @@ use crate::clock::Clock;
 use crate::outbox::{Outbox, Pacer, Pending, Refused, SendSpec};
 use crate::run::Disconnects;
 use crate::stats::{ErrorCounts, LatencyRecorder, LocalError};
+use crate::target::Session;
 
 counters! {
     /// What every sender of the loop counts (`chat`, `broadcast`, `chaos`).
@@ -97,8 +98,8 @@ macro_rules! run_counts {
             fn counts(&self) -> $crate::scenarios::sender::RunCounts<'_> {
                 $crate::scenarios::sender::RunCounts {
                     send: &self.send,
-                    errors: &self.errors,
-                    disconnects: &self.disconnects,
+                    errors: &self.faults.errors,
+                    disconnects: &self.faults.disconnects,
                 }
             }
         }
@@ -258,6 +259,49 @@ pub struct Loop<'a> {
     pub heartbeat: Duration,
     /// Disconnect injection: return [`Ended::Killed`] when notified.
     pub kill: Option<&'a Notify>,
+}
+
+impl<'a> Loop<'a> {
+    /// A loop over `clock` keeping up to `window` sends in flight (paced by `pacer`, if
+    /// any), draining for `drain`, with no disconnect injection.
+    pub fn new(
+        clock: Clock,
+        window: usize,
+        pacer: Option<&'a mut Pacer>,
+        drain: Duration,
+        heartbeat: Duration,
+    ) -> Self {
+        Loop {
+            clock,
+            window,
+            pacer,
+            drain,
+            heartbeat,
+            kill: None,
+        }
+    }
+}
+
+/// A sender whose every message goes to one target (`chat`, `broadcast`): runs the loop
+/// over `session` with `hooks` (paced by `pacer`, if any) until the run is over and the
+/// acks are drained, then counts what the pacer skipped and what stayed un-acked.
+/// Returns the connection, for the caller to tell its end before closing it.
+pub async fn run_to_one(
+    session: Session,
+    mut outbox: Outbox,
+    mut pacer: Option<Pacer>,
+    window: usize,
+    drain: Duration,
+    hooks: &mut ToOne<'_>,
+) -> RawConn {
+    let Session {
+        mut conn,
+        heartbeat,
+    } = session;
+    let cfg = Loop::new(hooks.clock, window, pacer.as_mut(), drain, heartbeat);
+    run(&mut conn, &mut outbox, cfg, hooks).await;
+    hooks.counts.send.sender_done(pacer.as_ref(), &outbox);
+    conn
 }
 
 /// Runs the sending loop on `conn` until the run is over, the connection ends, or a
