@@ -80,3 +80,50 @@ fn bad_config_fails_start_up_naming_the_key() {
         "{err}"
     );
 }
+
+#[test]
+fn a_misspelt_env_var_fails_start_up_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = refused_start(
+        Command::new(server_bin()).env("IM_PERSIST_BATCH_MAXX", "5"),
+        dir.path(),
+    );
+    assert!(
+        err.contains("IM_PERSIST_BATCH_MAXX") && err.contains("IM_PERSIST_BATCH_MAX?"),
+        "{err}"
+    );
+    // `im-server token` reads the same config, so it refuses too.
+    let err = refused_start(
+        Command::new(server_bin())
+            .args(["token", "--user", "dora"])
+            .env("IM_JWT_SECRET", SECRET)
+            .env("IM_PERSIST_BATCH_MAXX", "5"),
+        dir.path(),
+    );
+    assert!(err.contains("IM_PERSIST_BATCH_MAXX"), "{err}");
+}
+
+#[test]
+fn env_vars_other_tools_read_do_not_stop_the_server() {
+    let others = [
+        ("IM_URL", "ws://127.0.0.1:1/ws"),
+        ("IM_TOKEN", "not-a-server-setting"),
+        ("IM_TOKEN_FILE", "/nonexistent"),
+        ("IM_DEVICE", "cli"),
+        ("IM_SERVER_BIN", "/nonexistent"),
+        ("IM_TEST_SOMETHING", "1"),
+        ("IM_BENCH_SECRET", "x"),
+    ];
+    let server = TestServer::start_with(&others);
+    assert!(!server.ws_url().is_empty());
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(server_bin());
+    cmd.args(["token", "--user", "dora"])
+        .env("IM_DATA_DIR", dir.path())
+        .env("IM_JWT_SECRET", SECRET);
+    for (k, v) in others {
+        cmd.env(k, v);
+    }
+    let out = succeeds(&mut cmd);
+    assert!(!out.stdout.is_empty());
+}

@@ -33,7 +33,7 @@ use self::check::{addr, invalid};
 pub use self::cluster::ClusterConfig;
 pub use self::flow::Flow;
 pub use self::http::Http;
-use self::layers::{apply_env, merge};
+use self::layers::{apply_env, env_names, merge, refuse_unknown_env};
 pub use self::limits::{Limits, FD_RESERVE};
 pub use self::log::LogConfig;
 pub use self::obs::Obs;
@@ -84,6 +84,17 @@ pub enum ConfigError {
         value: String,
         /// What is wrong.
         message: String,
+    },
+    /// An `IM_*` variable names no config key and is not one other tools read.
+    #[error(
+        "env {var}: names no config key{hint}; docs/config.md lists the keys and the \
+         IM_* variables the server ignores"
+    )]
+    UnknownEnv {
+        /// The variable name.
+        var: String,
+        /// ` (did you mean IM_...?)` naming the closest key, or empty.
+        hint: String,
     },
     /// A value has the right type but is out of range or inconsistent.
     #[error("config key `{key}` = {value}: {message}")]
@@ -233,6 +244,8 @@ impl Config {
             key: String::new(),
             message: e.to_string(),
         })?;
+        let mut known = vec!["IM_LOG".to_owned()];
+        env_names(&tree, &mut Vec::new(), &mut known);
         if let Some(path) = file {
             let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
                 path: path.to_owned(),
@@ -249,6 +262,7 @@ impl Config {
             .into_iter()
             .filter(|(k, _)| k.starts_with("IM_"))
             .collect();
+        refuse_unknown_env(&known, &env)?;
         apply_env(&mut tree, &mut Vec::new(), &env)?;
         // `IM_LOG` (the documented level variable) is an alias of `log.level` that wins.
         if let (Some(level), Some(toml::Value::Table(log))) =
@@ -638,6 +652,40 @@ mod tests {
             assert!(e.contains(key) && e.contains("at least 32 bytes"), "{e}");
             assert!(!e.contains("short-SECRET"), "{e}");
         }
+    }
+
+    #[test]
+    fn unknown_env_vars_are_refused_naming_them() {
+        let e = Config::load_from(
+            None,
+            &Overrides::default(),
+            env(&[("IM_PERSIST_BATCH_MAXX", "5")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("IM_PERSIST_BATCH_MAXX") && e.contains("did you mean IM_PERSIST_BATCH_MAX?"),
+            "{e}"
+        );
+        let e = Config::load_from(None, &Overrides::default(), env(&[("IM_ZZZ", "1")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("IM_ZZZ") && !e.contains("did you mean"), "{e}");
+        // Other tools' variables, the `IM_LOG` alias and non-`IM_` names pass.
+        Config::load_from(
+            None,
+            &Overrides::default(),
+            env(&[
+                ("IM_URL", "ws://x/ws"),
+                ("IM_TOKEN", "t"),
+                ("IM_DEVICE", "d"),
+                ("IM_TEST_DATABASE_URL", "postgres://x"),
+                ("IM_BENCH_SECRET", "s"),
+                ("IM_LOG", "info"),
+                ("IMPORTANT", "1"),
+            ]),
+        )
+        .unwrap();
     }
 
     #[test]
