@@ -251,3 +251,32 @@ async fn live_tail_streams_one_filtered_user_and_nothing_of_others() {
         .unwrap();
     assert!(server.wait_exit(WAIT).is_some(), "the node exits");
 }
+
+/// A device id carrying a newline and a JSON-looking line, logged at debug for a filtered
+/// user: the text log on stderr writes it escaped on the one line, never as a line of
+/// its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_text_escapes_a_forged_line_in_a_device_id() {
+    let server = TestServer::start_with(&[]);
+    let (status, resp) = server.admin_json(
+        "PUT",
+        "/admin/v1/log-filters/mallory",
+        r#"{"level":"debug","ttl_secs":600}"#,
+    );
+    assert_eq!(status, 200, "{resp}");
+    let forged = r#"{"level":"ERROR","forged":true}"#;
+    let mut c = RawConn::connect(&server.ws_url()).await.expect("connect");
+    c.login(&server.token("mallory"), &format!("dev\n{forged}"), false)
+        .await
+        .expect("login");
+    c.send(&send_to_user(1, "bob", b"hi", "m-1")).await.unwrap();
+    acks(&mut c, 1).await;
+
+    eventually("the login's debug line", || server.log().contains(forged)).await;
+    let log = server.log();
+    assert!(
+        !log.lines().any(|l| l.trim_start().starts_with(forged)),
+        "a forged line in the text log:\n{log}"
+    );
+    assert!(log.contains(&format!("dev\\n{forged}")), "{log}");
+}

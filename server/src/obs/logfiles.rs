@@ -1,5 +1,5 @@
 //! Log outputs: the process's `tracing` subscriber. Owns
-//! [`init`], which installs human text on stderr plus JSON lines into rolling files
+//! [`init`], which installs human text on stderr (values escaped, `textlog`) plus JSON lines into rolling files
 //! (`tracing-appender`, written by a non-blocking worker thread whose bytes are counted),
 //! both behind one [`DiagFilter`] together with the live tail's ring (`tail`), and the
 //! process-wide [`LogControl`] that the admin API and the compactor use.
@@ -18,6 +18,7 @@ use tracing_subscriber::Layer;
 use super::compactor::{LogStats, Window};
 use super::logfilter::{DiagFilter, LevelSpec, LogFilters};
 use super::tail::{Tail, TailLayer, SUBSCRIBER_QUEUE};
+use super::textlog::EscapedFields;
 
 /// What [`init`] needs: the `[log]` settings that shape the outputs, with the file
 /// directory resolved (the config builds it: `LogConfig::options`).
@@ -162,6 +163,7 @@ pub fn init(lc: &LogOptions) -> Result<LogGuard, LogInitError> {
     );
     let stats = Arc::new(LogStats::default());
     let stderr = tracing_subscriber::fmt::layer()
+        .fmt_fields(EscapedFields)
         .with_writer(io::stderr)
         .with_ansi(io::IsTerminal::is_terminal(&io::stderr()));
 

@@ -835,6 +835,7 @@ mod tests {
             }
             let sub = tracing_subscriber::registry().with(
                 tracing_subscriber::fmt::layer()
+                    .fmt_fields(super::super::textlog::EscapedFields)
                     .with_writer(std::io::sink)
                     .and_then(
                         tracing_subscriber::fmt::layer()

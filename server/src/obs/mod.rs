@@ -22,6 +22,7 @@ pub mod profile;
 pub mod runtime;
 pub mod sampler;
 pub mod tail;
+pub mod textlog;
 pub mod trace;
 pub mod users;
 
