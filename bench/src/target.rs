@@ -17,6 +17,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Args;
 use im_client::{ClientError, RawConn, RawConnOptions};
+use im_proto::ErrorCode;
 use im_token::TokenKeys;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -241,6 +242,7 @@ impl Target {
                 let (session, _) = dialer
                     .open(first_idx + idx, &token)
                     .await
+                    .map_err(explain_login_error)
                     .with_context(|| format!("connecting and logging in {user}"))?;
                 anyhow::Ok((idx, session))
             });
@@ -322,9 +324,64 @@ impl Dialer {
     }
 }
 
+/// What to do when the server refuses the bench's token signatures.
+const WRONG_SECRET_HINT: &str = "the server refused the bench's token (invalid signature): \
+    the bench signs tokens with --secret / IM_BENCH_SECRET, which must be the server's JWT \
+    secret: its jwt_secret setting (IM_JWT_SECRET) or the jwt_secret file in its data dir, \
+    e.g. IM_BENCH_SECRET=$(cat ./data/jwt_secret)";
+
+/// A connect/login error, with the fix spelled out when the server refused the token's
+/// signature (the bench signs with its own secret unless given the server's).
+pub fn explain_login_error(e: ClientError) -> anyhow::Error {
+    let wrong_secret = matches!(
+        &e,
+        ClientError::Server { code: ErrorCode::Unauthenticated, message, .. }
+            if message.contains("InvalidSignature")
+    );
+    if wrong_secret {
+        anyhow::Error::new(e).context(WRONG_SECRET_HINT)
+    } else {
+        e.into()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The error the client returns for the server's answer to a Login.
+    fn refused(code: ErrorCode, message: &str) -> ClientError {
+        ClientError::from_server(im_proto::Error {
+            code: code as i32,
+            message: message.into(),
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn a_refused_signature_names_the_secret_option_and_the_server_file() {
+        let e = explain_login_error(refused(
+            ErrorCode::Unauthenticated,
+            "invalid token: InvalidSignature",
+        ));
+        let text = format!("{e:#}");
+        for part in [
+            "--secret",
+            "IM_BENCH_SECRET",
+            "jwt_secret",
+            "InvalidSignature",
+        ] {
+            assert!(text.contains(part), "{part} missing from: {text}");
+        }
+        // Other refusals keep their own text, without the hint.
+        let e = explain_login_error(refused(
+            ErrorCode::Unauthenticated,
+            "invalid token: ExpiredSignature",
+        ));
+        assert!(!format!("{e:#}").contains("IM_BENCH_SECRET"), "{e:#}");
+        let e = explain_login_error(refused(ErrorCode::Overloaded, "InvalidSignature"));
+        assert!(!format!("{e:#}").contains("IM_BENCH_SECRET"), "{e:#}");
+    }
 
     #[test]
     fn urls_split_into_host_and_port() {

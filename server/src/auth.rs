@@ -5,7 +5,8 @@
 //!
 //! With no `jwt_secret` / `admin_token` configured, random ones are created in the data
 //! dir on first start (mode 0600) and reused; a secret file readable by group or world
-//! is refused. Secrets never reach logs: only their file paths do.
+//! is refused. Only the server creates them: `im-server token` reads the existing ones
+//! and fails when there are none. Secrets never reach logs: only their file paths do.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -39,6 +40,16 @@ pub enum AuthError {
         /// Its mode bits.
         mode: u32,
     },
+    /// No secret is configured and the data dir has none (minting tokens needs the server's).
+    #[error(
+        "no JWT secret: jwt_secret / IM_JWT_SECRET is not set and {path} does not exist; \
+         run this where the server runs, pass the server's --config or --data-dir, \
+         or set IM_JWT_SECRET to the server's secret"
+    )]
+    NoSecret {
+        /// The secret file looked for.
+        path: PathBuf,
+    },
 }
 
 /// The node's resolved secrets.
@@ -70,8 +81,29 @@ impl Secrets {
     }
 }
 
-/// Reads a secret file, creating it with 32 random bytes (hex) and mode 0600 if absent.
-pub fn secret_file(path: &Path) -> Result<String, AuthError> {
+/// The token keys of an existing node, for minting tokens outside it: the configured
+/// secret or the data dir's `jwt_secret`, never a newly created one.
+pub fn existing_token_keys(config: &Config) -> Result<TokenKeys, AuthError> {
+    let jwt = if config.jwt_secret.is_empty() {
+        let path = config.data_dir.join("jwt_secret");
+        match read_secret(&path)? {
+            Some(secret) => secret,
+            None => {
+                let path = std::path::absolute(&path).unwrap_or(path);
+                return Err(AuthError::NoSecret { path });
+            }
+        }
+    } else {
+        config.jwt_secret.clone()
+    };
+    Ok(TokenKeys::with_leeway(
+        jwt.as_bytes(),
+        config.limits.token_leeway_secs,
+    ))
+}
+
+/// Reads an existing secret file (`None` if absent); refuses an empty or shared one.
+fn read_secret(path: &Path) -> Result<Option<String>, AuthError> {
     let io = |source| AuthError::Io {
         path: path.to_owned(),
         source,
@@ -86,9 +118,22 @@ pub fn secret_file(path: &Path) -> Result<String, AuthError> {
                     "file is empty",
                 )));
             }
-            Ok(secret)
+            Ok(Some(secret))
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io(e)),
+    }
+}
+
+/// Reads a secret file, creating it with 32 random bytes (hex) and mode 0600 if absent.
+pub fn secret_file(path: &Path) -> Result<String, AuthError> {
+    let io = |source| AuthError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    match read_secret(path)? {
+        Some(secret) => Ok(secret),
+        None => {
             if let Some(dir) = path.parent() {
                 std::fs::create_dir_all(dir).map_err(io)?;
             }
@@ -111,7 +156,6 @@ pub fn secret_file(path: &Path) -> Result<String, AuthError> {
                 Err(e) => Err(io(e)),
             }
         }
-        Err(e) => Err(io(e)),
     }
 }
 

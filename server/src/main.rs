@@ -90,8 +90,9 @@ fn run() -> anyhow::Result<()> {
     let config = Config::load(cli.config.as_deref(), &overrides)?;
     match cli.command {
         Some(Command::Token { user, ttl }) => {
-            let secrets = im_server::auth::Secrets::load(&config)?;
-            println!("{}", secrets.keys.issue(&user, ttl)?);
+            // Never creates a secret: a token signed with a new one no server accepts.
+            let keys = im_server::auth::existing_token_keys(&config)?;
+            println!("{}", keys.issue(&user, ttl)?);
             Ok(())
         }
         None => serve(config),

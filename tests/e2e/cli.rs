@@ -32,15 +32,16 @@ fn token_subcommand_prints_a_token_the_server_accepts() {
 }
 
 #[test]
-fn token_subcommand_uses_the_generated_secret_of_the_data_dir() {
-    let dir = tempfile::tempdir().unwrap();
+fn token_subcommand_uses_the_secret_the_server_created_in_its_data_dir() {
+    // With no secrets configured, the server creates them in its data dir at first start.
+    let server = TestServer::start_with(&[("IM_JWT_SECRET", ""), ("IM_ADMIN_TOKEN", "")]);
     let out = succeeds(
         Command::new(server_bin())
             .args(["token", "--user", "eve", "--data-dir"])
-            .arg(dir.path())
+            .arg(&server.data_dir)
             .env_remove("IM_JWT_SECRET"),
     );
-    let secret = std::fs::read_to_string(dir.path().join("jwt_secret")).unwrap();
+    let secret = std::fs::read_to_string(server.data_dir.join("jwt_secret")).unwrap();
     let token = String::from_utf8(out.stdout).unwrap();
     assert_eq!(
         im_server::auth::TokenKeys::new(secret.trim().as_bytes())
@@ -48,6 +49,32 @@ fn token_subcommand_uses_the_generated_secret_of_the_data_dir() {
             .unwrap(),
         "eve"
     );
+}
+
+#[test]
+fn token_subcommand_without_a_secret_fails_naming_the_path_and_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let out = Command::new(server_bin())
+        .args(["token", "--user", "alice"])
+        .current_dir(dir.path())
+        .env_remove("IM_DATA_DIR")
+        .env_remove("IM_JWT_SECRET")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "token succeeded: {err}");
+    assert!(out.stdout.is_empty(), "printed a token");
+    let looked_in = std::fs::canonicalize(dir.path())
+        .unwrap()
+        .join("data/jwt_secret");
+    assert!(err.contains(&looked_in.display().to_string()), "{err}");
+    assert!(
+        err.contains("--data-dir") && err.contains("IM_JWT_SECRET"),
+        "{err}"
+    );
+    assert!(!data.exists(), "created {}", data.display());
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
 
 /// Runs the server command with `data_dir`, expecting it to refuse to start; its stderr.
