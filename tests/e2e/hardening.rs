@@ -288,7 +288,10 @@ fn exposed_admin_listener_warns_unless_behind_tls() {
 #[test]
 fn generated_secret_files_are_private_and_readable_ones_refused() {
     use std::os::unix::fs::PermissionsExt;
-    let dir = tempfile::tempdir().unwrap();
+    // The server creates the secrets at its first start (`token` never does); it keeps
+    // running to the end of the test, since its temp data dir goes with it.
+    let server = TestServer::start_with(&[("IM_JWT_SECRET", ""), ("IM_ADMIN_TOKEN", "")]);
+    let dir = server.data_dir.clone();
     let token = |dir: &std::path::Path| {
         std::process::Command::new(server_bin())
             .args(["token", "--user", "alice", "--data-dir"])
@@ -298,22 +301,22 @@ fn generated_secret_files_are_private_and_readable_ones_refused() {
             .output()
             .expect("run im-server token")
     };
-    let out = token(dir.path());
+    let out = token(&dir);
     assert!(out.status.success(), "{out:?}");
     for name in ["jwt_secret", "admin_token"] {
-        let mode = std::fs::metadata(dir.path().join(name))
+        let mode = std::fs::metadata(dir.join(name))
             .unwrap()
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600, "{name} has mode {mode:o}");
     }
-    let secret = std::fs::read_to_string(dir.path().join("jwt_secret")).unwrap();
+    let secret = std::fs::read_to_string(dir.join("jwt_secret")).unwrap();
     std::fs::set_permissions(
-        dir.path().join("jwt_secret"),
+        dir.join("jwt_secret"),
         std::fs::Permissions::from_mode(0o644),
     )
     .unwrap();
-    let out = token(dir.path());
+    let out = token(&dir);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
