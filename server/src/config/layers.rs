@@ -63,7 +63,7 @@ pub(super) fn apply_env(
         }
         return Ok(());
     }
-    let var = format!("IM_{}", path.join("_").to_uppercase());
+    let var = env_name(path);
     let Some(raw) = env.get(&var) else {
         return Ok(());
     };
@@ -102,6 +102,11 @@ pub(super) fn apply_env(
     Ok(())
 }
 
+/// The env name of the key at `path`: `["persist", "batch_max"]` is `IM_PERSIST_BATCH_MAX`.
+fn env_name(path: &[String]) -> String {
+    format!("IM_{}", path.join("_").to_uppercase())
+}
+
 /// The env name of every leaf of the (defaults-shaped) tree, e.g. `IM_PERSIST_BATCH_MAX`.
 pub(super) fn env_names(node: &toml::Value, path: &mut Vec<String>, out: &mut Vec<String>) {
     if let toml::Value::Table(table) = node {
@@ -112,7 +117,7 @@ pub(super) fn env_names(node: &toml::Value, path: &mut Vec<String>, out: &mut Ve
         }
         return;
     }
-    out.push(format!("IM_{}", path.join("_").to_uppercase()));
+    out.push(env_name(path));
 }
 
 /// Refuses the first (by name) `IM_*` variable of `env` that is neither in `known` (the
