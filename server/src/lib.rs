@@ -15,6 +15,7 @@ pub mod cluster;
 pub mod config;
 pub mod flow;
 pub mod gateway;
+pub mod hooks;
 pub mod listen;
 pub mod obs;
 pub mod persist;

@@ -6,6 +6,7 @@
 pub mod cluster;
 pub mod faults;
 pub mod nats;
+pub mod receiver;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;

@@ -1,0 +1,5 @@
+//! Calls out to the application's backend. This module owns what every such call shares:
+//! the request signature (`sign`), which a receiver verifies and uses to reject replays.
+//! Event webhooks and the before-send hook build on it.
+
+pub mod sign;
