@@ -67,10 +67,30 @@ fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("im-server: error: {e:#}");
+            eprintln!("im-server: error: {}", causes(&e));
             std::process::ExitCode::from(2)
         }
     }
+}
+
+/// `e` and its causes joined by `: `, each cause once: a library error that already
+/// prints its source (`database: error communicating with database: ...`) is followed
+/// in the chain by that same source, which is then left out.
+fn causes(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    let mut previous = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !previous.is_empty() && previous.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+        previous = text;
+    }
+    out
 }
 
 fn run() -> anyhow::Result<()> {
