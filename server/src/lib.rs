@@ -20,6 +20,7 @@ pub mod listen;
 pub mod obs;
 pub mod persist;
 pub mod pipeline;
+pub mod reload;
 pub mod route;
 pub mod route_api;
 pub mod store;
@@ -69,6 +70,8 @@ pub struct Node {
     /// `limits.max_connections` resolved at start (0: no cap).
     pub max_connections: usize,
     snapshot: Arc<RwLock<obs::sampler::Snapshot>>,
+    /// Where a reload reads the config again (`reload`): the binary's file and flags.
+    config_source: std::sync::OnceLock<reload::ConfigSource>,
 }
 
 impl Node {
@@ -290,6 +293,7 @@ impl Node {
             cluster: cluster.clone(),
             max_connections,
             snapshot,
+            config_source: std::sync::OnceLock::new(),
         });
         let gateway = Gateway::new(
             pipeline,

@@ -1,5 +1,5 @@
-//! The `im-server` binary: `im-server [flags]` runs a node; `im-server token --user NAME`
-//! prints a client token signed with the node's secret.
+//! The `im-server` binary: `im-server [flags]` runs a node (SIGHUP reloads its secrets);
+//! `im-server token --user NAME` prints a client token signed with the node's signing key.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -108,6 +108,11 @@ fn run() -> anyhow::Result<()> {
         database_url: cli.database_url,
     };
     let config = Config::load(cli.config.as_deref(), &overrides)?;
+    let source = {
+        let file = cli.config.clone();
+        let overrides = overrides.clone();
+        move || Config::load(file.as_deref(), &overrides)
+    };
     match cli.command {
         Some(Command::Token { user, ttl }) => {
             // Never creates a secret: a token signed with a new one no server accepts.
@@ -115,11 +120,11 @@ fn run() -> anyhow::Result<()> {
             println!("{}", keys.issue(&user, ttl)?);
             Ok(())
         }
-        None => serve(config),
+        None => serve(config, Box::new(source)),
     }
 }
 
-fn serve(config: Config) -> anyhow::Result<()> {
+fn serve(config: Config, source: im_server::reload::ConfigSource) -> anyhow::Result<()> {
     // Text to stderr, JSON lines to <data_dir>/logs; the guard flushes the file writer.
     let _log_guard = im_server::obs::logfiles::init(&config.log.options(&config.data_dir))
         .context("setting up logging")?;
@@ -145,7 +150,10 @@ fn serve(config: Config) -> anyhow::Result<()> {
             running.client_addr,
             running.admin_addr
         );
+        running.node.set_config_source(source);
+        let reloader = tokio::spawn(reload_on_sighup(running.node.clone()));
         shutdown_signal().await;
+        reloader.abort();
         let deadline = Duration::from_secs(running.node.config.flow.drain_timeout_secs as u64);
         tokio::select! {
             r = running.shutdown(deadline) => {
@@ -165,6 +173,26 @@ fn serve(config: Config) -> anyhow::Result<()> {
         }
         Ok(())
     })
+}
+
+/// Each SIGHUP reloads the token keys and the admin token (`im_server::reload`).
+async fn reload_on_sighup(node: std::sync::Arc<im_server::Node>) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            tracing::warn!("cannot listen for SIGHUP: reload with POST /admin/v1/reload");
+            return;
+        };
+        while hup.recv().await.is_some() {
+            tracing::info!("SIGHUP: reloading secrets");
+            let n = node.clone();
+            // The outcome is logged by the reload itself.
+            let _ = tokio::task::spawn_blocking(move || n.reload_secrets()).await;
+        }
+    }
+    #[cfg(not(unix))]
+    drop(node);
 }
 
 async fn shutdown_signal() {

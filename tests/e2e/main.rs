@@ -24,6 +24,7 @@ mod obs;
 mod offline;
 mod prometheus;
 mod reads;
+mod rotation;
 mod runtime;
 mod trace;
 mod users;
