@@ -1,5 +1,7 @@
 //! The `im-server` binary: `im-server [flags]` runs a node (SIGHUP reloads its secrets);
-//! `im-server token --user NAME` prints a client token signed with the node's signing key.
+//! `im-server token --user NAME` prints a client token signed with the node's signing key;
+//! `im-server backup DEST` backs up the SQLite store online, `im-server restore SRC` puts
+//! a backup into a stopped node's data dir.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -61,6 +63,19 @@ enum Command {
         #[arg(long, default_value = "1h", value_parser = im_server::auth::parse_ttl)]
         ttl: Duration,
     },
+    /// Back up the SQLite store online (the node keeps serving) into a new file.
+    Backup {
+        /// The backup file to create (never overwritten).
+        dest: PathBuf,
+    },
+    /// Restore a backup into the data dir of a stopped node.
+    Restore {
+        /// The backup file.
+        src: PathBuf,
+        /// Replace the store the data dir already has.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -120,6 +135,34 @@ fn run() -> anyhow::Result<()> {
             println!("{}", keys.issue(&user, ttl)?);
             Ok(())
         }
+        Some(Command::Backup { dest }) => {
+            let db = sqlite_file(&config)?;
+            let done = im_server::store::backup::backup(&db, &dest)?;
+            println!(
+                "backed up {} to {}: {} messages, {} pages, {} bytes in {} ms",
+                db.display(),
+                done.path.display(),
+                done.messages,
+                done.pages,
+                done.bytes,
+                done.took.as_millis()
+            );
+            Ok(())
+        }
+        Some(Command::Restore { src, force }) => {
+            let db = sqlite_file(&config)?;
+            let done = im_server::store::backup::restore(&src, &db, force)?;
+            println!(
+                "restored {} into {}: {} messages, {} pages, {} bytes in {} ms",
+                src.display(),
+                done.path.display(),
+                done.messages,
+                done.pages,
+                done.bytes,
+                done.took.as_millis()
+            );
+            Ok(())
+        }
         None => serve(config, Box::new(source)),
     }
 }
@@ -173,6 +216,17 @@ fn serve(config: Config, source: im_server::reload::ConfigSource) -> anyhow::Res
         }
         Ok(())
     })
+}
+
+/// The SQLite file the config selects; a Postgres store is backed up with its own tools.
+fn sqlite_file(config: &Config) -> anyhow::Result<PathBuf> {
+    match config.database()? {
+        im_server::config::Database::Sqlite(path) => Ok(path),
+        im_server::config::Database::Postgres(_) => anyhow::bail!(
+            "the store is Postgres (database_url): back it up and restore it with pg_dump / \
+             pg_restore or pg_basebackup (docs/backup.md)"
+        ),
+    }
 }
 
 /// Each SIGHUP reloads the token keys and the admin token (`im_server::reload`).

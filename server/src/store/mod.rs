@@ -9,6 +9,7 @@
 //! commits. Readers call the rest.
 
 pub mod access;
+pub mod backup;
 mod batch;
 pub mod health;
 pub mod membership;

@@ -26,6 +26,8 @@ pub struct SqliteStore {
     write: SqlitePool,
     read: SqlitePool,
     commits: CommitThread,
+    /// Held while the store is open: a restore refuses to replace a live node's file.
+    _lock: super::backup::StoreLock,
 }
 
 impl SqliteStore {
@@ -45,6 +47,17 @@ impl SqliteStore {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)?;
         }
+        // One node per database file: a second one (or a restore) is refused.
+        let lock = super::backup::StoreLock::take(path).map_err(|e| {
+            let message = match e {
+                super::backup::BackupError::Running(p) => format!(
+                    "another im-server has the store {} open (it holds its .lock file)",
+                    p.display()
+                ),
+                other => other.to_string(),
+            };
+            StoreError::Io(std::io::Error::new(std::io::ErrorKind::WouldBlock, message))
+        })?;
         let base = SqliteConnectOptions::from_str("sqlite:")?
             .filename(path)
             .journal_mode(SqliteJournalMode::Wal)
@@ -78,6 +91,7 @@ impl SqliteStore {
             write,
             read,
             commits,
+            _lock: lock,
         })
     }
 }
