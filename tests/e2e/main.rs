@@ -5,6 +5,7 @@ mod support;
 
 mod access;
 mod announce;
+mod backup;
 mod bad_input;
 mod bounds;
 mod chat;

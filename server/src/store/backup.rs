@@ -160,7 +160,9 @@ fn copy_pages(from: &Connection, from_path: &Path, to: &Path) -> Result<u64, Bac
                 other => {
                     return Err(BackupError::NotAStore {
                         path: from_path.to_owned(),
-                        reason: format!("the copy did not finish within {BUSY_LIMIT:?} ({other:?})"),
+                        reason: format!(
+                            "the copy did not finish within {BUSY_LIMIT:?} ({other:?})"
+                        ),
                     })
                 }
             }
@@ -195,7 +197,9 @@ fn sync(path: &Path) -> Result<(), BackupError> {
         .and_then(|f| f.sync_all())
         .map_err(io(path))?;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))?;
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io(dir))?;
     }
     Ok(())
 }
@@ -211,8 +215,8 @@ pub fn backup(db: &Path, dest: &Path) -> Result<Copied, BackupError> {
     }
     // Read-write without create: a WAL reader needs the shared-memory file; nothing is
     // written to the source.
-    let src = Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_WRITE)
-        .map_err(sqlite(db))?;
+    let src =
+        Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_WRITE).map_err(sqlite(db))?;
     src.busy_timeout(Duration::from_secs(10))
         .map_err(sqlite(db))?;
     let partial = suffixed(dest, ".partial");
@@ -258,8 +262,8 @@ pub fn restore(src: &Path, db: &Path, force: bool) -> Result<Copied, BackupError
     if db.exists() && !force {
         return Err(BackupError::StoreExists(db.to_owned()));
     }
-    let from = Connection::open_with_flags(src, OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .map_err(sqlite(src))?;
+    let from =
+        Connection::open_with_flags(src, OpenFlags::SQLITE_OPEN_READ_ONLY).map_err(sqlite(src))?;
     let messages = check(&from, src)?;
     let staged = suffixed(db, ".restoring");
     let _ = std::fs::remove_file(&staged);
