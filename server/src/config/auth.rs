@@ -127,3 +127,72 @@ impl AuthConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(kid: &str, secret: &str, file: &str) -> JwtKey {
+        JwtKey {
+            kid: kid.into(),
+            secret: secret.into(),
+            secret_file: PathBuf::from(file),
+        }
+    }
+
+    const LONG: &str = "a-secret-of-at-least-thirty-two-bytes!";
+
+    fn refused(auth: &AuthConfig, jwt_secret: &str) -> String {
+        auth.validate(jwt_secret).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn key_lists_are_checked_naming_the_key() {
+        let one = AuthConfig {
+            jwt_keys: vec![key("k1", LONG, "")],
+            ..Default::default()
+        };
+        assert!(one.validate("").is_ok());
+        assert_eq!((one.signing_key(), one.default_key()), ("k1", "k1"));
+        assert!(refused(&one, LONG).contains("jwt_secret"));
+
+        let mut two = AuthConfig {
+            jwt_keys: vec![key("k1", LONG, ""), key("k2", "", "/etc/im/k2")],
+            ..Default::default()
+        };
+        assert!(refused(&two, "").contains("auth.signing_kid"));
+        two.signing_kid = "k3".into();
+        let e = refused(&two, "");
+        assert!(e.contains("auth.signing_kid") && e.contains("k3"), "{e}");
+        two.signing_kid = "k2".into();
+        two.default_kid = "k1".into();
+        assert!(two.validate("").is_ok());
+        assert_eq!((two.signing_key(), two.default_key()), ("k2", "k1"));
+
+        for (bad, name) in [
+            (key("k1", "short", ""), "auth.jwt_keys.secret"),
+            (key("k1", LONG, "/x"), "exactly one"),
+            (key("k1", "", ""), "exactly one"),
+            (key("k 1", LONG, ""), "auth.jwt_keys.kid"),
+        ] {
+            let a = AuthConfig {
+                jwt_keys: vec![bad],
+                ..Default::default()
+            };
+            let e = refused(&a, "");
+            assert!(e.contains(name), "{name}: {e}");
+            assert!(!e.contains(LONG), "the secret leaked: {e}");
+        }
+        let twice = AuthConfig {
+            jwt_keys: vec![key("k1", LONG, ""), key("k1", LONG, "")],
+            signing_kid: "k1".into(),
+            ..Default::default()
+        };
+        assert!(refused(&twice, "").contains("listed twice"));
+        let dangling = AuthConfig {
+            signing_kid: "k1".into(),
+            ..Default::default()
+        };
+        assert!(refused(&dangling, "").contains("auth.jwt_keys is empty"));
+    }
+}
