@@ -6,11 +6,12 @@
 //! value fails start-up with an error naming the key (or env var) and the value.
 //!
 //! Layout: one file per section (`limits`, `persist`, `flow`, `store`, `obs`, `log`,
-//! `cluster`, `http`, `receipts`), each owning its struct's fields, defaults and
+//! `cluster`, `http`, `receipts`, `auth`), each owning its struct's fields, defaults and
 //! validation; this module owns the whole [`Config`] (the top-level keys and their checks, the checks
 //! across sections), loading (`layers`: file and env over the defaults), and the error
 //! type; `check` holds the checks the sections are made of, `redact` how secrets show.
 
+mod auth;
 mod check;
 mod cluster;
 mod flow;
@@ -29,6 +30,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use self::auth::{AuthConfig, JwtKey};
 use self::check::{addr, invalid};
 pub use self::cluster::ClusterConfig;
 pub use self::flow::Flow;
@@ -151,6 +153,8 @@ pub struct Config {
     pub http: Http,
     /// Read receipts: per-member up to a group size, counted or none above it.
     pub receipts: Receipts,
+    /// Client token keys by id (secret rotation); empty: the single `jwt_secret`.
+    pub auth: AuthConfig,
 }
 
 impl std::fmt::Debug for Config {
@@ -176,6 +180,7 @@ impl std::fmt::Debug for Config {
             .field("cluster", &self.cluster)
             .field("http", &self.http)
             .field("receipts", &self.receipts)
+            .field("auth", &self.auth)
             .finish()
     }
 }
@@ -202,6 +207,7 @@ impl Default for Config {
             cluster: ClusterConfig::default(),
             http: Http::default(),
             receipts: Receipts::default(),
+            auth: AuthConfig::default(),
         }
     }
 }
@@ -320,6 +326,7 @@ impl Config {
                 ));
             }
         }
+        self.auth.validate(&self.jwt_secret)?;
         self.persist.validate()?;
         self.flow.validate()?;
         if u64::from(self.limits.max_frame_bytes) * 2 > self.flow.hard_mark_bytes {

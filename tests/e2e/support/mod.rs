@@ -37,6 +37,7 @@ pub struct TestServer {
     tmp_keep: Arc<tempfile::TempDir>,
     log: Arc<Mutex<String>>,
     env: Vec<(String, String)>,
+    args: Vec<String>,
 }
 
 /// A token for `user` valid for `ttl`, signed with the test secret.
@@ -116,10 +117,27 @@ impl TestServer {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        Self::spawn(tmp, env, "127.0.0.1:0")
+        Self::spawn(tmp, env, Vec::new(), "127.0.0.1:0")
     }
 
-    fn spawn(tmp: Arc<tempfile::TempDir>, env: Vec<(String, String)>, listen: &str) -> TestServer {
+    /// Starts a server with extra `IM_*` env settings and command-line arguments (e.g.
+    /// `--config FILE`).
+    pub fn start_with_args(env: &[(&str, &str)], args: &[&str]) -> TestServer {
+        let tmp = Arc::new(tempfile::tempdir().expect("temp dir"));
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let args = args.iter().map(|a| a.to_string()).collect();
+        Self::spawn(tmp, env, args, "127.0.0.1:0")
+    }
+
+    fn spawn(
+        tmp: Arc<tempfile::TempDir>,
+        env: Vec<(String, String)>,
+        args: Vec<String>,
+        listen: &str,
+    ) -> TestServer {
         // A test may place the data dir elsewhere (a small tmpfs) with its own IM_DATA_DIR.
         let data_dir = env
             .iter()
@@ -140,6 +158,7 @@ impl TestServer {
         for (k, v) in &env {
             cmd.env(k, v);
         }
+        cmd.args(&args);
         let mut child = cmd.spawn().expect("spawn im-server");
         let stderr = child.stderr.take().expect("stderr");
         let log = Arc::new(Mutex::new(String::new()));
@@ -176,6 +195,7 @@ impl TestServer {
             tmp_keep: tmp,
             log,
             env,
+            args,
         }
     }
 
@@ -190,7 +210,12 @@ impl TestServer {
         self.kill();
         let listen = self.client_addr.to_string();
         // Dropping the old value reaps the dead child; the temp dir is shared, so it stays.
-        *self = Self::spawn(self.tmp_keep.clone(), self.env.clone(), &listen);
+        *self = Self::spawn(
+            self.tmp_keep.clone(),
+            self.env.clone(),
+            self.args.clone(),
+            &listen,
+        );
     }
 
     /// Sends SIGTERM and waits for the exit status.
