@@ -6,7 +6,7 @@
 //! value fails start-up with an error naming the key (or env var) and the value.
 //!
 //! Layout: one file per section (`limits`, `persist`, `flow`, `store`, `obs`, `log`,
-//! `cluster`, `http`, `receipts`), each owning its struct's fields, defaults and
+//! `cluster`, `http`, `receipts`, `hooks`), each owning its struct's fields, defaults and
 //! validation; this module owns the whole [`Config`] (the top-level keys and their checks, the checks
 //! across sections), loading (`layers`: file and env over the defaults), and the error
 //! type; `check` holds the checks the sections are made of, `redact` how secrets show.
@@ -14,6 +14,7 @@
 mod check;
 mod cluster;
 mod flow;
+mod hooks;
 mod http;
 mod layers;
 mod limits;
@@ -32,6 +33,7 @@ use serde::{Deserialize, Serialize};
 use self::check::{addr, invalid};
 pub use self::cluster::ClusterConfig;
 pub use self::flow::Flow;
+pub use self::hooks::{BeforeSendConfig, Hooks};
 pub use self::http::Http;
 use self::layers::{apply_env, env_names, merge, refuse_unknown_env};
 pub use self::limits::{Limits, FD_RESERVE};
@@ -151,6 +153,8 @@ pub struct Config {
     pub http: Http,
     /// Read receipts: per-member up to a group size, counted or none above it.
     pub receipts: Receipts,
+    /// Calls to the application's backend: the before-send moderation hook.
+    pub hooks: Hooks,
 }
 
 impl std::fmt::Debug for Config {
@@ -176,6 +180,7 @@ impl std::fmt::Debug for Config {
             .field("cluster", &self.cluster)
             .field("http", &self.http)
             .field("receipts", &self.receipts)
+            .field("hooks", &self.hooks)
             .finish()
     }
 }
@@ -202,6 +207,7 @@ impl Default for Config {
             cluster: ClusterConfig::default(),
             http: Http::default(),
             receipts: Receipts::default(),
+            hooks: Hooks::default(),
         }
     }
 }
@@ -335,6 +341,7 @@ impl Config {
         self.log.validate()?;
         self.cluster.validate()?;
         self.receipts.validate()?;
+        self.hooks.validate()?;
         let nats = self.nats_url.trim();
         if !nats.is_empty() {
             if !(nats.starts_with("nats://") || nats.starts_with("tls://") || !nats.contains("://"))
