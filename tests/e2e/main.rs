@@ -6,6 +6,7 @@ mod support;
 mod access;
 mod announce;
 mod bad_input;
+mod before_send;
 mod bounds;
 mod chat;
 mod cli;

@@ -179,7 +179,7 @@ async fn probes_metrics_kick_and_admin_auth() {
 }
 
 /// Runs `promtool check metrics` on a scrape (required under CI, skipped if absent elsewhere).
-fn promtool_check(scrape: &str) {
+pub(crate) fn promtool_check(scrape: &str) {
     use std::io::Write;
     if !tool_available("promtool", &["--version"], "apt-get install prometheus") {
         return;
