@@ -73,7 +73,8 @@ async fn allow_reject_and_replace() {
 
     // Allow: stored and delivered as sent; the hook saw the message, signed.
     receiver.set_reply(answer(r#"{"action":"allow"}"#));
-    let Body::SendAck(ack) = send_reply(&mut alice, send_to_user(10, "bob", b"hello bob", "c1")).await
+    let Body::SendAck(ack) =
+        send_reply(&mut alice, send_to_user(10, "bob", b"hello bob", "c1")).await
     else {
         panic!("allow: expected a SendAck");
     };
@@ -112,7 +113,8 @@ async fn allow_reject_and_replace() {
 
     // Replace: what is stored and delivered is the hook's payload.
     receiver.set_reply(answer(r#"{"action":"replace","text":"hello [redacted]"}"#));
-    let Body::SendAck(_) = send_reply(&mut alice, send_to_user(12, "bob", b"hello secret", "c3")).await
+    let Body::SendAck(_) =
+        send_reply(&mut alice, send_to_user(12, "bob", b"hello secret", "c3")).await
     else {
         panic!("replace: expected a SendAck");
     };
@@ -142,8 +144,11 @@ async fn allow_reject_and_replace() {
     }
     let scrape = server.metrics();
     assert!(
-        metric_value(&scrape, "im_stage_duration_seconds_count", &[("stage", "before_send")])
-            >= 3.0
+        metric_value(
+            &scrape,
+            "im_stage_duration_seconds_count",
+            &[("stage", "before_send")]
+        ) >= 3.0
     );
     promtool_check(&scrape);
 }
@@ -161,12 +166,16 @@ async fn a_timeout_fails_open_or_closed_as_configured() {
     let open = node_with_hook(&receiver, &[("IM_HOOKS_BEFORE_SEND_TIMEOUT_MS", "100")]);
     let mut alice = open.raw("alice").await;
     let mut bob = open.raw("bob").await;
-    let Body::SendAck(_) = send_reply(&mut alice, send_to_user(10, "bob", b"hi", "o1")).await else {
+    let Body::SendAck(_) = send_reply(&mut alice, send_to_user(10, "bob", b"hi", "o1")).await
+    else {
         panic!("fail_open: expected a SendAck");
     };
     let pushed = next_chat_frame(&mut bob).await;
     assert!(matches!(pushed.body, Some(Body::Deliver(_))), "{pushed:?}");
-    assert_eq!(hook_metric(&open, "im_hook_outcomes_total", Some("timeout")), 1.0);
+    assert_eq!(
+        hook_metric(&open, "im_hook_outcomes_total", Some("timeout")),
+        1.0
+    );
 
     // fail_closed: refused with a retry hint and a message that says why.
     let closed = node_with_hook(
@@ -211,14 +220,18 @@ async fn the_breaker_opens_on_failures_and_closes_after_recovery() {
     // Three failures (fail_open: each Send is still delivered) open the breaker.
     for i in 0..3u64 {
         let cmid = format!("a{i}");
-        let Body::SendAck(_) = send_reply(&mut alice, send_to_user(10 + i, "bob", b"x", &cmid)).await
+        let Body::SendAck(_) =
+            send_reply(&mut alice, send_to_user(10 + i, "bob", b"x", &cmid)).await
         else {
             panic!("fail_open: expected a SendAck");
         };
     }
     assert_eq!(receiver.received().len(), 3);
     assert_eq!(hook_metric(&server, "im_hook_breaker_state", None), 2.0);
-    assert_eq!(hook_metric(&server, "im_hook_breaker_opened_total", None), 1.0);
+    assert_eq!(
+        hook_metric(&server, "im_hook_breaker_opened_total", None),
+        1.0
+    );
     let status = overview(&server).hooks.remove(0);
     assert_eq!(status.breaker, "open");
     assert_eq!(status.breaker_opened_total, 1);
@@ -227,7 +240,8 @@ async fn the_breaker_opens_on_failures_and_closes_after_recovery() {
     receiver.down();
     for i in 3..6u64 {
         let cmid = format!("a{i}");
-        let Body::SendAck(_) = send_reply(&mut alice, send_to_user(10 + i, "bob", b"x", &cmid)).await
+        let Body::SendAck(_) =
+            send_reply(&mut alice, send_to_user(10 + i, "bob", b"x", &cmid)).await
         else {
             panic!("open breaker, fail_open: expected a SendAck");
         };
@@ -246,12 +260,20 @@ async fn the_breaker_opens_on_failures_and_closes_after_recovery() {
     let Body::SendAck(_) = send_reply(&mut alice, send_to_user(20, "bob", b"y", "p1")).await else {
         panic!("probe: expected a SendAck");
     };
-    assert_eq!(receiver.received().len(), 4, "the probe call reached the hook");
+    assert_eq!(
+        receiver.received().len(),
+        4,
+        "the probe call reached the hook"
+    );
     assert_eq!(hook_metric(&server, "im_hook_breaker_state", None), 0.0);
     assert_eq!(overview(&server).hooks[0].breaker, "closed");
     let Body::SendAck(_) = send_reply(&mut alice, send_to_user(21, "bob", b"z", "p2")).await else {
         panic!("closed again: expected a SendAck");
     };
-    assert_eq!(receiver.received().len(), 5, "closed: every Send is asked again");
+    assert_eq!(
+        receiver.received().len(),
+        5,
+        "closed: every Send is asked again"
+    );
     assert!(server.log().contains("before-send hook breaker closed"));
 }

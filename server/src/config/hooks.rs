@@ -184,11 +184,17 @@ mod tests {
         assert!(BeforeSendConfig::default().validate().is_ok());
         assert!(with(|_| {}).is_ok());
         let e = with(|c| c.on_error = "maybe".into()).unwrap_err();
-        assert!(e.contains("hooks.before_send.on_error") && e.contains("maybe"), "{e}");
+        assert!(
+            e.contains("hooks.before_send.on_error") && e.contains("maybe"),
+            "{e}"
+        );
         let e = with(|c| c.url = "https://x/check".into()).unwrap_err();
         assert!(e.contains("hooks.before_send.url"), "{e}");
         let e = with(|c| c.secret = "short".into()).unwrap_err();
-        assert!(e.contains("hooks.before_send.secret") && !e.contains("short"), "{e}");
+        assert!(
+            e.contains("hooks.before_send.secret") && !e.contains("short"),
+            "{e}"
+        );
         let e = with(|c| c.secret = String::new()).unwrap_err();
         assert!(e.contains("secret_file"), "{e}");
         let e = with(|c| c.secret_file = "/x".into()).unwrap_err();

@@ -117,11 +117,7 @@ impl Breaker {
     pub fn record(&mut self, now: Instant, ok: bool, probe: bool) -> Change {
         if probe {
             self.probing = false;
-            return if ok {
-                self.close()
-            } else {
-                self.open(now)
-            };
+            return if ok { self.close() } else { self.open(now) };
         }
         if self.state != State::Closed || ok {
             // A late answer of a call made before the breaker opened changes nothing.

@@ -183,7 +183,8 @@ impl BeforeSend {
         let metrics = HookMetrics {
             calls: label("im_hook_calls_total"),
             latency: histogram!("im_hook_latency_seconds", "hook" => HOOK),
-            outcomes: OUTCOMES.map(|o| counter!("im_hook_outcomes_total", "hook" => HOOK, "outcome" => o)),
+            outcomes: OUTCOMES
+                .map(|o| counter!("im_hook_outcomes_total", "hook" => HOOK, "outcome" => o)),
             breaker_state: gauge!("im_hook_breaker_state", "hook" => HOOK),
             breaker_opened: label("im_hook_breaker_opened_total"),
             in_flight: gauge!("im_hook_in_flight", "hook" => HOOK),
@@ -371,7 +372,12 @@ impl BeforeSend {
         };
         let bytes = tokio::time::timeout(self.timeout, send)
             .await
-            .map_err(|_| (Outcome::Timeout, format!("no answer within {:?}", self.timeout)))??;
+            .map_err(|_| {
+                (
+                    Outcome::Timeout,
+                    format!("no answer within {:?}", self.timeout),
+                )
+            })??;
         let answer: BeforeSendAnswer = serde_json::from_slice(&bytes)
             .map_err(|e| (Outcome::BadAnswer, format!("answer: {e}")))?;
         verdict_of(answer, self.max_payload).map_err(|e| (Outcome::BadAnswer, e))
@@ -440,7 +446,10 @@ pub fn bounded_reason(reason: &str) -> String {
 }
 
 /// The answer's body, refusing one over `cap` bytes.
-async fn read_bounded(mut resp: reqwest::Response, cap: usize) -> Result<Vec<u8>, (Outcome, String)> {
+async fn read_bounded(
+    mut resp: reqwest::Response,
+    cap: usize,
+) -> Result<Vec<u8>, (Outcome, String)> {
     if resp.content_length().is_some_and(|n| n > cap as u64) {
         return Err((Outcome::BadAnswer, format!("answer over {cap} bytes")));
     }
@@ -522,22 +531,29 @@ mod tests {
     #[test]
     fn answers_become_verdicts_within_bounds() {
         let a = |json: &str| serde_json::from_str::<BeforeSendAnswer>(json).unwrap();
-        assert_eq!(verdict_of(a(r#"{"action":"allow"}"#), 10), Ok(Verdict::Allow));
+        assert_eq!(
+            verdict_of(a(r#"{"action":"allow"}"#), 10),
+            Ok(Verdict::Allow)
+        );
         assert_eq!(
             verdict_of(a(r#"{"action":"replace","text":"hi"}"#), 10),
             Ok(Verdict::Replace(b"hi".to_vec()))
         );
         assert_eq!(
-            verdict_of(a(r#"{"action":"replace","payload_b64":"aGk=","text":"x"}"#), 10),
+            verdict_of(
+                a(r#"{"action":"replace","payload_b64":"aGk=","text":"x"}"#),
+                10
+            ),
             Ok(Verdict::Replace(b"hi".to_vec()))
         );
         assert!(verdict_of(a(r#"{"action":"replace","text":"far too long"}"#), 10).is_err());
         assert!(verdict_of(a(r#"{"action":"replace"}"#), 10).is_err());
         assert!(verdict_of(a(r#"{"action":"replace","payload_b64":"@@"}"#), 10).is_err());
         let long = "é".repeat(400);
-        let Ok(Verdict::Reject(r)) =
-            verdict_of(a(&format!(r#"{{"action":"reject","reason":"{long}"}}"#)), 10)
-        else {
+        let Ok(Verdict::Reject(r)) = verdict_of(
+            a(&format!(r#"{{"action":"reject","reason":"{long}"}}"#)),
+            10,
+        ) else {
             panic!("expected a rejection");
         };
         assert!(r.len() <= MAX_REASON_BYTES && r.len() >= MAX_REASON_BYTES - 1);
