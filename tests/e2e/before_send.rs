@@ -250,7 +250,10 @@ async fn the_breaker_opens_on_failures_and_closes_after_recovery() {
         hook_metric(&server, "im_hook_outcomes_total", Some("breaker_open")),
         3.0
     );
-    assert!(server.log().contains("before-send hook breaker opened"));
+    eventually("the breaker-opened log line", || {
+        server.log().contains("before-send hook breaker opened")
+    })
+    .await;
 
     // The receiver recovers; after the cool-down one probe call closes the breaker.
     receiver.up().await;
@@ -275,5 +278,8 @@ async fn the_breaker_opens_on_failures_and_closes_after_recovery() {
         5,
         "closed: every Send is asked again"
     );
-    assert!(server.log().contains("before-send hook breaker closed"));
+    eventually("the breaker-closed log line", || {
+        server.log().contains("before-send hook breaker closed")
+    })
+    .await;
 }

@@ -169,10 +169,10 @@ mod tests {
         assert_eq!(b.record(t0, false, false), Change::None);
         assert_eq!(b.record(t0 + ms(100), false, false), Change::None);
         // The first failure has left the window: two in it, still closed.
-        assert_eq!(b.record(t0 + ms(1200), false, false), Change::None);
-        assert_eq!(b.state(t0 + ms(1200)), State::Closed);
-        assert_eq!(b.record(t0 + ms(1300), false, false), Change::Opened);
-        assert_eq!(b.state(t0 + ms(1300)), State::Open);
+        assert_eq!(b.record(t0 + ms(1050), false, false), Change::None);
+        assert_eq!(b.state(t0 + ms(1050)), State::Closed);
+        assert_eq!(b.record(t0 + ms(1080), false, false), Change::Opened);
+        assert_eq!(b.state(t0 + ms(1080)), State::Open);
         assert_eq!(b.permit(t0 + ms(1400)), Permit::Refused);
     }
 
