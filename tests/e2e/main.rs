@@ -28,3 +28,4 @@ mod reads;
 mod runtime;
 mod trace;
 mod users;
+mod wire;
