@@ -25,6 +25,7 @@ mod obs;
 mod offline;
 mod prometheus;
 mod reads;
+mod rolling;
 mod runtime;
 mod trace;
 mod users;
