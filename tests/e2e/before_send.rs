@@ -67,7 +67,7 @@ fn hook_metric(server: &TestServer, name: &str, outcome: Option<&str>) -> f64 {
 #[tokio::test]
 async fn allow_reject_and_replace() {
     let receiver = Receiver::start(HOOK_SECRET).await;
-    let server = node_with_hook(&receiver, &[]);
+    let server = node_with_hook(&receiver, &[("IM_OBS_TRACE_SAMPLE_RATE", "1")]);
     let mut alice = server.raw("alice").await;
     let mut bob = server.raw("bob").await;
 
@@ -96,6 +96,15 @@ async fn allow_reject_and_replace() {
         panic!("expected the push, got {pushed:?}");
     };
     assert_eq!(&d.messages[0].payload[..], b"hello bob");
+    // The hook's call is a stage of the message's trace, between relation and persist.
+    let path = format!("/admin/v1/messages/{}/trace", ack.msg_id);
+    eventually("the traced message's before_send stage", || {
+        let (status, body) = server.admin_get(&path);
+        status == 200
+            && serde_json::from_str::<im_admin_api::MessageTrace>(&body)
+                .is_ok_and(|t| t.stages.iter().any(|s| s.stage == "before_send"))
+    })
+    .await;
 
     // Reject: the sender gets the code and the hook's reason; nothing is stored.
     receiver.set_reply(answer(
