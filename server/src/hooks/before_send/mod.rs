@@ -561,6 +561,24 @@ mod tests {
     }
 
     #[test]
+    fn a_secret_file_must_be_private_and_long_enough() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hook_secret");
+        std::fs::write(&path, format!("{}\n", "k".repeat(40))).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let p = path.to_str().unwrap();
+        let e = read_secret_file(p).unwrap_err().to_string();
+        assert!(e.contains("mode 644") && e.contains("secret_file"), "{e}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(read_secret_file(p).unwrap(), "k".repeat(40));
+        std::fs::write(&path, "short").unwrap();
+        let e = read_secret_file(p).unwrap_err().to_string();
+        assert!(e.contains("at least 32 bytes"), "{e}");
+        assert!(read_secret_file("/nonexistent/secret").is_err());
+    }
+
+    #[test]
     fn the_endpoint_shows_no_path_or_credentials() {
         assert_eq!(endpoint_of("http://u:p@h:9/x?y"), "http://h:9");
         assert_eq!(endpoint_of("http://h:9"), "http://h:9");
