@@ -6,7 +6,9 @@
 # conditions), and prints each run's send->ack P50/P99 and the hook's own figures.
 #
 # Env: SERVER, BENCH (release binaries), ROUNDS (3), SENDERS (20), RATE (400 msg/s in
-# all), WINDOW (4), DURATION (10s), PORT (the receiver's, 18090). Needs node and jq.
+# all), WINDOW (4), DURATION (10s), PORT (the receiver's, 18090), SYNC (the servers'
+# store.sqlite_synchronous, full; normal takes the fsync tail out of the figures).
+# Needs node and jq.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -18,6 +20,7 @@ RATE=${RATE:-400}
 WINDOW=${WINDOW:-4}
 DURATION=${DURATION:-10s}
 PORT=${PORT:-18090}
+SYNC=${SYNC:-full}
 SECRET=bench-hook-secret-of-at-least-32-bytes
 
 command -v node >/dev/null && command -v jq >/dev/null || { echo "needs node and jq" >&2; exit 2; }
@@ -39,9 +42,13 @@ run() { # MODE [server-env...]
     local mode=$1
     shift
     "$BENCH" chat --spawn "$SERVER" --senders "$SENDERS" --window "$WINDOW" --rate "$RATE" \
-        --duration "$DURATION" --json "$@" > "$WORK/$mode.$round.json"
-    jq -r --arg m "$mode" --arg r "$round" \
-        '"\($r) \($m): acked/s \(.acked_per_sec | floor) send->ack p50 \(.ack_latency.p50_us / 1000) ms p99 \(.ack_latency.p99_us / 1000) ms"' \
+        --duration "$DURATION" --json --server-env "IM_STORE_SQLITE_SYNCHRONOUS=$SYNC" "$@" > "$WORK/$mode.$round.json" 2>> "$WORK/bench.log"
+    jq -r --arg m "$mode" --arg r "$round" '
+        def ms(x): (x / 10 | round) / 100;
+        ([.server.stages[]? | select(.stage == "before_send")][0] // {count: 0}) as $h
+        | "round \($r) \($m): acked/s \(.acked_per_sec | round) passed \(.passed)"
+          + " send->ack p50 \(ms(.send_to_ack_us.p50)) ms p99 \(ms(.send_to_ack_us.p99)) ms"
+          + (if $h.count > 0 then " | before_send stage p50 \(ms($h.p50_us)) ms p99 \(ms($h.p99_us)) ms" else "" end)' \
         "$WORK/$mode.$round.json"
 }
 
