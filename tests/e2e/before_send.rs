@@ -144,6 +144,11 @@ async fn allow_reject_and_replace() {
         vec![b"hello bob".to_vec(), b"hello [redacted]".to_vec()]
     );
     assert_eq!(hook_metric(&server, "im_hook_calls_total", None), 3.0);
+    // The rejected Send was never accepted into the pipeline.
+    assert_eq!(
+        server.metric("im_messages_received_total", &[("type", "text")]),
+        2.0
+    );
     for outcome in ["allow", "reject", "replace"] {
         assert_eq!(
             hook_metric(&server, "im_hook_outcomes_total", Some(outcome)),

@@ -105,7 +105,6 @@ impl Pipeline {
             }
         };
         self.metrics.stage_since(Stage::Relation, t);
-        self.metrics.message_received(send.r#type);
         let msg_id = uuid::Uuid::now_v7().simple().to_string();
         if let Some(tr) = trace.as_deref_mut() {
             tr.stage(Stage::Relation, t, Instant::now());
@@ -136,6 +135,8 @@ impl Pipeline {
                 apply_verdict(verdict, send.payload)?
             }
         };
+        // Counted once accepted: a Send the hook rejected was not.
+        self.metrics.message_received(send.r#type);
 
         let req = PersistReq {
             message: NewMessage {
