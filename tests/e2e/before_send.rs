@@ -156,6 +156,23 @@ async fn allow_reject_and_replace() {
             "{outcome}"
         );
     }
+    // A group message names its group, not a recipient.
+    receiver.set_reply(answer(r#"{"action":"allow"}"#));
+    create_group(&mut alice, "team", vec!["bob".into()]).await;
+    let Body::SendAck(_) =
+        send_reply(&mut alice, send_to_group(13, "team", b"hi team", "c4")).await
+    else {
+        panic!("group allow: expected a SendAck");
+    };
+    let req = receiver
+        .received()
+        .last()
+        .expect("the group Send's request")
+        .json();
+    assert_eq!(req["group_id"], "team");
+    assert_eq!(req["conversation_id"], "g:team");
+    assert!(req.get("to_user").is_none(), "{req}");
+
     let scrape = server.metrics();
     assert!(
         metric_value(
