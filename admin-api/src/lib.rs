@@ -13,6 +13,7 @@
 use serde::{Deserialize, Deserializer, Serialize};
 
 pub mod diag;
+pub mod hooks;
 pub mod messages;
 pub mod nodes;
 pub mod overview;
@@ -27,6 +28,9 @@ pub use diag::{
     GlobalLevel, HeapProfileBundle, HeapTopFunction, LogFile, LogFilter, LogFilterRemoved,
     LogFilters, LogTailLine, LogWindow, Logs, ProfileBundle, SetLogFilter, SetLogLevel,
     TopFunction,
+};
+pub use hooks::{
+    BeforeSendAction, BeforeSendAnswer, BeforeSendRequest, HookStatus, MAX_REASON_BYTES,
 };
 pub use messages::{MessageKind, PostMessage, PostedMessage, PostedMessages, IDEMPOTENCY_KEY};
 pub use nodes::{

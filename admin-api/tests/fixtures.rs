@@ -92,6 +92,7 @@ const FILES: &[&str] = &[
     "overview_cluster.json",
     "overview_limits.json",
     "overview_store_full.json",
+    "overview_hook_open.json",
     "overview_series.json",
     "overview_runtime.json",
     "connections.json",
@@ -123,6 +124,7 @@ fn every_recorded_answer_decodes_strictly() {
     strict::<Overview>("overview_cluster.json");
     strict::<Overview>("overview_limits.json");
     strict::<Overview>("overview_store_full.json");
+    strict::<Overview>("overview_hook_open.json");
     strict::<Vec<Overview>>("overview_series.json");
     strict::<Overview>("overview_runtime.json");
     strict::<ConnectionList>("connections.json");

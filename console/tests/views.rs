@@ -141,6 +141,17 @@ async fn overview_while_the_store_refuses_sends() {
     insta::assert_snapshot!("overview_store_full_120x40", screen);
 }
 
+/// A node whose before-send hook's breaker is open: the header says so and what it means.
+#[tokio::test]
+async fn overview_while_the_before_send_hook_is_open() {
+    let screen = overview_of("overview_hook_open.json", 160, 40).await;
+    assert!(
+        screen.contains("before-send hook open: sends unchecked"),
+        "{screen}"
+    );
+    assert!(!screen.contains("refusing sends"), "{screen}");
+}
+
 /// A node that reports its runtime: the panel shows the workers' busy share, the global
 /// queue and each monitored task's polls, slow polls and scheduled delay.
 #[tokio::test]

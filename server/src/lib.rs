@@ -244,12 +244,17 @@ impl Node {
         if cluster.is_some() {
             relations.notify_changes(group_tx);
         }
+        let before_send = hooks::before_send::BeforeSend::from_config(
+            &config.hooks.before_send,
+            config.limits.max_frame_bytes as usize,
+        )?;
         let (pipeline, writer) = Pipeline::spawn_with(
             store.clone(),
             relations.clone(),
             cluster
                 .as_ref()
                 .map(|c| c.link.clone() as Arc<dyn route::Peers>),
+            before_send,
             &config,
             metrics.clone(),
         );

@@ -908,3 +908,44 @@ async fn user_backlog_lists_unread_per_conversation_largest_first() {
         assert!(!convs.contains(&"u:a:b".to_owned()), "{backend}: {convs:?}");
     }
 }
+
+/// A store opens a database a newer release has migrated further (its migrations only
+/// add): the previous release must start during a rolling upgrade and after a rollback.
+#[tokio::test]
+async fn a_newer_releases_migration_does_not_stop_the_previous_release() {
+    const NEWER: &str = "INSERT INTO _sqlx_migrations \
+        (version, description, success, checksum, execution_time) \
+        VALUES (99990001, 'a newer release', TRUE, $1, 1)";
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("im.db");
+    SqliteStore::open(&path, true, 2).await.expect("first open");
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite:{}", path.display()))
+        .await
+        .unwrap();
+    sqlx::query(NEWER)
+        .bind(vec![0u8; 48])
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    let sqlite = SqliteStore::open(&path, true, 2)
+        .await
+        .expect("the previous release opens the newer SQLite schema");
+    sqlite.probe_write().await.expect("and writes to it");
+
+    let options = fresh_schema().await;
+    PgStore::connect_with(options.clone(), 2)
+        .await
+        .expect("first connect");
+    let pool = sqlx::PgPool::connect_with(options.clone()).await.unwrap();
+    sqlx::query(NEWER)
+        .bind(vec![0u8; 48])
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    let pg = PgStore::connect_with(options, 2)
+        .await
+        .expect("the previous release opens the newer Postgres schema");
+    pg.probe_write().await.expect("and writes to it");
+}

@@ -99,6 +99,20 @@ fn render_header(frame: &mut Frame<'_>, area: Rect, state: &AppState) {
                 Style::new().fg(BAD).bold(),
             ));
         }
+        for h in n.live_overview().map(|o| &o.hooks[..]).unwrap_or_default() {
+            if h.breaker != "closed" {
+                let effect = if h.on_error == "fail_closed" {
+                    "sends refused"
+                } else {
+                    "sends unchecked"
+                };
+                let hook = h.hook.replace('_', "-");
+                spans.push(Span::styled(
+                    format!(" · {hook} hook {}: {effect}", h.breaker.replace('_', "-")),
+                    Style::new().fg(BAD).bold(),
+                ));
+            }
+        }
         if let Some(o) = &n.overview.data {
             spans.push(Span::styled(
                 format!(

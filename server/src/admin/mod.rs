@@ -170,6 +170,12 @@ async fn overview(State(node): State<Arc<Node>>) -> Json<Overview> {
         persist_backlog: node.pipeline.persist.depth() as u64,
         persist_queue_capacity: node.pipeline.persist.capacity() as u64,
         cluster: cluster_view(&node),
+        hooks: node
+            .pipeline
+            .before_send
+            .iter()
+            .map(|h| h.status())
+            .collect(),
         ..snap
     })
 }

@@ -6,15 +6,16 @@
 //! value fails start-up with an error naming the key (or env var) and the value.
 //!
 //! Layout: one file per section (`limits`, `persist`, `flow`, `store`, `obs`, `log`,
-//! `cluster`, `http`, `receipts`, `auth`), each owning its struct's fields, defaults and
-//! validation; this module owns the whole [`Config`] (the top-level keys and their checks, the checks
-//! across sections), loading (`layers`: file and env over the defaults), and the error
+//! `cluster`, `http`, `receipts`, `auth`, `hooks`), each owning its struct's fields,
+//! defaults and validation; this module owns the whole [`Config`] (the top-level keys and
+//! their checks, the checks across sections), loading (`layers`: file and env over the defaults), and the error
 //! type; `check` holds the checks the sections are made of, `redact` how secrets show.
 
 mod auth;
 mod check;
 mod cluster;
 mod flow;
+mod hooks;
 mod http;
 mod layers;
 mod limits;
@@ -34,6 +35,7 @@ pub use self::auth::{AuthConfig, JwtKey};
 use self::check::{addr, invalid};
 pub use self::cluster::ClusterConfig;
 pub use self::flow::Flow;
+pub use self::hooks::{BeforeSendConfig, Hooks};
 pub use self::http::Http;
 use self::layers::{apply_env, env_names, merge, refuse_unknown_env};
 pub use self::limits::{Limits, FD_RESERVE};
@@ -155,6 +157,8 @@ pub struct Config {
     pub receipts: Receipts,
     /// Client token keys by id (secret rotation); empty: the single `jwt_secret`.
     pub auth: AuthConfig,
+    /// Calls to the application's backend: the before-send moderation hook.
+    pub hooks: Hooks,
 }
 
 impl std::fmt::Debug for Config {
@@ -181,6 +185,7 @@ impl std::fmt::Debug for Config {
             .field("http", &self.http)
             .field("receipts", &self.receipts)
             .field("auth", &self.auth)
+            .field("hooks", &self.hooks)
             .finish()
     }
 }
@@ -208,6 +213,7 @@ impl Default for Config {
             http: Http::default(),
             receipts: Receipts::default(),
             auth: AuthConfig::default(),
+            hooks: Hooks::default(),
         }
     }
 }
@@ -342,6 +348,7 @@ impl Config {
         self.log.validate()?;
         self.cluster.validate()?;
         self.receipts.validate()?;
+        self.hooks.validate()?;
         let nats = self.nats_url.trim();
         if !nats.is_empty() {
             if !(nats.starts_with("nats://") || nats.starts_with("tls://") || !nats.contains("://"))

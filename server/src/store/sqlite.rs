@@ -67,7 +67,13 @@ impl SqliteStore {
                     }),
             )
             .await?;
-        sqlx::migrate!("../migrations/sqlite").run(&write).await?;
+        // A migration this binary does not know (a newer release ran it) does not stop
+        // it: migrations only add, so the previous release runs on the newer schema
+        // during a rolling upgrade or after a rollback (docs/upgrade.md).
+        sqlx::migrate!("../migrations/sqlite")
+            .set_ignore_missing(true)
+            .run(&write)
+            .await?;
         // No ping before each use: a connection to a local file does not go stale, and
         // the ping was a second round trip to the connection's worker thread per read.
         let read = SqlitePoolOptions::new()
