@@ -25,5 +25,6 @@ mod offline;
 mod prometheus;
 mod reads;
 mod runtime;
+mod tls;
 mod trace;
 mod users;

@@ -1,0 +1,183 @@
+//! Native TLS on both listeners: wss:// chat with a client trusting only the test CA,
+//! the admin API over https (curl), the bounded and counted handshake, and a certificate
+//! replaced on disk: new connections get the new one, open ones keep chatting, and a bad
+//! replacement keeps the good one.
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::support::tls::{cert_der, install, openssl_available, tls_connect, Pki, Wss};
+use crate::support::*;
+
+/// A server with TLS on both listeners, its files in the PKI's dir (`server.pem`,
+/// `server.key`), checked for changes every second.
+fn tls_server(pki: &Pki, extra: &[(&str, &str)]) -> TestServer {
+    let (cert, key) = pki.issue("first");
+    let (live_cert, live_key) = (pki.dir.join("server.pem"), pki.dir.join("server.key"));
+    install(&cert, &live_cert);
+    install(&key, &live_key);
+    let (c, k) = (live_cert.to_str().unwrap(), live_key.to_str().unwrap());
+    let mut env = vec![
+        ("IM_TLS_CERT_FILE", c),
+        ("IM_TLS_KEY_FILE", k),
+        ("IM_TLS_ADMIN_CERT_FILE", c),
+        ("IM_TLS_ADMIN_KEY_FILE", k),
+        ("IM_TLS_RELOAD_INTERVAL_SECS", "1"),
+    ];
+    env.extend_from_slice(extra);
+    TestServer::start_with(&env)
+}
+
+/// `curl --cacert` on an admin path over https: (status, body).
+fn curl_admin(server: &TestServer, ca: &Path, path: &str) -> (u16, String) {
+    let url = format!("https://localhost:{}{path}", server.admin_addr.port());
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "10", "--cacert"])
+        .arg(ca)
+        .args([
+            "--resolve",
+            &format!("localhost:{}:127.0.0.1", server.admin_addr.port()),
+        ])
+        .args(["-H", &format!("Authorization: Bearer {ADMIN_TOKEN}")])
+        .args(["-w", "\n%{http_code}", &url])
+        .output()
+        .expect("running curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wss_chat_and_https_admin_with_bounded_handshakes() {
+    if !openssl_available() || !tool_available("curl", &["--version"], "apt-get install curl") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let pki = Pki::new(&tmp.path().join("pki"));
+    let server = tls_server(&pki, &[("IM_TLS_HANDSHAKE_TIMEOUT_SECS", "1")]);
+
+    let mut alice = Wss::login(server.client_addr, &pki.ca, "alice").await;
+    let mut bob = Wss::login(server.client_addr, &pki.ca, "bob").await;
+    assert_eq!(alice.chat(10, "bob", "hello over tls").await, 1);
+    let m = bob.expect_message("hello over tls").await;
+    assert_eq!(m.sender, "alice");
+    assert_eq!(bob.chat(11, "alice", "and back").await, 2);
+    alice.expect_message("and back").await;
+
+    // The admin API answers over https to a client trusting the CA...
+    let (status, body) = curl_admin(&server, &pki.ca, "/healthz");
+    assert_eq!(status, 200, "{body}");
+    // ...and nothing over plain HTTP on the same port.
+    let mut plain = std::net::TcpStream::connect(server.admin_addr).unwrap();
+    plain.set_read_timeout(Some(WAIT)).unwrap();
+    let _ = plain.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n");
+    let mut answer = Vec::new();
+    let _ = plain.read_to_end(&mut answer);
+    assert!(
+        !answer.starts_with(b"HTTP/"),
+        "plain HTTP must not be served on a TLS listener"
+    );
+
+    // A socket that never starts its handshake is closed after the timeout.
+    let mut idle = std::net::TcpStream::connect(server.client_addr).unwrap();
+    idle.set_read_timeout(Some(WAIT)).unwrap();
+    let start = Instant::now();
+    let mut buf = [0u8; 16];
+    let n = idle.read(&mut buf).unwrap_or(0);
+    assert_eq!(n, 0, "the server closes a silent socket without a byte");
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "closed by the 1 s handshake timeout"
+    );
+    // A client that does not trust the server's CA fails its handshake.
+    let other = Pki::new(&tmp.path().join("other"));
+    assert!(tls_connect(server.client_addr, &other.ca).await.is_err());
+
+    let (status, scrape) = curl_admin(&server, &pki.ca, "/metrics");
+    assert_eq!(status, 200);
+    let ok = |l: &str| metric_value(&scrape, "im_tls_handshakes_total", &[("listener", l)]);
+    assert!(ok("client") >= 2.0, "two wss clients: {}", ok("client"));
+    assert!(ok("admin") >= 2.0, "two curl requests: {}", ok("admin"));
+    let failed = |r: &str| {
+        metric_value(
+            &scrape,
+            "im_tls_handshake_failures_total",
+            &[("listener", "client"), ("reason", r)],
+        )
+    };
+    assert!(
+        failed("timeout") >= 1.0,
+        "the silent socket counts as a timeout"
+    );
+    assert!(
+        failed("error") >= 1.0,
+        "the untrusting client counts as an error"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replaced_certificate_serves_new_handshakes_and_keeps_open_connections() {
+    if !openssl_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let pki = Pki::new(&tmp.path().join("pki"));
+    let server = tls_server(&pki, &[]);
+    let (live_cert, live_key) = (pki.dir.join("server.pem"), pki.dir.join("server.key"));
+    let first = cert_der(&live_cert);
+
+    let mut alice = Wss::login(server.client_addr, &pki.ca, "alice").await;
+    let mut bob = Wss::login(server.client_addr, &pki.ca, "bob").await;
+    assert_eq!(alice.peer_cert, first);
+    assert_eq!(alice.chat(10, "bob", "before").await, 1);
+    bob.expect_message("before").await;
+
+    // A new pair replaces the files (key first, then the certificate).
+    let (cert, key) = pki.issue("second");
+    let second = cert_der(&cert);
+    assert_ne!(first, second);
+    install(&key, &live_key);
+    install(&cert, &live_cert);
+    let deadline = Instant::now() + WAIT;
+    let mut carol = loop {
+        let c = Wss::login(server.client_addr, &pki.ca, "carol").await;
+        if c.peer_cert == second {
+            break c;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no new connection saw the new certificate"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+
+    // The connections opened on the old certificate are still up and chatting.
+    assert_eq!(alice.chat(11, "bob", "after the swap").await, 2);
+    bob.expect_message("after the swap").await;
+    assert_eq!(carol.chat(12, "bob", "from carol").await, 1);
+    bob.expect_message("from carol").await;
+
+    // A bad replacement (not a certificate) is refused: the good one stays.
+    std::fs::write(
+        pki.dir.join("junk.pem"),
+        b"-----BEGIN CERTIFICATE-----\n\x1b[31mjunk\n",
+    )
+    .unwrap();
+    install(&pki.dir.join("junk.pem"), &live_cert);
+    wait_until("the bad certificate is refused in the log", || {
+        server.log().contains("tls certificate not reloaded")
+    });
+    let dave = Wss::login(server.client_addr, &pki.ca, "dave").await;
+    assert_eq!(
+        dave.peer_cert, second,
+        "the last good certificate is still served"
+    );
+    assert!(
+        !server.log().contains('\x1b'),
+        "the log carries no raw control character"
+    );
+    assert_eq!(alice.chat(13, "bob", "still here").await, 3);
+    bob.expect_message("still here").await;
+}
