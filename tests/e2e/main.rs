@@ -11,6 +11,7 @@ mod chat;
 mod cli;
 mod cluster;
 mod dashboards;
+mod deploy;
 mod diag;
 mod durability;
 mod edits;

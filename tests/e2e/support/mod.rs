@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod deploy;
 pub mod faults;
 pub mod nats;
 pub mod receiver;
