@@ -395,6 +395,9 @@ impl Built {
                 node.secrets.keys.clone(),
             )));
         }
+        let hangup = [&self.client_tls, &self.admin_tls];
+        let hangup = hangup.into_iter().flatten().cloned().collect();
+        background.push(tokio::spawn(listen::reload_on_hangup(hangup)));
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let listeners = vec![
             tokio::spawn(listen::serve_client(

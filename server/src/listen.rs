@@ -160,6 +160,31 @@ async fn serve_socket(tls: Option<Arc<TlsListener>>, tcp: TcpStream, mut c: Conn
     }
 }
 
+/// SIGHUP (`systemctl reload`, the unit's `ExecReload`): reloads the certificates of
+/// the TLS listeners in `tls` at once, without waiting for the file watch; with none,
+/// logs that there is nothing to reload. Registering it also keeps SIGHUP's default
+/// action (ending the process) away from a node. Runs until aborted.
+pub async fn reload_on_hangup(tls: Vec<Arc<TlsListener>>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot handle SIGHUP: systemctl reload would end the process");
+            return;
+        }
+    };
+    while hup.recv().await.is_some() {
+        if tls.is_empty() {
+            tracing::info!(
+                "SIGHUP: no TLS listener, nothing to reload (config changes need a restart)"
+            );
+        }
+        for t in &tls {
+            t.reload_logged("SIGHUP");
+        }
+    }
+}
+
 /// The certificate watch of a TLS listener, aborted when the accept loop ends.
 fn watch(tls: &Option<Arc<TlsListener>>) -> Option<tokio::task::JoinHandle<()>> {
     tls.as_ref().map(|t| tokio::spawn(t.clone().watch()))

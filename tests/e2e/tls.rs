@@ -181,3 +181,43 @@ async fn replaced_certificate_serves_new_handshakes_and_keeps_open_connections()
     assert_eq!(alice.chat(13, "bob", "still here").await, 3);
     bob.expect_message("still here").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_certificate_at_once_and_never_ends_the_node() {
+    if !openssl_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let pki = Pki::new(&tmp.path().join("pki"));
+    // The file watch is an hour away: only the signal can load the new pair in time.
+    let mut server = tls_server(&pki, &[("IM_TLS_RELOAD_INTERVAL_SECS", "3600")]);
+    let mut alice = Wss::login(server.client_addr, &pki.ca, "alice").await;
+    let (cert, key) = pki.issue("second");
+    install(&key, &pki.dir.join("server.key"));
+    install(&cert, &pki.dir.join("server.pem"));
+    server.signal("HUP");
+    wait_until("SIGHUP reloads the certificate", || {
+        server.log().contains("tls certificate reloaded")
+    });
+    let mut bob = Wss::login(server.client_addr, &pki.ca, "bob").await;
+    assert_eq!(bob.peer_cert, cert_der(&cert));
+    assert_eq!(alice.chat(10, "bob", "after the reload").await, 1);
+    bob.expect_message("after the reload").await;
+    assert!(
+        server.wait_exit(Duration::from_millis(200)).is_none(),
+        "SIGHUP ended the node"
+    );
+
+    // A node without TLS logs the signal and keeps running (systemctl reload is harmless).
+    let mut plain = TestServer::start();
+    plain.signal("HUP");
+    wait_until("the plain node logs SIGHUP", || {
+        plain.log().contains("SIGHUP: no TLS listener")
+    });
+    assert!(
+        plain.wait_exit(Duration::from_millis(200)).is_none(),
+        "SIGHUP ended the node"
+    );
+    let mut carol = plain.raw("carol").await;
+    ping_ok(&mut carol, 5).await;
+}

@@ -225,7 +225,6 @@ impl TlsListener {
     /// reloads on a change; a failed reload keeps the old certificate and is logged (the
     /// next change of either file tries again). Runs until aborted.
     pub async fn watch(self: Arc<Self>) {
-        let listener = self.which.label();
         let mut seen = self.files.stamp();
         loop {
             tokio::time::sleep(self.reload_interval).await;
@@ -234,18 +233,26 @@ impl TlsListener {
                 continue;
             }
             seen = now;
-            match self.reload() {
-                Ok(()) => tracing::info!(
-                    listener,
-                    cert = %self.files.cert.display(),
-                    "tls certificate reloaded: new handshakes use it"
-                ),
-                Err(e) => tracing::warn!(
-                    listener,
-                    error = %e,
-                    "tls certificate not reloaded: the previous one stays in use"
-                ),
-            }
+            self.reload_logged("file change");
+        }
+    }
+
+    /// [`TlsListener::reload`], logged with what caused it.
+    pub fn reload_logged(&self, cause: &'static str) {
+        let listener = self.which.label();
+        match self.reload() {
+            Ok(()) => tracing::info!(
+                listener,
+                cause,
+                cert = %self.files.cert.display(),
+                "tls certificate reloaded: new handshakes use it"
+            ),
+            Err(e) => tracing::warn!(
+                listener,
+                cause,
+                error = %e,
+                "tls certificate not reloaded: the previous one stays in use"
+            ),
         }
     }
 }
