@@ -39,6 +39,8 @@ pub struct TestServer {
     tmp_keep: Arc<tempfile::TempDir>,
     log: Arc<Mutex<String>>,
     env: Vec<(String, String)>,
+    /// The binary and its arguments (the one under test, none by default).
+    cmd: (PathBuf, Vec<String>),
 }
 
 /// A token for `user` valid for `ttl`, signed with the test secret.
@@ -118,18 +120,37 @@ impl TestServer {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        Self::spawn(tmp, env, "127.0.0.1:0")
+        Self::spawn(tmp, env, "127.0.0.1:0", (server_bin(), Vec::new()))
     }
 
-    fn spawn(tmp: Arc<tempfile::TempDir>, env: Vec<(String, String)>, listen: &str) -> TestServer {
+    /// Starts `bin` with `args` (e.g. a packaged binary and `--config FILE`) and extra
+    /// `IM_*` env settings; ports, data dir and secrets as in [`TestServer::start_with`].
+    pub fn start_binary(bin: &Path, args: &[&str], env: &[(&str, &str)]) -> TestServer {
+        let tmp = Arc::new(tempfile::tempdir().expect("temp dir"));
+        let env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let args = args.iter().map(|a| a.to_string()).collect();
+        Self::spawn(tmp, env, "127.0.0.1:0", (bin.to_owned(), args))
+    }
+
+    fn spawn(
+        tmp: Arc<tempfile::TempDir>,
+        env: Vec<(String, String)>,
+        listen: &str,
+        cmd: (PathBuf, Vec<String>),
+    ) -> TestServer {
         // A test may place the data dir elsewhere (a small tmpfs) with its own IM_DATA_DIR.
         let data_dir = env
             .iter()
             .find(|(k, _)| k == "IM_DATA_DIR")
             .map(|(_, v)| PathBuf::from(v))
             .unwrap_or_else(|| tmp.path().join("data"));
-        let mut cmd = Command::new(server_bin());
-        cmd.env("IM_LISTEN", listen)
+        let mut command = Command::new(&cmd.0);
+        command
+            .args(&cmd.1)
+            .env("IM_LISTEN", listen)
             .env("IM_ADMIN_LISTEN", "127.0.0.1:0")
             .env("IM_DATA_DIR", &data_dir)
             .env("IM_JWT_SECRET", SECRET)
@@ -140,9 +161,9 @@ impl TestServer {
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         for (k, v) in &env {
-            cmd.env(k, v);
+            command.env(k, v);
         }
-        let mut child = cmd.spawn().expect("spawn im-server");
+        let mut child = command.spawn().expect("spawn im-server");
         let stderr = child.stderr.take().expect("stderr");
         let log = Arc::new(Mutex::new(String::new()));
         let (tx, rx) = std::sync::mpsc::channel();
@@ -178,6 +199,7 @@ impl TestServer {
             tmp_keep: tmp,
             log,
             env,
+            cmd,
         }
     }
 
@@ -192,7 +214,12 @@ impl TestServer {
         self.kill();
         let listen = self.client_addr.to_string();
         // Dropping the old value reaps the dead child; the temp dir is shared, so it stays.
-        *self = Self::spawn(self.tmp_keep.clone(), self.env.clone(), &listen);
+        *self = Self::spawn(
+            self.tmp_keep.clone(),
+            self.env.clone(),
+            &listen,
+            self.cmd.clone(),
+        );
     }
 
     /// Sends SIGTERM and waits for the exit status.
