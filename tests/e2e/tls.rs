@@ -221,3 +221,121 @@ async fn sighup_reloads_the_certificate_at_once_and_never_ends_the_node() {
     let mut carol = plain.raw("carol").await;
     ping_ok(&mut carol, 5).await;
 }
+
+/// The server's CPU time so far (user + system), from /proc.
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+    ticks / 100.0
+}
+
+/// Pairs x messages one-to-one over `wss` (or plain `ws` with `tls` unset): the server's
+/// CPU per message (send, ack, deliver) and the wall time.
+async fn cost_per_message(
+    server: &TestServer,
+    ca: Option<&Path>,
+    round: u64,
+    pairs: usize,
+    n: u64,
+) -> (f64, f64) {
+    let cpu0 = cpu_secs(server.pid());
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for p in 0..pairs {
+        let (from, to) = (format!("s{p}"), format!("r{p}"));
+        match ca {
+            Some(ca) => {
+                let mut s = Wss::login(server.client_addr, ca, &from).await;
+                let mut r = Wss::login(server.client_addr, ca, &to).await;
+                tasks.push(tokio::spawn(async move {
+                    for i in 0..n {
+                        s.chat(100 + i, &to, &format!("m{round}-{i}")).await;
+                    }
+                }));
+                tasks.push(tokio::spawn(async move {
+                    r.expect_message(&format!("m{round}-{}", n - 1)).await;
+                }));
+            }
+            None => {
+                let mut s = server.raw(&from).await;
+                let mut r = server.raw(&to).await;
+                tasks.push(tokio::spawn(async move {
+                    for i in 0..n {
+                        let m = format!("m{round}-{i}");
+                        s.send(&send_to_user(100 + i, &to, m.as_bytes(), &m))
+                            .await
+                            .unwrap();
+                        acks(&mut s, 1).await;
+                    }
+                }));
+                tasks.push(tokio::spawn(async move {
+                    let last = format!("m{round}-{}", n - 1);
+                    loop {
+                        if let Some(im_client::proto::Body::Deliver(d)) =
+                            next_frame(&mut r).await.body
+                        {
+                            if d.messages.iter().any(|m| m.payload[..] == *last.as_bytes()) {
+                                break;
+                            }
+                        }
+                    }
+                }));
+            }
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let msgs = (pairs as u64 * n) as f64;
+    (
+        (cpu_secs(server.pid()) - cpu0) / msgs * 1e6,
+        start.elapsed().as_secs_f64(),
+    )
+}
+
+/// A measurement, not a check (BENCHMARKS.md, "TLS"): run it against a release build,
+/// `IM_TEST_SERVER_BIN=target/release/im-server cargo test -p im-server --test e2e
+/// tls_cost -- --ignored --nocapture`. Prints the server's CPU per TLS handshake, the
+/// handshake rate of one client, and the server's CPU per one-to-one message over wss://
+/// against ws://.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn tls_cost() {
+    if !openssl_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let pki = Pki::new(&tmp.path().join("pki"));
+    let tls = tls_server(&pki, &[]);
+    let plain = TestServer::start();
+    let handshakes = env_u64("IM_TEST_TLS_HANDSHAKES", 2000);
+    let cpu0 = cpu_secs(tls.pid());
+    let start = Instant::now();
+    for _ in 0..handshakes {
+        let s = tls_connect(tls.client_addr, &pki.ca)
+            .await
+            .expect("handshake");
+        drop(s);
+    }
+    let wall = start.elapsed().as_secs_f64();
+    let cpu = cpu_secs(tls.pid()) - cpu0;
+    println!(
+        "tls handshakes: {handshakes} sequential from one client in {wall:.2} s ({:.0}/s); \
+         server CPU {:.0} µs per handshake (so ~{:.0} handshakes/s per core)",
+        handshakes as f64 / wall,
+        cpu / handshakes as f64 * 1e6,
+        handshakes as f64 / cpu
+    );
+    let (pairs, n) = (10, env_u64("IM_TEST_TLS_MESSAGES", 500));
+    for round in 0..3 {
+        let (ws, ws_wall) = cost_per_message(&plain, None, round, pairs, n).await;
+        let (wss, wss_wall) = cost_per_message(&tls, Some(&pki.ca), round, pairs, n).await;
+        println!(
+            "round {round}: server CPU per 1:1 message (send, ack, deliver), {pairs} pairs x {n}: \
+             ws {ws:.1} µs ({ws_wall:.1} s), wss {wss:.1} µs ({wss_wall:.1} s), +{:.1} µs",
+            wss - ws
+        );
+    }
+}
