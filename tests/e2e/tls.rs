@@ -231,6 +231,17 @@ fn cpu_secs(pid: u32) -> f64 {
     ticks / 100.0
 }
 
+/// The server's resident memory, from /proc.
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .expect("VmRSS");
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib * 1024
+}
+
 /// Pairs x messages one-to-one over `wss` (or plain `ws` with `tls` unset): the server's
 /// CPU per message (send, ack, deliver) and the wall time.
 async fn cost_per_message(
@@ -328,6 +339,22 @@ async fn tls_cost() {
         cpu / handshakes as f64 * 1e6,
         handshakes as f64 / cpu
     );
+    let idle = env_u64("IM_TEST_TLS_IDLE", 1000);
+    let (rss_ws, rss_wss) = (rss_bytes(plain.pid()), rss_bytes(tls.pid()));
+    let mut open_ws = Vec::new();
+    let mut open_wss = Vec::new();
+    for i in 0..idle {
+        open_ws.push(plain.raw(&format!("idle{i}")).await);
+        open_wss.push(Wss::login(tls.client_addr, &pki.ca, &format!("idle{i}")).await);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let per = |now: u64, before: u64| (now.saturating_sub(before)) as f64 / idle as f64 / 1024.0;
+    println!(
+        "idle connections: {idle} logged in on each: ws {:.1} KiB, wss {:.1} KiB of server RSS each",
+        per(rss_bytes(plain.pid()), rss_ws),
+        per(rss_bytes(tls.pid()), rss_wss)
+    );
+    drop((open_ws, open_wss));
     let (pairs, n) = (10, env_u64("IM_TEST_TLS_MESSAGES", 500));
     for round in 0..3 {
         let (ws, ws_wall) = cost_per_message(&plain, None, round, pairs, n).await;
