@@ -8,27 +8,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::support::tls::{cert_der, install, openssl_available, tls_connect, Pki, Wss};
+use crate::support::tls::{
+    cert_der, install, openssl_available, tls_connect, tls_server, Pki, Wss,
+};
 use crate::support::*;
-
-/// A server with TLS on both listeners, its files in the PKI's dir (`server.pem`,
-/// `server.key`), checked for changes every second.
-fn tls_server(pki: &Pki, extra: &[(&str, &str)]) -> TestServer {
-    let (cert, key) = pki.issue("first");
-    let (live_cert, live_key) = (pki.dir.join("server.pem"), pki.dir.join("server.key"));
-    install(&cert, &live_cert);
-    install(&key, &live_key);
-    let (c, k) = (live_cert.to_str().unwrap(), live_key.to_str().unwrap());
-    let mut env = vec![
-        ("IM_TLS_CERT_FILE", c),
-        ("IM_TLS_KEY_FILE", k),
-        ("IM_TLS_ADMIN_CERT_FILE", c),
-        ("IM_TLS_ADMIN_KEY_FILE", k),
-        ("IM_TLS_RELOAD_INTERVAL_SECS", "1"),
-    ];
-    env.extend_from_slice(extra);
-    TestServer::start_with(&env)
-}
 
 /// `curl --cacert` on an admin path over https: (status, body).
 fn curl_admin(server: &TestServer, ca: &Path, path: &str) -> (u16, String) {
@@ -365,4 +348,40 @@ async fn tls_cost() {
             wss - ws
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rust_sdk_chats_over_wss_trusting_a_ca_file() {
+    if !openssl_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let pki = Pki::new(&tmp.path().join("pki"));
+    let server = tls_server(&pki, &[]);
+    let url = format!("wss://localhost:{}/ws", server.client_addr.port());
+    let tls = im_client::TlsConfig::from_ca_file(&pki.ca).expect("the CA file");
+    let connect = |user: &str, tls: Option<im_client::TlsConfig>| {
+        let mut cfg = im_client::ClientConfig::new(url.clone(), server.token(user));
+        cfg.tls = tls;
+        im_client::Client::connect(cfg)
+    };
+    let alice = connect("alice", Some(tls.clone()))
+        .await
+        .expect("alice over wss");
+    let bob = connect("bob", Some(tls)).await.expect("bob over wss");
+    let ack = alice.send_text("bob", "sdk over tls").await.expect("send");
+    assert_eq!(ack.seq, 1);
+    let got = bob.next_message(WAIT).await.expect("bob receives");
+    assert_eq!(&got.payload[..], b"sdk over tls");
+
+    // The public roots do not include the test CA: refused, with the reason.
+    let e = connect("carol", None)
+        .await
+        .expect_err("an untrusted certificate");
+    assert!(e.to_string().contains("certificate"), "{e}");
+    // A CA file that is not one is named in the error.
+    let junk = tmp.path().join("junk.pem");
+    std::fs::write(&junk, "not a certificate").unwrap();
+    let e = im_client::TlsConfig::from_ca_file(&junk).expect_err("no certificate");
+    assert!(e.to_string().contains("junk.pem"), "{e}");
 }

@@ -284,3 +284,22 @@ impl Wss {
         }
     }
 }
+
+/// A server with TLS on both listeners, its files in the PKI's dir (`server.pem`,
+/// `server.key`), checked for changes every second.
+pub fn tls_server(pki: &Pki, extra: &[(&str, &str)]) -> super::TestServer {
+    let (cert, key) = pki.issue("first");
+    let (live_cert, live_key) = (pki.dir.join("server.pem"), pki.dir.join("server.key"));
+    install(&cert, &live_cert);
+    install(&key, &live_key);
+    let (c, k) = (live_cert.to_str().unwrap(), live_key.to_str().unwrap());
+    let mut env = vec![
+        ("IM_TLS_CERT_FILE", c),
+        ("IM_TLS_KEY_FILE", k),
+        ("IM_TLS_ADMIN_CERT_FILE", c),
+        ("IM_TLS_ADMIN_KEY_FILE", k),
+        ("IM_TLS_RELOAD_INTERVAL_SECS", "1"),
+    ];
+    env.extend_from_slice(extra);
+    super::TestServer::start_with(&env)
+}
