@@ -138,6 +138,9 @@ async fn debian_package_builds_verifies_and_its_binary_chats_with_its_config() {
         .arg(&control));
     let conffiles = std::fs::read_to_string(control.join("conffiles")).unwrap();
     assert_eq!(conffiles.trim(), "/etc/im/im.toml");
+    for script in ["postinst", "prerm", "postrm"] {
+        run(Command::new("sh").arg("-n").arg(control.join(script)));
+    }
     let postinst = std::fs::read_to_string(control.join("postinst")).unwrap();
     assert!(postinst.contains("adduser --system") && postinst.contains("/var/lib/im"));
 
