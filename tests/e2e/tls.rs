@@ -385,3 +385,83 @@ async fn the_rust_sdk_chats_over_wss_trusting_a_ca_file() {
     let e = im_client::TlsConfig::from_ca_file(&junk).expect_err("no certificate");
     assert!(e.to_string().contains("junk.pem"), "{e}");
 }
+
+/// Runs the server with `env` expecting it to stop at start-up; returns its stderr.
+fn refused_start(dir: &Path, env: &[(&str, &str)]) -> String {
+    let mut child = Command::new(server_bin())
+        .env("IM_LISTEN", "127.0.0.1:0")
+        .env("IM_ADMIN_LISTEN", "127.0.0.1:0")
+        .env("IM_DATA_DIR", dir.join("data"))
+        .env("IM_JWT_SECRET", SECRET)
+        .env("IM_ADMIN_TOKEN", ADMIN_TOKEN)
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn im-server");
+    let end = Instant::now() + WAIT;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            panic!("the server started with {env:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!status.success());
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    err
+}
+
+#[test]
+fn bad_tls_files_stop_start_up_naming_the_keys_and_tls_silences_the_exposure_warning() {
+    if !openssl_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let pki = Pki::new(&tmp.path().join("pki"));
+    let (cert, _) = pki.issue("one");
+    let (_, other_key) = pki.issue("two");
+    let (cert_s, key_s) = (cert.to_str().unwrap(), other_key.to_str().unwrap());
+    let err = refused_start(tmp.path(), &[("IM_TLS_CERT_FILE", cert_s)]);
+    assert!(
+        err.contains("tls.key_file") && err.contains("must be set"),
+        "{err}"
+    );
+    let err = refused_start(
+        tmp.path(),
+        &[("IM_TLS_CERT_FILE", cert_s), ("IM_TLS_KEY_FILE", key_s)],
+    );
+    assert!(
+        err.contains("`tls.cert_file`") && err.contains("`tls.key_file`"),
+        "{err}"
+    );
+    let err = refused_start(
+        tmp.path(),
+        &[
+            ("IM_TLS_ADMIN_CERT_FILE", "/nonexistent/cert.pem"),
+            ("IM_TLS_ADMIN_KEY_FILE", key_s),
+        ],
+    );
+    assert!(
+        err.contains("`tls.admin_cert_file` = /nonexistent/cert.pem"),
+        "{err}"
+    );
+
+    // An admin listener on every address but serving TLS itself: no clear-text warning.
+    let server = tls_server(&pki, &[("IM_ADMIN_LISTEN", "0.0.0.0:0")]);
+    assert!(
+        !server.log().contains("reachable from other hosts"),
+        "{}",
+        server.log()
+    );
+}

@@ -99,7 +99,13 @@ impl Files {
             cert: self.cert.clone(),
             key_key: self.key_key,
             key: self.key.clone(),
-            message: e.to_string(),
+            message: match e {
+                rustls::Error::InconsistentKeys(_) => {
+                    "the private key does not belong to the certificate (the first in its file)"
+                        .into()
+                }
+                e => e.to_string(),
+            },
         })
     }
 }
