@@ -98,6 +98,19 @@ async fn wss_chat_and_https_admin_with_bounded_handshakes() {
         failed("error") >= 1.0,
         "the untrusting client counts as an error"
     );
+    assert_eq!(
+        metric_value(
+            &scrape,
+            "im_tls_reloads_total",
+            &[("listener", "admin"), ("result", "error")]
+        ),
+        0.0,
+        "the reload series are exported at 0"
+    );
+    assert!(
+        scrape.contains("im_tls_reloads_total{"),
+        "exported before any reload"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -125,6 +125,20 @@ impl ResolvesServerCert for Current {
     }
 }
 
+/// The listener's TLS series exported at 0 from the start, so rates and alerts see them
+/// before the first event.
+fn register_at_zero(listener: &'static str) {
+    metrics::counter!("im_tls_handshakes_total", "listener" => listener).absolute(0);
+    for reason in ["timeout", "error"] {
+        metrics::counter!("im_tls_handshake_failures_total", "listener" => listener, "reason" => reason)
+            .absolute(0);
+    }
+    for result in ["ok", "error"] {
+        metrics::counter!("im_tls_reloads_total", "listener" => listener, "result" => result)
+            .absolute(0);
+    }
+}
+
 /// One listener's TLS: the acceptor, its swappable certificate, the handshake bound.
 pub struct TlsListener {
     which: Listener,
@@ -166,6 +180,7 @@ impl TlsListener {
         };
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let first = files.load(&provider)?;
+        register_at_zero(which.label());
         let current = Arc::new(Current(RwLock::new(Arc::new(first))));
         let mut config = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
