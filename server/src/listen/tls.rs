@@ -53,6 +53,9 @@ pub enum TlsError {
     Setup(String),
 }
 
+/// A file's modification time, inode and size.
+type Stamp = (Option<SystemTime>, u64, u64);
+
 /// The files of one listener's certificate, with their config keys.
 #[derive(Debug, Clone)]
 struct Files {
@@ -63,10 +66,16 @@ struct Files {
 }
 
 impl Files {
-    /// Both files' modification times (`None` for one that cannot be read).
-    fn stamp(&self) -> (Option<SystemTime>, Option<SystemTime>) {
-        let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-        (mtime(&self.cert), mtime(&self.key))
+    /// What identifies both files' contents cheaply: modification time, inode and size
+    /// (a rename over the file changes the inode even within the clock's resolution);
+    /// `None` for a file that cannot be read.
+    fn stamp(&self) -> [Option<Stamp>; 2] {
+        use std::os::unix::fs::MetadataExt;
+        let stamp = |p: &Path| {
+            let m = std::fs::metadata(p).ok()?;
+            Some((m.modified().ok(), m.ino(), m.len()))
+        };
+        [stamp(&self.cert), stamp(&self.key)]
     }
 
     /// Reads and checks the pair.
@@ -242,8 +251,8 @@ impl TlsListener {
         }
     }
 
-    /// Checks the files' modification times every `tls.reload_interval_secs` and
-    /// reloads on a change; a failed reload keeps the old certificate and is logged (the
+    /// Checks the files (modification time, inode, size) every
+    /// `tls.reload_interval_secs` and reloads on a change; a failed reload keeps the old certificate and is logged (the
     /// next change of either file tries again). Runs until aborted.
     pub async fn watch(self: Arc<Self>) {
         let mut seen = self.files.stamp();
