@@ -59,6 +59,18 @@ pub struct Revoked {
     pub closed: u64,
 }
 
+/// `POST /admin/v1/reload` answer: the secrets now in force.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SecretsReloaded {
+    /// The key that signs new tokens (empty: the single `jwt_secret`, no key ids).
+    pub signing_kid: String,
+    /// Every key id that verifies tokens.
+    pub kids: Vec<String>,
+    /// Whether the admin token changed (the old one is refused from now on).
+    pub admin_token_changed: bool,
+}
+
 /// `GET /admin/v1/slow-consumers`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]

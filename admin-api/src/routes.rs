@@ -43,6 +43,9 @@ pub const MESSAGES: &str = "/admin/v1/messages";
 /// `GET`: [`crate::MessageTrace`], one message's stage timeline from every node
 /// (`msg_id`: 32 hex digits).
 pub const MESSAGE_TRACE: &str = "/admin/v1/messages/{msg_id}/trace";
+/// `POST` (no body): [`crate::SecretsReloaded`], the token keys and admin token read
+/// again; 400 with the reason when they do not load (the old ones stay).
+pub const RELOAD: &str = "/admin/v1/reload";
 /// `GET ?avoid=ID,ID` on the client listener (no token): [`crate::RouteAnswer`].
 pub const ROUTE: &str = "/v1/route";
 

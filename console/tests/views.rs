@@ -298,6 +298,11 @@ async fn heap_profile_states() {
     insta::assert_snapshot!("heap_profile_form", draw(&state, 120, 20));
     let cmds = state.apply(Action::Submit);
     assert_eq!(cmds.len(), 1, "defaults are valid");
+    // The runbook's window (30-60 s), not a capture too short to show a leak.
+    assert!(
+        matches!(cmds[0], Command::HeapProfile { seconds: 30, .. }),
+        "{cmds:?}"
+    );
     assert!(matches!(state.nodes[0].heap, ProfileState::Running { .. }));
     assert!(matches!(state.nodes[0].profile, ProfileState::Idle));
     state.tick(at(t0, 14));

@@ -5,18 +5,21 @@
 //!
 //! With no `jwt_secret` / `admin_token` configured, random ones are created in the data
 //! dir on first start (mode 0600) and reused; a secret file readable by group or world
-//! is refused. Only the server creates them: `im-server token` reads the existing ones
+//! is refused. With `auth.jwt_keys`, several keys told apart by `kid` verify and one
+//! signs (secret rotation); the keys and the admin token are replaced in place by a
+//! reload ([`Secrets::replace`]), which keeps the old ones when the new do not load. Only the server creates them: `im-server token` reads the existing ones
 //! and fails when there are none. Secrets never reach logs: only their file paths do.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use rand::RngCore;
 
 use crate::config::Config;
 
-pub use im_token::{Claims, Revocations, TokenError, TokenKeys};
+pub use im_token::{Claims, Key, Revocations, TokenError, TokenKeys};
 
 /// Errors from token handling and secret files.
 #[derive(Debug, thiserror::Error)]
@@ -52,38 +55,142 @@ pub enum AuthError {
     },
 }
 
-/// The node's resolved secrets.
+/// The node's resolved secrets. Clones share them: [`Secrets::replace`] (a reload) is
+/// seen by every holder.
 #[derive(Clone)]
 pub struct Secrets {
     /// Client token keys.
     pub keys: TokenKeys,
     /// Admin bearer token.
-    pub admin_token: String,
+    pub admin_token: AdminToken,
+}
+
+/// The admin bearer token in force, replaced in place by a reload.
+#[derive(Clone, Default)]
+pub struct AdminToken(Arc<RwLock<Arc<str>>>);
+
+impl AdminToken {
+    /// A token holder with `token` in force.
+    pub fn new(token: &str) -> AdminToken {
+        AdminToken(Arc::new(RwLock::new(Arc::from(token))))
+    }
+
+    /// The token in force.
+    pub fn get(&self) -> Arc<str> {
+        match self.0.read() {
+            Ok(t) => t.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn set(&self, token: Arc<str>) {
+        if let Ok(mut t) = self.0.write() {
+            *t = token;
+        }
+    }
+}
+
+/// What a reload put in force: the key ids and whether the admin token changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reloaded {
+    /// The signing key's id (`None`: the single `jwt_secret`, no key ids).
+    pub signing_kid: Option<String>,
+    /// Every verification key's id.
+    pub kids: Vec<String>,
+    /// Whether the admin token is a new one.
+    pub admin_token_changed: bool,
 }
 
 impl Secrets {
     /// Uses the configured secrets, or loads/creates them in the data dir.
     pub fn load(config: &Config) -> Result<Secrets, AuthError> {
-        let jwt = if config.jwt_secret.is_empty() {
-            secret_file(&config.data_dir.join("jwt_secret"))?
-        } else {
-            config.jwt_secret.clone()
-        };
         let admin_token = if config.admin_token.is_empty() {
             secret_file(&config.data_dir.join("admin_token"))?
         } else {
             config.admin_token.clone()
         };
+        let keys = if config.auth.jwt_keys.is_empty() {
+            let jwt = if config.jwt_secret.is_empty() {
+                secret_file(&config.data_dir.join("jwt_secret"))?
+            } else {
+                config.jwt_secret.clone()
+            };
+            TokenKeys::with_leeway(jwt.as_bytes(), config.limits.token_leeway_secs)
+        } else {
+            listed_keys(config)?
+        };
         Ok(Secrets {
-            keys: TokenKeys::with_leeway(jwt.as_bytes(), config.limits.token_leeway_secs),
-            admin_token,
+            keys,
+            admin_token: AdminToken::new(&admin_token),
         })
+    }
+
+    /// Puts `new`'s keys and admin token in force for every holder of these secrets
+    /// (the revocations stay); says what is in force now.
+    pub fn replace(&self, new: &Secrets) -> Reloaded {
+        self.keys.replace_keys(&new.keys);
+        let token = new.admin_token.get();
+        let admin_token_changed = *self.admin_token.get() != *token;
+        self.admin_token.set(token);
+        let (signing_kid, kids) = self.keys.kids();
+        Reloaded {
+            signing_kid,
+            kids,
+            admin_token_changed,
+        }
     }
 }
 
-/// The token keys of an existing node, for minting tokens outside it: the configured
-/// secret or the data dir's `jwt_secret`, never a newly created one.
+/// The keys `auth.jwt_keys` lists, each secret read from the config or its file (which
+/// must exist: a listed key is never created).
+fn listed_keys(config: &Config) -> Result<TokenKeys, AuthError> {
+    let mut keys = Vec::with_capacity(config.auth.jwt_keys.len());
+    for k in &config.auth.jwt_keys {
+        let secret = if k.secret.is_empty() {
+            let secret = read_secret(&k.secret_file)?.ok_or_else(|| AuthError::Io {
+                path: k.secret_file.clone(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    format!("the secret file of key {:?} does not exist", k.kid),
+                ),
+            })?;
+            if secret.len() < crate::config::MIN_SECRET_BYTES {
+                return Err(AuthError::Io {
+                    path: k.secret_file.clone(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!(
+                            "the secret of key {:?} is shorter than {} bytes",
+                            k.kid,
+                            crate::config::MIN_SECRET_BYTES
+                        ),
+                    ),
+                });
+            }
+            secret
+        } else {
+            k.secret.clone()
+        };
+        keys.push(Key {
+            kid: k.kid.clone(),
+            secret: secret.into_bytes(),
+        });
+    }
+    Ok(TokenKeys::with_keys(
+        &keys,
+        config.auth.signing_key(),
+        config.auth.default_key(),
+        config.limits.token_leeway_secs,
+    )?)
+}
+
+/// The token keys of an existing node, for minting tokens outside it (signed with the
+/// signing key): the listed keys, the configured secret or the data dir's `jwt_secret`,
+/// never a newly created one.
 pub fn existing_token_keys(config: &Config) -> Result<TokenKeys, AuthError> {
+    if !config.auth.jwt_keys.is_empty() {
+        return listed_keys(config);
+    }
     let jwt = if config.jwt_secret.is_empty() {
         let path = config.data_dir.join("jwt_secret");
         match read_secret(&path)? {

@@ -20,6 +20,7 @@ pub mod listen;
 pub mod obs;
 pub mod persist;
 pub mod pipeline;
+pub mod reload;
 pub mod route;
 pub mod route_api;
 pub mod store;
@@ -69,6 +70,8 @@ pub struct Node {
     /// `limits.max_connections` resolved at start (0: no cap).
     pub max_connections: usize,
     snapshot: Arc<RwLock<obs::sampler::Snapshot>>,
+    /// Where a reload reads the config again (`reload`): the binary's file and flags.
+    config_source: std::sync::OnceLock<reload::ConfigSource>,
 }
 
 impl Node {
@@ -201,7 +204,9 @@ impl Node {
         let metrics = Metrics::new(config.obs.probes);
         obs::runtime::set_task_monitors(config.obs.task_monitors);
         let secrets = Secrets::load(&config).context("loading secrets")?;
-        let store = store::open(&config).await.context("opening the store")?;
+        let store = store::open(&config)
+            .await
+            .with_context(|| store_named(&config))?;
         let node_id = if config.node_id.is_empty() {
             default_node_id()
         } else {
@@ -290,6 +295,7 @@ impl Node {
             cluster: cluster.clone(),
             max_connections,
             snapshot,
+            config_source: std::sync::OnceLock::new(),
         });
         let gateway = Gateway::new(
             pipeline,
@@ -682,6 +688,22 @@ fn bind(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
     socket.listen(backlog)
+}
+
+/// "opening the store (`database_url` = ...)", the URL's password hidden, or the SQLite
+/// file an empty `database_url` means: what start-up failed on, named as the config names it.
+fn store_named(config: &Config) -> String {
+    if config.database_url.trim().is_empty() {
+        format!(
+            "opening the store (`database_url` empty: SQLite at {})",
+            config.data_dir.join("im.db").display()
+        )
+    } else {
+        format!(
+            "opening the store (`database_url` = {})",
+            config::redact_url(config.database_url.trim())
+        )
+    }
 }
 
 fn default_node_id() -> String {

@@ -162,8 +162,9 @@ async fn serve_socket(tls: Option<Arc<TlsListener>>, tcp: TcpStream, mut c: Conn
 
 /// SIGHUP (`systemctl reload`, the unit's `ExecReload`): reloads the certificates of
 /// the TLS listeners in `tls` at once, without waiting for the file watch; with none,
-/// logs that there is nothing to reload. Registering it also keeps SIGHUP's default
-/// action (ending the process) away from a node. Runs until aborted.
+/// logs that there is no certificate to reload. (The binary also reloads the secrets on
+/// SIGHUP.) Registering it also keeps SIGHUP's default action (ending the process) away
+/// from a node run as a library. Runs until aborted.
 pub async fn reload_on_hangup(tls: Vec<Arc<TlsListener>>) {
     use tokio::signal::unix::{signal, SignalKind};
     let mut hup = match signal(SignalKind::hangup()) {
@@ -175,9 +176,7 @@ pub async fn reload_on_hangup(tls: Vec<Arc<TlsListener>>) {
     };
     while hup.recv().await.is_some() {
         if tls.is_empty() {
-            tracing::info!(
-                "SIGHUP: no TLS listener, nothing to reload (config changes need a restart)"
-            );
+            tracing::info!("SIGHUP: no TLS listener, no certificate to reload");
         }
         for t in &tls {
             t.reload_logged("SIGHUP");

@@ -1,5 +1,7 @@
-//! The `im-server` binary: `im-server [flags]` runs a node; `im-server token --user NAME`
-//! prints a client token signed with the node's secret.
+//! The `im-server` binary: `im-server [flags]` runs a node (SIGHUP reloads its secrets);
+//! `im-server token --user NAME` prints a client token signed with the node's signing key;
+//! `im-server backup DEST` backs up the SQLite store online, `im-server restore SRC` puts
+//! a backup into a stopped node's data dir.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -61,16 +63,49 @@ enum Command {
         #[arg(long, default_value = "1h", value_parser = im_server::auth::parse_ttl)]
         ttl: Duration,
     },
+    /// Back up the SQLite store online (the node keeps serving) into a new file.
+    Backup {
+        /// The backup file to create (never overwritten).
+        dest: PathBuf,
+    },
+    /// Restore a backup into the data dir of a stopped node.
+    Restore {
+        /// The backup file.
+        src: PathBuf,
+        /// Replace the store the data dir already has.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("im-server: error: {e:#}");
+            eprintln!("im-server: error: {}", causes(&e));
             std::process::ExitCode::from(2)
         }
     }
+}
+
+/// `e` and its causes joined by `: `, each cause once: a library error that already
+/// prints its source (`database: error communicating with database: ...`) is followed
+/// in the chain by that same source, which is then left out.
+fn causes(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    let mut previous = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !previous.is_empty() && previous.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+        previous = text;
+    }
+    out
 }
 
 fn run() -> anyhow::Result<()> {
@@ -88,6 +123,11 @@ fn run() -> anyhow::Result<()> {
         database_url: cli.database_url,
     };
     let config = Config::load(cli.config.as_deref(), &overrides)?;
+    let source = {
+        let file = cli.config.clone();
+        let overrides = overrides.clone();
+        move || Config::load(file.as_deref(), &overrides)
+    };
     match cli.command {
         Some(Command::Token { user, ttl }) => {
             // Never creates a secret: a token signed with a new one no server accepts.
@@ -95,11 +135,39 @@ fn run() -> anyhow::Result<()> {
             println!("{}", keys.issue(&user, ttl)?);
             Ok(())
         }
-        None => serve(config),
+        Some(Command::Backup { dest }) => {
+            let db = sqlite_file(&config)?;
+            let done = im_server::store::backup::backup(&db, &dest)?;
+            println!(
+                "backed up {} to {}: {} messages, {} pages, {} bytes in {} ms",
+                db.display(),
+                done.path.display(),
+                done.messages,
+                done.pages,
+                done.bytes,
+                done.took.as_millis()
+            );
+            Ok(())
+        }
+        Some(Command::Restore { src, force }) => {
+            let db = sqlite_file(&config)?;
+            let done = im_server::store::backup::restore(&src, &db, force)?;
+            println!(
+                "restored {} into {}: {} messages, {} pages, {} bytes in {} ms",
+                src.display(),
+                done.path.display(),
+                done.messages,
+                done.pages,
+                done.bytes,
+                done.took.as_millis()
+            );
+            Ok(())
+        }
+        None => serve(config, Box::new(source)),
     }
 }
 
-fn serve(config: Config) -> anyhow::Result<()> {
+fn serve(config: Config, source: im_server::reload::ConfigSource) -> anyhow::Result<()> {
     // Text to stderr, JSON lines to <data_dir>/logs; the guard flushes the file writer.
     let _log_guard = im_server::obs::logfiles::init(&config.log.options(&config.data_dir))
         .context("setting up logging")?;
@@ -125,7 +193,10 @@ fn serve(config: Config) -> anyhow::Result<()> {
             running.client_addr,
             running.admin_addr
         );
+        running.node.set_config_source(source);
+        let reloader = tokio::spawn(reload_on_sighup(running.node.clone()));
         shutdown_signal().await;
+        reloader.abort();
         let deadline = Duration::from_secs(running.node.config.flow.drain_timeout_secs as u64);
         tokio::select! {
             r = running.shutdown(deadline) => {
@@ -145,6 +216,37 @@ fn serve(config: Config) -> anyhow::Result<()> {
         }
         Ok(())
     })
+}
+
+/// The SQLite file the config selects; a Postgres store is backed up with its own tools.
+fn sqlite_file(config: &Config) -> anyhow::Result<PathBuf> {
+    match config.database()? {
+        im_server::config::Database::Sqlite(path) => Ok(path),
+        im_server::config::Database::Postgres(_) => anyhow::bail!(
+            "the store is Postgres (database_url): back it up and restore it with pg_dump / \
+             pg_restore or pg_basebackup (docs/backup.md)"
+        ),
+    }
+}
+
+/// Each SIGHUP reloads the token keys and the admin token (`im_server::reload`).
+async fn reload_on_sighup(node: std::sync::Arc<im_server::Node>) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            tracing::warn!("cannot listen for SIGHUP: reload with POST /admin/v1/reload");
+            return;
+        };
+        while hup.recv().await.is_some() {
+            tracing::info!("SIGHUP: reloading secrets");
+            let n = node.clone();
+            // The outcome is logged by the reload itself.
+            let _ = tokio::task::spawn_blocking(move || n.reload_secrets()).await;
+        }
+    }
+    #[cfg(not(unix))]
+    drop(node);
 }
 
 async fn shutdown_signal() {

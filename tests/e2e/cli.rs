@@ -154,3 +154,36 @@ fn env_vars_other_tools_read_do_not_stop_the_server() {
     let out = succeeds(&mut cmd);
     assert!(!out.stdout.is_empty());
 }
+
+#[test]
+fn unreachable_postgres_is_named_once_with_its_key_and_cause() {
+    // A port nothing listens on: bind one, note it, close it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("postgres://im:hunter2@127.0.0.1:{port}/im");
+    let out = Command::new(server_bin())
+        .env("IM_DATA_DIR", dir.path())
+        .env("IM_DATABASE_URL", &url)
+        .env("IM_LISTEN", "127.0.0.1:0")
+        .env("IM_ADMIN_LISTEN", "127.0.0.1:0")
+        .env("IM_STORE_ACQUIRE_TIMEOUT_MS", "2000")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("im-server: error:"))
+        .unwrap_or_else(|| panic!("no error line: {err}"));
+    assert_eq!(line.matches("database_url").count(), 1, "{line}");
+    assert!(
+        line.contains(&format!("im:***@127.0.0.1:{port}/im")),
+        "{line}"
+    );
+    assert!(!err.contains("hunter2"), "the password leaked: {err}");
+    assert_eq!(line.matches("Connection refused").count(), 1, "{line}");
+}

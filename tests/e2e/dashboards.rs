@@ -698,6 +698,10 @@ fn dashboards_are_importable_into_grafana() {
     }
 }
 
+/// How every alert's `runbook_url` begins: the external label that carries the base URL
+/// of the runbooks (dashboards/README.md).
+pub(crate) const RUNBOOK_BASE: &str = "{{ $externalLabels.runbook_base }}";
+
 #[test]
 fn every_alert_has_a_runbook_summary_and_description() {
     let rules = alert_rules(&read("dashboards/alerts.yml"));
@@ -723,13 +727,24 @@ fn every_alert_has_a_runbook_summary_and_description() {
                 r.name
             );
         }
+        // An absolute link: the one documented base (the `runbook_base` external label)
+        // and a page of runbooks/.
         let url = &r.fields["runbook_url"];
+        let file = url
+            .strip_prefix(RUNBOOK_BASE)
+            .and_then(|rest| rest.strip_prefix('/'))
+            .unwrap_or_else(|| {
+                panic!(
+                    "alert {}: runbook_url {url} does not start with {RUNBOOK_BASE}/",
+                    r.name
+                )
+            });
         assert!(
-            url.starts_with("runbooks/") && url.ends_with(".md") && !url.contains(".."),
-            "alert {}: runbook_url {url} is not a runbooks/ page",
+            file.ends_with(".md") && !file.contains('/') && !file.contains(".."),
+            "alert {}: runbook_url {url} does not name a runbooks/ page",
             r.name
         );
-        let page = repo().join(url);
+        let page = repo().join("runbooks").join(file);
         assert!(page.is_file(), "alert {}: {url} does not exist", r.name);
         let text = std::fs::read_to_string(&page).unwrap();
         assert!(
@@ -740,6 +755,14 @@ fn every_alert_has_a_runbook_summary_and_description() {
     }
     for m in must {
         assert!(names.contains(m), "no alert {m}");
+    }
+
+    // The base is documented where the operator sets up Prometheus.
+    for doc in ["dashboards/README.md", "docs/operations.md"] {
+        assert!(
+            read(doc).contains("runbook_base"),
+            "{doc} does not document the runbook_base external label"
+        );
     }
 
     // The runbook index links every page.

@@ -1,4 +1,5 @@
-//! Live diagnosis: CPU profiles under traffic (SVG naming im-server functions,
+//! Live diagnosis: CPU profiles under traffic (SVG naming im-server functions, memory
+//! given back after a capture,
 //! a pprof protobuf with samples, one capture at a time), per-uid debug filters that
 //! show one user's handling (their connection's, and the writer's and router's events
 //! about their messages) in the JSON log file and not another's, TTL expiry, the
@@ -466,4 +467,86 @@ fn bad_log_config_names_the_key() {
             "{key}={value}: {err}"
         );
     }
+}
+
+/// jemalloc's allocated bytes as the sampler last published them, read after two of its
+/// ticks so that the figure postdates whatever happened before the call.
+async fn allocated_now(server: &TestServer) -> f64 {
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    server.metric("im_alloc_bytes", &[("kind", "allocated")])
+}
+
+/// The resident set of the server process, bytes (`/proc/<pid>/status` VmRSS).
+fn rss_bytes(server: &TestServer) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.pid())).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    kib * 1024
+}
+
+/// One bundle capture of `seconds` (every rendering symbolizes the samples).
+async fn bundle_capture(admin: std::net::SocketAddr) {
+    let (status, _, body) = tokio::task::spawn_blocking(move || {
+        http_bytes(
+            admin,
+            "GET",
+            "/admin/v1/profile/cpu?seconds=1&format=bundle",
+            Some(ADMIN_TOKEN),
+            b"",
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+}
+
+/// A capture's memory goes back: the symbol cache the rendering filled is freed and the
+/// freed pages purged, so what
+/// stays is pprof-rs's own sample table (a fixed ~18 MiB it keeps for the next capture),
+/// and further captures add nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cpu_profile_leaves_no_lasting_memory() {
+    const MIB: f64 = 1024.0 * 1024.0;
+    let server = TestServer::start();
+    let admin = server.admin_addr;
+    let before = allocated_now(&server).await;
+    let rss_before = rss_bytes(&server) as f64;
+    assert!(before > 0.0, "no allocator figure in the scrape");
+    bundle_capture(admin).await;
+    let first = allocated_now(&server).await;
+    bundle_capture(admin).await;
+    bundle_capture(admin).await;
+    let after = allocated_now(&server).await;
+    // The freed pages are purged when the report is done, not over jemalloc's decay time.
+    let rss_after = rss_bytes(&server) as f64;
+    eprintln!(
+        "allocated {:.1} -> {:.1} -> {:.1} MiB, RSS {:.1} -> {:.1} MiB",
+        before / MIB,
+        first / MIB,
+        after / MIB,
+        rss_before / MIB,
+        rss_after / MIB
+    );
+    assert!(
+        first - before < 24.0 * MIB,
+        "a CPU capture left {:.1} MiB allocated ({:.1} -> {:.1} MiB)",
+        (first - before) / MIB,
+        before / MIB,
+        first / MIB
+    );
+    assert!(
+        after - first < 4.0 * MIB,
+        "each CPU capture keeps more: {:.1} -> {:.1} MiB after two more",
+        first / MIB,
+        after / MIB
+    );
+    assert!(
+        rss_after - rss_before < 48.0 * MIB,
+        "CPU captures left the RSS at {:.1} MiB (from {:.1} MiB)",
+        rss_after / MIB,
+        rss_before / MIB
+    );
 }

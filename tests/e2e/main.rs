@@ -5,6 +5,7 @@ mod support;
 
 mod access;
 mod announce;
+mod backup;
 mod bad_input;
 mod bounds;
 mod chat;
@@ -25,6 +26,7 @@ mod obs;
 mod offline;
 mod prometheus;
 mod reads;
+mod rotation;
 mod runtime;
 mod tls;
 mod trace;

@@ -99,11 +99,13 @@ impl Prometheus {
         let rules = repo().join("dashboards/alerts.yml");
         let config = format!(
             "global:\n  scrape_interval: 2s\n  scrape_timeout: 2s\n  evaluation_interval: 1s\n\
+             \x20 external_labels:\n    runbook_base: {base}\n\
              rule_files:\n  - {rules}\n\
              scrape_configs:\n  - job_name: im\n    authorization:\n      type: Bearer\n      \
              credentials: {token}\n    static_configs:\n      - targets: [\"{target}\"]\n",
             rules = serde_json::to_string(&rules.to_string_lossy()).unwrap(),
             token = serde_json::to_string(ADMIN_TOKEN).unwrap(),
+            base = serde_json::to_string(TEST_RUNBOOK_BASE).unwrap(),
         );
         std::fs::write(dir.path().join("prometheus.yml"), config).expect("write config");
         // A free port can be taken between our probe and Prometheus's bind: try again.
@@ -241,10 +243,15 @@ fn urlencode(s: &str) -> String {
 // ---------------------------------------------------------------------------------------
 // Alerts, watched all along
 
+/// The runbooks' base URL the test's Prometheus carries as its `runbook_base` label.
+const TEST_RUNBOOK_BASE: &str = "https://git.example.test/im/-/blob/main/runbooks";
+
 /// Polls `/api/v1/alerts` in a thread for the whole test and remembers, per alert name,
 /// the furthest state seen (`pending`, then `firing`) and when it was first seen.
 struct AlertWatcher {
     seen: Arc<Mutex<BTreeMap<String, (String, Duration)>>>,
+    /// Alert name -> its `runbook_url` annotation as Prometheus rendered it.
+    runbooks: Arc<Mutex<BTreeMap<String, String>>>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -253,7 +260,8 @@ impl AlertWatcher {
     fn start(addr: SocketAddr, t0: Instant) -> AlertWatcher {
         let seen: Arc<Mutex<BTreeMap<String, (String, Duration)>>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
-        let (s, st) = (seen.clone(), stop.clone());
+        let runbooks: Arc<Mutex<BTreeMap<String, String>>> = Arc::default();
+        let (s, st, rb) = (seen.clone(), stop.clone(), runbooks.clone());
         let thread = std::thread::spawn(move || {
             while !st.load(Ordering::Relaxed) {
                 if let Ok((200, body)) = get(addr, "/api/v1/alerts") {
@@ -265,6 +273,9 @@ impl AlertWatcher {
                         else {
                             continue;
                         };
+                        if let Some(url) = a["annotations"]["runbook_url"].as_str() {
+                            rb.lock().unwrap().insert(name.to_owned(), url.to_owned());
+                        }
                         let e = seen
                             .entry(name.to_owned())
                             .or_insert_with(|| (state.to_owned(), t0.elapsed()));
@@ -278,9 +289,15 @@ impl AlertWatcher {
         });
         AlertWatcher {
             seen,
+            runbooks,
             stop,
             thread: Some(thread),
         }
+    }
+
+    /// Alert name -> the `runbook_url` Prometheus rendered for it.
+    fn runbooks(&self) -> BTreeMap<String, String> {
+        self.runbooks.lock().unwrap().clone()
     }
 
     /// Alert name -> (furthest state, first seen after the test's start).
@@ -878,6 +895,22 @@ async fn a_real_prometheus_sees_the_alerts_fire_and_every_panel_has_data() {
     );
     for (alert, _) in EXPECTED_ALERTS {
         assert!(seen.contains_key(*alert), "{alert} was never pending");
+    }
+    // Each alert's runbook link, as Prometheus sends it on: absolute, from the base the
+    // external label gives, to a page that exists.
+    let runbooks = alerts.runbooks();
+    for (alert, _) in EXPECTED_ALERTS {
+        let url = runbooks
+            .get(*alert)
+            .unwrap_or_else(|| panic!("{alert} had no runbook_url: {runbooks:?}"));
+        let page = url
+            .strip_prefix(TEST_RUNBOOK_BASE)
+            .and_then(|p| p.strip_prefix('/'))
+            .unwrap_or_else(|| panic!("{alert}: {url} is not under {TEST_RUNBOOK_BASE}"));
+        assert!(
+            repo().join("runbooks").join(page).is_file(),
+            "{alert}: {url} names no runbook page"
+        );
     }
     stop_reader.store(true, Ordering::Relaxed);
     stop_sink.store(true, Ordering::Relaxed);

@@ -1,6 +1,6 @@
 //! Message traces (`GET /admin/v1/messages/{msg_id}/trace`) against the real binary: a
 //! filtered sender's message has every stage, the recipient's queue_wait and write
-//! included; `obs.trace_sample_rate = 1` traces everyone's; a message across two nodes
+//! included; so has a message a filtered user receives (found from its tail line); `obs.trace_sample_rate = 1` traces everyone's; a message across two nodes
 //! over the real NATS has stages from both node ids; a bad id is a 400 that says what an
 //! id is, an unknown one a 404, and no token a 401.
 
@@ -98,12 +98,74 @@ async fn a_filtered_senders_message_has_every_stage() {
         .windows(2)
         .all(|w| w[0].start_offset_ns <= w[1].start_offset_ns));
 
-    // Bob is not filtered and nothing is sampled: his reply is not traced.
-    let back = send_one(&mut bob, &mut alice, "alice", "c2").await;
+    // Neither carol nor dave is filtered and nothing is sampled: not traced.
+    let mut carol = server.raw("carol").await;
+    let mut dave = server.raw("dave").await;
+    let other = send_one(&mut carol, &mut dave, "dave", "c2").await;
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    let (status, body) = server.admin_get(&format!("/admin/v1/messages/{back}/trace"));
+    let (status, body) = server.admin_get(&format!("/admin/v1/messages/{other}/trace"));
     assert_eq!(status, 404, "{body}");
     assert!(server.metric("im_traces_recorded_total", &[]) >= 1.0);
+}
+
+/// What the console's `m` does on a line of a filtered user's live tail: the msg_id of a
+/// message that user received (from an unfiltered sender, directly or in a group) names
+/// a trace the node holds, with the filtered recipient's write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filtered_recipients_tail_line_opens_its_trace() {
+    use std::sync::{Arc, Mutex};
+    let server = TestServer::start();
+    let (status, resp) = server.admin_json(
+        "PUT",
+        "/admin/v1/log-filters/alice",
+        r#"{"level":"debug","ttl_secs":600}"#,
+    );
+    assert_eq!(status, 200, "{resp}");
+    let client = im_admin_api::client::AdminClient::new(
+        &server.admin_addr.to_string(),
+        Some(ADMIN_TOKEN.to_owned()),
+        WAIT,
+    )
+    .expect("admin client");
+    let mut tail = client
+        .log_tail("alice", Some("debug"), 100)
+        .await
+        .expect("tail opens");
+    let lines: Arc<Mutex<Vec<String>>> = Arc::default();
+    let sink = lines.clone();
+    let reader = tokio::spawn(async move {
+        while let Ok(Some(l)) = tail.next_line().await {
+            if let Some(id) = l.fields.get("msg_id").and_then(|v| v.as_str()) {
+                sink.lock().unwrap().push(id.to_owned());
+            }
+        }
+    });
+
+    let mut alice = server.raw("alice").await;
+    let mut bob = server.raw("bob").await;
+    let direct = send_one(&mut bob, &mut alice, "alice", "d1").await;
+
+    let mut carol = server.raw("carol").await;
+    create_group(&mut carol, "team", vec!["alice".into(), "bob".into()]).await;
+    carol
+        .send(&send_to_group(3, "team", b"to the team", "g1"))
+        .await
+        .unwrap();
+    let group = acks(&mut carol, 1).await.remove(0).1.msg_id;
+
+    for (msg_id, sender) in [(&direct, "bob"), (&group, "carol")] {
+        eventually("the received message's line in alice's tail", || {
+            lines.lock().unwrap().iter().any(|id| id == msg_id)
+        })
+        .await;
+        let t = trace_with_write(&server, msg_id, "alice").await;
+        assert_eq!(t.sender, sender);
+        let got = names(&t);
+        for stage in STAGES {
+            assert!(got.contains(&stage), "{stage} missing from {got:?}");
+        }
+    }
+    reader.abort();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -143,7 +143,7 @@ pub(super) async fn run(
     let dest = Dest::Fanout(topic);
     let totals = send_loop(
         sender,
-        0,
+        (0, 1),
         dest,
         args.rate,
         c.size as usize,

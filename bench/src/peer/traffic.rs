@@ -296,10 +296,12 @@ pub(super) struct SenderTotals {
 }
 
 /// Sends at `rate` to `dest` until the clock's end, then waits up to `drain` for acks.
+/// `slot` places this sender's ticks within the period: `(idx, of)` starts it at
+/// `period × idx / of`.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn send_loop(
     mut conn: PeerConn,
-    idx: u32,
+    slot: (u32, u32),
     dest: Dest,
     rate: f64,
     size: usize,
@@ -311,8 +313,8 @@ pub(super) async fn send_loop(
 ) -> SenderTotals {
     let mut t = SenderTotals::default();
     let period = Duration::from_secs_f64(1.0 / rate.max(0.001));
-    // Spread senders over one period so they do not all fire at once.
-    let offset = period.mul_f64(f64::from(idx % 1000) / 1000.0);
+    let (idx, of) = slot;
+    let offset = period.mul_f64(f64::from(idx % of.max(1)) / f64::from(of.max(1)));
     let mut tick = tokio::time::interval_at(clock.base + offset, period);
     tick.set_missed_tick_behavior(MissedTickBehavior::Burst);
     let mut outstanding: HashMap<u64, (u64, bool)> = HashMap::new();

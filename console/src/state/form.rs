@@ -138,6 +138,10 @@ impl Form {
     }
 }
 
+/// The heap capture's default window, seconds: the runbook asks for 30-60 s, since a heap
+/// profile shows what was allocated in the window and is still live at its end.
+pub const HEAP_SECONDS_DEFAULT: u64 = 30;
+
 /// The last capture settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProfileSettings {
@@ -156,7 +160,7 @@ impl Default for ProfileSettings {
         ProfileSettings {
             seconds: 10,
             frequency: 99,
-            heap_seconds: 10,
+            heap_seconds: HEAP_SECONDS_DEFAULT,
             dir: PathBuf::from("."),
         }
     }

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use crate::api::{Connection, LogTailLine};
 
 pub use crate::screen::View;
-pub use form::{Field, Form, FormKind, ProfileSettings};
+pub use form::{Field, Form, FormKind, ProfileSettings, HEAP_SECONDS_DEFAULT};
 pub use nav::{matches_filter, SortKey};
 pub use node::{
     display_user, ClusterSummary, Fetched, Health, History, NodeState, ProfileKind, ProfileResult,

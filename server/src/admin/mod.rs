@@ -39,6 +39,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route(routes::MEMORY, get(memory))
         .route(routes::GROUP, get(group))
         .route(routes::REVOKE, post(revoke))
+        .route(routes::RELOAD, post(reload))
         .route(routes::USER, get(users::get))
         .route(routes::MESSAGES, post(messages::post))
         .merge(diag::routes())
@@ -66,7 +67,7 @@ async fn require_token(State(node): State<Arc<Node>>, req: Request, next: Next) 
     let metrics_open = node.config.admin_metrics_open && req.uri().path() == routes::METRICS;
     match given {
         _ if metrics_open => next.run(req).await,
-        Some(t) if constant_time_eq(t.as_bytes(), node.secrets.admin_token.as_bytes()) => {
+        Some(t) if constant_time_eq(t.as_bytes(), node.secrets.admin_token.get().as_bytes()) => {
             next.run(req).await
         }
         _ => {
@@ -403,6 +404,25 @@ async fn revoke(State(node): State<Arc<Node>>, Path(uid): Path<String>) -> Respo
         closed: closed as u64,
     })
     .into_response()
+}
+
+/// Reads the token keys and the admin token again (as SIGHUP does); a failed reload
+/// keeps the old ones and answers why.
+async fn reload(State(node): State<Arc<Node>>) -> Response {
+    let n = node.clone();
+    match tokio::task::spawn_blocking(move || n.reload_secrets()).await {
+        Ok(Ok(r)) => Json(im_admin_api::SecretsReloaded {
+            signing_kid: r.signing_kid.unwrap_or_default(),
+            kids: r.kids,
+            admin_token_changed: r.admin_token_changed,
+        })
+        .into_response(),
+        Ok(Err(e)) => error(
+            StatusCode::BAD_REQUEST,
+            format!("not reloaded, the old secrets stay in force: {e}"),
+        ),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("reload: {e}")),
+    }
 }
 
 async fn slow_consumers(State(node): State<Arc<Node>>, Query(q): Query<ListQuery>) -> Response {

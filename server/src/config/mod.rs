@@ -6,11 +6,12 @@
 //! value fails start-up with an error naming the key (or env var) and the value.
 //!
 //! Layout: one file per section (`limits`, `persist`, `flow`, `store`, `obs`, `log`,
-//! `cluster`, `http`, `tls`, `receipts`), each owning its struct's fields, defaults and
+//! `cluster`, `http`, `tls`, `receipts`, `auth`), each owning its struct's fields, defaults and
 //! validation; this module owns the whole [`Config`] (the top-level keys and their checks, the checks
 //! across sections), loading (`layers`: file and env over the defaults), and the error
 //! type; `check` holds the checks the sections are made of, `redact` how secrets show.
 
+mod auth;
 mod check;
 mod cluster;
 mod flow;
@@ -30,6 +31,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use self::auth::{AuthConfig, JwtKey};
 use self::check::{addr, invalid};
 pub use self::cluster::ClusterConfig;
 pub use self::flow::Flow;
@@ -155,6 +157,8 @@ pub struct Config {
     pub receipts: Receipts,
     /// Native TLS of the listeners: certificate and key files, handshake timeout, reload.
     pub tls: Tls,
+    /// Client token keys by id (secret rotation); empty: the single `jwt_secret`.
+    pub auth: AuthConfig,
 }
 
 impl std::fmt::Debug for Config {
@@ -181,6 +185,7 @@ impl std::fmt::Debug for Config {
             .field("http", &self.http)
             .field("receipts", &self.receipts)
             .field("tls", &self.tls)
+            .field("auth", &self.auth)
             .finish()
     }
 }
@@ -208,6 +213,7 @@ impl Default for Config {
             http: Http::default(),
             receipts: Receipts::default(),
             tls: Tls::default(),
+            auth: AuthConfig::default(),
         }
     }
 }
@@ -326,6 +332,7 @@ impl Config {
                 ));
             }
         }
+        self.auth.validate(&self.jwt_secret)?;
         self.persist.validate()?;
         self.flow.validate()?;
         if u64::from(self.limits.max_frame_bytes) * 2 > self.flow.hard_mark_bytes {

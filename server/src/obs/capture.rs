@@ -1,7 +1,8 @@
 //! The skeleton both on-demand profilers share (`profile` for the CPU, `heap` for
 //! jemalloc): a process-wide slot that allows one capture of its kind at a time, and the
 //! short-lived, low-priority thread that builds the report while the request waits on
-//! a channel, so neither a runtime thread nor a reusable pool thread is held or reniced.
+//! a channel, so neither a runtime thread nor a reusable pool thread is held or reniced,
+//! and which then frees the symbol cache the rendering filled and purges the freed pages.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -39,7 +40,15 @@ where
         .name(name.into())
         .spawn(move || {
             super::compactor::lower_thread_priority();
-            let _ = tx.send(report());
+            let answer = report();
+            // Symbolizing parsed the binary's DWARF into backtrace-rs's process-wide
+            // cache (about 100 MiB for this binary), which nothing else reads: give it
+            // back, or one capture raises the node's memory for good.
+            backtrace::clear_symbol_cache();
+            if let Err(errno) = super::alloc::purge() {
+                tracing::debug!(errno, "jemalloc purge after a profile failed");
+            }
+            let _ = tx.send(answer);
         })
         .map_err(|e| fail(format!("cannot start the report thread: {e}")))?;
     rx.await

@@ -1,5 +1,6 @@
 //! Message traces: the stage timeline of one message (by msg_id) on this node. A message
-//! is traced when its sender is under a per-uid log filter (`logfilter`) or when it
+//! is traced when its sender or one of its recipients is under a per-uid log filter
+//! (`logfilter`), or when it
 //! falls in the sample (`obs.trace_sample_rate`); the decision is [`Tracer::begin`], one
 //! relaxed load and, while a filter is set, one map lookup. A traced message carries an
 //! `Option<Box<Trace>>` (None when not traced) through the same points the stage probes
@@ -331,13 +332,23 @@ impl Tracer {
     /// a log filter. With sampling off and no filter set, one relaxed load of each.
     #[inline]
     pub fn wants(&self, sender: &str) -> bool {
+        self.wants_message(sender, |_| false)
+    }
+
+    /// Whether a message from `sender` is traced: in the sample, or its sender or one of
+    /// its recipients (`receives(uid)`, asked only of the filtered uids) is under a log
+    /// filter. A filtered user's tail shows the messages they receive as well as those
+    /// they send, and either line's trace must be found. With sampling off and no filter
+    /// set, one relaxed load of each.
+    #[inline]
+    pub fn wants_message(&self, sender: &str, receives: impl Fn(&str) -> bool) -> bool {
         let t = self.threshold.load(Relaxed);
         if t != 0 && (t == u64::MAX || next_random() < t) {
             return true;
         }
         match logfilter::filtered_uids() {
             None => false,
-            Some(levels) => levels.contains_key(sender),
+            Some(levels) => levels.contains_key(sender) || levels.keys().any(|uid| receives(uid)),
         }
     }
 
@@ -345,7 +356,19 @@ impl Tracer {
     /// [`Tracer::wants`] it; `None` otherwise.
     #[inline]
     pub fn begin(&self, sender: &str, started: Instant) -> Option<Box<Trace>> {
-        if self.wants(sender) {
+        self.begin_message(sender, |_| false, started)
+    }
+
+    /// A new trace for a message from `sender` to the users `receives` accepts, whose
+    /// decode began at `started`, when [`Tracer::wants_message`] it; `None` otherwise.
+    #[inline]
+    pub fn begin_message(
+        &self,
+        sender: &str,
+        receives: impl Fn(&str) -> bool,
+        started: Instant,
+    ) -> Option<Box<Trace>> {
+        if self.wants_message(sender, receives) {
             Some(Box::new(Trace::new(sender, started)))
         } else {
             None

@@ -1,6 +1,7 @@
 //! Send: the validation of a client's message (type, client_msg_id, target), its
 //! relation (who receives it: both parties of a direct chat, or the group's members,
-//! of whom the sender must be one), and its hand-off to the writer, traced when sampled.
+//! of whom the sender must be one), and its hand-off to the writer, traced when sampled
+//! or when its sender or a recipient is under a log filter.
 
 use std::time::Instant;
 
@@ -23,11 +24,7 @@ impl Pipeline {
         started: Instant,
     ) -> Result<(), Refusal> {
         let t = Instant::now();
-        // One cheap check per message: None unless sampled or the sender is filtered.
-        let mut trace = self.metrics.tracer.begin(&s.user_id, started);
-        if let Some(tr) = trace.as_deref_mut() {
-            tr.stage(Stage::Decode, started, t);
-        }
+        let decoded = t;
         s.take(FrameKind::Send)?;
         if let Some(reason) = self.health.refusal() {
             metrics::counter!("im_store_refused_sends_total", "reason" => reason).increment(1);
@@ -75,9 +72,7 @@ impl Pipeline {
             None => return Err(Refusal::bad("send needs to_user or group_id")),
         };
         self.metrics.stage_since(Stage::Validate, t);
-        if let Some(tr) = trace.as_deref_mut() {
-            tr.stage(Stage::Validate, t, Instant::now());
-        }
+        let validated = Instant::now();
 
         let t = Instant::now();
         let (conversation_id, recipients, direct) = match target {
@@ -105,7 +100,16 @@ impl Pipeline {
         self.metrics.stage_since(Stage::Relation, t);
         self.metrics.message_received(send.r#type);
         let msg_id = uuid::Uuid::now_v7().simple().to_string();
+        // One cheap check per message: None unless sampled, or the sender or a recipient
+        // is filtered (decided once the recipients are known; the earlier stages are
+        // filed from their timestamps).
+        let mut trace =
+            self.metrics
+                .tracer
+                .begin_message(&s.user_id, |uid| recipients.includes(uid), started);
         if let Some(tr) = trace.as_deref_mut() {
+            tr.stage(Stage::Decode, started, decoded);
+            tr.stage(Stage::Validate, decoded, validated);
             tr.stage(Stage::Relation, t, Instant::now());
             tr.set_message(&msg_id, &conversation_id);
         }

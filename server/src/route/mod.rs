@@ -60,6 +60,15 @@ impl Recipients {
             .chain(group.iter().map(String::as_str))
     }
 
+    /// Whether `user` is among these recipients (a group's sorted member list is
+    /// searched, not walked).
+    pub fn includes(&self, user: &str) -> bool {
+        match self {
+            Recipients::Direct(a, b) => a == user || b == user,
+            Recipients::Group(m) => crate::store::membership::is_in(m, user),
+        }
+    }
+
     /// The users among `sender` and these recipients that have a log filter in `levels`,
     /// each once with its level and role (`sender` first, then `recipient`s). A group
     /// larger than the filter set is searched from the filters' side (member lists are

@@ -9,6 +9,7 @@
 //! commits. Readers call the rest.
 
 pub mod access;
+pub mod backup;
 mod batch;
 pub mod health;
 pub mod membership;
@@ -635,7 +636,7 @@ impl Default for Timeouts {
 pub async fn open(config: &Config) -> Result<Arc<dyn Store>, StoreError> {
     Ok(match config.database()? {
         Database::Sqlite(path) => Arc::new(
-            SqliteStore::open_timed(
+            SqliteStore::open_exclusive(
                 &path,
                 config.store.sqlite_synchronous == "full",
                 config.store.pool_size,

@@ -26,6 +26,9 @@ pub struct SqliteStore {
     write: SqlitePool,
     read: SqlitePool,
     commits: CommitThread,
+    /// A node's store holds the file's lock while open ([`SqliteStore::open_exclusive`]):
+    /// a restore, or a second node, is refused meanwhile.
+    _lock: Option<super::backup::StoreLock>,
 }
 
 impl SqliteStore {
@@ -78,7 +81,37 @@ impl SqliteStore {
             write,
             read,
             commits,
+            _lock: None,
         })
+    }
+}
+
+impl SqliteStore {
+    /// As [`SqliteStore::open_timed`], holding the database's lock (`<db>.lock`) for as
+    /// long as the store is open: what a node opens. Refused while another node (or a
+    /// restore) holds it. Other readers of the file (tools, tests) open it unlocked.
+    pub async fn open_exclusive(
+        path: &Path,
+        full_sync: bool,
+        readers: u32,
+        timeouts: Timeouts,
+    ) -> Result<Self, StoreError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        let lock = super::backup::StoreLock::take(path).map_err(|e| {
+            let message = match e {
+                super::backup::BackupError::Running(p) => format!(
+                    "another im-server has the store {} open (it holds its .lock file)",
+                    p.display()
+                ),
+                other => other.to_string(),
+            };
+            StoreError::Io(std::io::Error::new(std::io::ErrorKind::WouldBlock, message))
+        })?;
+        let mut store = Self::open_timed(path, full_sync, readers, timeouts).await?;
+        store._lock = Some(lock);
+        Ok(store)
     }
 }
 

@@ -123,6 +123,12 @@ impl TestServer {
         Self::spawn(tmp, env, "127.0.0.1:0", (server_bin(), Vec::new()))
     }
 
+    /// Starts a server with extra `IM_*` env settings and command-line arguments (e.g.
+    /// `--config FILE`).
+    pub fn start_with_args(env: &[(&str, &str)], args: &[&str]) -> TestServer {
+        Self::start_binary(&server_bin(), args, env)
+    }
+
     /// Starts `bin` with `args` (e.g. a packaged binary and `--config FILE`) and extra
     /// `IM_*` env settings; ports, data dir and secrets as in [`TestServer::start_with`].
     pub fn start_binary(bin: &Path, args: &[&str], env: &[(&str, &str)]) -> TestServer {
