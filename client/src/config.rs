@@ -38,6 +38,9 @@ pub struct ClientConfig {
     /// SDK logs in again on the open connection when two thirds of the token's lifetime
     /// (its `exp` claim, read without verifying) have passed, so the stream goes on.
     pub token_provider: Option<TokenProvider>,
+    /// The TLS settings of a `wss://` `url` (none: the Mozilla roots), e.g.
+    /// [`crate::TlsConfig::from_ca_file`] for a private CA.
+    pub tls: Option<crate::TlsConfig>,
 }
 
 impl ClientConfig {
@@ -54,6 +57,7 @@ impl ClientConfig {
             reconnect_max: Duration::from_secs(5),
             max_send_retries: 50,
             token_provider: None,
+            tls: None,
         }
     }
 
@@ -113,6 +117,7 @@ impl std::fmt::Debug for ClientConfig {
             .field("reconnect_max", &self.reconnect_max)
             .field("max_send_retries", &self.max_send_retries)
             .field("token_provider", &self.token_provider.is_some())
+            .field("tls", &self.tls)
             .finish()
     }
 }

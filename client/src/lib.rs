@@ -11,7 +11,8 @@
 //!
 //! Module map: `raw` (transport), `client` (handle, events, targets), `driver` (the
 //! background task), `tracker` (dedup and cursors), `backoff` (reconnect and retry
-//! timing), `route` (asks `GET /v1/route` which node to connect to), `config`, `error`.
+//! timing), `route` (asks `GET /v1/route` which node to connect to), `tls` (the trust anchors of
+//! `wss://`), `config`, `error`.
 
 mod backoff;
 mod client;
@@ -21,6 +22,7 @@ mod error;
 mod event;
 pub mod raw;
 pub mod route;
+pub mod tls;
 mod tracker;
 
 pub use client::{Client, Target};
@@ -29,3 +31,4 @@ pub use error::ClientError;
 pub use event::Event;
 pub use im_proto as proto;
 pub use raw::{RawConn, RawConnOptions, RawEvent};
+pub use tls::TlsConfig;

@@ -161,6 +161,8 @@ pub struct Built {
     sampler: obs::sampler::Sampler,
     client: TcpListener,
     admin: TcpListener,
+    client_tls: Option<Arc<listen::TlsListener>>,
+    admin_tls: Option<Arc<listen::TlsListener>>,
     ws_url: String,
 }
 
@@ -311,6 +313,8 @@ impl Node {
             draining,
         );
 
+        let client_tls = listen::TlsListener::from_config(&config.tls, listen::Listener::Client)?;
+        let admin_tls = listen::TlsListener::from_config(&config.tls, listen::Listener::Admin)?;
         let client = bind(config.listen_addr(), config.flow.listen_backlog)
             .with_context(|| format!("binding listen = {}", config.listen))?;
         let admin = TcpListener::bind(config.admin_addr())
@@ -326,7 +330,8 @@ impl Node {
                     "cluster.advertise_url is empty and the client listener is on a wildcard address: other nodes will route clients to ws://{client_addr}/ws; set cluster.advertise_url"
                 );
             }
-            format!("ws://{client_addr}/ws")
+            let scheme = if client_tls.is_some() { "wss" } else { "ws" };
+            format!("{scheme}://{client_addr}/ws")
         } else {
             config.cluster.advertise_url.clone()
         };
@@ -341,6 +346,8 @@ impl Node {
             sampler,
             client,
             admin,
+            client_tls,
+            admin_tls,
             ws_url,
         })
     }
@@ -370,7 +377,12 @@ impl Built {
         };
         let (log_tasks, compactor) = start_log_tasks(config, snapshot_of(&node));
         background.push(log_tasks);
-        let admin_url = format!("http://{}", self.admin_addr);
+        let admin_scheme = if self.admin_tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let admin_url = format!("{admin_scheme}://{}", self.admin_addr);
         let report = load_report(&node, self.ws_url, admin_url);
         if let Some(c) = &node.cluster {
             let tasks = c
@@ -394,6 +406,9 @@ impl Built {
                 node.secrets.keys.clone(),
             )));
         }
+        let hangup = [&self.client_tls, &self.admin_tls];
+        let hangup = hangup.into_iter().flatten().cloned().collect();
+        background.push(tokio::spawn(listen::reload_on_hangup(hangup)));
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let listeners = vec![
             tokio::spawn(listen::serve_client(
@@ -402,12 +417,14 @@ impl Built {
                 self.gateway.clone(),
                 config.http.clone(),
                 opts,
+                self.client_tls,
                 stopped.clone(),
             )),
             tokio::spawn(listen::serve_admin(
                 self.admin,
                 admin_app,
                 config.http.clone(),
+                self.admin_tls,
                 stopped,
             )),
         ];
@@ -644,20 +661,20 @@ fn start_log_tasks(
     (housekeeping, compactor)
 }
 
-/// Start-up warnings for listeners reachable from other hosts with no TLS in front
-/// (`behind_tls` says there is): the admin token and client tokens would cross the
+/// Start-up warnings for listeners reachable from other hosts with no TLS (native,
+/// `[tls]`, or in front: `behind_tls` says there is): the admin token and client tokens would cross the
 /// network in clear.
 fn warn_if_exposed(config: &Config, client: SocketAddr, admin: SocketAddr) {
     if config.behind_tls {
         return;
     }
-    if !admin.ip().is_loopback() {
+    if !admin.ip().is_loopback() && !config.tls.admin_on() {
         tracing::warn!(
             admin_listen = %admin,
             "the admin listener is reachable from other hosts over plain HTTP: the admin token crosses the network in clear; bind it to loopback, or put TLS in front and set behind_tls = true"
         );
     }
-    if !client.ip().is_loopback() {
+    if !client.ip().is_loopback() && !config.tls.client_on() {
         tracing::warn!(
             listen = %client,
             "the client listener is reachable from other hosts over plain ws://: client tokens cross the network in clear; put TLS (wss://) in front and set behind_tls = true"

@@ -6,9 +6,10 @@
 //! value fails start-up with an error naming the key (or env var) and the value.
 //!
 //! Layout: one file per section (`limits`, `persist`, `flow`, `store`, `obs`, `log`,
-//! `cluster`, `http`, `receipts`, `auth`, `hooks`), each owning its struct's fields,
-//! defaults and validation; this module owns the whole [`Config`] (the top-level keys and
-//! their checks, the checks across sections), loading (`layers`: file and env over the defaults), and the error
+//! `cluster`, `http`, `tls`, `receipts`, `auth`, `hooks`), each owning its struct's
+//! fields, defaults and validation; this module owns the whole [`Config`] (the top-level
+//! keys and their checks, the checks across sections), loading (`layers`: file and env
+//! over the defaults), and the error
 //! type; `check` holds the checks the sections are made of, `redact` how secrets show.
 
 mod auth;
@@ -25,6 +26,7 @@ mod persist;
 mod receipts;
 mod redact;
 mod store;
+mod tls;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -46,6 +48,7 @@ pub use self::receipts::Receipts;
 pub use self::redact::redact_url;
 use self::redact::redacted;
 pub use self::store::StoreConfig;
+pub use self::tls::Tls;
 
 /// Shortest configured `jwt_secret` or `admin_token` accepted, in bytes.
 pub const MIN_SECRET_BYTES: usize = 32;
@@ -155,6 +158,8 @@ pub struct Config {
     pub http: Http,
     /// Read receipts: per-member up to a group size, counted or none above it.
     pub receipts: Receipts,
+    /// Native TLS of the listeners: certificate and key files, handshake timeout, reload.
+    pub tls: Tls,
     /// Client token keys by id (secret rotation); empty: the single `jwt_secret`.
     pub auth: AuthConfig,
     /// Calls to the application's backend: the before-send moderation hook.
@@ -184,6 +189,7 @@ impl std::fmt::Debug for Config {
             .field("cluster", &self.cluster)
             .field("http", &self.http)
             .field("receipts", &self.receipts)
+            .field("tls", &self.tls)
             .field("auth", &self.auth)
             .field("hooks", &self.hooks)
             .finish()
@@ -212,6 +218,7 @@ impl Default for Config {
             cluster: ClusterConfig::default(),
             http: Http::default(),
             receipts: Receipts::default(),
+            tls: Tls::default(),
             auth: AuthConfig::default(),
             hooks: Hooks::default(),
         }
@@ -349,6 +356,7 @@ impl Config {
         self.cluster.validate()?;
         self.receipts.validate()?;
         self.hooks.validate()?;
+        self.tls.validate()?;
         let nats = self.nats_url.trim();
         if !nats.is_empty() {
             if !(nats.starts_with("nats://") || nats.starts_with("tls://") || !nats.contains("://"))
