@@ -313,28 +313,15 @@ impl Node {
             draining,
         );
 
-        let client_tls = listen::TlsListener::from_config(&config.tls, listen::Listener::Client)?;
-        let admin_tls = listen::TlsListener::from_config(&config.tls, listen::Listener::Admin)?;
-        let client = bind(config.listen_addr(), config.flow.listen_backlog)
-            .with_context(|| format!("binding listen = {}", config.listen))?;
-        let admin = TcpListener::bind(config.admin_addr())
-            .await
-            .with_context(|| format!("binding admin_listen = {}", config.admin_listen))?;
-        let client_addr = client.local_addr()?;
-        let admin_addr = admin.local_addr()?;
-        warn_if_exposed(&config, client_addr, admin_addr);
-        let ws_url = if config.cluster.advertise_url.is_empty() {
-            if client_addr.ip().is_unspecified() && cluster.is_some() {
-                tracing::warn!(
-                    listen = %config.listen,
-                    "cluster.advertise_url is empty and the client listener is on a wildcard address: other nodes will route clients to ws://{client_addr}/ws; set cluster.advertise_url"
-                );
-            }
-            let scheme = if client_tls.is_some() { "wss" } else { "ws" };
-            format!("{scheme}://{client_addr}/ws")
-        } else {
-            config.cluster.advertise_url.clone()
-        };
+        let Listeners {
+            client,
+            admin,
+            client_addr,
+            admin_addr,
+            client_tls,
+            admin_tls,
+            ws_url,
+        } = Listeners::bind(&config, cluster.is_some()).await?;
         Ok(Built {
             node,
             client_addr,
@@ -346,6 +333,55 @@ impl Node {
             sampler,
             client,
             admin,
+            client_tls,
+            admin_tls,
+            ws_url,
+        })
+    }
+}
+
+/// Both listeners, bound (serving nothing yet), their TLS and the advertised client URL.
+struct Listeners {
+    client: TcpListener,
+    admin: TcpListener,
+    client_addr: SocketAddr,
+    admin_addr: SocketAddr,
+    client_tls: Option<Arc<listen::TlsListener>>,
+    admin_tls: Option<Arc<listen::TlsListener>>,
+    ws_url: String,
+}
+
+impl Listeners {
+    /// Loads the TLS files, binds both listeners and works out the client URL the
+    /// cluster advertises (`clustered`: warn when it would be a wildcard address).
+    async fn bind(config: &Config, clustered: bool) -> anyhow::Result<Listeners> {
+        let client_tls = listen::TlsListener::from_config(&config.tls, listen::Listener::Client)?;
+        let admin_tls = listen::TlsListener::from_config(&config.tls, listen::Listener::Admin)?;
+        let client = bind(config.listen_addr(), config.flow.listen_backlog)
+            .with_context(|| format!("binding listen = {}", config.listen))?;
+        let admin = TcpListener::bind(config.admin_addr())
+            .await
+            .with_context(|| format!("binding admin_listen = {}", config.admin_listen))?;
+        let client_addr = client.local_addr()?;
+        let admin_addr = admin.local_addr()?;
+        warn_if_exposed(config, client_addr, admin_addr);
+        let ws_url = if config.cluster.advertise_url.is_empty() {
+            if client_addr.ip().is_unspecified() && clustered {
+                tracing::warn!(
+                    listen = %config.listen,
+                    "cluster.advertise_url is empty and the client listener is on a wildcard address: other nodes will route clients to ws://{client_addr}/ws; set cluster.advertise_url"
+                );
+            }
+            let scheme = if client_tls.is_some() { "wss" } else { "ws" };
+            format!("{scheme}://{client_addr}/ws")
+        } else {
+            config.cluster.advertise_url.clone()
+        };
+        Ok(Listeners {
+            client,
+            admin,
+            client_addr,
+            admin_addr,
             client_tls,
             admin_tls,
             ws_url,
