@@ -19,6 +19,7 @@ pub mod overview;
 pub mod routes;
 pub mod trace;
 pub mod users;
+pub mod webhooks;
 
 #[cfg(feature = "client")]
 pub mod client;
@@ -38,6 +39,10 @@ pub use overview::{
     ProcessStats, Refusals, RuntimeStats, StageLatency, TaskStats,
 };
 pub use trace::{MessageTrace, TraceStage};
+pub use webhooks::{
+    EventMessage, ParkedEvent, ParkedEvents, Redeliver, Redelivered, TestFired, WebhookEndpoint,
+    WebhookEvent, Webhooks,
+};
 pub use users::{
     Backlog, StageTiming, UserDiag, UserLogFilter, UserMessage, UserNode, UserRefusal, UserSession,
 };

@@ -43,6 +43,14 @@ pub const MESSAGES: &str = "/admin/v1/messages";
 /// `GET`: [`crate::MessageTrace`], one message's stage timeline from every node
 /// (`msg_id`: 32 hex digits).
 pub const MESSAGE_TRACE: &str = "/admin/v1/messages/{msg_id}/trace";
+/// `GET`: [`crate::Webhooks`], the endpoints, their queues and the outbox.
+pub const WEBHOOKS: &str = "/admin/v1/webhooks";
+/// `GET ?endpoint=&limit=`: [`crate::ParkedEvents`].
+pub const WEBHOOKS_PARKED: &str = "/admin/v1/webhooks/parked";
+/// `POST` [`crate::Redeliver`]: [`crate::Redelivered`].
+pub const WEBHOOKS_REDELIVER: &str = "/admin/v1/webhooks/parked/redeliver";
+/// `POST`: sends a `webhook.test` event to the endpoint now, [`crate::TestFired`].
+pub const WEBHOOK_TEST: &str = "/admin/v1/webhooks/{name}/test";
 /// `GET ?avoid=ID,ID` on the client listener (no token): [`crate::RouteAnswer`].
 pub const ROUTE: &str = "/v1/route";
 

@@ -6,7 +6,7 @@
 //! value fails start-up with an error naming the key (or env var) and the value.
 //!
 //! Layout: one file per section (`limits`, `persist`, `flow`, `store`, `obs`, `log`,
-//! `cluster`, `http`, `receipts`), each owning its struct's fields, defaults and
+//! `cluster`, `http`, `receipts`, `webhooks`), each owning its struct's fields, defaults and
 //! validation; this module owns the whole [`Config`] (the top-level keys and their checks, the checks
 //! across sections), loading (`layers`: file and env over the defaults), and the error
 //! type; `check` holds the checks the sections are made of, `redact` how secrets show.
@@ -23,6 +23,7 @@ mod persist;
 mod receipts;
 mod redact;
 mod store;
+mod webhooks;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -42,6 +43,7 @@ pub use self::receipts::Receipts;
 pub use self::redact::redact_url;
 use self::redact::redacted;
 pub use self::store::StoreConfig;
+pub use self::webhooks::{Endpoint, Webhooks, EVENT_KINDS};
 
 /// Shortest configured `jwt_secret` or `admin_token` accepted, in bytes.
 pub const MIN_SECRET_BYTES: usize = 32;
@@ -151,6 +153,8 @@ pub struct Config {
     pub http: Http,
     /// Read receipts: per-member up to a group size, counted or none above it.
     pub receipts: Receipts,
+    /// Event webhooks to the application's backend (offline push and other events).
+    pub webhooks: Webhooks,
 }
 
 impl std::fmt::Debug for Config {
@@ -176,6 +180,7 @@ impl std::fmt::Debug for Config {
             .field("cluster", &self.cluster)
             .field("http", &self.http)
             .field("receipts", &self.receipts)
+            .field("webhooks", &self.webhooks)
             .finish()
     }
 }
@@ -202,6 +207,7 @@ impl Default for Config {
             cluster: ClusterConfig::default(),
             http: Http::default(),
             receipts: Receipts::default(),
+            webhooks: Webhooks::default(),
         }
     }
 }
@@ -335,6 +341,7 @@ impl Config {
         self.log.validate()?;
         self.cluster.validate()?;
         self.receipts.validate()?;
+        self.webhooks.validate()?;
         let nats = self.nats_url.trim();
         if !nats.is_empty() {
             if !(nats.starts_with("nats://") || nats.starts_with("tls://") || !nats.contains("://"))

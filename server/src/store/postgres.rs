@@ -2,6 +2,7 @@
 //! the conversation row, so several nodes may commit to one database safely.
 
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -15,6 +16,8 @@ use super::{StoreError, Timeouts};
 pub struct PgStore {
     write: PgPool,
     read: PgPool,
+    /// Whether batch commits write webhook outbox rows (`store::outbox`).
+    outbox: AtomicBool,
 }
 
 impl PgStore {
@@ -69,6 +72,7 @@ impl PgStore {
         Ok(PgStore {
             write: pool.clone(),
             read: pool,
+            outbox: AtomicBool::new(false),
         })
     }
 }
@@ -102,7 +106,14 @@ impl Backend for PgStore {
         cursors: &[CursorUpdate],
     ) -> Result<Vec<Committed>, StoreError> {
         let mut conn = self.writer().await?;
-        let out = postgres_commit::commit_batch(&mut conn, messages, cursors).await;
+        let outbox = self.outbox.load(Ordering::Relaxed);
+        let out = postgres_commit::commit_batch(&mut conn, messages, cursors, outbox).await;
         settle(conn, out).await
     }
+
+    fn set_outbox(&self, on: bool) {
+        self.outbox.store(on, Ordering::Relaxed);
+    }
+
+    const CLAIM_LOCK: &'static str = " FOR UPDATE SKIP LOCKED";
 }

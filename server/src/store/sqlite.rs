@@ -127,6 +127,10 @@ impl Backend for SqliteStore {
     ) -> Result<Vec<Committed>, StoreError> {
         self.commits.commit(messages, cursors).await
     }
+
+    fn set_outbox(&self, on: bool) {
+        self.commits.set_outbox(on);
+    }
 }
 
 /// True when neither SQLite nor sqlx thinks a transaction is open on `conn`.

@@ -7,6 +7,8 @@
 //! - `groups`: group changes (the transaction around `store::access`) and group reads;
 //! - `conversations`: the conversation list and the per-user backlog;
 //! - `history`: sync and history pages, the messages a recall or edit names, hiding;
+//! - `webhooks`: the webhook outbox (`store::outbox`): claims with a lease, expansion,
+//!   attempts' outcomes, the parked list;
 //! - `users`: per-user state: read state and flags, the delivered and read cursors,
 //!   revocations, presence settings and peers; and the probes.
 //!
@@ -17,6 +19,7 @@ mod conversations;
 mod groups;
 mod history;
 mod users;
+mod webhooks;
 
 use std::future::Future;
 use std::marker::PhantomData;
@@ -27,6 +30,7 @@ use sqlx::{
     Arguments, ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Type,
 };
 
+use super::outbox::{Claimed, Merge, NewEvent, OutboxCounts, OutboxSource, Outcome, ParkedRow};
 use super::{
     Committed, CursorUpdate, FlagsUpdate, GroupInfo, GroupOutcome, GroupRequest, HiddenMessage,
     ListAfter, MessageMeta, MessageRow, NewMessage, ReadMoved, ReadUpdate, Store, StoreError,
@@ -84,6 +88,29 @@ pub(crate) trait Backend: Send + Sync + 'static {
         messages: &[NewMessage],
         cursors: &[CursorUpdate],
     ) -> impl Future<Output = Result<Vec<Committed>, StoreError>> + Send;
+
+    /// Whether later batch commits write webhook outbox rows.
+    fn set_outbox(&self, on: bool);
+
+    /// The row-lock suffix of a claim's inner select (Postgres: `FOR UPDATE SKIP
+    /// LOCKED`; SQLite, one writer: none).
+    const CLAIM_LOCK: &'static str = "";
+}
+
+/// A lease end for a claim of this process: `now + lease_ms`, and always later than the
+/// previous one, so one claim's rows are found by (owner, lease end).
+fn lease_until(lease_ms: i64) -> i64 {
+    use std::sync::atomic::{AtomicI64, Ordering};
+    static LAST: AtomicI64 = AtomicI64::new(0);
+    let want = im_proto::now_ms() + lease_ms;
+    let mut prev = LAST.load(Ordering::Relaxed);
+    loop {
+        let next = want.max(prev + 1);
+        match LAST.compare_exchange(prev, next, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return next,
+            Err(p) => prev = p,
+        }
+    }
 }
 
 /// The shared SQL over engine `DB`, as associated functions in one `impl` block per
@@ -440,5 +467,66 @@ where
         limit: u32,
     ) -> Result<Vec<UserBacklog>, StoreError> {
         Sql::<DB>::user_backlog(self.read(), user_id, limit).await
+    }
+
+    fn set_webhook_outbox(&self, on: bool) {
+        self.set_outbox(on);
+    }
+
+    async fn outbox_claim(
+        &self,
+        owner: &str,
+        lease_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<OutboxSource>, StoreError> {
+        let mut conn = self.writer().await?;
+        let until = lease_until(lease_ms);
+        let out = Sql::<DB>::outbox_claim(&mut conn, S::CLAIM_LOCK, owner, until, limit).await;
+        settle(conn, out).await
+    }
+
+    async fn outbox_expand(
+        &self,
+        done: &[i64],
+        events: &[NewEvent],
+        merges: &[Merge],
+    ) -> Result<Vec<i64>, StoreError> {
+        let mut conn = self.writer().await?;
+        let out = Sql::<DB>::outbox_expand(&mut conn, done, events, merges).await;
+        settle(conn, out).await
+    }
+
+    async fn events_claim(
+        &self,
+        endpoint: &str,
+        owner: &str,
+        lease_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<Claimed>, StoreError> {
+        let mut conn = self.writer().await?;
+        let until = lease_until(lease_ms);
+        let out =
+            Sql::<DB>::events_claim(&mut conn, S::CLAIM_LOCK, endpoint, owner, until, limit).await;
+        settle(conn, out).await
+    }
+
+    async fn events_settle(&self, outcomes: &[Outcome]) -> Result<(), StoreError> {
+        let mut conn = self.writer().await?;
+        let out = Sql::<DB>::events_settle(&mut conn, outcomes).await;
+        settle(conn, out).await
+    }
+
+    async fn events_parked(&self, endpoint: &str, limit: u32) -> Result<Vec<ParkedRow>, StoreError> {
+        Sql::<DB>::events_parked(self.read(), endpoint, limit).await
+    }
+
+    async fn events_redeliver(&self, endpoint: &str, ids: &[i64]) -> Result<u64, StoreError> {
+        let mut conn = self.writer().await?;
+        let out = Sql::<DB>::events_redeliver(&mut conn, endpoint, ids).await;
+        settle(conn, out).await
+    }
+
+    async fn outbox_counts(&self) -> Result<OutboxCounts, StoreError> {
+        Sql::<DB>::outbox_counts(self.read()).await
     }
 }
