@@ -68,6 +68,8 @@ pub struct Node {
     pub cluster: Option<Arc<cluster::Cluster>>,
     /// `limits.max_connections` resolved at start (0: no cap).
     pub max_connections: usize,
+    /// Event webhooks (`None`: no endpoint configured).
+    pub webhooks: Option<Arc<hooks::webhooks::Webhooks>>,
     snapshot: Arc<RwLock<obs::sampler::Snapshot>>,
 }
 
@@ -205,6 +207,8 @@ impl Node {
         } else {
             config.node_id.clone()
         };
+        let webhooks = hooks::webhooks::Webhooks::new(&config, &node_id, store.clone())
+            .context("starting the webhooks")?;
         metrics.tracer.configure(
             &node_id,
             config.obs.trace_sample_rate,
@@ -287,6 +291,7 @@ impl Node {
             draining: draining.clone(),
             cluster: cluster.clone(),
             max_connections,
+            webhooks,
             snapshot,
         });
         let gateway = Gateway::new(
@@ -383,6 +388,9 @@ impl Built {
                 node.secrets.keys.clone(),
             )));
         }
+        if let Some(w) = &node.webhooks {
+            background.extend(start_webhooks(&node, w));
+        }
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let listeners = vec![
             tokio::spawn(listen::serve_client(
@@ -413,6 +421,20 @@ impl Built {
             report,
         })
     }
+}
+
+/// Starts the webhooks' tasks: the presence check is the router's (this node and, in
+/// cluster mode, the others), and the router tells them of first and last connections.
+fn start_webhooks(node: &Arc<Node>, w: &Arc<hooks::webhooks::Webhooks>) -> Vec<JoinHandle<()>> {
+    let router = node.pipeline.router.clone();
+    let online: hooks::webhooks::OnlineFn = Arc::new(move |user: &str| router.devices(user) > 0);
+    if w.wants("user.online") || w.wants("user.offline") {
+        let hooks = w.clone();
+        node.pipeline
+            .router
+            .set_presence_hook(Arc::new(move |user: &str, up: bool| hooks.presence(user, up)));
+    }
+    w.spawn(online)
 }
 
 /// Cluster mode: re-reads the stored revocations every few seconds, so a revocation made

@@ -3,3 +3,4 @@
 //! Event webhooks and the before-send hook build on it.
 
 pub mod sign;
+pub mod webhooks;

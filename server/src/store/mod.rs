@@ -639,6 +639,14 @@ pub trait Store: Send + Sync + 'static {
     /// Queues parked events again (of one endpoint, "": all; `ids` empty: every one).
     async fn events_redeliver(&self, endpoint: &str, ids: &[i64]) -> Result<u64, StoreError>;
 
+    /// Each named user's read position in the conversation (users without one are
+    /// left out): what a `message.offline` event's unread count is computed from.
+    async fn read_positions(
+        &self,
+        conversation_id: &str,
+        users: &[&str],
+    ) -> Result<Vec<(String, u64)>, StoreError>;
+
     /// How much the outbox holds.
     async fn outbox_counts(&self) -> Result<outbox::OutboxCounts, StoreError>;
 }

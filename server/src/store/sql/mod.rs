@@ -526,6 +526,14 @@ where
         settle(conn, out).await
     }
 
+    async fn read_positions(
+        &self,
+        conversation_id: &str,
+        users: &[&str],
+    ) -> Result<Vec<(String, u64)>, StoreError> {
+        Sql::<DB>::read_positions(self.read(), conversation_id, users).await
+    }
+
     async fn outbox_counts(&self) -> Result<OutboxCounts, StoreError> {
         Sql::<DB>::outbox_counts(self.read()).await
     }

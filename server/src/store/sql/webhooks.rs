@@ -279,6 +279,33 @@ where
         Ok(done.len() as u64)
     }
 
+    /// Read positions in one conversation ([`Store::read_positions`]).
+    ///
+    /// [`Store::read_positions`]: crate::store::Store::read_positions
+    pub(crate) async fn read_positions(
+        read: &Pool<DB>,
+        conversation_id: &str,
+        users: &[&str],
+    ) -> Result<Vec<(String, u64)>, StoreError> {
+        let mut out = Vec::with_capacity(users.len());
+        for chunk in users.chunks(CHUNK) {
+            let mut st = Statement::<DB>::new(
+                "SELECT user_id, read_seq FROM conversation_state WHERE conversation_id = ",
+            );
+            st.push_bind(conversation_id.to_owned())
+                .push(" AND user_id IN (")
+                .push_list(chunk.iter().map(|u| (*u).to_owned()))
+                .push(")");
+            let (sql, args) = st.finish()?;
+            for r in sqlx::query_with(&sql, args).fetch_all(read).await? {
+                let user: String = r.try_get(0)?;
+                let seq: i64 = r.try_get(1)?;
+                out.push((user, seq.max(0) as u64));
+            }
+        }
+        Ok(out)
+    }
+
     /// How much the outbox holds ([`Store::outbox_counts`]).
     ///
     /// [`Store::outbox_counts`]: crate::store::Store::outbox_counts

@@ -1,0 +1,223 @@
+//! The sender of one endpoint: claims due events (a lease per claim, so in a cluster
+//! each event is sent by one node and a dead node's events are taken over when the
+//! lease ends), POSTs each signed, at most `webhooks.concurrency` at a time, each
+//! within `webhooks.timeout_ms`, and records the outcomes in batches: delivered (2xx,
+//! the row goes), retried after a full-jitter exponential backoff, or parked once the
+//! event is older than `webhooks.max_age_secs`. It runs beside the message path and
+//! shares nothing with it but the store.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use tokio::task::JoinSet;
+
+use super::{Endpoint, Webhooks};
+use crate::config;
+use crate::hooks::sign::{HEADER_EVENT_ID, HEADER_SIGNATURE, HEADER_TIMESTAMP};
+use crate::store::outbox::{Claimed, Outcome};
+
+/// The wait between claims when nothing is due (a new event wakes the sender sooner).
+const IDLE: Duration = Duration::from_millis(200);
+/// A claim's lease beyond the request timeout, ms (covers recording the outcome).
+const LEASE_SLACK_MS: i64 = 30_000;
+
+/// A failed request.
+#[derive(Debug)]
+pub(super) struct Failure {
+    /// The HTTP status (0: no answer).
+    pub status: u16,
+    /// What went wrong.
+    pub error: String,
+}
+
+/// Runs endpoint `e`'s sender until aborted.
+pub(super) async fn run(hooks: Arc<Webhooks>, e: Arc<Endpoint>) {
+    let cfg = hooks.config.clone();
+    let limit = cfg.concurrency as usize;
+    let lease = i64::from(cfg.timeout_ms) + LEASE_SLACK_MS;
+    let mut inflight: JoinSet<Outcome> = JoinSet::new();
+    let mut outcomes = Vec::new();
+    let mut idle = false;
+    loop {
+        if inflight.len() < limit && !idle {
+            let free = (limit - inflight.len()) as u32;
+            match hooks.store.events_claim(&e.name, &hooks.node_id, lease, free).await {
+                Ok(claimed) => {
+                    idle = claimed.is_empty();
+                    for c in claimed {
+                        inflight.spawn(attempt(e.clone(), cfg.clone(), c));
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(endpoint = %e.name, error = %err, "claiming webhook events failed");
+                    idle = true;
+                }
+            }
+        }
+        tokio::select! {
+            Some(done) = inflight.join_next(), if !inflight.is_empty() => {
+                if let Ok(o) = done {
+                    outcomes.push(o);
+                }
+                while let Some(done) = inflight.try_join_next() {
+                    if let Ok(o) = done {
+                        outcomes.push(o);
+                    }
+                }
+            }
+            _ = e.wake.notified(), if idle => idle = false,
+            _ = tokio::time::sleep(IDLE), if idle => idle = false,
+        }
+        if !outcomes.is_empty() {
+            settle(&hooks, &e, &mut outcomes).await;
+            idle = false;
+        }
+    }
+}
+
+/// Records outcomes (retrying the store; on a lasting failure the leases run out and
+/// the events are sent again: at least once).
+async fn settle(hooks: &Webhooks, e: &Endpoint, outcomes: &mut Vec<Outcome>) {
+    for _ in 0..5 {
+        match hooks.store.events_settle(outcomes).await {
+            Ok(()) => {
+                outcomes.clear();
+                return;
+            }
+            Err(err) => {
+                tracing::warn!(endpoint = %e.name, error = %err, "recording webhook outcomes failed");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+    outcomes.clear();
+}
+
+/// One attempt at one event, and what becomes of it.
+async fn attempt(e: Arc<Endpoint>, cfg: config::Webhooks, c: Claimed) -> Outcome {
+    let started = Instant::now();
+    let sent = post(&e, &c.event_id, c.body.as_bytes(), &cfg).await;
+    metrics::histogram!("im_webhook_delivery_seconds", "endpoint" => e.name.clone())
+        .record(started.elapsed().as_secs_f64());
+    match sent {
+        Ok(_) => {
+            e.stats.attempt(true, None);
+            metrics::counter!("im_webhook_delivered_total", "endpoint" => e.name.clone())
+                .increment(1);
+            Outcome::Delivered(c.id)
+        }
+        Err(f) => {
+            e.stats.attempt(false, Some(&f.error));
+            metrics::counter!("im_webhook_failed_total", "endpoint" => e.name.clone())
+                .increment(1);
+            let now = im_proto::now_ms();
+            let error = super::escape(&f.error);
+            if now - c.created_ms >= i64::from(cfg.max_age_secs) * 1000 {
+                e.stats.parked.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("im_webhook_parked_total", "endpoint" => e.name.clone())
+                    .increment(1);
+                tracing::warn!(endpoint = %e.name, event_id = %c.event_id, kind = %c.kind,
+                    attempts = c.attempts + 1, error = %error, "webhook event parked");
+                Outcome::Park { id: c.id, error }
+            } else {
+                Outcome::Retry {
+                    id: c.id,
+                    next_ms: now + backoff_ms(&cfg, c.attempts),
+                    error,
+                }
+            }
+        }
+    }
+}
+
+/// Full jitter: a uniform delay in 0..=min(max, base * 2^attempts), ms.
+fn backoff_ms(cfg: &config::Webhooks, attempts: u32) -> i64 {
+    let cap = u64::from(cfg.retry_base_ms)
+        .saturating_mul(1u64 << attempts.min(30))
+        .min(u64::from(cfg.retry_max_ms));
+    rand::thread_rng().gen_range(0..=cap) as i64
+}
+
+/// POSTs one signed body; `Ok(status)` for a 2xx answer.
+pub(super) async fn post(
+    e: &Endpoint,
+    event_id: &str,
+    body: &[u8],
+    cfg: &config::Webhooks,
+) -> Result<u16, Failure> {
+    let ts = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let request = e
+        .client
+        .post(&e.url)
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .header(HEADER_EVENT_ID, event_id)
+        .header(HEADER_TIMESTAMP, ts.to_string())
+        .header(HEADER_SIGNATURE, e.signer.sign(ts, body))
+        .body(body.to_vec());
+    let mut response = request.send().await.map_err(|err| Failure {
+        status: 0,
+        error: error_text(&err),
+    })?;
+    let status = response.status().as_u16();
+    // Read (a bounded part of) the answer, so the connection can be reused.
+    let mut head = Vec::new();
+    while let Ok(Some(chunk)) = response.chunk().await {
+        let room = (cfg.max_response_bytes as usize).saturating_sub(head.len());
+        head.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if room == 0 {
+            break;
+        }
+    }
+    if (200..300).contains(&status) {
+        return Ok(status);
+    }
+    let text = String::from_utf8_lossy(&head[..head.len().min(200)]).into_owned();
+    Err(Failure {
+        status,
+        error: format!("HTTP {status}: {text}"),
+    })
+}
+
+/// A request error's text with its causes (reqwest's own text is terse).
+fn error_text(err: &reqwest::Error) -> String {
+    let mut text = if err.is_timeout() {
+        "timed out".to_owned()
+    } else if err.is_connect() {
+        "connect failed".to_owned()
+    } else {
+        "request failed".to_owned()
+    };
+    let mut source = std::error::Error::source(err);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_is_capped_full_jitter() {
+        let cfg = config::Webhooks {
+            retry_base_ms: 100,
+            retry_max_ms: 1000,
+            ..Default::default()
+        };
+        for attempts in 0..40 {
+            let d = backoff_ms(&cfg, attempts);
+            assert!((0..=1000).contains(&d), "{attempts}: {d}");
+            if attempts == 0 {
+                assert!(d <= 100);
+            }
+        }
+    }
+}
