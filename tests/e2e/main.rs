@@ -27,3 +27,4 @@ mod reads;
 mod runtime;
 mod trace;
 mod users;
+mod webhooks;

@@ -37,6 +37,8 @@ pub struct TestServer {
     tmp_keep: Arc<tempfile::TempDir>,
     log: Arc<Mutex<String>>,
     env: Vec<(String, String)>,
+    /// Extra command-line arguments (e.g. `--config FILE`), kept across restarts.
+    args: Vec<String>,
 }
 
 /// A token for `user` valid for `ttl`, signed with the test secret.
@@ -116,10 +118,29 @@ impl TestServer {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        Self::spawn(tmp, env, "127.0.0.1:0")
+        Self::spawn(tmp, env, Vec::new(), "127.0.0.1:0")
     }
 
-    fn spawn(tmp: Arc<tempfile::TempDir>, env: Vec<(String, String)>, listen: &str) -> TestServer {
+    /// Starts a server with a TOML config file holding `toml` (for what env variables
+    /// cannot say, e.g. the webhook endpoints) and extra `IM_*` env settings.
+    pub fn start_with_config(toml: &str, env: &[(&str, &str)]) -> TestServer {
+        let tmp = Arc::new(tempfile::tempdir().expect("temp dir"));
+        let file = tmp.path().join("config.toml");
+        std::fs::write(&file, toml).expect("writing the config file");
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let args = vec!["--config".to_owned(), file.display().to_string()];
+        Self::spawn(tmp, env, args, "127.0.0.1:0")
+    }
+
+    fn spawn(
+        tmp: Arc<tempfile::TempDir>,
+        env: Vec<(String, String)>,
+        args: Vec<String>,
+        listen: &str,
+    ) -> TestServer {
         // A test may place the data dir elsewhere (a small tmpfs) with its own IM_DATA_DIR.
         let data_dir = env
             .iter()
@@ -127,7 +148,8 @@ impl TestServer {
             .map(|(_, v)| PathBuf::from(v))
             .unwrap_or_else(|| tmp.path().join("data"));
         let mut cmd = Command::new(server_bin());
-        cmd.env("IM_LISTEN", listen)
+        cmd.args(&args)
+            .env("IM_LISTEN", listen)
             .env("IM_ADMIN_LISTEN", "127.0.0.1:0")
             .env("IM_DATA_DIR", &data_dir)
             .env("IM_JWT_SECRET", SECRET)
@@ -176,6 +198,7 @@ impl TestServer {
             tmp_keep: tmp,
             log,
             env,
+            args,
         }
     }
 
@@ -190,7 +213,12 @@ impl TestServer {
         self.kill();
         let listen = self.client_addr.to_string();
         // Dropping the old value reaps the dead child; the temp dir is shared, so it stays.
-        *self = Self::spawn(self.tmp_keep.clone(), self.env.clone(), &listen);
+        *self = Self::spawn(
+            self.tmp_keep.clone(),
+            self.env.clone(),
+            self.args.clone(),
+            &listen,
+        );
     }
 
     /// Sends SIGTERM and waits for the exit status.
