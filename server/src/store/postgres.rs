@@ -18,6 +18,8 @@ pub struct PgStore {
     read: PgPool,
     /// Whether batch commits write webhook outbox rows (`store::outbox`).
     outbox: AtomicBool,
+    /// The webhook outbox's connections (lazy; `store::outbox`).
+    outbox_pool: PgPool,
 }
 
 impl PgStore {
@@ -64,6 +66,11 @@ impl PgStore {
         } else {
             options.options([("statement_timeout", ms.as_str())])
         };
+        let outbox_pool = PgPoolOptions::new()
+            .max_connections(2)
+            .min_connections(0)
+            .acquire_timeout(std::time::Duration::from_secs(30))
+            .connect_lazy_with(options.clone());
         let pool = PgPoolOptions::new()
             .max_connections(pool_size.max(2))
             .acquire_timeout(timeouts.acquire)
@@ -73,6 +80,7 @@ impl PgStore {
             write: pool.clone(),
             read: pool,
             outbox: AtomicBool::new(false),
+            outbox_pool,
         })
     }
 }
@@ -113,6 +121,10 @@ impl Backend for PgStore {
 
     fn set_outbox(&self, on: bool) {
         self.outbox.store(on, Ordering::Relaxed);
+    }
+
+    fn outbox_pool(&self) -> &PgPool {
+        &self.outbox_pool
     }
 
     const CLAIM_LOCK: &'static str = " FOR UPDATE SKIP LOCKED";

@@ -26,6 +26,8 @@ pub struct SqliteStore {
     write: SqlitePool,
     read: SqlitePool,
     commits: CommitThread,
+    /// The webhook outbox's connection (lazy; `store::outbox`).
+    outbox: SqlitePool,
 }
 
 impl SqliteStore {
@@ -71,13 +73,23 @@ impl SqliteStore {
             .test_before_acquire(false)
             .max_connections(readers.max(1))
             .acquire_timeout(timeouts.acquire)
-            .connect_with(base.read_only(true))
+            .connect_with(base.clone().read_only(true))
             .await?;
         let commits = CommitThread::start(path, full_sync)?;
+        let outbox = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_lazy_with(base.synchronous(if full_sync {
+                SqliteSynchronous::Full
+            } else {
+                SqliteSynchronous::Normal
+            }));
         Ok(SqliteStore {
             write,
             read,
             commits,
+            outbox,
         })
     }
 }
@@ -130,6 +142,10 @@ impl Backend for SqliteStore {
 
     fn set_outbox(&self, on: bool) {
         self.commits.set_outbox(on);
+    }
+
+    fn outbox_pool(&self) -> &SqlitePool {
+        &self.outbox
     }
 }
 

@@ -32,7 +32,9 @@ pub(super) struct Failure {
     pub error: String,
 }
 
-/// Runs endpoint `e`'s sender until aborted.
+/// Runs endpoint `e`'s sender until aborted. After `concurrency` failures in a row the
+/// endpoint counts as down: no claims for a backoff (doubling per trip, capped at
+/// `webhooks.retry_max_ms`), so a dead endpoint costs a few store writes a second.
 pub(super) async fn run(hooks: Arc<Webhooks>, e: Arc<Endpoint>) {
     let cfg = hooks.config.clone();
     let limit = cfg.concurrency as usize;
@@ -40,8 +42,10 @@ pub(super) async fn run(hooks: Arc<Webhooks>, e: Arc<Endpoint>) {
     let mut inflight: JoinSet<Outcome> = JoinSet::new();
     let mut outcomes = Vec::new();
     let mut idle = false;
+    let mut health = Health::default();
     loop {
-        if inflight.len() < limit && !idle {
+        let paused = health.paused();
+        if inflight.len() < limit && !idle && paused.is_none() {
             let free = (limit - inflight.len()) as u32;
             match hooks.store.events_claim(&e.name, &hooks.node_id, lease, free).await {
                 Ok(claimed) => {
@@ -56,6 +60,7 @@ pub(super) async fn run(hooks: Arc<Webhooks>, e: Arc<Endpoint>) {
                 }
             }
         }
+        let wait = paused.unwrap_or(IDLE).min(IDLE);
         tokio::select! {
             Some(done) = inflight.join_next(), if !inflight.is_empty() => {
                 if let Ok(o) = done {
@@ -67,12 +72,54 @@ pub(super) async fn run(hooks: Arc<Webhooks>, e: Arc<Endpoint>) {
                     }
                 }
             }
-            _ = e.wake.notified(), if idle => idle = false,
-            _ = tokio::time::sleep(IDLE), if idle => idle = false,
+            _ = e.wake.notified(), if idle && paused.is_none() => idle = false,
+            _ = tokio::time::sleep(wait), if idle || paused.is_some() => idle = false,
         }
         if !outcomes.is_empty() {
+            health.record(&outcomes, &cfg);
             settle(&hooks, &e, &mut outcomes).await;
             idle = false;
+        }
+    }
+}
+
+/// Whether an endpoint looks down: failures in a row, and the pause they caused.
+#[derive(Default)]
+struct Health {
+    streak: usize,
+    trips: u32,
+    until: Option<Instant>,
+}
+
+impl Health {
+    /// How long claims still wait, if paused.
+    fn paused(&mut self) -> Option<Duration> {
+        let left = self.until?.checked_duration_since(Instant::now());
+        if left.is_none() {
+            self.until = None;
+        }
+        left
+    }
+
+    /// Counts outcomes; a success ends a pause streak, `concurrency` failures in a row
+    /// start a pause.
+    fn record(&mut self, outcomes: &[Outcome], cfg: &config::Webhooks) {
+        for o in outcomes {
+            match o {
+                Outcome::Delivered(_) => {
+                    self.streak = 0;
+                    self.trips = 0;
+                }
+                _ => self.streak += 1,
+            }
+        }
+        if self.streak >= cfg.concurrency as usize {
+            self.streak = 0;
+            self.trips = (self.trips + 1).min(30);
+            let ms = u64::from(cfg.retry_base_ms)
+                .saturating_mul(1 << self.trips)
+                .min(u64::from(cfg.retry_max_ms));
+            self.until = Some(Instant::now() + Duration::from_millis(ms));
         }
     }
 }

@@ -92,6 +92,11 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Whether later batch commits write webhook outbox rows.
     fn set_outbox(&self, on: bool);
 
+    /// The webhook outbox's own pool (opened lazily, so a node without webhooks holds
+    /// no connection for it): its traffic never waits for, nor holds, a connection the
+    /// message path's writes use.
+    fn outbox_pool(&self) -> &Pool<Self::DB>;
+
     /// The row-lock suffix of a claim's inner select (Postgres: `FOR UPDATE SKIP
     /// LOCKED`; SQLite, one writer: none).
     const CLAIM_LOCK: &'static str = "";
@@ -479,7 +484,7 @@ where
         lease_ms: i64,
         limit: u32,
     ) -> Result<Vec<OutboxSource>, StoreError> {
-        let mut conn = self.writer().await?;
+        let mut conn = self.outbox_pool().acquire().await?;
         let until = lease_until(lease_ms);
         let out = Sql::<DB>::outbox_claim(&mut conn, S::CLAIM_LOCK, owner, until, limit).await;
         settle(conn, out).await
@@ -491,7 +496,7 @@ where
         events: &[NewEvent],
         merges: &[Merge],
     ) -> Result<Vec<i64>, StoreError> {
-        let mut conn = self.writer().await?;
+        let mut conn = self.outbox_pool().acquire().await?;
         let out = Sql::<DB>::outbox_expand(&mut conn, done, events, merges).await;
         settle(conn, out).await
     }
@@ -503,7 +508,7 @@ where
         lease_ms: i64,
         limit: u32,
     ) -> Result<Vec<Claimed>, StoreError> {
-        let mut conn = self.writer().await?;
+        let mut conn = self.outbox_pool().acquire().await?;
         let until = lease_until(lease_ms);
         let out =
             Sql::<DB>::events_claim(&mut conn, S::CLAIM_LOCK, endpoint, owner, until, limit).await;
@@ -511,17 +516,17 @@ where
     }
 
     async fn events_settle(&self, outcomes: &[Outcome]) -> Result<(), StoreError> {
-        let mut conn = self.writer().await?;
+        let mut conn = self.outbox_pool().acquire().await?;
         let out = Sql::<DB>::events_settle(&mut conn, outcomes).await;
         settle(conn, out).await
     }
 
     async fn events_parked(&self, endpoint: &str, limit: u32) -> Result<Vec<ParkedRow>, StoreError> {
-        Sql::<DB>::events_parked(self.read(), endpoint, limit).await
+        Sql::<DB>::events_parked(self.outbox_pool(), endpoint, limit).await
     }
 
     async fn events_redeliver(&self, endpoint: &str, ids: &[i64]) -> Result<u64, StoreError> {
-        let mut conn = self.writer().await?;
+        let mut conn = self.outbox_pool().acquire().await?;
         let out = Sql::<DB>::events_redeliver(&mut conn, endpoint, ids).await;
         settle(conn, out).await
     }
@@ -535,6 +540,6 @@ where
     }
 
     async fn outbox_counts(&self) -> Result<OutboxCounts, StoreError> {
-        Sql::<DB>::outbox_counts(self.read()).await
+        Sql::<DB>::outbox_counts(self.outbox_pool()).await
     }
 }
