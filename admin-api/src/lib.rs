@@ -39,12 +39,12 @@ pub use overview::{
     ProcessStats, Refusals, RuntimeStats, StageLatency, TaskStats,
 };
 pub use trace::{MessageTrace, TraceStage};
+pub use users::{
+    Backlog, StageTiming, UserDiag, UserLogFilter, UserMessage, UserNode, UserRefusal, UserSession,
+};
 pub use webhooks::{
     EventMessage, ParkedEvent, ParkedEvents, Redeliver, Redelivered, TestFired, WebhookEndpoint,
     WebhookEvent, Webhooks,
-};
-pub use users::{
-    Backlog, StageTiming, UserDiag, UserLogFilter, UserMessage, UserNode, UserRefusal, UserSession,
 };
 
 /// The body of every error answer: `{"error": "<message>"}`, with a 4xx or 5xx status.

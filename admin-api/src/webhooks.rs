@@ -180,6 +180,9 @@ mod tests {
             ..Default::default()
         };
         let text = serde_json::to_string(&user).unwrap();
-        assert!(!text.contains("message") && !text.contains("unread"), "{text}");
+        assert!(
+            !text.contains("message") && !text.contains("unread"),
+            "{text}"
+        );
     }
 }

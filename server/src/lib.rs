@@ -432,7 +432,9 @@ fn start_webhooks(node: &Arc<Node>, w: &Arc<hooks::webhooks::Webhooks>) -> Vec<J
         let hooks = w.clone();
         node.pipeline
             .router
-            .set_presence_hook(Arc::new(move |user: &str, up: bool| hooks.presence(user, up)));
+            .set_presence_hook(Arc::new(move |user: &str, up: bool| {
+                hooks.presence(user, up)
+            }));
     }
     w.spawn(online)
 }

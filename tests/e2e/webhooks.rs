@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use im_client::RawConn;
 
-use crate::support::receiver::{Receiver, Received, Reply};
+use crate::support::receiver::{Received, Receiver, Reply};
 use crate::support::*;
 
 /// The endpoint secret of these tests.
@@ -37,7 +37,10 @@ fn of_kind(got: &[Received], kind: &str) -> Vec<serde_json::Value> {
 /// Every request carried a valid signature, and its `X-IM-Event-Id` is its body's id.
 fn all_signed(got: &[Received]) {
     for r in got {
-        assert!(r.signature_ok, "a request failed the signature check: {r:?}");
+        assert!(
+            r.signature_ok,
+            "a request failed the signature check: {r:?}"
+        );
         assert_eq!(
             r.event_id.as_deref(),
             r.json()["id"].as_str(),
@@ -104,7 +107,9 @@ async fn offline_recipient_gets_one_push_per_window_online_one_none() {
     // Bob comes online: his next message makes no push.
     let _bob = server.raw("bob").await;
     rx.wait_until(WAIT, "user.online for bob", |g| {
-        of_kind(g, "user.online").iter().any(|e| e["user_id"] == "bob")
+        of_kind(g, "user.online")
+            .iter()
+            .any(|e| e["user_id"] == "bob")
     })
     .await;
     let more = send_n(&mut alice, "bob", 1, "b").await;
@@ -183,8 +188,16 @@ fn check_once_per_message(got: &[Received], acked: &[String]) {
             assert_eq!(prev, id, "message {msg} came under two event ids");
         }
     }
-    let missing: Vec<&String> = acked.iter().filter(|m| !event_of.contains_key(*m)).collect();
-    assert!(missing.is_empty(), "{} events lost, e.g. {:?}", missing.len(), &missing[..missing.len().min(5)]);
+    let missing: Vec<&String> = acked
+        .iter()
+        .filter(|m| !event_of.contains_key(*m))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} events lost, e.g. {:?}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -224,7 +237,11 @@ async fn receiver_down_under_load_loses_nothing() {
         (acked, started.elapsed())
     };
     let (acked, took) = run;
-    assert!(acked.len() as u64 >= 400 * secs, "only {} sent in {took:?}", acked.len());
+    assert!(
+        acked.len() as u64 >= 400 * secs,
+        "only {} sent in {took:?}",
+        acked.len()
+    );
     let want: HashSet<&str> = acked.iter().map(String::as_str).collect();
     let got = rx
         .wait_until(Duration::from_secs(120), "every message's event", |g| {
@@ -237,7 +254,9 @@ async fn receiver_down_under_load_loses_nothing() {
         .await;
     check_once_per_message(&got, &acked);
     assert!(server.metric("im_webhook_failed_total", &[("endpoint", "push")]) > 0.0);
-    assert!(server.metric("im_webhook_delivered_total", &[("endpoint", "push")]) >= acked.len() as f64);
+    assert!(
+        server.metric("im_webhook_delivered_total", &[("endpoint", "push")]) >= acked.len() as f64
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -271,8 +290,7 @@ async fn events_queued_at_a_sigkill_are_delivered_after_restart() {
     server.restart();
     let got = rx
         .wait_until(WAIT, "the 50 events after the restart", |g| {
-            of_kind(g, "message.created").len() >= 50
-                && !of_kind(g, "message.offline").is_empty()
+            of_kind(g, "message.created").len() >= 50 && !of_kind(g, "message.offline").is_empty()
         })
         .await;
     let created: Vec<Received> = got
@@ -291,7 +309,11 @@ async fn a_slow_receiver_does_not_hold_messages_back() {
         ..Reply::default()
     });
     let server = TestServer::start_with_config(
-        &config(&rx.url("/hook"), &["message.created"], "concurrency = 2\ntimeout_ms = 20000"),
+        &config(
+            &rx.url("/hook"),
+            &["message.created"],
+            "concurrency = 2\ntimeout_ms = 20000",
+        ),
         &[],
     );
     let mut alice = server.raw("alice").await;
@@ -353,8 +375,14 @@ async fn failing_events_park_and_redeliver_through_the_admin_api() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     let error = parked["events"][0]["last_error"].as_str().unwrap();
-    assert!(error.starts_with("HTTP 500") && !error.contains('\n'), "{error}");
-    assert_eq!(server.metric("im_webhook_parked_total", &[("endpoint", "push")]), 2.0);
+    assert!(
+        error.starts_with("HTTP 500") && !error.contains('\n'),
+        "{error}"
+    );
+    assert_eq!(
+        server.metric("im_webhook_parked_total", &[("endpoint", "push")]),
+        2.0
+    );
     let first_ids: HashSet<String> = rx
         .received()
         .iter()
@@ -369,7 +397,11 @@ async fn failing_events_park_and_redeliver_through_the_admin_api() {
     assert_eq!(fired["status"], 500, "{body}");
     let (status, _) = server.admin_json("POST", "/admin/v1/webhooks/nope/test", "");
     assert_eq!(status, 404);
-    let (status, body) = server.admin_json("POST", "/admin/v1/webhooks/parked/redeliver", "{\"endpont\":\"push\"}");
+    let (status, body) = server.admin_json(
+        "POST",
+        "/admin/v1/webhooks/parked/redeliver",
+        "{\"endpont\":\"push\"}",
+    );
     assert_eq!(status, 400, "a misspelt field is refused: {body}");
 
     rx.set_reply(Reply::default());

@@ -31,10 +31,14 @@ pub fn routes() -> Router<Arc<Node>> {
         .route(routes::WEBHOOK_TEST, post(test))
 }
 
-fn configured(node: &Node) -> Result<&Arc<Webhooks>, Response> {
-    node.webhooks
-        .as_ref()
-        .ok_or_else(|| error(StatusCode::NOT_FOUND, "no webhook endpoint is configured"))
+/// The node's webhooks, or the 404 answer when none are configured.
+fn configured(node: &Node) -> Result<&Arc<Webhooks>, Box<Response>> {
+    node.webhooks.as_ref().ok_or_else(|| {
+        Box::new(error(
+            StatusCode::NOT_FOUND,
+            "no webhook endpoint is configured",
+        ))
+    })
 }
 
 fn failed(e: WebhookError) -> Response {
@@ -47,7 +51,7 @@ fn failed(e: WebhookError) -> Response {
 async fn list(State(node): State<Arc<Node>>) -> Response {
     match configured(&node) {
         Ok(w) => Json(w.view()).into_response(),
-        Err(r) => r,
+        Err(r) => *r,
     }
 }
 
@@ -62,7 +66,7 @@ struct ParkedQuery {
 async fn parked(State(node): State<Arc<Node>>, Query(q): Query<ParkedQuery>) -> Response {
     let w = match configured(&node) {
         Ok(w) => w,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let limit = match q.limit.as_deref().map(str::parse::<u32>) {
         None => 100,
@@ -83,7 +87,7 @@ async fn parked(State(node): State<Arc<Node>>, Query(q): Query<ParkedQuery>) -> 
 async fn redeliver(State(node): State<Arc<Node>>, body: Body) -> Response {
     let w = match configured(&node) {
         Ok(w) => w,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let bytes = match axum::body::to_bytes(body, REDELIVER_BYTES).await {
         Ok(b) => b,
@@ -118,7 +122,7 @@ async fn redeliver(State(node): State<Arc<Node>>, body: Body) -> Response {
 async fn test(State(node): State<Arc<Node>>, Path(name): Path<String>) -> Response {
     let w = match configured(&node) {
         Ok(w) => w,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     match w.test_fire(&name).await {
         Ok(t) => Json(t).into_response(),

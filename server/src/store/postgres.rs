@@ -123,6 +123,10 @@ impl Backend for PgStore {
         self.outbox.store(on, Ordering::Relaxed);
     }
 
+    fn outbox_on(&self) -> bool {
+        self.outbox.load(Ordering::Relaxed)
+    }
+
     fn outbox_pool(&self) -> &PgPool {
         &self.outbox_pool
     }

@@ -144,6 +144,10 @@ impl Backend for SqliteStore {
         self.commits.set_outbox(on);
     }
 
+    fn outbox_on(&self) -> bool {
+        self.commits.outbox_on()
+    }
+
     fn outbox_pool(&self) -> &SqlitePool {
         &self.outbox
     }

@@ -66,6 +66,11 @@ impl CommitThread {
         })
     }
 
+    /// Whether batches write webhook outbox rows now.
+    pub(crate) fn outbox_on(&self) -> bool {
+        self.outbox.load(Ordering::Relaxed)
+    }
+
     /// Whether later batches write webhook outbox rows.
     pub(crate) fn set_outbox(&self, on: bool) {
         self.outbox.store(on, Ordering::Relaxed);

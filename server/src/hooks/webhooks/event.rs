@@ -72,7 +72,7 @@ fn type_name(t: i32) -> &'static str {
 /// The kind of event a committed message makes (besides `message.offline`).
 pub(super) fn kind_of(s: &OutboxSource) -> &'static str {
     match s.msg_type {
-        3 => "group.changed",
+        3 if s.conversation_id.starts_with("g:") => "group.changed",
         4 => "message.recalled",
         5 => "message.edited",
         _ => "message.created",

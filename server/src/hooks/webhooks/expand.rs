@@ -236,7 +236,9 @@ fn offline_events(
                     body: merged.json(),
                 });
             }
-            Some(_) => plan.events.push(hooks.new_event(&e.name, fresh, now, w.until)),
+            Some(_) => plan
+                .events
+                .push(hooks.new_event(&e.name, fresh, now, w.until)),
             None => {
                 w.trailing = Some(Trailing {
                     at: plan.events.len() as i64,
@@ -244,7 +246,8 @@ fn offline_events(
                     event_id: fresh.id().to_owned(),
                     merged: 0,
                 });
-                plan.events.push(hooks.new_event(&e.name, fresh, now, w.until));
+                plan.events
+                    .push(hooks.new_event(&e.name, fresh, now, w.until));
             }
         }
     }

@@ -203,14 +203,20 @@ impl Webhooks {
 
     /// Whether any endpoint wants `kind`.
     pub fn wants(&self, kind: &str) -> bool {
-        self.endpoints.iter().any(|e| e.events.iter().any(|k| k == kind))
+        self.endpoints
+            .iter()
+            .any(|e| e.events.iter().any(|k| k == kind))
     }
 
     /// A user's first connection here opened (`online`) or their last one closed: a
     /// `user.online` / `user.offline` event, queued for the outbox without waiting
     /// (dropped, counted in `im_webhook_presence_dropped_total`, when the queue is full).
     pub fn presence(&self, user: &str, online: bool) {
-        let kind = if online { "user.online" } else { "user.offline" };
+        let kind = if online {
+            "user.online"
+        } else {
+            "user.offline"
+        };
         if !self.wants(kind) {
             return;
         }
@@ -229,7 +235,11 @@ impl Webhooks {
         while rx.recv_many(&mut batch, 512).await > 0 {
             let mut events = Vec::new();
             for (user, online, at) in batch.drain(..) {
-                let kind = if online { "user.online" } else { "user.offline" };
+                let kind = if online {
+                    "user.online"
+                } else {
+                    "user.offline"
+                };
                 let body = event::user(&self.node_id, kind, &user, at);
                 self.events_for(kind, &body, at, at, &mut events);
             }
@@ -246,7 +256,11 @@ impl Webhooks {
         due: i64,
         out: &mut Vec<NewEvent>,
     ) {
-        for e in self.endpoints.iter().filter(|e| e.events.iter().any(|k| k == kind)) {
+        for e in self
+            .endpoints
+            .iter()
+            .filter(|e| e.events.iter().any(|k| k == kind))
+        {
             out.push(self.new_event(&e.name, body.fresh(), at, due));
         }
     }

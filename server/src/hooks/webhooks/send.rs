@@ -47,7 +47,11 @@ pub(super) async fn run(hooks: Arc<Webhooks>, e: Arc<Endpoint>) {
         let paused = health.paused();
         if inflight.len() < limit && !idle && paused.is_none() {
             let free = (limit - inflight.len()) as u32;
-            match hooks.store.events_claim(&e.name, &hooks.node_id, lease, free).await {
+            match hooks
+                .store
+                .events_claim(&e.name, &hooks.node_id, lease, free)
+                .await
+            {
                 Ok(claimed) => {
                     idle = claimed.is_empty();
                     for c in claimed {
@@ -157,8 +161,7 @@ async fn attempt(e: Arc<Endpoint>, cfg: config::Webhooks, c: Claimed) -> Outcome
         }
         Err(f) => {
             e.stats.attempt(false, Some(&f.error));
-            metrics::counter!("im_webhook_failed_total", "endpoint" => e.name.clone())
-                .increment(1);
+            metrics::counter!("im_webhook_failed_total", "endpoint" => e.name.clone()).increment(1);
             let now = im_proto::now_ms();
             let error = super::escape(&f.error);
             if now - c.created_ms >= i64::from(cfg.max_age_secs) * 1000 {

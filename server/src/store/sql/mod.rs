@@ -92,6 +92,9 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Whether later batch commits write webhook outbox rows.
     fn set_outbox(&self, on: bool);
 
+    /// Whether commits write webhook outbox rows now.
+    fn outbox_on(&self) -> bool;
+
     /// The webhook outbox's own pool (opened lazily, so a node without webhooks holds
     /// no connection for it): its traffic never waits for, nor holds, a connection the
     /// message path's writes use.
@@ -297,7 +300,7 @@ where
         req: &GroupRequest,
     ) -> Result<GroupOutcome, StoreError> {
         let mut conn = self.writer().await?;
-        let out = Sql::<DB>::group_change(&mut conn, group_id, req).await;
+        let out = Sql::<DB>::group_change(&mut conn, group_id, req, self.outbox_on()).await;
         settle(conn, out).await
     }
 
@@ -521,7 +524,11 @@ where
         settle(conn, out).await
     }
 
-    async fn events_parked(&self, endpoint: &str, limit: u32) -> Result<Vec<ParkedRow>, StoreError> {
+    async fn events_parked(
+        &self,
+        endpoint: &str,
+        limit: u32,
+    ) -> Result<Vec<ParkedRow>, StoreError> {
         Sql::<DB>::events_parked(self.outbox_pool(), endpoint, limit).await
     }
 
