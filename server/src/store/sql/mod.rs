@@ -105,20 +105,13 @@ pub(crate) trait Backend: Send + Sync + 'static {
     const CLAIM_LOCK: &'static str = "";
 }
 
-/// A lease end for a claim of this process: `now + lease_ms`, and always later than the
-/// previous one, so one claim's rows are found by (owner, lease end).
-fn lease_until(lease_ms: i64) -> i64 {
-    use std::sync::atomic::{AtomicI64, Ordering};
-    static LAST: AtomicI64 = AtomicI64::new(0);
-    let want = im_proto::now_ms() + lease_ms;
-    let mut prev = LAST.load(Ordering::Relaxed);
-    loop {
-        let next = want.max(prev + 1);
-        match LAST.compare_exchange(prev, next, Ordering::Relaxed, Ordering::Relaxed) {
-            Ok(_) => return next,
-            Err(p) => prev = p,
-        }
-    }
+/// A claim's lease: (owner, end). The owner is the node's name and a number unique in
+/// this process, so one claim's rows are found by it; the end is `lease_ms` from now.
+fn lease(owner: &str, lease_ms: i64) -> (String, i64) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static CLAIMS: AtomicU64 = AtomicU64::new(0);
+    let n = CLAIMS.fetch_add(1, Ordering::Relaxed);
+    (format!("{owner}/{n}"), im_proto::now_ms() + lease_ms)
 }
 
 /// The shared SQL over engine `DB`, as associated functions in one `impl` block per
@@ -488,8 +481,8 @@ where
         limit: u32,
     ) -> Result<Vec<OutboxSource>, StoreError> {
         let mut conn = self.outbox_pool().acquire().await?;
-        let until = lease_until(lease_ms);
-        let out = Sql::<DB>::outbox_claim(&mut conn, S::CLAIM_LOCK, owner, until, limit).await;
+        let (owner, until) = lease(owner, lease_ms);
+        let out = Sql::<DB>::outbox_claim(&mut conn, S::CLAIM_LOCK, &owner, until, limit).await;
         settle(conn, out).await
     }
 
@@ -512,9 +505,9 @@ where
         limit: u32,
     ) -> Result<Vec<Claimed>, StoreError> {
         let mut conn = self.outbox_pool().acquire().await?;
-        let until = lease_until(lease_ms);
+        let (owner, until) = lease(owner, lease_ms);
         let out =
-            Sql::<DB>::events_claim(&mut conn, S::CLAIM_LOCK, endpoint, owner, until, limit).await;
+            Sql::<DB>::events_claim(&mut conn, S::CLAIM_LOCK, endpoint, &owner, until, limit).await;
         settle(conn, out).await
     }
 

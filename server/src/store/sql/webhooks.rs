@@ -23,8 +23,8 @@ where
     String: Col<DB>,
     for<'q> &'q str: Bind<'q, DB>,
 {
-    /// Claims committed messages of the outbox ([`Store::outbox_claim`]); `until` is
-    /// the lease's end, unique per claim of this process.
+    /// Claims committed messages of the outbox ([`Store::outbox_claim`]) for `owner`
+    /// (unique per claim) until `until`.
     ///
     /// [`Store::outbox_claim`]: crate::store::Store::outbox_claim
     pub(crate) async fn outbox_claim(
@@ -38,26 +38,29 @@ where
         let mut tx = sqlx::Connection::begin(&mut **conn).await?;
         let claim = format!(
             "UPDATE webhook_outbox SET lease_owner = $1, lease_until = $2 WHERE id IN \
-             (SELECT id FROM webhook_outbox WHERE lease_until < $3 ORDER BY id LIMIT $4{lock})"
+             (SELECT id FROM webhook_outbox WHERE lease_until < $3 ORDER BY id LIMIT $4{lock}) \
+             RETURNING id"
         );
-        sqlx::query(&claim)
+        let ids: Vec<i64> = sqlx::query_scalar(&claim)
             .bind(owner)
             .bind(until)
             .bind(now)
             .bind(i64::from(limit))
-            .execute(&mut *tx)
+            .fetch_all(&mut *tx)
             .await?;
-        let rows = sqlx::query(
+        if ids.is_empty() {
+            tx.commit().await?;
+            return Ok(Vec::new());
+        }
+        let mut st = Statement::<DB>::new(
             "SELECT o.id, o.conversation_id, o.seq, o.created_ms, COALESCE(m.sender, ''), \
              COALESCE(m.msg_id, ''), COALESCE(m.msg_type, 0), COALESCE(m.ref_msg_id, ''), \
              COALESCE(m.send_time, 0) FROM webhook_outbox o LEFT JOIN messages m \
-             ON m.conversation_id = o.conversation_id AND m.seq = o.seq \
-             WHERE o.lease_owner = $1 AND o.lease_until = $2 ORDER BY o.id",
-        )
-        .bind(owner)
-        .bind(until)
-        .fetch_all(&mut *tx)
-        .await?;
+             ON m.conversation_id = o.conversation_id AND m.seq = o.seq WHERE o.id IN (",
+        );
+        st.push_list(ids.iter().copied()).push(") ORDER BY o.id");
+        let (sql, args) = st.finish()?;
+        let rows = sqlx::query_with(&sql, args).fetch_all(&mut *tx).await?;
         tx.commit().await?;
         let mut out = Vec::with_capacity(rows.len());
         for r in rows {
@@ -140,25 +143,18 @@ where
         let claim = format!(
             "UPDATE webhook_deliveries SET lease_owner = $1, lease_until = $2 WHERE id IN \
              (SELECT id FROM webhook_deliveries WHERE endpoint = $3 AND parked = 0 \
-             AND next_ms <= $4 AND lease_until < $4 ORDER BY next_ms, id LIMIT $5{lock})"
+             AND next_ms <= $4 AND lease_until < $4 ORDER BY next_ms, id LIMIT $5{lock}) \
+             RETURNING id, event_id, kind, body, created_ms, attempts"
         );
-        sqlx::query(&claim)
+        let mut rows = sqlx::query(&claim)
             .bind(owner)
             .bind(until)
             .bind(endpoint)
             .bind(now)
             .bind(i64::from(limit))
-            .execute(&mut *tx)
+            .fetch_all(&mut *tx)
             .await?;
-        let rows = sqlx::query(
-            "SELECT id, event_id, kind, body, created_ms, attempts FROM webhook_deliveries \
-             WHERE lease_owner = $1 AND lease_until = $2 AND endpoint = $3 ORDER BY id",
-        )
-        .bind(owner)
-        .bind(until)
-        .bind(endpoint)
-        .fetch_all(&mut *tx)
-        .await?;
+        rows.sort_by_cached_key(|r| r.try_get::<i64, _>(0).unwrap_or(0));
         tx.commit().await?;
         let mut out = Vec::with_capacity(rows.len());
         for r in rows {
