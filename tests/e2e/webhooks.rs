@@ -432,3 +432,51 @@ async fn failing_events_park_and_redeliver_through_the_admin_api() {
     assert_eq!(v["endpoints"][0]["name"], "push");
     assert!(v["endpoints"][0]["failed"].as_u64().unwrap() >= 2, "{body}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_nodes_queued_events_are_delivered_by_another() {
+    let mut rx = Receiver::start(HOOK_SECRET).await;
+    rx.down();
+    let c = crate::support::cluster::TestCluster::start_with_config(
+        2,
+        &config(
+            &rx.url("/hook"),
+            &["message.created"],
+            "retry_base_ms = 100\nretry_max_ms = 500\ntimeout_ms = 1000",
+        ),
+        &[],
+    )
+    .await;
+    let mut c = c;
+    let mut alice = c.nodes[0].raw("alice").await;
+    let ids = send_n(&mut alice, "bob", 40, "c").await;
+    // Both nodes expand and send; the events are stored before node 0 dies.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (_, body) = c.nodes[0].admin_get("/admin/v1/webhooks");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("webhooks JSON");
+        if v["outbox_pending"] == 0 && v["outbox_events"].as_u64().unwrap_or(0) >= 40 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "events not stored: {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(alice);
+    c.nodes[0].kill();
+    rx.up().await;
+    let got = rx
+        .wait_until(Duration::from_secs(60), "the 40 events from node 1", |g| {
+            let seen: HashSet<String> = g
+                .iter()
+                .filter_map(|r| r.json()["message"]["msg_id"].as_str().map(str::to_owned))
+                .collect();
+            ids.iter().all(|m| seen.contains(m))
+        })
+        .await;
+    check_once_per_message(&got, &ids);
+    assert!(
+        c.nodes[1].metric("im_webhook_delivered_total", &[("endpoint", "push")]) >= 40.0,
+        "node 1 delivered them"
+    );
+    c.cleanup().await;
+}

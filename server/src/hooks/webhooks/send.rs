@@ -20,8 +20,9 @@ use crate::store::outbox::{Claimed, Outcome};
 
 /// The wait between claims when nothing is due (a new event wakes the sender sooner).
 const IDLE: Duration = Duration::from_millis(200);
-/// A claim's lease beyond the request timeout, ms (covers recording the outcome).
-const LEASE_SLACK_MS: i64 = 30_000;
+/// A claim's lease beyond the request timeout, ms (covers recording the outcome; after
+/// it another node may send the event again).
+const LEASE_SLACK_MS: i64 = 10_000;
 
 /// A failed request.
 #[derive(Debug)]
