@@ -480,3 +480,88 @@ async fn a_killed_nodes_queued_events_are_delivered_by_another() {
     );
     c.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edits_recalls_group_changes_and_presence_make_their_events() {
+    use im_client::proto::{self, Body};
+    let rx = Receiver::start(HOOK_SECRET).await;
+    let server = TestServer::start_with_config(
+        &config(
+            &rx.url("/hook"),
+            &[
+                "message.edited",
+                "message.recalled",
+                "group.changed",
+                "user.online",
+                "user.offline",
+                "message.offline",
+            ],
+            "offline_window_ms = 0",
+        ),
+        &[],
+    );
+    let mut alice = server.raw("alice").await;
+    create_group(&mut alice, "club", vec!["carol".into()]).await;
+    let conv = "u:alice:bob";
+    let sent = send_n(&mut alice, "bob", 2, "x").await;
+    let edited = request(
+        &mut alice,
+        50,
+        Body::Edit(proto::Edit {
+            conversation_id: conv.into(),
+            seq: 1,
+            msg_id: String::new(),
+            payload: b"changed".to_vec().into(),
+            client_msg_id: "e1".into(),
+        }),
+    )
+    .await;
+    assert!(matches!(edited, Body::SendAck(_)), "{edited:?}");
+    let recalled = request(
+        &mut alice,
+        51,
+        Body::Recall(proto::Recall {
+            conversation_id: conv.into(),
+            seq: 2,
+            msg_id: sent[1].clone(),
+            client_msg_id: "r1".into(),
+        }),
+    )
+    .await;
+    assert!(matches!(recalled, Body::SendAck(_)), "{recalled:?}");
+    drop(alice);
+    let got = rx
+        .wait_until(WAIT, "every kind", |g| {
+            [
+                "message.edited",
+                "message.recalled",
+                "group.changed",
+                "user.online",
+                "user.offline",
+            ]
+            .iter()
+            .all(|k| !of_kind(g, k).is_empty())
+                && of_kind(g, "message.offline").len() >= 2
+        })
+        .await;
+    all_signed(&got);
+    let e = &of_kind(&got, "message.edited")[0];
+    assert_eq!(e["message"]["ref_msg_id"], sent[0].as_str());
+    assert_eq!(e["message"]["msg_type"], "edit");
+    let r = &of_kind(&got, "message.recalled")[0];
+    assert_eq!(r["message"]["ref_msg_id"], sent[1].as_str());
+    let g = &of_kind(&got, "group.changed")[0];
+    assert_eq!(g["message"]["conversation_id"], "g:club");
+    assert_eq!(g["message"]["msg_type"], "system");
+    let online = &of_kind(&got, "user.online")[0];
+    assert_eq!(online["user_id"], "alice");
+    let offline = &of_kind(&got, "user.offline")[0];
+    assert_eq!(offline["user_id"], "alice");
+    // Pushes are for TEXT, IMAGE and FILE only: the two sends, not the edit or recall,
+    // and with the window off each fires (bob, offline, twice; carol never: the group
+    // had no message).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pushes = of_kind(&rx.received(), "message.offline");
+    assert_eq!(pushes.len(), 2, "{pushes:?}");
+    assert!(pushes.iter().all(|p| p["user_id"] == "bob"));
+}

@@ -68,7 +68,7 @@ where
         req: &GroupRequest,
         outbox: bool,
     ) -> Result<GroupOutcome, StoreError> {
-        let mut tx = sqlx::Connection::begin(&mut **conn).await?;
+        let mut tx = super::begin_write::<DB>(&mut **conn).await?;
         let now = im_proto::now_ms();
         let row: Option<(i32, i32, i64, i32, i32)> = sqlx::query_as(
             "SELECT kind, members_can_invite, version, dissolved, size \

@@ -223,6 +223,21 @@ impl<'a, DB: Database> Tuple<'_, 'a, DB> {
     }
 }
 
+/// Begins a write transaction on `conn`: on SQLite `BEGIN IMMEDIATE`, which takes the
+/// write lock at once (waiting out the busy timeout). A deferred transaction that reads
+/// first cannot take the lock after another connection (the commit thread, the webhook
+/// outbox's) committed meanwhile: SQLite fails it at once with SQLITE_BUSY. Postgres:
+/// `BEGIN`.
+pub(crate) async fn begin_write<DB: Database>(
+    conn: &mut DB::Connection,
+) -> Result<sqlx::Transaction<'_, DB>, sqlx::Error> {
+    if DB::NAME == "SQLite" {
+        sqlx::Connection::begin_with(conn, "BEGIN IMMEDIATE").await
+    } else {
+        sqlx::Connection::begin(conn).await
+    }
+}
+
 /// After a write on a connection from [`Backend::writer`]: a failed write leaves the
 /// connection's state in doubt, so it is closed (its open transaction, if any, rolls
 /// back) rather than returned to the pool, and the next write opens a new one.

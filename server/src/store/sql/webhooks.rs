@@ -35,7 +35,7 @@ where
         limit: u32,
     ) -> Result<Vec<OutboxSource>, StoreError> {
         let now = im_proto::now_ms();
-        let mut tx = sqlx::Connection::begin(&mut **conn).await?;
+        let mut tx = super::begin_write::<DB>(&mut **conn).await?;
         let claim = format!(
             "UPDATE webhook_outbox SET lease_owner = $1, lease_until = $2 WHERE id IN \
              (SELECT id FROM webhook_outbox WHERE lease_until < $3 ORDER BY id LIMIT $4{lock}) \
@@ -88,7 +88,7 @@ where
         events: &[NewEvent],
         merges: &[Merge],
     ) -> Result<Vec<i64>, StoreError> {
-        let mut tx = sqlx::Connection::begin(&mut **conn).await?;
+        let mut tx = super::begin_write::<DB>(&mut **conn).await?;
         let mut ids = Vec::with_capacity(events.len());
         for e in events {
             let id: i64 = sqlx::query_scalar(
@@ -139,7 +139,7 @@ where
         limit: u32,
     ) -> Result<Vec<Claimed>, StoreError> {
         let now = im_proto::now_ms();
-        let mut tx = sqlx::Connection::begin(&mut **conn).await?;
+        let mut tx = super::begin_write::<DB>(&mut **conn).await?;
         let claim = format!(
             "UPDATE webhook_deliveries SET lease_owner = $1, lease_until = $2 WHERE id IN \
              (SELECT id FROM webhook_deliveries WHERE endpoint = $3 AND parked = 0 \
@@ -177,7 +177,7 @@ where
         conn: &mut PoolConnection<DB>,
         outcomes: &[Outcome],
     ) -> Result<(), StoreError> {
-        let mut tx = sqlx::Connection::begin(&mut **conn).await?;
+        let mut tx = super::begin_write::<DB>(&mut **conn).await?;
         let delivered: Vec<i64> = outcomes
             .iter()
             .filter_map(|o| match o {
