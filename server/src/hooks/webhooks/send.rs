@@ -33,31 +33,39 @@ pub(super) struct Failure {
     pub error: String,
 }
 
-/// Runs endpoint `e`'s sender until aborted. After `concurrency` failures in a row the
-/// endpoint counts as down: no claims for a backoff (doubling per trip, capped at
+/// Events claimed ahead per request slot (claims and outcome writes come in batches).
+const PREFETCH: usize = 2;
+/// Longest wait before outcomes are written, so they are written in batches.
+const SETTLE_EVERY: Duration = Duration::from_millis(20);
+
+/// Runs endpoint `e`'s sender until aborted: at most `concurrency` requests in flight,
+/// up to `PREFETCH` times as many events claimed ahead (their lease covers the wait), the
+/// outcomes written in batches. After `concurrency` failures in a row the endpoint counts
+/// as down: no claims for a backoff (doubling per trip, capped at
 /// `webhooks.retry_max_ms`), so a dead endpoint costs a few store writes a second.
 pub(super) async fn run(hooks: Arc<Webhooks>, e: Arc<Endpoint>) {
     let cfg = hooks.config.clone();
     let limit = cfg.concurrency as usize;
-    let lease = i64::from(cfg.timeout_ms) + LEASE_SLACK_MS;
+    let ahead = limit * PREFETCH;
+    let lease = i64::from(cfg.timeout_ms) * (1 + PREFETCH as i64) + LEASE_SLACK_MS;
+    let mut queue: std::collections::VecDeque<Claimed> = std::collections::VecDeque::new();
     let mut inflight: JoinSet<Outcome> = JoinSet::new();
     let mut outcomes = Vec::new();
+    let mut settle_at: Option<Instant> = None;
     let mut idle = false;
     let mut health = Health::default();
     loop {
         let paused = health.paused();
-        if inflight.len() < limit && !idle && paused.is_none() {
-            let free = (limit - inflight.len()) as u32;
+        if queue.len() < limit && !idle && paused.is_none() {
+            let want = (ahead + limit).saturating_sub(queue.len() + inflight.len()) as u32;
             match hooks
                 .store
-                .events_claim(&e.name, &hooks.node_id, lease, free)
+                .events_claim(&e.name, &hooks.node_id, lease, want)
                 .await
             {
                 Ok(claimed) => {
                     idle = claimed.is_empty();
-                    for c in claimed {
-                        inflight.spawn(attempt(e.clone(), cfg.clone(), c));
-                    }
+                    queue.extend(claimed);
                 }
                 Err(err) => {
                     tracing::warn!(endpoint = %e.name, error = %err, "claiming webhook events failed");
@@ -65,7 +73,15 @@ pub(super) async fn run(hooks: Arc<Webhooks>, e: Arc<Endpoint>) {
                 }
             }
         }
-        let wait = paused.unwrap_or(IDLE).min(IDLE);
+        while inflight.len() < limit && paused.is_none() {
+            let Some(c) = queue.pop_front() else { break };
+            inflight.spawn(attempt(e.clone(), cfg.clone(), c));
+        }
+        let wait = match settle_at {
+            Some(t) => t.saturating_duration_since(Instant::now()),
+            None => paused.unwrap_or(IDLE).min(IDLE),
+        };
+        let sleeping = idle || paused.is_some() || settle_at.is_some() || inflight.is_empty();
         tokio::select! {
             Some(done) = inflight.join_next(), if !inflight.is_empty() => {
                 if let Ok(o) = done {
@@ -78,12 +94,29 @@ pub(super) async fn run(hooks: Arc<Webhooks>, e: Arc<Endpoint>) {
                 }
             }
             _ = e.wake.notified(), if idle && paused.is_none() => idle = false,
-            _ = tokio::time::sleep(wait), if idle || paused.is_some() => idle = false,
+            _ = tokio::time::sleep(wait), if sleeping => idle = false,
         }
         if !outcomes.is_empty() {
-            health.record(&outcomes, &cfg);
-            settle(&hooks, &e, &mut outcomes).await;
-            idle = false;
+            let due = *settle_at.get_or_insert_with(|| Instant::now() + SETTLE_EVERY);
+            if outcomes.len() >= limit || Instant::now() >= due || inflight.is_empty() {
+                health.record(&outcomes, &cfg);
+                settle(&hooks, &e, &mut outcomes).await;
+                settle_at = None;
+                idle = false;
+            }
+        }
+        if paused.is_some() && !queue.is_empty() {
+            // Down: give the claimed events back at once (due again after the pause).
+            let back: Vec<Outcome> = queue
+                .drain(..)
+                .map(|c| Outcome::Retry {
+                    id: c.id,
+                    next_ms: im_proto::now_ms() + paused.map_or(0, |p| p.as_millis() as i64),
+                    error: "the endpoint is paused after repeated failures".into(),
+                })
+                .collect();
+            let mut back = back;
+            settle(&hooks, &e, &mut back).await;
         }
     }
 }
