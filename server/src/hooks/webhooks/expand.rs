@@ -24,8 +24,12 @@ pub type OnlineFn = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 const BATCH: u32 = 256;
 /// How long a claim of outbox rows holds, ms (a node that dies leaves them this long).
 const LEASE_MS: i64 = 30_000;
-/// The wait when the outbox is empty.
+/// The wait when the outbox is empty, or held less than a batch: rows gather for the
+/// next claim, so the store sees few, larger transactions (on SQLite they take the
+/// write lock the message commits need).
 const IDLE: Duration = Duration::from_millis(100);
+/// The wait after a batch smaller than [`BATCH`].
+const GATHER: Duration = Duration::from_millis(50);
 /// A merge into a stored event this close to its due time starts a new event instead.
 const GUARD_MS: i64 = 500;
 /// Collapse windows remembered at most before the expired ones are dropped.
@@ -93,6 +97,9 @@ pub(super) async fn run(hooks: Arc<Webhooks>, online: OnlineFn) {
                 tracing::warn!(error = %e, "expanding webhook outbox rows failed");
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
+        }
+        if done.len() < BATCH as usize {
+            tokio::time::sleep(GATHER).await;
         }
         if windows.len() > MAX_WINDOWS {
             let now = im_proto::now_ms();

@@ -34,9 +34,9 @@ pub(super) struct Failure {
 }
 
 /// Events claimed ahead per request slot (claims and outcome writes come in batches).
-const PREFETCH: usize = 2;
+const PREFETCH: usize = 4;
 /// Longest wait before outcomes are written, so they are written in batches.
-const SETTLE_EVERY: Duration = Duration::from_millis(20);
+const SETTLE_EVERY: Duration = Duration::from_millis(50);
 
 /// Runs endpoint `e`'s sender until aborted: at most `concurrency` requests in flight,
 /// up to `PREFETCH` times as many events claimed ahead (their lease covers the wait), the
@@ -98,7 +98,8 @@ pub(super) async fn run(hooks: Arc<Webhooks>, e: Arc<Endpoint>) {
         }
         if !outcomes.is_empty() {
             let due = *settle_at.get_or_insert_with(|| Instant::now() + SETTLE_EVERY);
-            if outcomes.len() >= limit || Instant::now() >= due || inflight.is_empty() {
+            let drained = inflight.is_empty() && queue.is_empty();
+            if outcomes.len() >= ahead || Instant::now() >= due || drained {
                 health.record(&outcomes, &cfg);
                 settle(&hooks, &e, &mut outcomes).await;
                 settle_at = None;
