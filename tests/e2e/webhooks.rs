@@ -437,7 +437,7 @@ async fn failing_events_park_and_redeliver_through_the_admin_api() {
 async fn a_killed_nodes_queued_events_are_delivered_by_another() {
     let mut rx = Receiver::start(HOOK_SECRET).await;
     rx.down();
-    let c = crate::support::cluster::TestCluster::start_with_config(
+    let c = cluster::TestCluster::start_with_config(
         2,
         &config(
             &rx.url("/hook"),
