@@ -20,6 +20,7 @@ pub mod overview;
 pub mod routes;
 pub mod trace;
 pub mod users;
+pub mod webhooks;
 
 #[cfg(feature = "client")]
 pub mod client;
@@ -44,6 +45,10 @@ pub use overview::{
 pub use trace::{MessageTrace, TraceStage};
 pub use users::{
     Backlog, StageTiming, UserDiag, UserLogFilter, UserMessage, UserNode, UserRefusal, UserSession,
+};
+pub use webhooks::{
+    EventMessage, ParkedEvent, ParkedEvents, Redeliver, Redelivered, TestFired, WebhookEndpoint,
+    WebhookEvent, Webhooks,
 };
 
 /// The body of every error answer: `{"error": "<message>"}`, with a 4xx or 5xx status.

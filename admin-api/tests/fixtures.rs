@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 
 use im_admin_api::{
     ConnectionList, ErrorBody, HeapProfileBundle, LogFilters, LogTailLine, Logs, Memory,
-    MessageTrace, Overview, PostedMessages, ProfileBundle, SlowConsumers, UserDiag,
+    MessageTrace, Overview, ParkedEvents, PostedMessages, ProfileBundle, SlowConsumers, UserDiag,
+    Webhooks,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -116,6 +117,8 @@ const FILES: &[&str] = &[
     "error_no_user.json",
     "trace.json",
     "error_no_trace.json",
+    "webhooks.json",
+    "webhooks_parked.json",
 ];
 
 #[test]
@@ -144,6 +147,8 @@ fn every_recorded_answer_decodes_strictly() {
     }
     strict_lines::<LogTailLine>("log_tail.ndjson");
     strict::<MessageTrace>("trace.json");
+    strict::<Webhooks>("webhooks.json");
+    strict::<ParkedEvents>("webhooks_parked.json");
 }
 
 #[test]

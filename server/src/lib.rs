@@ -69,6 +69,8 @@ pub struct Node {
     pub cluster: Option<Arc<cluster::Cluster>>,
     /// `limits.max_connections` resolved at start (0: no cap).
     pub max_connections: usize,
+    /// Event webhooks (`None`: no endpoint configured).
+    pub webhooks: Option<Arc<hooks::webhooks::Webhooks>>,
     snapshot: Arc<RwLock<obs::sampler::Snapshot>>,
     /// Where a reload reads the config again (`reload`): the binary's file and flags.
     config_source: std::sync::OnceLock<reload::ConfigSource>,
@@ -212,6 +214,8 @@ impl Node {
         } else {
             config.node_id.clone()
         };
+        let webhooks = hooks::webhooks::Webhooks::new(&config, &node_id, store.clone())
+            .context("starting the webhooks")?;
         metrics.tracer.configure(
             &node_id,
             config.obs.trace_sample_rate,
@@ -299,6 +303,7 @@ impl Node {
             draining: draining.clone(),
             cluster: cluster.clone(),
             max_connections,
+            webhooks,
             snapshot,
             config_source: std::sync::OnceLock::new(),
         });
@@ -445,6 +450,9 @@ impl Built {
         let hangup = [&self.client_tls, &self.admin_tls];
         let hangup = hangup.into_iter().flatten().cloned().collect();
         background.push(tokio::spawn(listen::reload_on_hangup(hangup)));
+        if let Some(w) = &node.webhooks {
+            background.extend(start_webhooks(&node, w));
+        }
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let listeners = vec![
             tokio::spawn(listen::serve_client(
@@ -477,6 +485,22 @@ impl Built {
             report,
         })
     }
+}
+
+/// Starts the webhooks' tasks: the presence check is the router's (this node and, in
+/// cluster mode, the others), and the router tells them of first and last connections.
+fn start_webhooks(node: &Arc<Node>, w: &Arc<hooks::webhooks::Webhooks>) -> Vec<JoinHandle<()>> {
+    let router = node.pipeline.router.clone();
+    let online: hooks::webhooks::OnlineFn = Arc::new(move |user: &str| router.devices(user) > 0);
+    if w.wants("user.online") || w.wants("user.offline") {
+        let hooks = w.clone();
+        node.pipeline
+            .router
+            .set_presence_hook(Arc::new(move |user: &str, up: bool| {
+                hooks.presence(user, up)
+            }));
+    }
+    w.spawn(online)
 }
 
 /// Cluster mode: re-reads the stored revocations every few seconds, so a revocation made

@@ -33,4 +33,5 @@ mod runtime;
 mod tls;
 mod trace;
 mod users;
+mod webhooks;
 mod wire;

@@ -12,6 +12,7 @@ mod profile;
 mod table;
 mod trace;
 mod users;
+mod webhooks;
 
 use ratatui::layout::{Constraint, Flex, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
@@ -264,6 +265,7 @@ fn render_body(frame: &mut Frame<'_>, area: Rect, state: &AppState, node: &NodeS
         View::Logs => logs::render(frame, view_area, state, node),
         View::Users => users::render(frame, view_area, state, node),
         View::Trace => trace::render(frame, view_area, state),
+        View::Webhooks => webhooks::render(frame, view_area, state, node),
     }
 }
 

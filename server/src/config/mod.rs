@@ -6,10 +6,10 @@
 //! value fails start-up with an error naming the key (or env var) and the value.
 //!
 //! Layout: one file per section (`limits`, `persist`, `flow`, `store`, `obs`, `log`,
-//! `cluster`, `http`, `tls`, `receipts`, `auth`, `hooks`), each owning its struct's
-//! fields, defaults and validation; this module owns the whole [`Config`] (the top-level
-//! keys and their checks, the checks across sections), loading (`layers`: file and env
-//! over the defaults), and the error
+//! `cluster`, `http`, `tls`, `receipts`, `auth`, `hooks`, `webhooks`), each owning its
+//! struct's fields, defaults and validation; this module owns the whole [`Config`] (the
+//! top-level keys and their checks, the checks across sections), loading (`layers`: file
+//! and env over the defaults), and the error
 //! type; `check` holds the checks the sections are made of, `redact` how secrets show.
 
 mod auth;
@@ -27,6 +27,7 @@ mod receipts;
 mod redact;
 mod store;
 mod tls;
+mod webhooks;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -49,6 +50,7 @@ pub use self::redact::redact_url;
 use self::redact::redacted;
 pub use self::store::StoreConfig;
 pub use self::tls::Tls;
+pub use self::webhooks::{Endpoint, Webhooks, EVENT_KINDS};
 
 /// Shortest configured `jwt_secret` or `admin_token` accepted, in bytes.
 pub const MIN_SECRET_BYTES: usize = 32;
@@ -164,6 +166,8 @@ pub struct Config {
     pub auth: AuthConfig,
     /// Calls to the application's backend: the before-send moderation hook.
     pub hooks: Hooks,
+    /// Event webhooks to the application's backend (offline push and other events).
+    pub webhooks: Webhooks,
 }
 
 impl std::fmt::Debug for Config {
@@ -192,6 +196,7 @@ impl std::fmt::Debug for Config {
             .field("tls", &self.tls)
             .field("auth", &self.auth)
             .field("hooks", &self.hooks)
+            .field("webhooks", &self.webhooks)
             .finish()
     }
 }
@@ -221,6 +226,7 @@ impl Default for Config {
             tls: Tls::default(),
             auth: AuthConfig::default(),
             hooks: Hooks::default(),
+            webhooks: Webhooks::default(),
         }
     }
 }
@@ -357,6 +363,7 @@ impl Config {
         self.receipts.validate()?;
         self.hooks.validate()?;
         self.tls.validate()?;
+        self.webhooks.validate()?;
         let nats = self.nats_url.trim();
         if !nats.is_empty() {
             if !(nats.starts_with("nats://") || nats.starts_with("tls://") || !nats.contains("://"))

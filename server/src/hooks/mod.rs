@@ -4,3 +4,4 @@
 
 pub mod before_send;
 pub mod sign;
+pub mod webhooks;

@@ -126,6 +126,11 @@ const BATCH_BUCKETS: &[f64] = &[
     1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
 ];
 
+/// Buckets for webhook request durations, seconds.
+const WEBHOOK_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
 static RECORDER: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
 /// Installs the process-wide Prometheus recorder (idempotent) and returns its handle.
@@ -143,6 +148,12 @@ pub fn install_recorder() -> Option<PrometheusHandle> {
                     b.set_buckets_for_metric(
                         Matcher::Full("im_hook_latency_seconds".into()),
                         HOOK_BUCKETS,
+                    )
+                })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full("im_webhook_delivery_seconds".into()),
+                        WEBHOOK_BUCKETS,
                     )
                 });
             match builder.and_then(|b| b.install_recorder()) {

@@ -29,6 +29,8 @@ pub struct SqliteStore {
     /// A node's store holds the file's lock while open ([`SqliteStore::open_exclusive`]):
     /// a restore, or a second node, is refused meanwhile.
     _lock: Option<super::backup::StoreLock>,
+    /// The webhook outbox's connection (lazy; `store::outbox`).
+    outbox: SqlitePool,
 }
 
 impl SqliteStore {
@@ -80,14 +82,25 @@ impl SqliteStore {
             .test_before_acquire(false)
             .max_connections(readers.max(1))
             .acquire_timeout(timeouts.acquire)
-            .connect_with(base.read_only(true))
+            .connect_with(base.clone().read_only(true))
             .await?;
         let commits = CommitThread::start(path, full_sync)?;
+        let outbox = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .acquire_timeout(Duration::from_secs(30))
+            // NORMAL: a transaction of the outbox lost to a power cut takes its effect
+            // back whole (an expansion: its outbox rows are expanded again; an outcome:
+            // the event is sent again), which at-least-once allows; the rows a message
+            // commit writes are FULL with it. It spares an fsync per outbox write, which
+            // would hold the one write lock the message commits need.
+            .connect_lazy_with(base.synchronous(SqliteSynchronous::Normal));
         Ok(SqliteStore {
             write,
             read,
             commits,
             _lock: None,
+            outbox,
         })
     }
 }
@@ -165,6 +178,18 @@ impl Backend for SqliteStore {
         cursors: &[CursorUpdate],
     ) -> Result<Vec<Committed>, StoreError> {
         self.commits.commit(messages, cursors).await
+    }
+
+    fn set_outbox(&self, on: bool) {
+        self.commits.set_outbox(on);
+    }
+
+    fn outbox_on(&self) -> bool {
+        self.commits.outbox_on()
+    }
+
+    fn outbox_pool(&self) -> &SqlitePool {
+        &self.outbox
     }
 }
 

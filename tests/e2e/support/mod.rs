@@ -141,6 +141,20 @@ impl TestServer {
         Self::spawn(tmp, env, "127.0.0.1:0", (bin.to_owned(), args))
     }
 
+    /// Starts a server with a TOML config file holding `toml` (for what env variables
+    /// cannot say, e.g. the webhook endpoints) and extra `IM_*` env settings.
+    pub fn start_with_config(toml: &str, env: &[(&str, &str)]) -> TestServer {
+        let tmp = Arc::new(tempfile::tempdir().expect("temp dir"));
+        let file = tmp.path().join("config.toml");
+        std::fs::write(&file, toml).expect("writing the config file");
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let args = vec!["--config".to_owned(), file.display().to_string()];
+        Self::spawn(tmp, env, "127.0.0.1:0", (server_bin(), args))
+    }
+
     fn spawn(
         tmp: Arc<tempfile::TempDir>,
         env: Vec<(String, String)>,
