@@ -25,6 +25,7 @@ mod obs;
 mod offline;
 mod prometheus;
 mod reads;
+mod regions;
 mod rotation;
 mod runtime;
 mod trace;

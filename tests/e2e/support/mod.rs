@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod faults;
 pub mod nats;
 pub mod receiver;
+pub mod regions;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;

@@ -1,0 +1,88 @@
+//! Regions: the test harness itself (two regions of two nodes, each region its own
+//! nats-server cluster and Postgres database, a gateway between them through a latency
+//! proxy): the link carries the delay, can be cut and heals, and a region can be killed
+//! while the other carries on.
+
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+
+use crate::support::regions::Regions;
+
+const DELAY: Duration = Duration::from_millis(40);
+
+/// Publishes on `from` until `sub` receives one, or `limit` passes; the time from the
+/// last publish to its receipt.
+async fn first_across(
+    from: &async_nats::Client,
+    sub: &mut async_nats::Subscriber,
+    subject: &str,
+    limit: Duration,
+) -> Option<Duration> {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        let t0 = Instant::now();
+        from.publish(subject.to_owned(), "x".into()).await.ok()?;
+        from.flush().await.ok()?;
+        if let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(500), sub.next()).await {
+            return Some(t0.elapsed());
+        }
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regions_gateway_delays_cuts_and_heals() {
+    if !std::path::Path::new(&crate::support::nats::nats_server_bin()).exists() {
+        assert!(std::env::var_os("CI").is_none(), "nats-server missing");
+        eprintln!("skipped: no nats-server");
+        return;
+    }
+    let mut regions = Regions::start(&["a", "b"], 2, 2, DELAY, |_, _| Vec::new()).await;
+    // Each region's nodes see their own two nodes only (checked by start), and the
+    // gateway link carries the proxy's delay.
+    let a = async_nats::connect(regions.region("a").nats_url(0))
+        .await
+        .expect("nats a");
+    let b = async_nats::connect(regions.region("b").nats_url(1))
+        .await
+        .expect("nats b");
+    let subject = format!("{}.probe", regions.region("a").prefix);
+    let mut sub = b.subscribe(subject.clone()).await.expect("subscribe");
+    b.flush().await.expect("flush");
+    let took = first_across(&a, &mut sub, &subject, Duration::from_secs(15))
+        .await
+        .expect("a message from region a reaches region b");
+    assert!(took >= DELAY, "one way across the gateway took {took:?}");
+    let accepted =
+        regions.region("b").proxies[0].accepted() + regions.region("b").proxies[1].accepted();
+    assert!(accepted > 0, "gateway connections go through the proxy");
+
+    // Cut: nothing crosses.
+    regions.regions.iter().for_each(|r| r.cut_gateway());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        first_across(&a, &mut sub, &subject, Duration::from_secs(2))
+            .await
+            .is_none(),
+        "a message crossed a cut gateway"
+    );
+    // Heal: the gateways reconnect by themselves.
+    regions.regions.iter().for_each(|r| r.heal_gateway());
+    first_across(&a, &mut sub, &subject, Duration::from_secs(30))
+        .await
+        .expect("the gateway heals");
+
+    // Losing region b leaves region a's nodes serving.
+    regions.region_mut("b").kill();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for n in &regions.region("a").nodes {
+        let c = n.client("alice").await;
+        let ack = c.send_text("bob", "still here").await;
+        assert!(
+            ack.is_ok(),
+            "region a sends after region b is lost: {ack:?}"
+        );
+        c.close().await;
+    }
+}
