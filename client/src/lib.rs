@@ -11,7 +11,7 @@
 //!
 //! Module map: `raw` (transport), `client` (handle, events, targets), `driver` (the
 //! background task), `tracker` (dedup and cursors), `backoff` (reconnect and retry
-//! timing), `route` (asks `GET /v1/route` which node to connect to), `config`, `error`.
+//! timing), `route` (asks `GET /v1/route` which node to connect to), `regions` (probes the regions a route answer lists; nearest healthy first), `config`, `error`.
 
 mod backoff;
 mod client;
@@ -20,6 +20,7 @@ mod driver;
 mod error;
 mod event;
 pub mod raw;
+pub mod regions;
 pub mod route;
 mod tracker;
 

@@ -356,6 +356,15 @@ impl Built {
             ws_url: self.ws_url.clone(),
             registry: node.cluster.as_ref().map(|c| c.link.registry.clone()),
             draining: node.draining.clone(),
+            region: config.region.clone(),
+            regions: config
+                .regions
+                .iter()
+                .map(|r| im_admin_api::RouteRegion {
+                    name: r.name.clone(),
+                    route_url: r.route_url.clone(),
+                })
+                .collect(),
         };
         let client_app = self.gateway.router().merge(route_api::router(route_api));
         let admin_app = admin::router(node.clone());

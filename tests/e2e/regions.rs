@@ -38,7 +38,7 @@ async fn regions_gateway_delays_cuts_and_heals() {
         eprintln!("skipped: no nats-server");
         return;
     }
-    let mut regions = Regions::start(&["a", "b"], 2, 2, DELAY, |_, _| Vec::new()).await;
+    let mut regions = Regions::start(&["a", "b"], 2, 2, DELAY, false).await;
     // Each region's nodes see their own two nodes only (checked by start), and the
     // gateway link carries the proxy's delay.
     let a = async_nats::connect(regions.region("a").nats_url(0))
@@ -85,4 +85,71 @@ async fn regions_gateway_delays_cuts_and_heals() {
         );
         c.close().await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regions_route_lists_regions_and_the_sdk_joins_the_nearest() {
+    if !std::path::Path::new(&crate::support::nats::nats_server_bin()).exists() {
+        assert!(std::env::var_os("CI").is_none(), "nats-server missing");
+        eprintln!("skipped: no nats-server");
+        return;
+    }
+    // Without regions the answer is what it always was: no region fields.
+    let single = crate::support::TestServer::start();
+    let (status, body) = crate::support::http(single.client_addr, "GET", "/v1/route", None);
+    assert_eq!(status, 200, "{body}");
+    assert!(!body.contains("region"), "{body}");
+    drop(single);
+
+    let mut regions = Regions::start(&["a", "b"], 2, 2, DELAY, true).await;
+    // Region a is far (60 ms each way to its entry point), region b near.
+    regions
+        .region("a")
+        .entry
+        .set_delay(Duration::from_millis(60));
+    let a = regions.region("a");
+    let (status, body) = crate::support::http(a.nodes[1].client_addr, "GET", "/v1/route", None);
+    assert_eq!(status, 200, "{body}");
+    let answer: im_admin_api::RouteAnswer = serde_json::from_str(&body).expect("route JSON");
+    assert_eq!(answer.region, "a");
+    let listed: Vec<(String, String)> = answer
+        .regions
+        .iter()
+        .map(|r| (r.name.clone(), r.route_url.clone()))
+        .collect();
+    assert_eq!(
+        listed,
+        vec![
+            ("a".to_owned(), a.entry_url()),
+            ("b".to_owned(), regions.region("b").entry_url())
+        ]
+    );
+
+    // The app knows only region a's entry point; the SDK probes both and joins b.
+    let mut cfg = im_client::ClientConfig::new("", a.nodes[0].token("alice"));
+    cfg.route_urls = vec![a.entry_url()];
+    cfg.reconnect_max = Duration::from_millis(500);
+    let book = cfg.regions.clone();
+    let alice = im_client::Client::connect(cfg).await.expect("connect");
+    let order: Vec<String> = book.order().into_iter().map(|p| p.name).collect();
+    assert_eq!(order, ["b", "a"], "probes: {:?}", book.order());
+    assert!(
+        alice.node_id().starts_with('b'),
+        "joined {}",
+        alice.node_id()
+    );
+    alice.send_text("bob", "from b").await.expect("send in b");
+
+    // Region b is lost: the SDK fails over to region a by itself.
+    regions.region_mut("b").kill();
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        if alice.node_id().starts_with('a') && alice.is_connected() {
+            break;
+        }
+        assert!(Instant::now() < end, "still on {}", alice.node_id());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    alice.send_text("bob", "from a").await.expect("send in a");
+    alice.close().await;
 }

@@ -6,7 +6,7 @@
 //! value fails start-up with an error naming the key (or env var) and the value.
 //!
 //! Layout: one file per section (`limits`, `persist`, `flow`, `store`, `obs`, `log`,
-//! `cluster`, `http`, `receipts`, `auth`), each owning its struct's fields, defaults and
+//! `cluster`, `http`, `receipts`, `auth`, `region`), each owning its struct's fields, defaults and
 //! validation; this module owns the whole [`Config`] (the top-level keys and their checks, the checks
 //! across sections), loading (`layers`: file and env over the defaults), and the error
 //! type; `check` holds the checks the sections are made of, `redact` how secrets show.
@@ -23,6 +23,7 @@ mod obs;
 mod persist;
 mod receipts;
 mod redact;
+mod region;
 mod store;
 
 use std::net::SocketAddr;
@@ -43,6 +44,7 @@ pub use self::persist::Persist;
 pub use self::receipts::Receipts;
 pub use self::redact::redact_url;
 use self::redact::redacted;
+pub use self::region::{RegionEntry, MAX_REGIONS};
 pub use self::store::StoreConfig;
 
 /// Shortest configured `jwt_secret` or `admin_token` accepted, in bytes.
@@ -155,6 +157,10 @@ pub struct Config {
     pub receipts: Receipts,
     /// Client token keys by id (secret rotation); empty: the single `jwt_secret`.
     pub auth: AuthConfig,
+    /// This node's region (multi-region mode, [`Config::regions`]); empty: one region.
+    pub region: String,
+    /// Every region with its public entry point, the same list in every region.
+    pub regions: Vec<RegionEntry>,
 }
 
 impl std::fmt::Debug for Config {
@@ -181,6 +187,8 @@ impl std::fmt::Debug for Config {
             .field("http", &self.http)
             .field("receipts", &self.receipts)
             .field("auth", &self.auth)
+            .field("region", &self.region)
+            .field("regions", &self.regions)
             .finish()
     }
 }
@@ -208,6 +216,8 @@ impl Default for Config {
             http: Http::default(),
             receipts: Receipts::default(),
             auth: AuthConfig::default(),
+            region: String::new(),
+            regions: Vec::new(),
         }
     }
 }
@@ -342,6 +352,7 @@ impl Config {
         self.log.validate()?;
         self.cluster.validate()?;
         self.receipts.validate()?;
+        region::validate(&self.region, &self.regions, self.clustered())?;
         let nats = self.nats_url.trim();
         if !nats.is_empty() {
             if !(nats.starts_with("nats://") || nats.starts_with("tls://") || !nats.contains("://"))

@@ -29,6 +29,8 @@ pub fn free_port() -> u16 {
 pub struct LatencyProxy {
     /// Where it listens.
     pub addr: SocketAddr,
+    target: Arc<std::sync::Mutex<SocketAddr>>,
+    delay_us: Arc<AtomicU64>,
     up: Arc<AtomicBool>,
     generation: tokio::sync::watch::Sender<u64>,
     accepted: Arc<AtomicU64>,
@@ -42,6 +44,9 @@ impl LatencyProxy {
         let std_l = std::net::TcpListener::bind(("127.0.0.1", port)).expect("proxy bind");
         std_l.set_nonblocking(true).expect("nonblocking");
         let addr = std_l.local_addr().expect("proxy addr");
+        let target = Arc::new(std::sync::Mutex::new(target));
+        let delay_us = Arc::new(AtomicU64::new(delay.as_micros() as u64));
+        let (target2, delay2) = (target.clone(), delay_us.clone());
         let up = Arc::new(AtomicBool::new(true));
         let (generation, _) = tokio::sync::watch::channel(0u64);
         let accepted = Arc::new(AtomicU64::new(0));
@@ -54,6 +59,8 @@ impl LatencyProxy {
                 }
                 acc2.fetch_add(1, Ordering::Relaxed);
                 let cut = gen2.subscribe();
+                let target = *target2.lock().expect("proxy target");
+                let delay = Duration::from_micros(delay2.load(Ordering::Relaxed));
                 tokio::spawn(async move {
                     let Ok(outbound) = tokio::net::TcpStream::connect(target).await else {
                         return;
@@ -70,6 +77,8 @@ impl LatencyProxy {
         });
         LatencyProxy {
             addr,
+            target,
+            delay_us,
             up,
             generation,
             accepted,
@@ -81,6 +90,17 @@ impl LatencyProxy {
     pub fn cut(&self) {
         self.up.store(false, Ordering::SeqCst);
         self.generation.send_modify(|g| *g += 1);
+    }
+
+    /// Sends new connections to `target`.
+    pub fn retarget(&self, target: SocketAddr) {
+        *self.target.lock().expect("proxy target") = target;
+    }
+
+    /// Delays new connections' chunks by `delay` each way.
+    pub fn set_delay(&self, delay: Duration) {
+        self.delay_us
+            .store(delay.as_micros() as u64, Ordering::Relaxed);
     }
 
     /// Accepts connections again.
@@ -194,6 +214,9 @@ pub struct Region {
     nats: Vec<Option<Child>>,
     /// The proxies in front of its servers' gateway listeners (all traffic into it).
     pub proxies: Vec<LatencyProxy>,
+    /// Its public entry point (`regions.route_url`): a proxy to node 0's client
+    /// listener, with no delay unless a test sets one ([`LatencyProxy::set_delay`]).
+    pub entry: LatencyProxy,
     /// Its Postgres URL (own database, own schema).
     pub db_url: String,
     /// Its im-server nodes (a killed node stays in place, dead).
@@ -207,6 +230,11 @@ impl Region {
     /// `nats://127.0.0.1:<client port>` of its server `i`.
     pub fn nats_url(&self, i: usize) -> String {
         format!("nats://127.0.0.1:{}", self.nats_ports[i].client)
+    }
+
+    /// `http://` URL of its entry point (what `[[regions]]` lists for it).
+    pub fn entry_url(&self) -> String {
+        format!("http://{}", self.entry.addr)
     }
 
     /// `http://` base URLs of its nodes' client listeners.
@@ -335,14 +363,15 @@ async fn region_db(name: &str, id: &str) -> String {
 impl Regions {
     /// Starts one region per name, each with `servers` nats-servers and `nodes` im-server
     /// nodes (node `i` on server `i % servers`), gateways delayed by `delay` each way.
-    /// `extra(region)` gives each region's nodes their extra `IM_*` settings. Waits until
-    /// every gateway is up and every region's nodes see each other (and no one else).
+    /// With `multi_region` each node gets a config file naming its `region` and listing
+    /// every region's entry point. Waits until every gateway is up and every region's
+    /// nodes see each other (and no one else).
     pub async fn start(
         names: &[&str],
         servers: usize,
         nodes: usize,
         delay: Duration,
-        extra: impl Fn(&str, &Regions) -> Vec<(String, String)>,
+        multi_region: bool,
     ) -> Regions {
         let id = uuid::Uuid::now_v7().simple().to_string().to_lowercase();
         let mut all = Regions {
@@ -357,6 +386,7 @@ impl Regions {
                 proxies: Vec::new(),
                 db_url: region_db(name, &id).await,
                 nodes: Vec::new(),
+                entry: LatencyProxy::start(0, ([127, 0, 0, 1], 9).into(), Duration::ZERO),
                 prefix: format!("t{id}{name}"),
                 dir: tempfile::tempdir().expect("temp dir"),
             });
@@ -377,23 +407,42 @@ impl Regions {
             }
         }
         all.wait_gateways().await;
-        all.start_nodes(nodes, &extra).await;
+        all.start_nodes(nodes, multi_region).await;
         all
     }
 
-    async fn start_nodes(
-        &mut self,
-        nodes: usize,
-        extra: &impl Fn(&str, &Regions) -> Vec<(String, String)>,
-    ) {
-        let extras: Vec<Vec<(String, String)>> =
-            self.regions.iter().map(|r| extra(&r.name, self)).collect();
-        for (r, extra) in self.regions.iter_mut().zip(extras) {
+    /// The multi-region config file of region `name`'s nodes.
+    fn region_config(&self, name: &str) -> String {
+        let mut toml = format!("region = \"{name}\"\n");
+        for r in &self.regions {
+            toml.push_str(&format!(
+                "[[regions]]\nname = \"{}\"\nroute_url = \"{}\"\n",
+                r.name,
+                r.entry_url()
+            ));
+        }
+        toml
+    }
+
+    async fn start_nodes(&mut self, nodes: usize, multi_region: bool) {
+        let configs: Vec<Option<String>> = self
+            .regions
+            .iter()
+            .map(|r| multi_region.then(|| self.region_config(&r.name)))
+            .collect();
+        for (r, config) in self.regions.iter_mut().zip(configs) {
+            let file = r.dir.path().join("im.toml");
+            let mut args: Vec<&str> = Vec::new();
+            let file_arg = file.to_string_lossy().into_owned();
+            if let Some(c) = config {
+                std::fs::write(&file, c).expect("write region config");
+                args.extend(["--config", file_arg.as_str()]);
+            }
             let servers = r.nats_ports.len();
             for i in 0..nodes {
                 let node_id = format!("{}{i}", r.name);
                 let nats = r.nats_url(i % servers);
-                let mut env: Vec<(&str, &str)> = vec![
+                let env: Vec<(&str, &str)> = vec![
                     ("IM_DATABASE_URL", &r.db_url),
                     ("IM_NATS_URL", &nats),
                     ("IM_NODE_ID", &node_id),
@@ -402,9 +451,9 @@ impl Regions {
                     ("IM_CLUSTER_REPORT_INTERVAL_MS", "300"),
                     ("IM_OBS_SAMPLE_INTERVAL_MS", "200"),
                 ];
-                env.extend(extra.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-                r.nodes.push(TestServer::start_with(&env));
+                r.nodes.push(TestServer::start_with_args(&env, &args));
             }
+            r.entry.retarget(r.nodes[0].client_addr);
         }
         for r in &self.regions {
             for (i, n) in r.nodes.iter().enumerate() {
