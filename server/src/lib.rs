@@ -20,6 +20,7 @@ pub mod listen;
 pub mod obs;
 pub mod persist;
 pub mod pipeline;
+pub mod region;
 pub mod reload;
 pub mod route;
 pub mod route_api;

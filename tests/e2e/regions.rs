@@ -138,7 +138,21 @@ async fn regions_route_lists_regions_and_the_sdk_joins_the_nearest() {
         "joined {}",
         alice.node_id()
     );
-    alice.send_text("bob", "from b").await.expect("send in b");
+    // One writer per conversation: a region takes Sends only for the conversations
+    // homed there, and refuses the others naming their home.
+    let names = ["a".to_owned(), "b".to_owned()];
+    let peer_homed = |home: &str| {
+        (0..100)
+            .map(|i| format!("peer{i}"))
+            .find(|p| {
+                let c = im_client::proto::direct_conversation("alice", p);
+                im_server::region::home_of(&c, &names) == Some(home)
+            })
+            .expect("a peer for each home")
+    };
+    let (in_a, in_b) = (peer_homed("a"), peer_homed("b"));
+    alice.send_text(&in_b, "from b").await.expect("send in b");
+    refused_for_home(alice.send_text(&in_a, "not here").await, "a");
 
     // Region b is lost: the SDK fails over to region a by itself.
     regions.region_mut("b").kill();
@@ -150,6 +164,25 @@ async fn regions_route_lists_regions_and_the_sdk_joins_the_nearest() {
         assert!(Instant::now() < end, "still on {}", alice.node_id());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    alice.send_text("bob", "from a").await.expect("send in a");
+    alice.send_text(&in_a, "from a").await.expect("send in a");
+    refused_for_home(alice.send_text(&in_b, "b is down").await, "b");
     alice.close().await;
+}
+
+/// `r` is the refusal of a Send whose conversation is homed in region `home`.
+fn refused_for_home(r: Result<im_client::proto::SendAck, im_client::ClientError>, home: &str) {
+    match r {
+        Err(im_client::ClientError::Server { code, message, .. }) => {
+            assert_eq!(
+                code,
+                im_client::proto::ErrorCode::RegionUnavailable,
+                "{message}"
+            );
+            assert!(
+                message.contains(&format!("homed in region {home}")),
+                "{message}"
+            );
+        }
+        other => panic!("expected REGION_UNAVAILABLE naming {home}, got {other:?}"),
+    }
 }

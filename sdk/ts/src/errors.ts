@@ -16,7 +16,8 @@ export type ServerErrorCode =
   | "OVERLOADED"
   | "NOT_FOUND"
   | "INTERNAL"
-  | "FORBIDDEN";
+  | "FORBIDDEN"
+  | "REGION_UNAVAILABLE";
 
 /** What went wrong, one name per error class. */
 export type ImErrorKind =

