@@ -21,6 +21,7 @@ pub mod obs;
 pub mod persist;
 pub mod pipeline;
 pub mod region;
+pub mod region_serve;
 pub mod reload;
 pub mod route;
 pub mod route_api;
@@ -398,6 +399,16 @@ impl Built {
                 node.store.clone(),
                 node.secrets.keys.clone(),
             )));
+            if let Some(map) = &node.pipeline.region {
+                let client = c.link.nats_client();
+                let _ = map.nats.set(client.clone());
+                background.push(tokio::spawn(region_serve::run(
+                    client,
+                    map.clone(),
+                    node.pipeline.clone(),
+                    Arc::new(config.clone()),
+                )));
+            }
         }
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let listeners = vec![

@@ -2,10 +2,42 @@
 //! seqs and commits it (docs/multi-region.md). The default home is the rendezvous
 //! (highest random weight) choice among the configured region names, computed with a
 //! hash fixed here (FNV-1a 64 with a splitmix64 finish), so every region and every
-//! release agrees without asking anyone. Built only when `region` is set: with it off
-//! the message path holds `None` and does nothing else.
+//! release agrees without asking anyone. A Send homed elsewhere is forwarded to its
+//! home over NATS (`forward`, a request on [`send_subject`] across the gateway) and
+//! answered with the home's reply. Built only when `region` is set: with it off the
+//! message path holds `None` and does nothing else.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+/// How long a forwarded Send waits for its home's answer (the home acks after its
+/// durable commit).
+pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Most bytes of a forwarded request or answer.
+pub const MAX_FORWARD_BYTES: usize = 256 * 1024;
+
+/// The NATS subject where the nodes of region `home` take forwarded Sends (a queue
+/// group: one node of the region answers each).
+pub fn send_subject(home: &str) -> String {
+    format!("im-region.{home}.send")
+}
+
+/// Why a forwarded Send got no answer from its home.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    /// This node has no NATS connection to forward with.
+    #[error("no NATS connection to forward with")]
+    NoLink,
+    /// The request failed or timed out (the home region is unreachable).
+    #[error("region {home} did not answer: {reason}")]
+    Unanswered {
+        /// The home region.
+        home: String,
+        /// The NATS error or "timed out".
+        reason: String,
+    },
+}
 
 /// This node's region and the list every region shares.
 #[derive(Debug, Clone)]
@@ -16,6 +48,8 @@ pub struct RegionMap {
     pub names: Vec<String>,
     /// Every region's public entry point (`route_url`), by the index of `names`.
     pub route_urls: Vec<String>,
+    /// The NATS connection Sends are forwarded over (set once cluster mode is up).
+    pub nats: OnceLock<async_nats::Client>,
 }
 
 impl RegionMap {
@@ -28,9 +62,60 @@ impl RegionMap {
             local: config.region.clone(),
             names: config.regions.iter().map(|r| r.name.clone()).collect(),
             route_urls: config.regions.iter().map(|r| r.route_url.clone()).collect(),
+            nats: OnceLock::new(),
         }))
     }
 
+    /// Forwards an encoded Send `frame` of `user` to region `home` and returns the home's
+    /// answer: an encoded frame (SendAck after its durable commit, or Error).
+    pub async fn forward(
+        &self,
+        home: &str,
+        user: &str,
+        frame: bytes::Bytes,
+    ) -> Result<bytes::Bytes, ForwardError> {
+        let client = self.nats.get().ok_or(ForwardError::NoLink)?;
+        let mut payload = Vec::with_capacity(user.len() + 1 + frame.len());
+        payload.extend_from_slice(user.as_bytes());
+        payload.push(b'\n');
+        payload.extend_from_slice(&frame);
+        let unanswered = |reason: String| ForwardError::Unanswered {
+            home: home.to_owned(),
+            reason,
+        };
+        match tokio::time::timeout(
+            FORWARD_TIMEOUT,
+            client.request(send_subject(home), payload.into()),
+        )
+        .await
+        {
+            Ok(Ok(m)) if m.payload.len() <= MAX_FORWARD_BYTES => Ok(m.payload),
+            Ok(Ok(m)) => Err(unanswered(format!("answer of {} bytes", m.payload.len()))),
+            Ok(Err(e)) => Err(unanswered(e.to_string())),
+            Err(_) => Err(unanswered("timed out".into())),
+        }
+    }
+}
+
+/// The conversation a Send of `sender` to `target` belongs to.
+pub fn conversation_of(sender: &str, target: &im_proto::send::Target) -> String {
+    match target {
+        im_proto::send::Target::ToUser(to) => im_proto::direct_conversation(sender, to),
+        im_proto::send::Target::GroupId(g) => im_proto::group_conversation(g),
+    }
+}
+
+/// Splits a forwarded request into the user and the encoded frame (`None`: malformed).
+pub fn parse_forwarded(payload: &[u8]) -> Option<(&str, &[u8])> {
+    if payload.len() > MAX_FORWARD_BYTES {
+        return None;
+    }
+    let nl = payload.iter().position(|b| *b == b'\n')?;
+    let user = std::str::from_utf8(&payload[..nl]).ok()?;
+    im_proto::valid_id(user).then_some((user, &payload[nl + 1..]))
+}
+
+impl RegionMap {
     /// The home region of `conversation_id`.
     pub fn home(&self, conversation_id: &str) -> &str {
         home_of(conversation_id, &self.names).unwrap_or(&self.local)
@@ -128,7 +213,11 @@ mod tests {
             local: "a".into(),
             names: names(&["a", "b"]),
             route_urls: names(&["http://a:1", "http://b:1"]),
+            nats: OnceLock::new(),
         };
+        assert_eq!(parse_forwarded(b"alice\nxyz"), Some(("alice", &b"xyz"[..])));
+        assert_eq!(parse_forwarded(b"al ice\nxyz"), None);
+        assert_eq!(parse_forwarded(b"alice"), None);
         let (mut here, mut there) = (0, 0);
         for i in 0..100 {
             match map.elsewhere(&format!("g:{i}")) {

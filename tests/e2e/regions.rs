@@ -138,8 +138,8 @@ async fn regions_route_lists_regions_and_the_sdk_joins_the_nearest() {
         "joined {}",
         alice.node_id()
     );
-    // One writer per conversation: a region takes Sends only for the conversations
-    // homed there, and refuses the others naming their home.
+    // One writer per conversation: a region commits only the conversations homed there
+    // and forwards the others' Sends to their home, acked after the home's commit.
     let names = ["a".to_owned(), "b".to_owned()];
     let peer_homed = |home: &str| {
         (0..100)
@@ -151,8 +151,37 @@ async fn regions_route_lists_regions_and_the_sdk_joins_the_nearest() {
             .expect("a peer for each home")
     };
     let (in_a, in_b) = (peer_homed("a"), peer_homed("b"));
-    alice.send_text(&in_b, "from b").await.expect("send in b");
-    refused_for_home(alice.send_text(&in_a, "not here").await, "a");
+    let local = alice.send_text(&in_b, "from b").await.expect("send in b");
+    let forwarded = alice
+        .send_text(&in_a, "forwarded to a")
+        .await
+        .expect("send forwarded from b to a");
+    let again = alice
+        .send_text(&in_a, "forwarded again")
+        .await
+        .expect("second forwarded send");
+    assert_eq!(
+        (forwarded.seq, again.seq),
+        (1, 2),
+        "gapless seqs at the home"
+    );
+    let (in_a_conv, in_b_conv) = (
+        im_client::proto::direct_conversation("alice", &in_a),
+        im_client::proto::direct_conversation("alice", &in_b),
+    );
+    assert_eq!(
+        stored(&regions, "a").await,
+        vec![
+            (in_a_conv.clone(), 1, forwarded.msg_id.clone()),
+            (in_a_conv.clone(), 2, again.msg_id.clone())
+        ],
+        "the home committed the forwarded sends, once each"
+    );
+    assert_eq!(
+        stored(&regions, "b").await,
+        vec![(in_b_conv, 1, local.msg_id.clone())],
+        "region b committed only its own conversation"
+    );
 
     // Region b is lost: the SDK fails over to region a by itself.
     regions.region_mut("b").kill();
@@ -167,6 +196,21 @@ async fn regions_route_lists_regions_and_the_sdk_joins_the_nearest() {
     alice.send_text(&in_a, "from a").await.expect("send in a");
     refused_for_home(alice.send_text(&in_b, "b is down").await, "b");
     alice.close().await;
+}
+
+/// Every stored message of region `name`: (conversation, seq, msg_id), in order.
+async fn stored(regions: &Regions, name: &str) -> Vec<(String, i64, String)> {
+    let pool = sqlx::PgPool::connect(&regions.region(name).db_url)
+        .await
+        .expect("region database");
+    let rows = sqlx::query_as(
+        "SELECT conversation_id, seq, msg_id FROM messages ORDER BY conversation_id, seq",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("query");
+    pool.close().await;
+    rows
 }
 
 /// `r` is the refusal of a Send whose conversation is homed in region `home`.

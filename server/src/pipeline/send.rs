@@ -72,7 +72,24 @@ impl Pipeline {
             None => return Err(Refusal::bad("send needs to_user or group_id")),
         };
         if let Some(map) = &self.region {
-            home_here(map, &s.user_id, &target)?;
+            let conversation = crate::region::conversation_of(&s.user_id, &target);
+            if let Some((home, entry)) = map.elsewhere(&conversation) {
+                let send = Send {
+                    target: Some(target),
+                    ..send
+                };
+                let (home, entry) = (home.to_owned(), entry.to_owned());
+                forward(
+                    map.clone(),
+                    s.out.clone(),
+                    s.user_id.clone(),
+                    req_id,
+                    send,
+                    home,
+                    entry,
+                );
+                return Ok(());
+            }
         }
         self.metrics.stage_since(Stage::Validate, t);
         let validated = Instant::now();
@@ -139,27 +156,54 @@ impl Pipeline {
     }
 }
 
-/// Multi-region mode: refuses a Send whose conversation is homed in another region
-/// (only the home assigns its seqs), naming the home and its entry point.
-fn home_here(
-    map: &crate::region::RegionMap,
-    sender: &str,
-    target: &send::Target,
-) -> Result<(), Refusal> {
-    let conversation = match target {
-        send::Target::ToUser(to) => im_proto::direct_conversation(sender, to),
-        send::Target::GroupId(g) => im_proto::group_conversation(g),
-    };
-    match map.elsewhere(&conversation) {
-        None => Ok(()),
-        Some((home, entry)) => Err(Refusal::code(
-            ErrorCode::RegionUnavailable,
-            format!(
-                "conversation {conversation} is homed in region {home} ({entry}); \
-                     region {} does not take its Sends",
-                map.local
-            ),
-            None,
-        )),
-    }
+/// Multi-region mode: forwards a Send homed in region `home` there and queues its
+/// answer (the home's SendAck after its durable commit, or its Error) to the sender; a
+/// home that does not answer gets the sender `REGION_UNAVAILABLE` with a retry hint.
+fn forward(
+    map: std::sync::Arc<crate::region::RegionMap>,
+    out: std::sync::Arc<crate::flow::Outbound>,
+    sender: String,
+    req_id: u64,
+    send: Send,
+    home: String,
+    entry: String,
+) {
+    tokio::spawn(async move {
+        let conversation = send
+            .target
+            .as_ref()
+            .map(|t| crate::region::conversation_of(&sender, t))
+            .unwrap_or_default();
+        let frame = im_proto::encode(&im_proto::frame(req_id, im_proto::Body::Send(send)));
+        let answer = match map.forward(&home, &sender, frame).await {
+            Ok(bytes) if home_answer_ok(&bytes, req_id) => bytes,
+            Ok(_) => refuse(req_id, &conversation, &home, &entry, "gave a bad answer"),
+            Err(e) => {
+                tracing::warn!(home = %home, error = %e, "forwarded send unanswered");
+                refuse(req_id, &conversation, &home, &entry, "did not answer")
+            }
+        };
+        out.push(answer, true);
+    });
+}
+
+/// The home's answer is one frame for `req_id`: a SendAck or an Error.
+fn home_answer_ok(bytes: &[u8], req_id: u64) -> bool {
+    use im_proto::Message as _;
+    matches!(
+        im_proto::Frame::decode(bytes),
+        Ok(f) if f.req_id == req_id
+            && matches!(f.body, Some(im_proto::Body::SendAck(_) | im_proto::Body::Error(_)))
+    )
+}
+
+/// The encoded `REGION_UNAVAILABLE` answer for a forward that failed.
+fn refuse(req_id: u64, conversation: &str, home: &str, entry: &str, what: &str) -> bytes::Bytes {
+    let mut r = Refusal::code(
+        ErrorCode::RegionUnavailable,
+        format!("conversation {conversation} is homed in region {home} ({entry}), which {what}"),
+        None,
+    );
+    r.retry_after_ms = 1000;
+    im_proto::encode(&r.to_frame(req_id))
 }
