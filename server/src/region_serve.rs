@@ -1,8 +1,9 @@
-//! Multi-region, the home's side of forwarding: this region's nodes take the Sends other
-//! regions forward (a NATS queue group on `region::send_subject`, one node answers each)
-//! and run each through the ordinary pipeline as its sender, on a connection-less
-//! session whose queue receives the reply; the answer (the SendAck, queued only after the
-//! durable commit, or the Error) goes back as the request's reply. It lives apart from
+//! Multi-region, the home's side of forwarding: this region's nodes take the Sends and
+//! GroupOps other regions forward (a NATS queue group on `region::send_subject`, one
+//! node answers each) and run each through the ordinary pipeline as its sender, on a
+//! connection-less session whose queue receives the reply; the answer (the SendAck or
+//! GroupOpOk, queued only after the durable commit, or the Error) goes back as the
+//! request's reply. It lives apart from
 //! `region` because it calls the pipeline, which calls `region`.
 
 use std::sync::Arc;
@@ -73,12 +74,18 @@ async fn answer(
     };
     let frame = Frame::decode(frame).ok()?;
     let req_id = frame.req_id;
-    let Some(Body::Send(send)) = &frame.body else {
-        return None;
+    let conversation = match &frame.body {
+        Some(Body::Send(send)) => send
+            .target
+            .as_ref()
+            .map(|t| crate::region::conversation_of(user, t)),
+        Some(Body::GroupOp(op)) if !op.group_id.is_empty() => {
+            Some(im_proto::group_conversation(&op.group_id))
+        }
+        _ => return None,
     };
-    // Region lists that disagree would bounce a Send between regions: refuse instead.
-    if let Some(target) = &send.target {
-        let conversation = crate::region::conversation_of(user, target);
+    // Region lists that disagree would bounce a request between regions: refuse instead.
+    if let Some(conversation) = conversation {
         if let Some((home, _)) = map.elsewhere(&conversation) {
             let message = format!(
                 "region {} got a send for {conversation}, which it sees homed in {home}: \

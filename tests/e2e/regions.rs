@@ -169,14 +169,77 @@ async fn regions_route_lists_regions_and_the_sdk_joins_the_nearest() {
         im_client::proto::direct_conversation("alice", &in_a),
         im_client::proto::direct_conversation("alice", &in_b),
     );
-    assert_eq!(
-        stored(&regions, "a").await,
-        vec![
-            (in_a_conv.clone(), 1, forwarded.msg_id.clone()),
-            (in_a_conv.clone(), 2, again.msg_id.clone())
-        ],
-        "the home committed the forwarded sends, once each"
+    // A group homed in region a, made and written to from region b; carol, a member
+    // connected to region a, gets the pushes from her own region's commit.
+    let group = (0..100)
+        .map(|i| format!("team{i}"))
+        .find(|g| im_server::region::home_of(&format!("g:{g}"), &names) == Some("a"))
+        .expect("a group homed in a");
+    let carol = regions.region("a").nodes[1].client("carol").await;
+    alice
+        .group_op(
+            im_client::proto::group_op::Op::Create,
+            group.clone(),
+            vec!["carol".into()],
+        )
+        .await
+        .expect("group created at its home through region b");
+    let mut group_acks = Vec::new();
+    for i in 0..3 {
+        let ack = alice
+            .send(
+                im_client::Target::Group(group.clone()),
+                im_client::proto::MessageType::Text,
+                format!("group {i}"),
+                None,
+            )
+            .await
+            .expect("group send forwarded");
+        group_acks.push(ack);
+    }
+    let seqs: Vec<u64> = group_acks.iter().map(|a| a.seq).collect();
+    assert!(
+        seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "gapless group seqs at the home: {seqs:?}"
     );
+    for ack in &group_acks {
+        // The group's own notice (its creation) comes first.
+        let m = loop {
+            let m = carol
+                .next_message(Duration::from_secs(10))
+                .await
+                .expect("carol's push in region a");
+            if m.seq >= group_acks[0].seq {
+                break m;
+            }
+        };
+        assert_eq!((m.seq, &m.msg_id), (ack.seq, &ack.msg_id));
+    }
+    carol.close().await;
+    let group_conv = format!("g:{group}");
+    let mut acked = vec![
+        (in_a_conv.clone(), 1, forwarded.msg_id.clone()),
+        (in_a_conv.clone(), 2, again.msg_id.clone()),
+    ];
+    acked.extend(
+        group_acks
+            .iter()
+            .map(|a| (group_conv.clone(), a.seq as i64, a.msg_id.clone())),
+    );
+    let in_a_store = stored(&regions, "a").await;
+    for row in &acked {
+        let n = in_a_store.iter().filter(|r| r.2 == row.2).count();
+        assert_eq!(n, 1, "{row:?} stored {n} times at the home");
+        assert!(in_a_store.contains(row), "{row:?} not at its acked seq");
+    }
+    for conv in [&in_a_conv, &group_conv] {
+        let seqs: Vec<i64> = in_a_store
+            .iter()
+            .filter(|r| &r.0 == conv)
+            .map(|r| r.1)
+            .collect();
+        assert_eq!(seqs, (1..=seqs.len() as i64).collect::<Vec<_>>(), "{conv}");
+    }
     assert_eq!(
         stored(&regions, "b").await,
         vec![(in_b_conv, 1, local.msg_id.clone())],

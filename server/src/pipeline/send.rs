@@ -78,16 +78,12 @@ impl Pipeline {
                     target: Some(target),
                     ..send
                 };
-                let (home, entry) = (home.to_owned(), entry.to_owned());
-                forward(
-                    map.clone(),
-                    s.out.clone(),
-                    s.user_id.clone(),
-                    req_id,
-                    send,
-                    home,
-                    entry,
-                );
+                let to = Forward {
+                    conversation: conversation.clone(),
+                    home: home.to_owned(),
+                    entry: entry.to_owned(),
+                };
+                forward(map.clone(), s, req_id, im_proto::Body::Send(send), to);
                 return Ok(());
             }
         }
@@ -156,30 +152,40 @@ impl Pipeline {
     }
 }
 
-/// Multi-region mode: forwards a Send homed in region `home` there and queues its
-/// answer (the home's SendAck after its durable commit, or its Error) to the sender; a
-/// home that does not answer gets the sender `REGION_UNAVAILABLE` with a retry hint.
-fn forward(
+/// Where a request homed in another region goes.
+pub(super) struct Forward {
+    /// Its conversation.
+    pub(super) conversation: String,
+    /// The conversation's home region.
+    pub(super) home: String,
+    /// The home's entry point (named in a refusal).
+    pub(super) entry: String,
+}
+
+/// Multi-region mode: forwards a request (a Send or a GroupOp) homed in region
+/// `to.home` there and queues its answer (the home's SendAck or GroupOpOk after its
+/// durable commit, or its Error) to the sender; a home that does not answer gets the
+/// sender `REGION_UNAVAILABLE` with a retry hint.
+pub(super) fn forward(
     map: std::sync::Arc<crate::region::RegionMap>,
-    out: std::sync::Arc<crate::flow::Outbound>,
-    sender: String,
+    s: &Session,
     req_id: u64,
-    send: Send,
-    home: String,
-    entry: String,
+    body: im_proto::Body,
+    to: Forward,
 ) {
+    let (out, sender) = (s.out.clone(), s.user_id.clone());
     tokio::spawn(async move {
-        let conversation = send
-            .target
-            .as_ref()
-            .map(|t| crate::region::conversation_of(&sender, t))
-            .unwrap_or_default();
-        let frame = im_proto::encode(&im_proto::frame(req_id, im_proto::Body::Send(send)));
+        let frame = im_proto::encode(&im_proto::frame(req_id, body));
+        let Forward {
+            conversation,
+            home,
+            entry,
+        } = to;
         let answer = match map.forward(&home, &sender, frame).await {
             Ok(bytes) if home_answer_ok(&bytes, req_id) => bytes,
             Ok(_) => refuse(req_id, &conversation, &home, &entry, "gave a bad answer"),
             Err(e) => {
-                tracing::warn!(home = %home, error = %e, "forwarded send unanswered");
+                tracing::warn!(home = %home, error = %e, "forwarded request unanswered");
                 refuse(req_id, &conversation, &home, &entry, "did not answer")
             }
         };
@@ -187,13 +193,20 @@ fn forward(
     });
 }
 
-/// The home's answer is one frame for `req_id`: a SendAck or an Error.
+/// The home's answer is one frame for `req_id`: a SendAck, a GroupOpOk or an Error.
 fn home_answer_ok(bytes: &[u8], req_id: u64) -> bool {
     use im_proto::Message as _;
     matches!(
         im_proto::Frame::decode(bytes),
         Ok(f) if f.req_id == req_id
-            && matches!(f.body, Some(im_proto::Body::SendAck(_) | im_proto::Body::Error(_)))
+            && matches!(
+                f.body,
+                Some(
+                    im_proto::Body::SendAck(_)
+                        | im_proto::Body::GroupOpOk(_)
+                        | im_proto::Body::Error(_)
+                )
+            )
     )
 }
 
