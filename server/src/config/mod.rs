@@ -374,6 +374,17 @@ impl Config {
         Ok(())
     }
 
+    /// The NATS subject and KV bucket prefix this node's cluster uses: `cluster.prefix`,
+    /// and in multi-region mode `<cluster.prefix>-<region>`, so that the regions of one
+    /// NATS super-cluster never share a registry, presence or subjects.
+    pub fn cluster_prefix(&self) -> String {
+        if self.region.is_empty() {
+            self.cluster.prefix.clone()
+        } else {
+            format!("{}-{}", self.cluster.prefix, self.region)
+        }
+    }
+
     /// Whether this node runs in cluster mode (`nats_url` set).
     pub fn clustered(&self) -> bool {
         !self.nats_url.trim().is_empty()

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::check::invalid;
+use super::check::{invalid, name_chars};
 use super::ConfigError;
 
 /// Most regions listed.
@@ -14,7 +14,7 @@ pub const MAX_REGIONS: usize = 16;
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RegionEntry {
-    /// The region's name (1-64 of A-Z a-z 0-9 _ . @ -), as in every region's `region`.
+    /// The region's name (1-64 of A-Z a-z 0-9 _ -), as in every region's `region`.
     pub name: String,
     /// `http://HOST:PORT` (or `https://`) where clients ask that region's `/v1/route`.
     pub route_url: String,
@@ -32,13 +32,8 @@ pub fn validate(region: &str, regions: &[RegionEntry], clustered: bool) -> Resul
         }
         return Ok(());
     }
-    if !im_proto::valid_id(region) {
-        return Err(invalid(
-            "region",
-            region,
-            "use 1-64 characters of A-Z a-z 0-9 _ . @ -",
-        ));
-    }
+    // It becomes a NATS subject token and part of KV bucket names: no `.` or `@`.
+    name_chars("region", region)?;
     if !clustered {
         return Err(invalid(
             "region",
@@ -54,13 +49,7 @@ pub fn validate(region: &str, regions: &[RegionEntry], clustered: bool) -> Resul
         ));
     }
     for (i, r) in regions.iter().enumerate() {
-        if !im_proto::valid_id(&r.name) {
-            return Err(invalid(
-                "regions.name",
-                &r.name,
-                "use 1-64 characters of A-Z a-z 0-9 _ . @ -",
-            ));
-        }
+        name_chars("regions.name", &r.name)?;
         if regions[..i].iter().any(|o| o.name == r.name) {
             return Err(invalid("regions.name", &r.name, "listed twice"));
         }
@@ -123,5 +112,8 @@ mod tests {
         );
         let bad = vec![entry("e u", "http://a:1")];
         assert!(validate("eu", &bad, true).is_err());
+        let dotted = vec![entry("e.u", "http://a:1")];
+        let e = validate("e.u", &dotted, true).unwrap_err().to_string();
+        assert!(e.contains("`region` = e.u"), "{e}");
     }
 }

@@ -221,7 +221,9 @@ pub struct Region {
     pub db_url: String,
     /// Its im-server nodes (a killed node stays in place, dead).
     pub nodes: Vec<TestServer>,
-    /// The NATS prefix of its nodes.
+    /// The NATS prefix given to its nodes (with `multi_region`, the same for every
+    /// region: the nodes append their region, and the start checks each region's nodes
+    /// see only each other).
     pub prefix: String,
     dir: tempfile::TempDir,
 }
@@ -387,7 +389,13 @@ impl Regions {
                 db_url: region_db(name, &id).await,
                 nodes: Vec::new(),
                 entry: LatencyProxy::start(0, ([127, 0, 0, 1], 9).into(), Duration::ZERO),
-                prefix: format!("t{id}{name}"),
+                // Multi-region nodes share one prefix (the server appends the region);
+                // the others need their own.
+                prefix: if multi_region {
+                    format!("t{id}")
+                } else {
+                    format!("t{id}{name}")
+                },
                 dir: tempfile::tempdir().expect("temp dir"),
             });
         }
