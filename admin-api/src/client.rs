@@ -12,9 +12,9 @@ use serde::Serialize;
 use crate::routes::{self, segments};
 use crate::{
     Connection, ConnectionList, ErrorBody, GlobalLevel, HeapProfileBundle, Kicked, LogFilter,
-    LogFilterRemoved, LogFilters, LogTailLine, Logs, Memory, MessageTrace, Overview, PostMessage,
-    PostedMessages, ProfileBundle, Revoked, SetLogFilter, SetLogLevel, SlowConsumers,
-    IDEMPOTENCY_KEY, NO_SUCH_ROUTE,
+    LogFilterRemoved, LogFilters, LogTailLine, Logs, Memory, MessageTrace, Overview, ParkedEvents,
+    PostMessage, PostedMessages, ProfileBundle, Redeliver, Redelivered, Revoked, SetLogFilter,
+    SetLogLevel, SlowConsumers, TestFired, Webhooks, IDEMPOTENCY_KEY, NO_SUCH_ROUTE,
 };
 
 /// Largest response body read from a node (a profile bundle with its SVG is the biggest).
@@ -353,6 +353,40 @@ impl AdminClient {
     /// (404 when no node holds a trace of it).
     pub async fn message_trace(&self, msg_id: &str) -> Result<MessageTrace, ApiError> {
         self.get(routes::MESSAGE_TRACE, &[msg_id], &[]).await
+    }
+
+    /// `GET /admin/v1/webhooks` (404 when the node has no webhook endpoint).
+    pub async fn webhooks(&self) -> Result<Webhooks, ApiError> {
+        self.get(routes::WEBHOOKS, &[], &[]).await
+    }
+
+    /// `GET /admin/v1/webhooks/parked?endpoint=&limit=`.
+    pub async fn webhooks_parked(
+        &self,
+        endpoint: &str,
+        limit: u32,
+    ) -> Result<ParkedEvents, ApiError> {
+        let limit = limit.to_string();
+        self.get(
+            routes::WEBHOOKS_PARKED,
+            &[],
+            &[("endpoint", endpoint), ("limit", &limit)],
+        )
+        .await
+    }
+
+    /// `POST /admin/v1/webhooks/parked/redeliver`: queues parked events again.
+    pub async fn webhooks_redeliver(&self, body: &Redeliver) -> Result<Redelivered, ApiError> {
+        let path = segments(routes::WEBHOOKS_REDELIVER, &[]);
+        self.call(Method::POST, &path, &[], Some(body), self.timeout)
+            .await
+    }
+
+    /// `POST /admin/v1/webhooks/{name}/test`: a `webhook.test` event sent now.
+    pub async fn webhook_test(&self, name: &str) -> Result<TestFired, ApiError> {
+        let path = segments(routes::WEBHOOK_TEST, &[name]);
+        self.call(Method::POST, &path, &[], None::<()>, self.timeout)
+            .await
     }
 
     /// `GET` of `route` with its parameters `args` and the `query` pairs.

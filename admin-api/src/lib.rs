@@ -13,12 +13,14 @@
 use serde::{Deserialize, Deserializer, Serialize};
 
 pub mod diag;
+pub mod hooks;
 pub mod messages;
 pub mod nodes;
 pub mod overview;
 pub mod routes;
 pub mod trace;
 pub mod users;
+pub mod webhooks;
 
 #[cfg(feature = "client")]
 pub mod client;
@@ -27,6 +29,9 @@ pub use diag::{
     GlobalLevel, HeapProfileBundle, HeapTopFunction, LogFile, LogFilter, LogFilterRemoved,
     LogFilters, LogTailLine, LogWindow, Logs, ProfileBundle, SetLogFilter, SetLogLevel,
     TopFunction,
+};
+pub use hooks::{
+    BeforeSendAction, BeforeSendAnswer, BeforeSendRequest, HookStatus, MAX_REASON_BYTES,
 };
 pub use messages::{MessageKind, PostMessage, PostedMessage, PostedMessages, IDEMPOTENCY_KEY};
 pub use nodes::{
@@ -40,6 +45,10 @@ pub use overview::{
 pub use trace::{MessageTrace, TraceStage};
 pub use users::{
     Backlog, StageTiming, UserDiag, UserLogFilter, UserMessage, UserNode, UserRefusal, UserSession,
+};
+pub use webhooks::{
+    EventMessage, ParkedEvent, ParkedEvents, Redeliver, Redelivered, TestFired, WebhookEndpoint,
+    WebhookEvent, Webhooks,
 };
 
 /// The body of every error answer: `{"error": "<message>"}`, with a 4xx or 5xx status.

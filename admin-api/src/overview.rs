@@ -167,6 +167,9 @@ pub struct Overview {
     /// The tokio runtime and the task monitors of the long-lived tasks (`None`: an
     /// older server, or no runtime to read).
     pub runtime: Option<RuntimeStats>,
+    /// The configured hooks to the application's backend and their circuit breakers
+    /// (empty: none configured, or an older server).
+    pub hooks: Vec<crate::hooks::HookStatus>,
 }
 
 /// `overview.runtime`: tokio's stable runtime metrics and the task monitors of the

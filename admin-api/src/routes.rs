@@ -46,6 +46,14 @@ pub const MESSAGE_TRACE: &str = "/admin/v1/messages/{msg_id}/trace";
 /// `POST` (no body): [`crate::SecretsReloaded`], the token keys and admin token read
 /// again; 400 with the reason when they do not load (the old ones stay).
 pub const RELOAD: &str = "/admin/v1/reload";
+/// `GET`: [`crate::Webhooks`], the endpoints, their queues and the outbox.
+pub const WEBHOOKS: &str = "/admin/v1/webhooks";
+/// `GET ?endpoint=&limit=`: [`crate::ParkedEvents`].
+pub const WEBHOOKS_PARKED: &str = "/admin/v1/webhooks/parked";
+/// `POST` [`crate::Redeliver`]: [`crate::Redelivered`].
+pub const WEBHOOKS_REDELIVER: &str = "/admin/v1/webhooks/parked/redeliver";
+/// `POST`: sends a `webhook.test` event to the endpoint now, [`crate::TestFired`].
+pub const WEBHOOK_TEST: &str = "/admin/v1/webhooks/{name}/test";
 /// `GET ?avoid=ID,ID` on the client listener (no token): [`crate::RouteAnswer`].
 pub const ROUTE: &str = "/v1/route";
 

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 
 use im_admin_api::{
     ConnectionList, ErrorBody, HeapProfileBundle, LogFilters, LogTailLine, Logs, Memory,
-    MessageTrace, Overview, PostedMessages, ProfileBundle, SlowConsumers, UserDiag,
+    MessageTrace, Overview, ParkedEvents, PostedMessages, ProfileBundle, SlowConsumers, UserDiag,
+    Webhooks,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -92,6 +93,7 @@ const FILES: &[&str] = &[
     "overview_cluster.json",
     "overview_limits.json",
     "overview_store_full.json",
+    "overview_hook_open.json",
     "overview_series.json",
     "overview_runtime.json",
     "connections.json",
@@ -115,6 +117,8 @@ const FILES: &[&str] = &[
     "error_no_user.json",
     "trace.json",
     "error_no_trace.json",
+    "webhooks.json",
+    "webhooks_parked.json",
 ];
 
 #[test]
@@ -123,6 +127,7 @@ fn every_recorded_answer_decodes_strictly() {
     strict::<Overview>("overview_cluster.json");
     strict::<Overview>("overview_limits.json");
     strict::<Overview>("overview_store_full.json");
+    strict::<Overview>("overview_hook_open.json");
     strict::<Vec<Overview>>("overview_series.json");
     strict::<Overview>("overview_runtime.json");
     strict::<ConnectionList>("connections.json");
@@ -142,6 +147,8 @@ fn every_recorded_answer_decodes_strictly() {
     }
     strict_lines::<LogTailLine>("log_tail.ndjson");
     strict::<MessageTrace>("trace.json");
+    strict::<Webhooks>("webhooks.json");
+    strict::<ParkedEvents>("webhooks_parked.json");
 }
 
 #[test]

@@ -13,7 +13,8 @@
 //! tail, `finish`), [`clock`] (a run's timeline), [`groups`] (group set-up before a run),
 //! [`target`] (the server under test: resolve, mint tokens, spawn, open sessions from
 //! spread loopback source addresses, as `im_client::RawConn`s with small buffers),
-//! [`spawn`] (running an `im-server` child process), [`admin`] (the server's own figures
+//! [`spawn`] (running an `im-server` child process), [`hookrecv`] (a webhook receiver
+//! with a set delay, for `--webhook-receiver-delay-ms`), [`admin`] (the server's own figures
 //! from its admin API), [`outbox`] (un-acked sends, retries, pacing), [`wire`]
 //! (allocation-light frame encoding for the hot path, malformed frames), [`stats`]
 //! (sharded histograms, counters, summaries), [`check`] (the exactly-once, in-order
@@ -26,6 +27,7 @@ pub mod check;
 pub mod clock;
 pub mod config;
 pub mod groups;
+pub mod hookrecv;
 pub mod outbox;
 pub mod peer;
 pub mod report;

@@ -87,13 +87,15 @@ impl SpawnedServer {
         jwt_secret: &str,
         admin_token: &str,
         extra_env: &[(String, String)],
+        extra_args: &[String],
     ) -> anyhow::Result<SpawnedServer> {
         let data_dir = tempfile::Builder::new()
             .prefix("im-bench-")
             .tempdir()
             .context("creating a temporary data dir")?;
         let mut cmd = Command::new(binary);
-        cmd.env("IM_LISTEN", "127.0.0.1:0")
+        cmd.args(extra_args)
+            .env("IM_LISTEN", "127.0.0.1:0")
             .env("IM_ADMIN_LISTEN", "127.0.0.1:0")
             .env("IM_DATA_DIR", data_dir.path())
             .env("IM_JWT_SECRET", jwt_secret)

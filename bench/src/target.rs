@@ -58,6 +58,11 @@ pub struct ServerArgs {
     /// most 254); 0 lets the OS choose. Ignored for a server that is not on loopback.
     #[arg(long, default_value_t = 254, value_parser = clap::value_parser!(u32).range(0..=254))]
     pub sources: u32,
+    /// With --spawn: give the server one webhook endpoint getting `message.created` for
+    /// every message, served by a receiver in this process that answers after this many
+    /// milliseconds (the cost of webhooks, and of a slow backend, on the message path).
+    #[arg(long, value_name = "MS", requires = "spawn")]
+    pub webhook_receiver_delay_ms: Option<u64>,
 }
 
 /// Admin token given to a spawned server.
@@ -115,6 +120,42 @@ pub struct Target {
     sources: Vec<IpAddr>,
     admin: Option<AdminClient>,
     server: Option<SpawnedServer>,
+    /// The webhook receiver and the config file's folder (`--webhook-receiver-delay-ms`).
+    _hooks: Option<(crate::hookrecv::HookReceiver, tempfile::TempDir)>,
+}
+
+/// Webhook endpoint secret given to a spawned server.
+const HOOK_SECRET: &str = "im-bench-webhook-secret-of-32-bytes-or-more";
+
+/// Starts the webhook receiver (answering after `delay_ms`) and writes a config file
+/// with one endpoint for `message.created` pointing at it; returns the server's extra
+/// arguments (`--config FILE`), the receiver and the file's folder.
+async fn webhook_config(
+    delay_ms: u64,
+) -> anyhow::Result<(
+    Vec<String>,
+    (crate::hookrecv::HookReceiver, tempfile::TempDir),
+)> {
+    let receiver = crate::hookrecv::HookReceiver::start(Duration::from_millis(delay_ms)).await?;
+    let dir = tempfile::Builder::new()
+        .prefix("im-bench-hooks-")
+        .tempdir()
+        .context("creating a folder for the webhook config")?;
+    let file = dir.path().join("webhooks.toml");
+    let text = format!(
+        "[[webhooks.endpoints]]\nname = \"bench\"\nurl = \"http://{}/hook\"\n\
+         secret = \"{HOOK_SECRET}\"\nevents = [\"message.created\"]\n",
+        receiver.addr
+    );
+    std::fs::write(&file, text).context("writing the webhook config")?;
+    eprintln!(
+        "im-bench: webhooks to {} (answers after {delay_ms} ms)",
+        receiver.addr
+    );
+    Ok((
+        vec!["--config".to_owned(), file.display().to_string()],
+        (receiver, dir),
+    ))
 }
 
 /// Host and port of a `ws://HOST:PORT/...` URL (brackets of an IPv6 host removed).
@@ -151,11 +192,25 @@ impl Target {
     /// Connects to `--url`, or starts `--spawn` and uses its address.
     pub async fn open(args: &ServerArgs) -> anyhow::Result<Target> {
         let keys = TokenKeys::new(args.secret.as_bytes());
+        let mut hooks = None;
         let (url, admin, server) = match &args.spawn {
             Some(binary) => {
-                let server =
-                    SpawnedServer::start(binary, &args.secret, SPAWN_ADMIN_TOKEN, &args.server_env)
-                        .await?;
+                let (hook_args, h) = match args.webhook_receiver_delay_ms {
+                    Some(ms) => {
+                        let (a, h) = webhook_config(ms).await?;
+                        (a, Some(h))
+                    }
+                    None => (Vec::new(), None),
+                };
+                hooks = h;
+                let server = SpawnedServer::start(
+                    binary,
+                    &args.secret,
+                    SPAWN_ADMIN_TOKEN,
+                    &args.server_env,
+                    &hook_args,
+                )
+                .await?;
                 eprintln!(
                     "im-bench: spawned {} (client={} admin={})",
                     binary.display(),
@@ -192,6 +247,7 @@ impl Target {
             keys,
             admin,
             server,
+            _hooks: hooks,
         })
     }
 

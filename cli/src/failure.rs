@@ -100,6 +100,7 @@ impl Context {
                 Failure::new(Exit::Unreachable, format!("lost the connection to {url}"))
             }
             ClientError::Route(r) => Failure::new(Exit::Unreachable, format!("route: {r}")),
+            ClientError::Tls(t) => Failure::new(Exit::Usage, format!("tls: {t}")),
             e @ (ClientError::Decode(_) | ClientError::Protocol(_)) => {
                 Failure::new(Exit::Failure, format!("{url}: {e}"))
             }

@@ -30,6 +30,11 @@ impl Session {
         let mut cfg = ClientConfig::new(g.url.clone(), token);
         cfg.device_id = g.device.clone();
         cfg.request_timeout = g.timeout;
+        if let Some(ca) = &g.ca {
+            let tls = im_client::TlsConfig::from_ca_file(ca)
+                .map_err(|e| Failure::new(Exit::Usage, e.to_string()))?;
+            cfg.tls = Some(tls);
+        }
         let client = match tokio::time::timeout(g.timeout, Client::connect(cfg)).await {
             Err(_) => return Err(ctx.timed_out()),
             Ok(Err(e)) => return Err(ctx.connect_failed(e)),

@@ -559,3 +559,33 @@ fn a_token_file_and_stdin_text_work() {
         "{history}"
     );
 }
+
+#[test]
+fn send_and_history_over_wss_with_a_ca_file() {
+    if !support::tls::openssl_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let pki = support::tls::Pki::new(&tmp.path().join("pki"));
+    let server = support::tls::tls_server(&pki, &[]);
+    let url = format!("wss://localhost:{}/ws", server.client_addr.port());
+    let ca = pki.ca.to_str().unwrap();
+    let over_tls = |user: &str| {
+        let mut c = bare_im();
+        c.env("IM_URL", &url).env("IM_TOKEN", server.token(user));
+        c
+    };
+    ok(
+        over_tls("alice"),
+        &["--ca", ca, "send", "--to", "bob", "over tls"],
+    );
+    let history = ok(over_tls("bob"), &["--ca", ca, "history", "--with", "alice"]);
+    assert!(history.contains("over tls"), "{history}");
+    // Without the CA the server's certificate is not trusted: a clear failure.
+    let r = run(over_tls("bob"), &["whoami"]);
+    assert_ne!(r.code, Some(0), "{r:?}");
+    assert!(r.stderr.contains("certificate"), "{r:?}");
+    let r = run(over_tls("bob"), &["--ca", "/nonexistent/ca.pem", "whoami"]);
+    assert_eq!(r.code, Some(2), "{r:?}");
+    assert!(r.stderr.contains("/nonexistent/ca.pem"), "{r:?}");
+}

@@ -78,9 +78,11 @@ impl Client {
     /// the background task. Must be called inside a Tokio runtime.
     pub async fn connect(cfg: ClientConfig) -> Result<Client, ClientError> {
         let url = crate::route::target_url(&cfg, 0, None).await?;
-        let mut conn = tokio::time::timeout(cfg.request_timeout, RawConn::connect(&url))
-            .await
-            .map_err(|_| ClientError::Timeout)??;
+        let opts = crate::RawConnOptions::new().tls(cfg.tls.clone());
+        let mut conn =
+            tokio::time::timeout(cfg.request_timeout, RawConn::connect_with(&url, &opts))
+                .await
+                .map_err(|_| ClientError::Timeout)??;
         let ok = conn
             .login_with(1, &cfg.token, &cfg.device_id, false, cfg.request_timeout)
             .await?;

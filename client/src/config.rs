@@ -44,6 +44,9 @@ pub struct ClientConfig {
     pub probe_regions: bool,
     /// The probed regions, nearest first (filled by the SDK; shared by clones).
     pub regions: crate::regions::RegionBook,
+    /// The TLS settings of a `wss://` `url` (none: the Mozilla roots), e.g.
+    /// [`crate::TlsConfig::from_ca_file`] for a private CA.
+    pub tls: Option<crate::TlsConfig>,
 }
 
 impl ClientConfig {
@@ -62,6 +65,7 @@ impl ClientConfig {
             token_provider: None,
             probe_regions: true,
             regions: crate::regions::RegionBook::default(),
+            tls: None,
         }
     }
 
@@ -123,6 +127,7 @@ impl std::fmt::Debug for ClientConfig {
             .field("token_provider", &self.token_provider.is_some())
             .field("probe_regions", &self.probe_regions)
             .field("regions", &self.regions.order())
+            .field("tls", &self.tls)
             .finish()
     }
 }

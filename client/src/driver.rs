@@ -855,6 +855,7 @@ impl Driver {
                 let url = crate::route::target_url(&cfg, attempts, avoid).await?;
                 connect_and_login(
                     url,
+                    cfg.tls.clone(),
                     cfg.token.clone(),
                     cfg.device_id.clone(),
                     req_id,
@@ -923,13 +924,15 @@ fn heartbeat_of(ok: &LoginOk) -> Duration {
 /// Opens a connection and logs in with `resume = true` (for reconnects), within `timeout`.
 async fn connect_and_login(
     url: String,
+    tls: Option<crate::TlsConfig>,
     token: String,
     device_id: String,
     req_id: u64,
     timeout: Duration,
 ) -> Result<(RawConn, LoginOk), ClientError> {
     let deadline = Instant::now() + timeout;
-    let mut conn = tokio::time::timeout_at(deadline, RawConn::connect(&url))
+    let opts = crate::RawConnOptions::new().tls(tls);
+    let mut conn = tokio::time::timeout_at(deadline, RawConn::connect_with(&url, &opts))
         .await
         .map_err(|_| ClientError::Timeout)??;
     let left = deadline.saturating_duration_since(Instant::now());

@@ -42,6 +42,9 @@ pub enum ClientError {
     /// No `route_urls` seed answered `GET /v1/route`.
     #[error("route: {0}")]
     Route(String),
+    /// The TLS settings could not be built (a bad CA file).
+    #[error("tls: {0}")]
+    Tls(String),
 }
 
 impl ClientError {

@@ -11,7 +11,9 @@
 //!
 //! Module map: `raw` (transport), `client` (handle, events, targets), `driver` (the
 //! background task), `tracker` (dedup and cursors), `backoff` (reconnect and retry
-//! timing), `route` (asks `GET /v1/route` which node to connect to), `regions` (probes the regions a route answer lists; nearest healthy first), `config`, `error`.
+//! timing), `route` (asks `GET /v1/route` which node to connect to), `regions` (probes the
+//! regions a route answer lists; nearest healthy first), `tls` (the trust anchors of
+//! `wss://`), `config`, `error`.
 
 mod backoff;
 mod client;
@@ -22,6 +24,7 @@ mod event;
 pub mod raw;
 pub mod regions;
 pub mod route;
+pub mod tls;
 mod tracker;
 
 pub use client::{Client, Target};
@@ -30,3 +33,4 @@ pub use error::ClientError;
 pub use event::Event;
 pub use im_proto as proto;
 pub use raw::{RawConn, RawConnOptions, RawEvent};
+pub use tls::TlsConfig;

@@ -22,9 +22,10 @@ use tokio::net::{TcpSocket, TcpStream};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::{self, Message};
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 
 use crate::error::ClientError;
+use crate::tls::TlsConfig;
 
 /// How long [`RawConn::login`] waits for `LoginOk`.
 const LOGIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -33,12 +34,13 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How [`RawConn::connect_with`] opens its connection; the defaults are those of
 /// [`RawConn::connect`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RawConnOptions {
     addr: Option<SocketAddr>,
     local_ip: Option<IpAddr>,
     buffers: Option<(usize, usize)>,
     ws_pongs: bool,
+    tls: Option<TlsConfig>,
 }
 
 impl RawConnOptions {
@@ -73,6 +75,17 @@ impl RawConnOptions {
     pub fn ws_pongs(mut self, on: bool) -> Self {
         self.ws_pongs = on;
         self
+    }
+
+    /// The TLS settings of a `wss://` URL (`None`: the Mozilla roots).
+    pub fn tls(mut self, tls: Option<TlsConfig>) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// The connector of a `wss://` URL, when one is set.
+    fn connector(&self) -> Option<Connector> {
+        self.tls.as_ref().map(|t| Connector::Rustls(t.0.clone()))
     }
 
     /// Whether anything differs from [`RawConn::connect`]'s way of connecting.
@@ -124,7 +137,8 @@ impl std::fmt::Debug for RawConn {
 }
 
 impl RawConn {
-    /// Opens a WebSocket to `url` (e.g. `ws://127.0.0.1:7070/ws`) with TCP_NODELAY set.
+    /// Opens a WebSocket to `url` (e.g. `ws://127.0.0.1:7070/ws`, or `wss://` trusting the
+    /// Mozilla roots) with TCP_NODELAY set.
     pub async fn connect(url: &str) -> Result<RawConn, ClientError> {
         Self::connect_with(url, &RawConnOptions::default()).await
     }
@@ -135,13 +149,6 @@ impl RawConn {
         let config = opts.ws_config();
         let ws = if opts.custom_socket() {
             let request = url.into_client_request()?;
-            // No TLS here (the crate is built without it, as `connect` is): ws:// only.
-            if request.uri().scheme_str() == Some("wss") {
-                return Err(tungstenite::Error::Url(
-                    tungstenite::error::UrlError::TlsFeatureNotEnabled,
-                )
-                .into());
-            }
             let addr = match opts.addr {
                 Some(a) => a,
                 None => resolve(request.uri()).await?,
@@ -157,12 +164,17 @@ impl RawConn {
             }
             let stream = socket.connect(addr).await.map_err(io_error)?;
             stream.set_nodelay(true).map_err(io_error)?;
-            let plain = MaybeTlsStream::Plain(stream);
-            tokio_tungstenite::client_async_with_config(request, plain, config)
-                .await?
-                .0
+            // ws:// as it is; wss:// through rustls (the handshake names the URL's host).
+            tokio_tungstenite::client_async_tls_with_config(
+                request,
+                stream,
+                config,
+                opts.connector(),
+            )
+            .await?
+            .0
         } else {
-            tokio_tungstenite::connect_async_with_config(url, config, true)
+            tokio_tungstenite::connect_async_tls_with_config(url, config, true, opts.connector())
                 .await?
                 .0
         };

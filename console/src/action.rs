@@ -78,4 +78,6 @@ pub enum Action {
     Tail,
     /// `m`: open the Trace view on the selected tail line's message (Logs view).
     TraceMessage,
+    /// `e`: queue the selected endpoint's parked events again (Webhooks view).
+    Redeliver,
 }

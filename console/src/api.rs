@@ -15,3 +15,6 @@ pub use im_admin_api::{
     SetLogFilter, SlowConsumers, StageLatency, TaskStats, TopFunction, TraceStage,
 };
 pub use im_admin_api::{Backlog, UserDiag, UserMessage, UserRefusal, UserSession};
+pub use im_admin_api::{
+    ParkedEvent, ParkedEvents, Redeliver, Redelivered, TestFired, WebhookEndpoint, Webhooks,
+};

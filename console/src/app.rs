@@ -16,8 +16,8 @@ use tokio::time::MissedTickBehavior;
 use crate::api::{AdminClient, ApiError, LogTail, MessageKind, PostMessage};
 use crate::config::Settings;
 use crate::state::{
-    AppState, Command, Plan, Update, CONNECTIONS_LIMIT, TAIL_BACKLOG, TOP_QUEUED_LIMIT,
-    USER_BACKLOG, USER_MESSAGES,
+    AppState, Command, Plan, Update, CONNECTIONS_LIMIT, PARKED_LIMIT, TAIL_BACKLOG,
+    TOP_QUEUED_LIMIT, USER_BACKLOG, USER_MESSAGES,
 };
 use crate::{input, save, view};
 
@@ -226,6 +226,11 @@ async fn view_updates(client: &AdminClient, p: &Plan) -> Vec<Update> {
         updates.push(Update::LogFilters(f));
         updates.push(Update::Logs(l));
     }
+    if p.webhooks {
+        let (w, parked) = tokio::join!(client.webhooks(), client.webhooks_parked("", PARKED_LIMIT));
+        updates.push(Update::Webhooks(w));
+        updates.push(Update::Parked(parked));
+    }
     if let Some(uid) = &p.user {
         let result = client.user(uid, USER_BACKLOG, USER_MESSAGES).await;
         updates.push(Update::User {
@@ -253,7 +258,9 @@ fn run_command(
         | Command::Profile { node, .. }
         | Command::HeapProfile { node, .. }
         | Command::Announce { node, .. }
-        | Command::FetchTrace { node, .. } => *node,
+        | Command::FetchTrace { node, .. }
+        | Command::TestFire { node, .. }
+        | Command::Redeliver { node, .. } => *node,
         // The plan's generation changed; the pollers wake on their own.
         Command::Refresh => return,
         // The loop runs the tail itself.
@@ -344,6 +351,20 @@ fn run_command(
                 result: client.message_trace(&msg_id).await,
                 msg_id,
             },
+            Command::TestFire { name, .. } => Update::TestFired {
+                result: client.webhook_test(&name).await,
+                name,
+            },
+            Command::Redeliver { name, .. } => {
+                let body = crate::api::Redeliver {
+                    endpoint: name.clone(),
+                    ids: Vec::new(),
+                };
+                Update::Redelivered {
+                    result: client.webhooks_redeliver(&body).await,
+                    name,
+                }
+            }
             Command::Refresh | Command::StartTail { .. } | Command::StopTail => return,
         };
         let _ = tx.send((node, update)).await;

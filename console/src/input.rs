@@ -20,8 +20,8 @@ pub const HELP: &[(&str, &[HelpLine])] = &[
             ("q, ctrl-c", "quit"),
             ("tab shift-tab, h l, ← →", "next / previous view"),
             (
-                "1..9",
-                "1 Overview 2 Connections 3 Slow 4 Latency 5 Memory 6 Profile 7 Logs 8 Users 9 Trace",
+                "1..9, 0",
+                "1 Overview 2 Connections 3 Slow 4 Latency 5 Memory 6 Profile 7 Logs 8 Users 9 Trace 0 Webhooks",
             ),
             ("] [", "next / previous node"),
             ("n", "node picker (j/k, enter; 1..9 picks directly)"),
@@ -106,6 +106,20 @@ pub const HELP: &[(&str, &[HelpLine])] = &[
             ("r", "ask again"),
         ],
     ),
+    (
+        "Webhooks",
+        &[
+            ("j k", "select an endpoint"),
+            (
+                "c",
+                "test-fire the selected endpoint (a webhook.test event now)",
+            ),
+            (
+                "e",
+                "redeliver the selected endpoint's parked events (same event ids)",
+            ),
+        ],
+    ),
 ];
 
 /// The action for `key` in `mode`, or `None` if the key does nothing there.
@@ -160,6 +174,8 @@ fn normal(key: KeyEvent, ctrl: bool) -> Option<Action> {
         KeyCode::Char('h') | KeyCode::Left => Action::PrevView,
         KeyCode::Char(c @ '1'..='8') => Action::GoView(View::ALL[c as usize - '1' as usize]),
         KeyCode::Char('9') => Action::GoView(View::Trace),
+        KeyCode::Char('0') => Action::GoView(View::Webhooks),
+        KeyCode::Char('e') => Action::Redeliver,
         KeyCode::Char('m') => Action::TraceMessage,
         KeyCode::Char(']') => Action::NextNode,
         KeyCode::Char('[') => Action::PrevNode,

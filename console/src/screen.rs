@@ -23,11 +23,13 @@ pub enum View {
     Users,
     /// One message's stage timeline across the nodes (key 9).
     Trace,
+    /// The webhook endpoints, their queues and the parked events (key 0).
+    Webhooks,
 }
 
 impl View {
     /// All views in tab order (number keys: [`View::key`]).
-    pub const ALL: [View; 9] = [
+    pub const ALL: [View; 10] = [
         View::Overview,
         View::Connections,
         View::Slow,
@@ -37,6 +39,7 @@ impl View {
         View::Logs,
         View::Users,
         View::Trace,
+        View::Webhooks,
     ];
 
     /// Tab title.
@@ -51,12 +54,16 @@ impl View {
             View::Logs => "Logs",
             View::Users => "Users",
             View::Trace => "Trace",
+            View::Webhooks => "Hooks",
         }
     }
 
     /// The number key that shows this view (and its tab's number).
     pub fn key(self) -> char {
-        char::from(b'1' + self.index() as u8)
+        match self.index() {
+            9 => '0',
+            i => char::from(b'1' + i as u8),
+        }
     }
 
     /// Position in [`View::ALL`].

@@ -141,6 +141,17 @@ async fn overview_while_the_store_refuses_sends() {
     insta::assert_snapshot!("overview_store_full_120x40", screen);
 }
 
+/// A node whose before-send hook's breaker is open: the header says so and what it means.
+#[tokio::test]
+async fn overview_while_the_before_send_hook_is_open() {
+    let screen = overview_of("overview_hook_open.json", 160, 40).await;
+    assert!(
+        screen.contains("before-send hook open: sends unchecked"),
+        "{screen}"
+    );
+    assert!(!screen.contains("refusing sends"), "{screen}");
+}
+
 /// A node that reports its runtime: the panel shows the workers' busy share, the global
 /// queue and each monitored task's polls, slow polls and scheduled delay.
 #[tokio::test]
@@ -841,4 +852,58 @@ async fn m_on_a_tail_line_traces_its_message() {
         }]
     );
     assert_eq!(state.view, View::Trace);
+}
+
+#[tokio::test]
+async fn webhooks_endpoints_parked_test_fire_and_redeliver() {
+    let (mut state, n, t0) = loaded().await;
+    n.fixture("GET", "/admin/v1/webhooks", 200, "webhooks.json");
+    n.fixture(
+        "GET",
+        "/admin/v1/webhooks/parked",
+        200,
+        "webhooks_parked.json",
+    );
+    go(&mut state, View::Webhooks);
+    assert!(state.plan(0).webhooks, "the view polls the webhooks");
+    let c = AdminClient::new(&n.url, None, Duration::from_secs(5)).expect("client");
+    state.on_update(0, Update::Webhooks(c.webhooks().await), at(t0, 11));
+    state.on_update(
+        0,
+        Update::Parked(c.webhooks_parked("", 100).await),
+        at(t0, 11),
+    );
+    insta::assert_snapshot!("webhooks", draw(&state, 140, 24));
+    // `c` test-fires the selected endpoint; the answer goes to the status line.
+    state.apply(Action::Down);
+    let cmds = state.apply(Action::Add);
+    let name = match &cmds[..] {
+        [Command::TestFire { name, .. }] => name.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(name, "audit");
+    let result = Ok(im_console::api::TestFired {
+        event_id: "0193a9e4c1a27c3b8e0f5d4c3b2a1999".into(),
+        status: 200,
+        error: String::new(),
+        took_ms: 12,
+    });
+    state.on_update(0, Update::TestFired { name, result }, at(t0, 12));
+    // `e` redelivers the selected endpoint's parked events.
+    state.apply(Action::Up);
+    let cmds = state.apply(Action::Redeliver);
+    assert!(
+        matches!(&cmds[..], [Command::Redeliver { name, .. }] if name == "push"),
+        "{cmds:?}"
+    );
+    let result = Ok(im_console::api::Redelivered { queued: 2 });
+    state.on_update(
+        0,
+        Update::Redelivered {
+            name: "push".into(),
+            result,
+        },
+        at(t0, 13),
+    );
+    insta::assert_snapshot!("webhooks_redelivered_status", draw(&state, 140, 24));
 }

@@ -210,7 +210,7 @@ pub fn existing_token_keys(config: &Config) -> Result<TokenKeys, AuthError> {
 }
 
 /// Reads an existing secret file (`None` if absent); refuses an empty or shared one.
-fn read_secret(path: &Path) -> Result<Option<String>, AuthError> {
+pub fn read_secret(path: &Path) -> Result<Option<String>, AuthError> {
     let io = |source| AuthError::Io {
         path: path.to_owned(),
         source,

@@ -71,6 +71,8 @@ pub struct Node {
     pub cluster: Option<Arc<cluster::Cluster>>,
     /// `limits.max_connections` resolved at start (0: no cap).
     pub max_connections: usize,
+    /// Event webhooks (`None`: no endpoint configured).
+    pub webhooks: Option<Arc<hooks::webhooks::Webhooks>>,
     snapshot: Arc<RwLock<obs::sampler::Snapshot>>,
     /// Where a reload reads the config again (`reload`): the binary's file and flags.
     config_source: std::sync::OnceLock<reload::ConfigSource>,
@@ -163,6 +165,8 @@ pub struct Built {
     sampler: obs::sampler::Sampler,
     client: TcpListener,
     admin: TcpListener,
+    client_tls: Option<Arc<listen::TlsListener>>,
+    admin_tls: Option<Arc<listen::TlsListener>>,
     ws_url: String,
 }
 
@@ -212,6 +216,8 @@ impl Node {
         } else {
             config.node_id.clone()
         };
+        let webhooks = hooks::webhooks::Webhooks::new(&config, &node_id, store.clone())
+            .context("starting the webhooks")?;
         metrics.tracer.configure(
             &node_id,
             config.obs.trace_sample_rate,
@@ -246,12 +252,17 @@ impl Node {
         if cluster.is_some() {
             relations.notify_changes(group_tx);
         }
+        let before_send = hooks::before_send::BeforeSend::from_config(
+            &config.hooks.before_send,
+            config.limits.max_frame_bytes as usize,
+        )?;
         let (pipeline, writer) = Pipeline::spawn_with(
             store.clone(),
             relations.clone(),
             cluster
                 .as_ref()
                 .map(|c| c.link.clone() as Arc<dyn route::Peers>),
+            before_send,
             &config,
             metrics.clone(),
         );
@@ -294,6 +305,7 @@ impl Node {
             draining: draining.clone(),
             cluster: cluster.clone(),
             max_connections,
+            webhooks,
             snapshot,
             config_source: std::sync::OnceLock::new(),
         });
@@ -308,25 +320,15 @@ impl Node {
             draining,
         );
 
-        let client = bind(config.listen_addr(), config.flow.listen_backlog)
-            .with_context(|| format!("binding listen = {}", config.listen))?;
-        let admin = TcpListener::bind(config.admin_addr())
-            .await
-            .with_context(|| format!("binding admin_listen = {}", config.admin_listen))?;
-        let client_addr = client.local_addr()?;
-        let admin_addr = admin.local_addr()?;
-        warn_if_exposed(&config, client_addr, admin_addr);
-        let ws_url = if config.cluster.advertise_url.is_empty() {
-            if client_addr.ip().is_unspecified() && cluster.is_some() {
-                tracing::warn!(
-                    listen = %config.listen,
-                    "cluster.advertise_url is empty and the client listener is on a wildcard address: other nodes will route clients to ws://{client_addr}/ws; set cluster.advertise_url"
-                );
-            }
-            format!("ws://{client_addr}/ws")
-        } else {
-            config.cluster.advertise_url.clone()
-        };
+        let Listeners {
+            client,
+            admin,
+            client_addr,
+            admin_addr,
+            client_tls,
+            admin_tls,
+            ws_url,
+        } = Listeners::bind(&config, cluster.is_some()).await?;
         Ok(Built {
             node,
             client_addr,
@@ -338,6 +340,57 @@ impl Node {
             sampler,
             client,
             admin,
+            client_tls,
+            admin_tls,
+            ws_url,
+        })
+    }
+}
+
+/// Both listeners, bound (serving nothing yet), their TLS and the advertised client URL.
+struct Listeners {
+    client: TcpListener,
+    admin: TcpListener,
+    client_addr: SocketAddr,
+    admin_addr: SocketAddr,
+    client_tls: Option<Arc<listen::TlsListener>>,
+    admin_tls: Option<Arc<listen::TlsListener>>,
+    ws_url: String,
+}
+
+impl Listeners {
+    /// Loads the TLS files, binds both listeners and works out the client URL the
+    /// cluster advertises (`clustered`: warn when it would be a wildcard address).
+    async fn bind(config: &Config, clustered: bool) -> anyhow::Result<Listeners> {
+        let client_tls = listen::TlsListener::from_config(&config.tls, listen::Listener::Client)?;
+        let admin_tls = listen::TlsListener::from_config(&config.tls, listen::Listener::Admin)?;
+        let client = bind(config.listen_addr(), config.flow.listen_backlog)
+            .with_context(|| format!("binding listen = {}", config.listen))?;
+        let admin = TcpListener::bind(config.admin_addr())
+            .await
+            .with_context(|| format!("binding admin_listen = {}", config.admin_listen))?;
+        let client_addr = client.local_addr()?;
+        let admin_addr = admin.local_addr()?;
+        warn_if_exposed(config, client_addr, admin_addr);
+        let ws_url = if config.cluster.advertise_url.is_empty() {
+            if client_addr.ip().is_unspecified() && clustered {
+                tracing::warn!(
+                    listen = %config.listen,
+                    "cluster.advertise_url is empty and the client listener is on a wildcard address: other nodes will route clients to ws://{client_addr}/ws; set cluster.advertise_url"
+                );
+            }
+            let scheme = if client_tls.is_some() { "wss" } else { "ws" };
+            format!("{scheme}://{client_addr}/ws")
+        } else {
+            config.cluster.advertise_url.clone()
+        };
+        Ok(Listeners {
+            client,
+            admin,
+            client_addr,
+            admin_addr,
+            client_tls,
+            admin_tls,
             ws_url,
         })
     }
@@ -376,7 +429,12 @@ impl Built {
         };
         let (log_tasks, compactor) = start_log_tasks(config, snapshot_of(&node));
         background.push(log_tasks);
-        let admin_url = format!("http://{}", self.admin_addr);
+        let admin_scheme = if self.admin_tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let admin_url = format!("{admin_scheme}://{}", self.admin_addr);
         let report = load_report(&node, self.ws_url, admin_url);
         if let Some(c) = &node.cluster {
             let tasks = c
@@ -410,6 +468,12 @@ impl Built {
                 )));
             }
         }
+        let hangup = [&self.client_tls, &self.admin_tls];
+        let hangup = hangup.into_iter().flatten().cloned().collect();
+        background.push(tokio::spawn(listen::reload_on_hangup(hangup)));
+        if let Some(w) = &node.webhooks {
+            background.extend(start_webhooks(&node, w));
+        }
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let listeners = vec![
             tokio::spawn(listen::serve_client(
@@ -418,12 +482,14 @@ impl Built {
                 self.gateway.clone(),
                 config.http.clone(),
                 opts,
+                self.client_tls,
                 stopped.clone(),
             )),
             tokio::spawn(listen::serve_admin(
                 self.admin,
                 admin_app,
                 config.http.clone(),
+                self.admin_tls,
                 stopped,
             )),
         ];
@@ -440,6 +506,22 @@ impl Built {
             report,
         })
     }
+}
+
+/// Starts the webhooks' tasks: the presence check is the router's (this node and, in
+/// cluster mode, the others), and the router tells them of first and last connections.
+fn start_webhooks(node: &Arc<Node>, w: &Arc<hooks::webhooks::Webhooks>) -> Vec<JoinHandle<()>> {
+    let router = node.pipeline.router.clone();
+    let online: hooks::webhooks::OnlineFn = Arc::new(move |user: &str| router.devices(user) > 0);
+    if w.wants("user.online") || w.wants("user.offline") {
+        let hooks = w.clone();
+        node.pipeline
+            .router
+            .set_presence_hook(Arc::new(move |user: &str, up: bool| {
+                hooks.presence(user, up)
+            }));
+    }
+    w.spawn(online)
 }
 
 /// Cluster mode: re-reads the stored revocations every few seconds, so a revocation made
@@ -660,20 +742,20 @@ fn start_log_tasks(
     (housekeeping, compactor)
 }
 
-/// Start-up warnings for listeners reachable from other hosts with no TLS in front
-/// (`behind_tls` says there is): the admin token and client tokens would cross the
+/// Start-up warnings for listeners reachable from other hosts with no TLS (native,
+/// `[tls]`, or in front: `behind_tls` says there is): the admin token and client tokens would cross the
 /// network in clear.
 fn warn_if_exposed(config: &Config, client: SocketAddr, admin: SocketAddr) {
     if config.behind_tls {
         return;
     }
-    if !admin.ip().is_loopback() {
+    if !admin.ip().is_loopback() && !config.tls.admin_on() {
         tracing::warn!(
             admin_listen = %admin,
             "the admin listener is reachable from other hosts over plain HTTP: the admin token crosses the network in clear; bind it to loopback, or put TLS in front and set behind_tls = true"
         );
     }
-    if !client.ip().is_loopback() {
+    if !client.ip().is_loopback() && !config.tls.client_on() {
         tracing::warn!(
             listen = %client,
             "the client listener is reachable from other hosts over plain ws://: client tokens cross the network in clear; put TLS (wss://) in front and set behind_tls = true"

@@ -6,6 +6,11 @@
 //! `http.header_read_timeout_secs` (also the idle limit of a kept-alive connection) and
 //! within `http.max_header_bytes`. A socket over a cap gets a canned 503 and is closed.
 //! Both loops own their HTTP connections and stop gracefully on a [`Stop`] signal.
+//! A listener with `[tls]` files set does the TLS handshake ([`tls`]) in the
+//! connection's task, after admission and within `tls.handshake_timeout_secs`; without
+//! them the socket goes to hyper as it is (plain TCP costs nothing more).
+
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,12 +21,14 @@ use axum::extract::ConnectInfo;
 use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
 use crate::config::Http;
 use crate::gateway::{Gateway, Slot};
+
+pub use self::tls::{TlsError, TlsListener};
 
 /// Which listener a socket came in on (label `listener` of `im_http_rejected_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,17 +88,31 @@ async fn stopped(stop: &mut Stop) {
     }
 }
 
-/// Serves one admitted socket with `router` until it closes or upgrades, or finishes
-/// its request in flight after `stop`; counts what the HTTP layer refused.
-async fn serve_conn(
+/// What serving one admitted socket needs besides the socket.
+struct Conn {
     b: http1::Builder,
-    tcp: TcpStream,
     remote: SocketAddr,
     router: Router,
     slot: Slot,
     listener: Listener,
-    mut stop: Stop,
-) {
+    stop: Stop,
+}
+
+/// Serves one admitted socket (plain TCP or a TLS stream) with `router` until it
+/// closes or upgrades, or finishes its request in flight after `stop`; counts what the
+/// HTTP layer refused.
+async fn serve_conn<S>(c: Conn, tcp: S)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let Conn {
+        b,
+        remote,
+        router,
+        slot,
+        listener,
+        mut stop,
+    } = c;
     let service = hyper::service::service_fn(move |mut req: hyper::Request<_>| {
         req.extensions_mut().insert(ConnectInfo(remote));
         req.extensions_mut().insert(slot.clone());
@@ -122,6 +143,50 @@ async fn serve_conn(
         rejected(listener, reason);
         tracing::debug!(%remote, listener = listener.label(), reason, "http connection closed");
     }
+}
+
+/// Serves one admitted socket: at once on a plain listener; after the TLS handshake
+/// (bounded, and given up on `stop`) on a TLS one.
+async fn serve_socket(tls: Option<Arc<TlsListener>>, tcp: TcpStream, mut c: Conn) {
+    let Some(tls) = tls else {
+        return serve_conn(c, tcp).await;
+    };
+    let stream = tokio::select! {
+        s = tls.handshake(tcp) => s,
+        () = stopped(&mut c.stop) => None,
+    };
+    if let Some(stream) = stream {
+        serve_conn(c, stream).await;
+    }
+}
+
+/// SIGHUP (`systemctl reload`, the unit's `ExecReload`): reloads the certificates of
+/// the TLS listeners in `tls` at once, without waiting for the file watch; with none,
+/// logs that there is no certificate to reload. (The binary also reloads the secrets on
+/// SIGHUP.) Registering it also keeps SIGHUP's default action (ending the process) away
+/// from a node run as a library. Runs until aborted.
+pub async fn reload_on_hangup(tls: Vec<Arc<TlsListener>>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot handle SIGHUP: systemctl reload would end the process");
+            return;
+        }
+    };
+    while hup.recv().await.is_some() {
+        if tls.is_empty() {
+            tracing::info!("SIGHUP: no TLS listener, no certificate to reload");
+        }
+        for t in &tls {
+            t.reload_logged("SIGHUP");
+        }
+    }
+}
+
+/// The certificate watch of a TLS listener, aborted when the accept loop ends.
+fn watch(tls: &Option<Arc<TlsListener>>) -> Option<tokio::task::JoinHandle<()>> {
+    tls.as_ref().map(|t| tokio::spawn(t.clone().watch()))
 }
 
 /// Most refused sockets lingering in [`refuse`] at once; past it a refused socket is
@@ -206,16 +271,18 @@ async fn wind_down(listener: TcpListener, mut conns: JoinSet<()>) {
 }
 
 /// The client listener: admits each socket under the connection caps at accept, then
-/// serves `router` on it, until `stop`.
+/// serves `router` on it (over TLS when `tls` is set), until `stop`.
 pub async fn serve_client(
     listener: TcpListener,
     router: Router,
     gw: Arc<Gateway>,
     http: Http,
     opts: SocketOpts,
+    tls: Option<Arc<TlsListener>>,
     mut stop: Stop,
 ) {
     let b = builder(&http);
+    let watcher = watch(&tls);
     let lingering = Arc::new(AtomicUsize::new(0));
     let mut conns = JoinSet::new();
     while let Some((tcp, remote)) =
@@ -232,15 +299,15 @@ pub async fn serve_client(
         match gw.admit_peer(remote.ip()) {
             Ok(a) => {
                 let slot = Slot::new(a);
-                conns.spawn(serve_conn(
-                    b.clone(),
-                    tcp,
+                let c = Conn {
+                    b: b.clone(),
                     remote,
-                    router.clone(),
+                    router: router.clone(),
                     slot,
-                    Listener::Client,
-                    stop.clone(),
-                ));
+                    listener: Listener::Client,
+                    stop: stop.clone(),
+                };
+                conns.spawn(serve_socket(tls.clone(), tcp, c));
             }
             Err(r) => {
                 gw.metrics.connection_refused(r.label());
@@ -248,13 +315,24 @@ pub async fn serve_client(
             }
         }
     }
+    if let Some(w) = watcher {
+        w.abort();
+    }
     wind_down(listener, conns).await;
 }
 
 /// The admin listener: at most `http.admin_max_connections` sockets at once (more are
-/// answered 503 and closed), each served with the header timeout, until `stop`.
-pub async fn serve_admin(listener: TcpListener, router: Router, http: Http, mut stop: Stop) {
+/// answered 503 and closed), each served with the header timeout (over TLS when `tls`
+/// is set), until `stop`.
+pub async fn serve_admin(
+    listener: TcpListener,
+    router: Router,
+    http: Http,
+    tls: Option<Arc<TlsListener>>,
+    mut stop: Stop,
+) {
     let b = builder(&http);
+    let watcher = watch(&tls);
     let open = Arc::new(AtomicUsize::new(0));
     let lingering = Arc::new(AtomicUsize::new(0));
     let max = http.admin_max_connections as usize;
@@ -268,20 +346,22 @@ pub async fn serve_admin(listener: TcpListener, router: Router, http: Http, mut 
             refuse_bounded(tcp, "too many admin connections", &lingering);
             continue;
         }
-        let (b, router, open, stop) = (b.clone(), router.clone(), open.clone(), stop.clone());
+        let c = Conn {
+            b: b.clone(),
+            remote,
+            router: router.clone(),
+            slot: Slot::default(),
+            listener: Listener::Admin,
+            stop: stop.clone(),
+        };
+        let (tls, open) = (tls.clone(), open.clone());
         conns.spawn(async move {
-            serve_conn(
-                b,
-                tcp,
-                remote,
-                router,
-                Slot::default(),
-                Listener::Admin,
-                stop,
-            )
-            .await;
+            serve_socket(tls, tcp, c).await;
             open.fetch_sub(1, Ordering::Relaxed);
         });
+    }
+    if let Some(w) = watcher {
+        w.abort();
     }
     wind_down(listener, conns).await;
 }

@@ -908,3 +908,168 @@ async fn user_backlog_lists_unread_per_conversation_largest_first() {
         assert!(!convs.contains(&"u:a:b".to_owned()), "{backend}: {convs:?}");
     }
 }
+
+/// A store opens a database a newer release has migrated further (its migrations only
+/// add): the previous release must start during a rolling upgrade and after a rollback.
+#[tokio::test]
+async fn a_newer_releases_migration_does_not_stop_the_previous_release() {
+    const NEWER: &str = "INSERT INTO _sqlx_migrations \
+        (version, description, success, checksum, execution_time) \
+        VALUES (99990001, 'a newer release', TRUE, $1, 1)";
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("im.db");
+    SqliteStore::open(&path, true, 2).await.expect("first open");
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite:{}", path.display()))
+        .await
+        .unwrap();
+    sqlx::query(NEWER)
+        .bind(vec![0u8; 48])
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    let sqlite = SqliteStore::open(&path, true, 2)
+        .await
+        .expect("the previous release opens the newer SQLite schema");
+    sqlite.probe_write().await.expect("and writes to it");
+
+    let options = fresh_schema().await;
+    PgStore::connect_with(options.clone(), 2)
+        .await
+        .expect("first connect");
+    let pool = sqlx::PgPool::connect_with(options.clone()).await.unwrap();
+    sqlx::query(NEWER)
+        .bind(vec![0u8; 48])
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    let pg = PgStore::connect_with(options, 2)
+        .await
+        .expect("the previous release opens the newer Postgres schema");
+    pg.probe_write().await.expect("and writes to it");
+}
+
+/// A webhook event row for `endpoint`.
+fn event(endpoint: &str, n: u32) -> im_server::store::outbox::NewEvent {
+    let now = im_proto::now_ms();
+    im_server::store::outbox::NewEvent {
+        endpoint: endpoint.into(),
+        event_id: format!("e{n}"),
+        kind: "message.created".into(),
+        body: format!("{{\"n\":{n}}}"),
+        created_ms: now,
+        next_ms: now,
+        parked: false,
+    }
+}
+
+#[tokio::test]
+async fn the_webhook_outbox_is_written_with_the_commit_and_expanded_once() {
+    use im_server::store::outbox::Outcome;
+    for (store, _dir) in stores().await {
+        let name = store.backend();
+        // Off: a commit writes no outbox row.
+        store
+            .commit_batch(&[msg("u:a:b", "a", "w0", "x")], &[])
+            .await
+            .unwrap();
+        assert_eq!(store.outbox_counts().await.unwrap().sources, 0, "{name}");
+        // On: one row per message stored now (a duplicate adds none), with its message.
+        store.set_webhook_outbox(true);
+        let batch = [msg("u:a:b", "a", "w1", "x"), msg("u:a:b", "a", "w1", "x")];
+        let done = store.commit_batch(&batch, &[]).await.unwrap();
+        assert_eq!(store.outbox_counts().await.unwrap().sources, 1, "{name}");
+        let claimed = store.outbox_claim("n1", 30_000, 10).await.unwrap();
+        assert_eq!(claimed.len(), 1, "{name}");
+        assert_eq!(claimed[0].msg_id, done[0].msg_id);
+        assert_eq!((claimed[0].seq, claimed[0].sender.as_str()), (2, "a"));
+        // Claimed rows are not claimed again while the lease holds.
+        assert!(store
+            .outbox_claim("n2", 30_000, 10)
+            .await
+            .unwrap()
+            .is_empty());
+        // Expanded: events stored, the outbox row gone, in one transaction.
+        let ids = store
+            .outbox_expand(&[claimed[0].id], &[event("push", 1), event("push", 2)], &[])
+            .await
+            .unwrap();
+        assert_eq!(ids.len(), 2);
+        let counts = store.outbox_counts().await.unwrap();
+        assert_eq!(counts.sources, 0, "{name}");
+        assert_eq!(counts.endpoints, vec![("push".to_owned(), 2, 0)], "{name}");
+        // Events: claimed once, then delivered, retried or parked; parked ones redeliver.
+        let got = store.events_claim("push", "n1", 30_000, 10).await.unwrap();
+        assert_eq!(got.len(), 2, "{name}");
+        assert!(store
+            .events_claim("push", "n2", 30_000, 10)
+            .await
+            .unwrap()
+            .is_empty());
+        store
+            .events_settle(&[
+                Outcome::Delivered(got[0].id),
+                Outcome::Park {
+                    id: got[1].id,
+                    error: "HTTP 500".into(),
+                },
+            ])
+            .await
+            .unwrap();
+        let parked = store.events_parked("", 10).await.unwrap();
+        assert_eq!(parked.len(), 1, "{name}");
+        assert_eq!(
+            (parked[0].attempts, parked[0].last_error.as_str()),
+            (1, "HTTP 500")
+        );
+        assert_eq!(store.events_redeliver("push", &[]).await.unwrap(), 1);
+        let again = store.events_claim("push", "n1", 30_000, 10).await.unwrap();
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].event_id, got[1].event_id, "{name}: same event id");
+        store
+            .events_settle(&[Outcome::Retry {
+                id: again[0].id,
+                next_ms: im_proto::now_ms() + 60_000,
+                error: "timed out".into(),
+            }])
+            .await
+            .unwrap();
+        assert!(store
+            .events_claim("push", "n1", 30_000, 10)
+            .await
+            .unwrap()
+            .is_empty());
+        assert_eq!(
+            store.outbox_counts().await.unwrap().endpoints,
+            vec![("push".to_owned(), 1, 0)]
+        );
+    }
+}
+
+#[tokio::test]
+async fn two_nodes_claim_disjoint_events_and_take_over_after_the_lease() {
+    // Two Postgres stores on one schema: two nodes sharing the outbox.
+    let opts = fresh_schema().await;
+    let a = Arc::new(PgStore::connect_with(opts.clone(), 4).await.unwrap());
+    let b = Arc::new(PgStore::connect_with(opts, 4).await.unwrap());
+    let events: Vec<_> = (0..200).map(|n| event("push", n)).collect();
+    a.outbox_expand(&[], &events, &[]).await.unwrap();
+    let (ra, rb) = tokio::join!(
+        a.events_claim("push", "a", 1_000, 150),
+        b.events_claim("push", "b", 1_000, 150)
+    );
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    assert_eq!(ra.len() + rb.len(), 200, "{} + {}", ra.len(), rb.len());
+    let ids: std::collections::HashSet<i64> = ra.iter().chain(&rb).map(|c| c.id).collect();
+    assert_eq!(ids.len(), 200, "no event claimed by both");
+    // Node a dies with its claims: once the lease ends, b takes them.
+    assert!(b
+        .events_claim("push", "b", 1_000, 500)
+        .await
+        .unwrap()
+        .is_empty());
+    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+    let taken = b.events_claim("push", "b", 30_000, 500).await.unwrap();
+    assert_eq!(taken.len(), 200, "a's and b's own expired leases");
+}

@@ -440,6 +440,31 @@ fn check_expr(e: &Expr, exported: &Exported) -> Vec<String> {
 // ---------------------------------------------------------------------------------------
 // Tests
 
+/// The scrape of a node with one webhook endpoint, after one event was delivered and
+/// the outbox counted.
+async fn webhook_scrape() -> String {
+    const SECRET: &str = "dashboards-webhook-secret-32-bytes-long";
+    let rx = receiver::Receiver::start(SECRET).await;
+    let config = format!(
+        "[[webhooks.endpoints]]\nname = \"push\"\nurl = \"{}\"\nsecret = \"{SECRET}\"\n\
+         events = [\"message.created\"]\n",
+        rx.url("/hook")
+    );
+    let server = TestServer::start_with_config(&config, &[]);
+    let mut a = server.raw("dash-w").await;
+    a.send(&send_to_user(1, "dash-x", b"hi", "w1"))
+        .await
+        .unwrap();
+    acks(&mut a, 1).await;
+    eventually("a webhook delivered and counted", || {
+        let s = server.metrics();
+        metric_value(&s, "im_webhook_delivered_total", &[("endpoint", "push")]) >= 1.0
+            && s.contains("im_webhook_outbox_max")
+    })
+    .await;
+    server.metrics()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_in_dashboards_and_alerts_is_exported() {
     let server = TestServer::start_with(&[("IM_OBS_SAMPLE_INTERVAL_MS", "200")]);
@@ -493,6 +518,8 @@ async fn every_metric_in_dashboards_and_alerts_is_exported() {
     let cluster = cluster::TestCluster::start(1, &[]).await;
     let scrape = format!("{}\n{}", server.metrics(), cluster.nodes[0].metrics());
     cluster.cleanup().await;
+    // The webhook metrics exist only with an endpoint: add such a node's scrape.
+    let scrape = format!("{scrape}\n{}", webhook_scrape().await);
     let exported = Exported::parse(&scrape);
 
     let rules = alert_rules(&read("dashboards/alerts.yml"));

@@ -35,6 +35,8 @@ pub use trace::{line_msg_id, valid_msg_id, TraceState, TraceStatus};
 pub const HISTORY_LEN: usize = 600;
 /// Rows asked for in the connections table (server-side sorted, then filtered here).
 pub const CONNECTIONS_LIMIT: u32 = 2000;
+/// Parked webhook events listed in the Webhooks view.
+pub const PARKED_LIMIT: u32 = 100;
 /// Rows asked for in the memory view's "largest queues" table.
 pub const TOP_QUEUED_LIMIT: u32 = 20;
 /// Slow-consumer events kept.
@@ -266,6 +268,7 @@ impl AppState {
             View::Memory => p.memory = true,
             View::Logs => p.logs = true,
             View::Users => p.user = self.user.clone(),
+            View::Webhooks => p.webhooks = true,
             View::Overview | View::Latency | View::Profile | View::Trace => {}
         }
         p
@@ -327,6 +330,13 @@ impl AppState {
         self.node()?.user.data.as_ref().filter(|u| u.user_id == uid)
     }
 
+    /// The selected node's webhook endpoints, in config order (Webhooks view).
+    pub fn visible_endpoints(&self) -> Vec<&crate::api::WebhookEndpoint> {
+        self.node()
+            .and_then(|n| n.webhooks.data.as_ref())
+            .map_or_else(Vec::new, |w| w.endpoints.iter().collect())
+    }
+
     /// The index of the console's node whose id is `node_id`.
     pub fn node_index_of(&self, node_id: &str) -> Option<usize> {
         self.nodes.iter().position(|n| {
@@ -358,6 +368,7 @@ impl AppState {
             View::Logs => self.visible_log_filters().len(),
             View::Profile => self.visible_top().len(),
             View::Users => self.visible_user_sessions().len(),
+            View::Webhooks => self.visible_endpoints().len(),
             View::Overview | View::Latency | View::Memory | View::Trace => 0,
         }
     }

@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use super::{HISTORY_LEN, SLOW_EVENTS_LEN};
 use crate::api::{
-    ApiError, ConnectionList, HeapTopFunction, LogFilters, Logs, Memory, Overview, SlowConsumers,
-    TopFunction, UserDiag,
+    ApiError, ConnectionList, HeapTopFunction, LogFilters, Logs, Memory, Overview, ParkedEvents,
+    SlowConsumers, TopFunction, UserDiag, Webhooks,
 };
 
 /// A fetched resource: the last good value, and the last error if the latest fetch failed.
@@ -371,6 +371,10 @@ pub struct NodeState {
     pub heap: ProfileState,
     /// The searched user's diagnosis as this node answered it (Users view).
     pub user: Fetched<UserDiag>,
+    /// The webhook endpoints and the outbox (Webhooks view).
+    pub webhooks: Fetched<Webhooks>,
+    /// The parked webhook events (Webhooks view).
+    pub parked: Fetched<ParkedEvents>,
 }
 
 impl NodeState {
@@ -390,6 +394,8 @@ impl NodeState {
             profile: ProfileState::Idle,
             heap: ProfileState::Idle,
             user: Fetched::default(),
+            webhooks: Fetched::default(),
+            parked: Fetched::default(),
         }
     }
 

@@ -10,7 +10,8 @@ use super::*;
 use crate::action::Action;
 use crate::api::{
     ApiError, ConnectionList, Kicked, LogFilters, LogTailLine, Logs, Memory, MessageTrace,
-    Overview, PostedMessages, Revoked, SlowConsumers, UserDiag,
+    Overview, ParkedEvents, PostedMessages, Redelivered, Revoked, SlowConsumers, TestFired,
+    UserDiag, Webhooks,
 };
 
 /// A side effect for the app to run; its result comes back as an [`Update`].
@@ -102,6 +103,20 @@ pub enum Command {
         /// The message.
         msg_id: String,
     },
+    /// `POST /admin/v1/webhooks/{name}/test`.
+    TestFire {
+        /// Node index.
+        node: usize,
+        /// The endpoint.
+        name: String,
+    },
+    /// `POST /admin/v1/webhooks/parked/redeliver` for one endpoint.
+    Redeliver {
+        /// Node index.
+        node: usize,
+        /// The endpoint.
+        name: String,
+    },
     /// Poll everything now.
     Refresh,
 }
@@ -189,6 +204,24 @@ pub enum Update {
         /// The result.
         result: Result<MessageTrace, ApiError>,
     },
+    /// Webhooks poll.
+    Webhooks(Result<Webhooks, ApiError>),
+    /// Parked webhook events poll.
+    Parked(Result<ParkedEvents, ApiError>),
+    /// A test-fire finished (or not).
+    TestFired {
+        /// The endpoint.
+        name: String,
+        /// The result.
+        result: Result<TestFired, ApiError>,
+    },
+    /// A redelivery finished (or not).
+    Redelivered {
+        /// The endpoint.
+        name: String,
+        /// The result.
+        result: Result<Redelivered, ApiError>,
+    },
     /// An announcement was posted (or not).
     Announced {
         /// The group.
@@ -211,6 +244,8 @@ pub struct Plan {
     pub logs: bool,
     /// The diagnosis of this user (Users view).
     pub user: Option<String>,
+    /// The webhook endpoints and parked events (Webhooks view).
+    pub webhooks: bool,
     /// Bumped to ask for an immediate poll.
     pub generation: u64,
 }
@@ -341,6 +376,9 @@ impl AppState {
             Action::Top => self.cursor[self.view.index()] = 0,
             Action::Bottom => self.cursor[self.view.index()] = usize::MAX,
             Action::Tail if self.view == View::Logs => return self.toggle_tail(),
+            Action::Add | Action::Redeliver if self.view == View::Webhooks => {
+                return self.webhook_command(action == Action::Add)
+            }
             Action::TraceMessage if self.view == View::Logs => return self.trace_from_tail(),
             Action::StartFilter if self.view == View::Trace => {
                 let current = self.trace.as_ref().map_or("", |t| t.msg_id.as_str());
@@ -630,6 +668,27 @@ impl AppState {
             }
             Some(_) => self.error("the selected connection has not logged in"),
             None => self.error("no connection selected"),
+        }
+    }
+
+    /// Webhooks view: test-fire (`c`) or redeliver the parked events of (`e`) the
+    /// selected endpoint.
+    fn webhook_command(&mut self, test: bool) -> Vec<Command> {
+        let node = self.selected;
+        let Some(name) = self
+            .visible_endpoints()
+            .get(self.cursor())
+            .map(|e| e.name.clone())
+        else {
+            self.error("no webhook endpoint selected");
+            return Vec::new();
+        };
+        if test {
+            self.info(format!("sending a webhook.test event to {name}…"));
+            vec![Command::TestFire { node, name }]
+        } else {
+            self.info(format!("queueing the parked events of {name} again…"));
+            vec![Command::Redeliver { node, name }]
         }
     }
 
@@ -927,9 +986,45 @@ fn node_update(n: &mut NodeState, update: Update, now: Instant) -> Option<Messag
         Update::Kicked { conn_id, result } => return Some(kicked(n, &name, conn_id, result)),
         Update::Revoked { user, result } => return Some(revoked(n, &name, &user, result)),
         Update::Announced { group_id, result } => return Some(announced(&name, &group_id, result)),
+        Update::Webhooks(r) => n.webhooks.set(r, now),
+        Update::Parked(r) => n.parked.set(r, now),
+        Update::TestFired { name: e, result } => return Some(test_fired(&name, &e, result)),
+        Update::Redelivered { name: e, result } => return Some(redelivered(&name, &e, result)),
         other => return log_outcome(n, &name, other),
     }
     None
+}
+
+/// The message of a finished test-fire.
+fn test_fired(node: &str, endpoint: &str, r: Result<TestFired, ApiError>) -> Message {
+    match r {
+        Ok(t) if t.error.is_empty() => (
+            Level::Info,
+            format!(
+                "{node}: {endpoint} answered {} in {} ms",
+                t.status, t.took_ms
+            ),
+        ),
+        Ok(t) => (
+            Level::Error,
+            format!("{node}: {endpoint} test failed: {}", t.error),
+        ),
+        Err(e) => (Level::Error, format!("{node}: test-fire {endpoint}: {e}")),
+    }
+}
+
+/// The message of a finished redelivery.
+fn redelivered(node: &str, endpoint: &str, r: Result<Redelivered, ApiError>) -> Message {
+    match r {
+        Ok(r) => (
+            Level::Info,
+            format!(
+                "{node}: {} parked events of {endpoint} queued again",
+                r.queued
+            ),
+        ),
+        Err(e) => (Level::Error, format!("{node}: redeliver {endpoint}: {e}")),
+    }
 }
 
 /// The node's health after an overview poll, and the message when it changed (back up,

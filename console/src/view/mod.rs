@@ -12,6 +12,7 @@ mod profile;
 mod table;
 mod trace;
 mod users;
+mod webhooks;
 
 use ratatui::layout::{Constraint, Flex, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
@@ -98,6 +99,20 @@ fn render_header(frame: &mut Frame<'_>, area: Rect, state: &AppState) {
                 format!(" · refusing sends: store {reason}"),
                 Style::new().fg(BAD).bold(),
             ));
+        }
+        for h in n.live_overview().map(|o| &o.hooks[..]).unwrap_or_default() {
+            if h.breaker != "closed" {
+                let effect = if h.on_error == "fail_closed" {
+                    "sends refused"
+                } else {
+                    "sends unchecked"
+                };
+                let hook = h.hook.replace('_', "-");
+                spans.push(Span::styled(
+                    format!(" · {hook} hook {}: {effect}", h.breaker.replace('_', "-")),
+                    Style::new().fg(BAD).bold(),
+                ));
+            }
         }
         if let Some(o) = &n.overview.data {
             spans.push(Span::styled(
@@ -250,6 +265,7 @@ fn render_body(frame: &mut Frame<'_>, area: Rect, state: &AppState, node: &NodeS
         View::Logs => logs::render(frame, view_area, state, node),
         View::Users => users::render(frame, view_area, state, node),
         View::Trace => trace::render(frame, view_area, state),
+        View::Webhooks => webhooks::render(frame, view_area, state, node),
     }
 }
 

@@ -21,7 +21,15 @@ try {
   const template = join(tmp, "buf.gen.yaml");
   const yaml = readFileSync(join(root, "buf.gen.yaml"), "utf8").replace(/out: src\/gen/, `out: ${join(tmp, "gen")}`);
   writeFileSync(template, yaml);
-  execFileSync(join(bin, "buf"), ["generate", join(root, "..", "..", "proto"), "--template", template], {
+  execFileSync(join(bin, "buf"), [
+    "generate",
+    join(root, "..", "..", "proto"),
+    // The released contract kept for `scripts/check-wire` is not generated.
+    "--exclude-path",
+    join(root, "..", "..", "proto", "released"),
+    "--template",
+    template,
+  ], {
     cwd: root,
     stdio: "inherit",
     env: { ...process.env, PATH: `${bin}:${process.env.PATH}` },

@@ -17,7 +17,11 @@ export type ServerErrorCode =
   | "NOT_FOUND"
   | "INTERNAL"
   | "FORBIDDEN"
+  | "REJECTED_BY_HOOK"
   | "REGION_UNAVAILABLE";
+
+/** The prefix of the server's message for a Send its before-send hook rejected. */
+const HOOK_PREFIX = "rejected by the before-send hook";
 
 /** What went wrong, one name per error class. */
 export type ImErrorKind =
@@ -78,6 +82,18 @@ export class ServerError extends ImError {
     readonly retryAfterMs: number,
   ) {
     super(`${code}: ${serverMessage}`);
+  }
+
+  /**
+   * REJECTED_BY_HOOK: the operator's before-send hook refused the message (nothing was
+   * stored; resending the same content is refused again). Its reason, written for the
+   * sender (at most 256 bytes, possibly empty); `undefined` for any other code.
+   */
+  get hookReason(): string | undefined {
+    if (this.code !== "REJECTED_BY_HOOK") return undefined;
+    const m = this.serverMessage;
+    if (m.startsWith(`${HOOK_PREFIX}: `)) return m.slice(HOOK_PREFIX.length + 2);
+    return m === HOOK_PREFIX ? "" : m;
   }
 }
 

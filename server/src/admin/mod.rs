@@ -9,6 +9,7 @@ pub mod diag;
 pub mod messages;
 pub mod trace;
 pub mod users;
+pub mod webhooks;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -44,6 +45,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route(routes::MESSAGES, post(messages::post))
         .merge(diag::routes())
         .merge(trace::routes())
+        .merge(webhooks::routes())
         .route_layer(middleware::from_fn_with_state(node.clone(), require_token));
     Router::new()
         .route(routes::HEALTHZ, get(|| async { "ok" }))
@@ -170,6 +172,12 @@ async fn overview(State(node): State<Arc<Node>>) -> Json<Overview> {
         persist_backlog: node.pipeline.persist.depth() as u64,
         persist_queue_capacity: node.pipeline.persist.capacity() as u64,
         cluster: cluster_view(&node),
+        hooks: node
+            .pipeline
+            .before_send
+            .iter()
+            .map(|h| h.status())
+            .collect(),
         ..snap
     })
 }

@@ -6,15 +6,17 @@
 //! value fails start-up with an error naming the key (or env var) and the value.
 //!
 //! Layout: one file per section (`limits`, `persist`, `flow`, `store`, `obs`, `log`,
-//! `cluster`, `http`, `receipts`, `auth`, `region`), each owning its struct's fields, defaults and
-//! validation; this module owns the whole [`Config`] (the top-level keys and their checks, the checks
-//! across sections), loading (`layers`: file and env over the defaults), and the error
+//! `cluster`, `http`, `tls`, `receipts`, `auth`, `hooks`, `webhooks`, `region`), each
+//! owning its struct's fields, defaults and validation; this module owns the whole
+//! [`Config`] (the top-level keys and their checks, the checks across sections),
+//! loading (`layers`: file and env over the defaults), and the error
 //! type; `check` holds the checks the sections are made of, `redact` how secrets show.
 
 mod auth;
 mod check;
 mod cluster;
 mod flow;
+mod hooks;
 mod http;
 mod layers;
 mod limits;
@@ -25,6 +27,8 @@ mod receipts;
 mod redact;
 mod region;
 mod store;
+mod tls;
+mod webhooks;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -35,6 +39,7 @@ pub use self::auth::{AuthConfig, JwtKey};
 use self::check::{addr, invalid};
 pub use self::cluster::ClusterConfig;
 pub use self::flow::Flow;
+pub use self::hooks::{BeforeSendConfig, Hooks};
 pub use self::http::Http;
 use self::layers::{apply_env, env_names, merge, refuse_unknown_env};
 pub use self::limits::{Limits, FD_RESERVE};
@@ -46,6 +51,8 @@ pub use self::redact::redact_url;
 use self::redact::redacted;
 pub use self::region::{RegionEntry, MAX_REGIONS};
 pub use self::store::StoreConfig;
+pub use self::tls::Tls;
+pub use self::webhooks::{Endpoint, Webhooks, EVENT_KINDS};
 
 /// Shortest configured `jwt_secret` or `admin_token` accepted, in bytes.
 pub const MIN_SECRET_BYTES: usize = 32;
@@ -155,8 +162,14 @@ pub struct Config {
     pub http: Http,
     /// Read receipts: per-member up to a group size, counted or none above it.
     pub receipts: Receipts,
+    /// Native TLS of the listeners: certificate and key files, handshake timeout, reload.
+    pub tls: Tls,
     /// Client token keys by id (secret rotation); empty: the single `jwt_secret`.
     pub auth: AuthConfig,
+    /// Calls to the application's backend: the before-send moderation hook.
+    pub hooks: Hooks,
+    /// Event webhooks to the application's backend (offline push and other events).
+    pub webhooks: Webhooks,
     /// This node's region (multi-region mode, [`Config::regions`]); empty: one region.
     pub region: String,
     /// Every region with its public entry point, the same list in every region.
@@ -186,7 +199,10 @@ impl std::fmt::Debug for Config {
             .field("cluster", &self.cluster)
             .field("http", &self.http)
             .field("receipts", &self.receipts)
+            .field("tls", &self.tls)
             .field("auth", &self.auth)
+            .field("hooks", &self.hooks)
+            .field("webhooks", &self.webhooks)
             .field("region", &self.region)
             .field("regions", &self.regions)
             .finish()
@@ -215,7 +231,10 @@ impl Default for Config {
             cluster: ClusterConfig::default(),
             http: Http::default(),
             receipts: Receipts::default(),
+            tls: Tls::default(),
             auth: AuthConfig::default(),
+            hooks: Hooks::default(),
+            webhooks: Webhooks::default(),
             region: String::new(),
             regions: Vec::new(),
         }
@@ -352,6 +371,9 @@ impl Config {
         self.log.validate()?;
         self.cluster.validate()?;
         self.receipts.validate()?;
+        self.hooks.validate()?;
+        self.tls.validate()?;
+        self.webhooks.validate()?;
         region::validate(&self.region, &self.regions, self.clustered())?;
         let nats = self.nats_url.trim();
         if !nats.is_empty() {

@@ -47,6 +47,8 @@ pub enum Stage {
     Validate,
     /// Membership lookup and recipient list.
     Relation,
+    /// The before-send hook's call (only when one is configured).
+    BeforeSend,
     /// Time in the persistence queue before the batch starts.
     PersistWait,
     /// The batch transaction.
@@ -65,11 +67,12 @@ pub enum Stage {
 
 impl Stage {
     /// Every stage, in path order.
-    pub const ALL: [Stage; 11] = [
+    pub const ALL: [Stage; 12] = [
         Stage::Decode,
         Stage::Auth,
         Stage::Validate,
         Stage::Relation,
+        Stage::BeforeSend,
         Stage::PersistWait,
         Stage::PersistCommit,
         Stage::Route,
@@ -86,6 +89,7 @@ impl Stage {
             Stage::Auth => "auth",
             Stage::Validate => "validate",
             Stage::Relation => "relation",
+            Stage::BeforeSend => "before_send",
             Stage::PersistWait => "persist_wait",
             Stage::PersistCommit => "persist_commit",
             Stage::Route => "route",
@@ -97,9 +101,34 @@ impl Stage {
     }
 }
 
+/// Buckets of `im_hook_latency_seconds` (seconds): a hook answers in milliseconds, its
+/// timeout is at most 10 s.
+const HOOK_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 10.0,
+];
+
+/// The `outcome` labels of `im_hook_outcomes_total` (the hooks' own list, registered here
+/// at zero so dashboards see the series before the first call).
+pub const HOOK_OUTCOMES: [&str; 9] = [
+    "allow",
+    "reject",
+    "replace",
+    "timeout",
+    "error",
+    "status",
+    "bad_answer",
+    "breaker_open",
+    "busy",
+];
+
 /// Buckets for batch sizes.
 const BATCH_BUCKETS: &[f64] = &[
     1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
+];
+
+/// Buckets for webhook request durations, seconds.
+const WEBHOOK_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
 static RECORDER: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
@@ -110,10 +139,23 @@ pub fn install_recorder() -> Option<PrometheusHandle> {
         .get_or_init(|| {
             // `im_stage_duration_seconds` is not the recorder's: [`Metrics::render_stages`]
             // writes it from the probes' own histograms.
-            let builder = PrometheusBuilder::new().set_buckets_for_metric(
-                Matcher::Full("im_persist_batch_size".into()),
-                BATCH_BUCKETS,
-            );
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    Matcher::Full("im_persist_batch_size".into()),
+                    BATCH_BUCKETS,
+                )
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full("im_hook_latency_seconds".into()),
+                        HOOK_BUCKETS,
+                    )
+                })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full("im_webhook_delivery_seconds".into()),
+                        WEBHOOK_BUCKETS,
+                    )
+                });
             match builder.and_then(|b| b.install_recorder()) {
                 Ok(handle) => Some(handle),
                 Err(e) => {
@@ -169,7 +211,7 @@ pub const REJECT_REASONS: [&str; 4] = [
 /// Cheap, cloneable metric handles for the hot path.
 #[derive(Clone)]
 pub struct Metrics {
-    hists: Arc<[latency::LatencyHist; 11]>,
+    hists: Arc<[latency::LatencyHist; 12]>,
     probes: Arc<AtomicBool>,
     /// Running totals.
     pub totals: Arc<Totals>,
@@ -241,6 +283,17 @@ impl Metrics {
         counter!("im_store_refused_sends_total", "reason" => "disk_low").absolute(0);
         counter!("im_store_connection_resets_total").absolute(0);
         counter!("im_trace_bad_replies_total").absolute(0);
+        // The before-send hook's series (0 and closed while no hook is configured).
+        let hook = "before_send";
+        gauge!("im_hook_configured", "hook" => hook).set(0.0);
+        gauge!("im_hook_breaker_state", "hook" => hook).set(0.0);
+        gauge!("im_hook_in_flight", "hook" => hook).set(0.0);
+        counter!("im_hook_calls_total", "hook" => hook).absolute(0);
+        counter!("im_hook_breaker_opened_total", "hook" => hook).absolute(0);
+        for outcome in HOOK_OUTCOMES {
+            counter!("im_hook_outcomes_total", "hook" => hook, "outcome" => outcome).absolute(0);
+        }
+        let _ = histogram!("im_hook_latency_seconds", "hook" => hook);
         Metrics {
             hists: Arc::new(std::array::from_fn(|_| latency::LatencyHist::default())),
             probes: Arc::new(AtomicBool::new(probes)),
@@ -386,6 +439,13 @@ const fn help_gauge(name: &'static str, text: &'static str) -> Help {
 
 /// HELP text and units for every metric (promtool lints a metric without HELP).
 const HELP: &[Help] = &[
+    help_gauge("im_hook_configured", "1 when the hook is configured on this node, by hook (before_send)."),
+    help_counter("im_hook_calls_total", "Calls made to the hook, by hook."),
+    Help(MetricKind::Histogram, "im_hook_latency_seconds", Some(Unit::Seconds), "Duration of each call to the hook (to its answer, its timeout or its failure), by hook."),
+    help_counter("im_hook_outcomes_total", "Sends the hook decided or could not decide, by hook and outcome (allow, reject, replace; timeout, error, status, bad_answer for failed calls; breaker_open, busy for Sends not asked)."),
+    help_gauge("im_hook_breaker_state", "The hook's circuit breaker: 0 closed (called), 1 half-open (one probe call), 2 open (not called), by hook."),
+    help_counter("im_hook_breaker_opened_total", "Times the hook's circuit breaker opened, by hook."),
+    help_gauge("im_hook_in_flight", "Calls to the hook in flight now, by hook."),
     help_counter("im_traces_recorded_total", "Message trace parts filed in this node's trace store."),
     help_counter("im_trace_bad_replies_total", "Trace replies from other nodes dropped: too large, undecodable, badly signed or not the asked message."),
     help_counter("im_receipts_sent_total", "ReadReceipt pushes sent (per member, or one counted receipt for a large group)."),

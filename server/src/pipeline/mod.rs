@@ -25,6 +25,7 @@ use im_proto::{frame, parse_conversation, Body, ConversationRef, ErrorCode, Fram
 
 use crate::config::Limits;
 use crate::flow::Outbound;
+use crate::hooks::before_send::BeforeSend;
 use crate::obs::runtime::{spawn, Task};
 use crate::obs::{Metrics, Stage};
 use crate::persist::{self, PersistHandle, WriteReq};
@@ -105,6 +106,9 @@ pub struct Pipeline {
     pub users: Arc<crate::obs::users::UserDiag>,
     /// Multi-region mode: the conversations' homes (`None`: one region, no check).
     pub region: Option<Arc<crate::region::RegionMap>>,
+    /// The before-send hook, when one is configured (`hooks.before_send.url`): asked about
+    /// each Send after relation, before the hand-off to the writer.
+    pub before_send: Option<Arc<BeforeSend>>,
     /// Per-user GroupOp rate limits on this node.
     group_op_users: std::sync::Mutex<std::collections::HashMap<String, TokenBucket>>,
 }
@@ -119,15 +123,17 @@ impl Pipeline {
         metrics: Metrics,
     ) -> Arc<Self> {
         let relations = Arc::new(Relations::new(store.clone()));
-        Self::spawn_with(store, relations, None, config, metrics).0
+        Self::spawn_with(store, relations, None, None, config, metrics).0
     }
 
     /// As [`Pipeline::spawn`] with a given membership cache and, in cluster mode, the
-    /// router's link to the other nodes; also returns the writer task (`Node::start`).
+    /// router's link to the other nodes and the before-send hook; also returns the writer
+    /// task (`Node::start`).
     pub fn spawn_with(
         store: Arc<dyn Store>,
         relations: Arc<Relations>,
         link: Option<Arc<dyn route::Peers>>,
+        before_send: Option<Arc<BeforeSend>>,
         config: &crate::config::Config,
         metrics: Metrics,
     ) -> (Arc<Self>, tokio::task::JoinHandle<()>) {
@@ -180,6 +186,7 @@ impl Pipeline {
             metrics,
             users,
             region: crate::region::RegionMap::from_config(config),
+            before_send,
             group_op_users: Default::default(),
         });
         (pipeline, writer)

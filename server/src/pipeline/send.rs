@@ -1,6 +1,7 @@
 //! Send: the validation of a client's message (type, client_msg_id, target), its
 //! relation (who receives it: both parties of a direct chat, or the group's members,
-//! of whom the sender must be one), and its hand-off to the writer, traced when sampled
+//! of whom the sender must be one), the before-send hook when one is configured (allow,
+//! reject, replace, or `on_error`), and its hand-off to the writer, traced when sampled
 //! or when its sender or a recipient is under a log filter.
 
 use std::time::Instant;
@@ -8,6 +9,7 @@ use std::time::Instant;
 use im_proto::{send, ErrorCode, MessageType, Send};
 
 use super::{announce, FrameKind, Pipeline, Refusal, Session, MAX_CLIENT_MSG_ID};
+use crate::hooks::before_send::{Ask, Verdict};
 use crate::obs::Stage;
 use crate::persist::{PersistReq, WriteReq};
 use crate::route::Recipients;
@@ -20,7 +22,7 @@ impl Pipeline {
         &self,
         s: &Session,
         req_id: u64,
-        send: Send,
+        mut send: Send,
         started: Instant,
     ) -> Result<(), Refusal> {
         let t = Instant::now();
@@ -58,7 +60,7 @@ impl Pipeline {
                 "client_msg_id longer than {MAX_CLIENT_MSG_ID} bytes"
             )));
         }
-        let target = match send.target {
+        let target = match send.target.take() {
             Some(send::Target::ToUser(u)) if u == announce::SYSTEM_SENDER => {
                 return Err(Refusal::code(
                     ErrorCode::Forbidden,
@@ -71,22 +73,9 @@ impl Pipeline {
             Some(_) => return Err(Refusal::bad("invalid to_user or group_id")),
             None => return Err(Refusal::bad("send needs to_user or group_id")),
         };
-        if let Some(map) = &self.region {
-            let conversation = crate::region::conversation_of(&s.user_id, &target);
-            if let Some((home, entry)) = map.elsewhere(&conversation) {
-                let send = Send {
-                    target: Some(target),
-                    ..send
-                };
-                let to = Forward {
-                    conversation: conversation.clone(),
-                    home: home.to_owned(),
-                    entry: entry.to_owned(),
-                };
-                forward(map.clone(), s, req_id, im_proto::Body::Send(send), to);
-                return Ok(());
-            }
-        }
+        let Some((send, target)) = self.forward_elsewhere(s, req_id, send, target) else {
+            return Ok(());
+        };
         self.metrics.stage_since(Stage::Validate, t);
         let validated = Instant::now();
 
@@ -114,7 +103,6 @@ impl Pipeline {
             }
         };
         self.metrics.stage_since(Stage::Relation, t);
-        self.metrics.message_received(send.r#type);
         let msg_id = uuid::Uuid::now_v7().simple().to_string();
         // One cheap check per message: None unless sampled, or the sender or a recipient
         // is filtered (decided once the recipients are known; the earlier stages are
@@ -130,13 +118,40 @@ impl Pipeline {
             tr.set_message(&msg_id, &conversation_id);
         }
 
+        // No hook configured: one branch, nothing else.
+        let payload = match &self.before_send {
+            None => send.payload,
+            Some(hook) => {
+                let ask = Ask {
+                    msg_id: &msg_id,
+                    conversation_id: &conversation_id,
+                    sender: &s.user_id,
+                    device_id: &s.device_id,
+                    to_user: direct.as_ref().map(|(_, to)| to.as_str()),
+                    group_id: conversation_id.strip_prefix("g:"),
+                    msg_type: send.r#type,
+                    client_msg_id: &send.client_msg_id,
+                    payload: &send.payload,
+                };
+                let t = Instant::now();
+                let verdict = hook.check(&ask).await;
+                self.metrics.stage_since(Stage::BeforeSend, t);
+                if let Some(tr) = trace.as_deref_mut() {
+                    tr.stage(Stage::BeforeSend, t, Instant::now());
+                }
+                apply_verdict(verdict, send.payload)?
+            }
+        };
+        // Counted once accepted: a Send the hook rejected was not.
+        self.metrics.message_received(send.r#type);
+
         let req = PersistReq {
             message: NewMessage {
                 conversation_id,
                 sender: s.user_id.clone(),
                 client_msg_id: send.client_msg_id,
                 msg_type: send.r#type,
-                payload: send.payload,
+                payload,
                 msg_id,
                 direct,
                 reference: None,
@@ -149,6 +164,37 @@ impl Pipeline {
             trace,
         };
         self.submit(WriteReq::Message(req))
+    }
+}
+
+impl Pipeline {
+    /// Multi-region mode: forwards a Send homed in another region there (`None`: it is
+    /// on its way); hands it back when it is homed here or regions are off.
+    fn forward_elsewhere(
+        &self,
+        s: &Session,
+        req_id: u64,
+        send: Send,
+        target: send::Target,
+    ) -> Option<(Send, send::Target)> {
+        let Some(map) = &self.region else {
+            return Some((send, target));
+        };
+        let conversation = crate::region::conversation_of(&s.user_id, &target);
+        let Some((home, entry)) = map.elsewhere(&conversation) else {
+            return Some((send, target));
+        };
+        let to = Forward {
+            conversation: conversation.clone(),
+            home: home.to_owned(),
+            entry: entry.to_owned(),
+        };
+        let send = Send {
+            target: Some(target),
+            ..send
+        };
+        forward(map.clone(), s, req_id, im_proto::Body::Send(send), to);
+        None
     }
 }
 
@@ -219,4 +265,33 @@ fn refuse(req_id: u64, conversation: &str, home: &str, entry: &str, what: &str) 
     );
     r.retry_after_ms = 1000;
     im_proto::encode(&r.to_frame(req_id))
+}
+
+/// The payload to store after the hook's `verdict`, or the refusal the sender gets.
+fn apply_verdict(verdict: Verdict, sent: bytes::Bytes) -> Result<bytes::Bytes, Refusal> {
+    match verdict {
+        Verdict::Allow => Ok(sent),
+        Verdict::Replace(payload) => Ok(payload.into()),
+        Verdict::Reject(reason) => Err(Refusal::code(
+            ErrorCode::RejectedByHook,
+            if reason.is_empty() {
+                "rejected by the before-send hook".to_owned()
+            } else {
+                format!("rejected by the before-send hook: {reason}")
+            },
+            None,
+        )),
+        Verdict::Unavailable {
+            why,
+            retry_after_ms,
+        } => Err(Refusal {
+            code: ErrorCode::Overloaded,
+            message: format!(
+                "not sent: the before-send hook is unavailable ({why}) and \
+                 hooks.before_send.on_error is fail_closed; retry with the same client_msg_id"
+            ),
+            retry_after_ms,
+            bad_reason: None,
+        }),
+    }
 }

@@ -216,7 +216,14 @@ pub struct Router {
     typing_skipped_slow: metrics::Counter,
     /// The per-user diagnosis rings (`obs::users`).
     users: Arc<UserDiag>,
+    /// Told when a user's first connection here opens (true) or their last closes
+    /// (false): the webhooks' `user.online` / `user.offline`.
+    presence_hook: std::sync::OnceLock<PresenceHook>,
 }
+
+/// What the router tells of a user's first connection here opening (true) or their
+/// last closing (false).
+pub type PresenceHook = Arc<dyn Fn(&str, bool) + Send + Sync>;
 
 impl Router {
     /// An empty registry; groups above `notify_threshold` members get sync hints; with a
@@ -243,7 +250,13 @@ impl Router {
                 c
             },
             users: UserDiag::new(32, 0, 1000),
+            presence_hook: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Sets the hook told of users' first and last connections here (once).
+    pub fn set_presence_hook(&self, hook: PresenceHook) {
+        let _ = self.presence_hook.set(hook);
     }
 
     /// The router with `users` as its per-user diagnosis (instead of the default one).
@@ -327,6 +340,11 @@ impl Router {
                 if let Some(link) = &self.link {
                     link.user_devices(user, list.len());
                 }
+                if list.len() == 1 {
+                    if let Some(hook) = self.presence_hook.get() {
+                        hook(user, true);
+                    }
+                }
             }
             Err(_) => return true,
         }
@@ -350,6 +368,11 @@ impl Router {
                     changed = true;
                     if let Some(link) = &self.link {
                         link.user_devices(user, n);
+                    }
+                    if n == 0 {
+                        if let Some(hook) = self.presence_hook.get() {
+                            hook(user, false);
+                        }
                     }
                 }
             }

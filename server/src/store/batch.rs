@@ -182,6 +182,17 @@ pub(crate) fn changes<'a>(
     })
 }
 
+/// The (conversation, seq) of each message this batch stored now (not a duplicate), in
+/// batch order: the webhook outbox's rows.
+pub(crate) fn stored_now<'a>(sorted: &'a Sorted<'_>) -> impl Iterator<Item = (&'a str, i64)> {
+    sorted.fresh.iter().filter_map(|&i| {
+        sorted.results[i]
+            .as_ref()
+            .filter(|c| !c.duplicate && c.seq > 0)
+            .map(|c| (c.conversation_id.as_str(), c.seq as i64))
+    })
+}
+
 /// The furthest seq per key, in key order (the order rows are locked in, against
 /// deadlocks across nodes; a multi-row upsert may not touch a row twice).
 pub(crate) fn furthest<K: Ord>(items: impl IntoIterator<Item = (K, u64)>) -> BTreeMap<K, u64> {

@@ -13,6 +13,7 @@ pub mod backup;
 mod batch;
 pub mod health;
 pub mod membership;
+pub mod outbox;
 mod postgres;
 mod postgres_commit;
 mod sql;
@@ -594,6 +595,61 @@ pub trait Store: Send + Sync + 'static {
     /// probe from the user's memberships (the admin API's per-user diagnosis).
     async fn user_backlog(&self, user_id: &str, limit: u32)
         -> Result<Vec<UserBacklog>, StoreError>;
+
+    /// Whether later message commits write webhook outbox rows (`store::outbox`).
+    fn set_webhook_outbox(&self, on: bool);
+
+    /// Claims up to `limit` committed messages of the outbox for `lease_ms` (rows whose
+    /// lease ran out included), oldest first, with what their events say.
+    async fn outbox_claim(
+        &self,
+        owner: &str,
+        lease_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<outbox::OutboxSource>, StoreError>;
+
+    /// In one transaction: stores `events`, applies `merges` (to rows never tried),
+    /// and deletes the expanded outbox rows `done`. Returns the row id of each event,
+    /// in order.
+    async fn outbox_expand(
+        &self,
+        done: &[i64],
+        events: &[outbox::NewEvent],
+        merges: &[outbox::Merge],
+    ) -> Result<Vec<i64>, StoreError>;
+
+    /// Claims up to `limit` due events of `endpoint` for `lease_ms`, oldest first.
+    async fn events_claim(
+        &self,
+        endpoint: &str,
+        owner: &str,
+        lease_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<outbox::Claimed>, StoreError>;
+
+    /// Records attempts' outcomes in one transaction.
+    async fn events_settle(&self, outcomes: &[outbox::Outcome]) -> Result<(), StoreError>;
+
+    /// Parked events, oldest first, of one endpoint ("": all), at most `limit`.
+    async fn events_parked(
+        &self,
+        endpoint: &str,
+        limit: u32,
+    ) -> Result<Vec<outbox::ParkedRow>, StoreError>;
+
+    /// Queues parked events again (of one endpoint, "": all; `ids` empty: every one).
+    async fn events_redeliver(&self, endpoint: &str, ids: &[i64]) -> Result<u64, StoreError>;
+
+    /// Each named user's read position in the conversation (users without one are
+    /// left out): what a `message.offline` event's unread count is computed from.
+    async fn read_positions(
+        &self,
+        conversation_id: &str,
+        users: &[&str],
+    ) -> Result<Vec<(String, u64)>, StoreError>;
+
+    /// How much the outbox holds.
+    async fn outbox_counts(&self) -> Result<outbox::OutboxCounts, StoreError>;
 }
 
 /// One conversation's unread backlog for a user ([`Store::user_backlog`]).
@@ -634,7 +690,7 @@ impl Default for Timeouts {
 
 /// Opens the store the config selects, creating the data dir and running migrations.
 pub async fn open(config: &Config) -> Result<Arc<dyn Store>, StoreError> {
-    Ok(match config.database()? {
+    let store: Arc<dyn Store> = match config.database()? {
         Database::Sqlite(path) => Arc::new(
             SqliteStore::open_exclusive(
                 &path,
@@ -648,5 +704,7 @@ pub async fn open(config: &Config) -> Result<Arc<dyn Store>, StoreError> {
             PgStore::connect_timed(&url, config.store.pool_size, Timeouts::of(&config.store))
                 .await?,
         ),
-    })
+    };
+    store.set_webhook_outbox(config.webhooks.wants_messages());
+    Ok(store)
 }

@@ -2,6 +2,7 @@
 //! the conversation row, so several nodes may commit to one database safely.
 
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -15,6 +16,10 @@ use super::{StoreError, Timeouts};
 pub struct PgStore {
     write: PgPool,
     read: PgPool,
+    /// Whether batch commits write webhook outbox rows (`store::outbox`).
+    outbox: AtomicBool,
+    /// The webhook outbox's connections (lazy; `store::outbox`).
+    outbox_pool: PgPool,
 }
 
 impl PgStore {
@@ -51,7 +56,9 @@ impl PgStore {
         timeouts: Timeouts,
     ) -> Result<Self, StoreError> {
         let mut migrator = options.connect().await?;
+        // Newer releases' migrations are ignored, not refused: see the SQLite store.
         sqlx::migrate!("../migrations/postgres")
+            .set_ignore_missing(true)
             .run(&mut migrator)
             .await?;
         let _ = sqlx::Connection::close(migrator).await;
@@ -61,6 +68,11 @@ impl PgStore {
         } else {
             options.options([("statement_timeout", ms.as_str())])
         };
+        let outbox_pool = PgPoolOptions::new()
+            .max_connections(2)
+            .min_connections(0)
+            .acquire_timeout(std::time::Duration::from_secs(30))
+            .connect_lazy_with(options.clone());
         let pool = PgPoolOptions::new()
             .max_connections(pool_size.max(2))
             .acquire_timeout(timeouts.acquire)
@@ -69,6 +81,8 @@ impl PgStore {
         Ok(PgStore {
             write: pool.clone(),
             read: pool,
+            outbox: AtomicBool::new(false),
+            outbox_pool,
         })
     }
 }
@@ -102,7 +116,22 @@ impl Backend for PgStore {
         cursors: &[CursorUpdate],
     ) -> Result<Vec<Committed>, StoreError> {
         let mut conn = self.writer().await?;
-        let out = postgres_commit::commit_batch(&mut conn, messages, cursors).await;
+        let outbox = self.outbox.load(Ordering::Relaxed);
+        let out = postgres_commit::commit_batch(&mut conn, messages, cursors, outbox).await;
         settle(conn, out).await
     }
+
+    fn set_outbox(&self, on: bool) {
+        self.outbox.store(on, Ordering::Relaxed);
+    }
+
+    fn outbox_on(&self) -> bool {
+        self.outbox.load(Ordering::Relaxed)
+    }
+
+    fn outbox_pool(&self) -> &PgPool {
+        &self.outbox_pool
+    }
+
+    const CLAIM_LOCK: &'static str = " FOR UPDATE SKIP LOCKED";
 }

@@ -9,7 +9,8 @@
 //! client_msg_id), a gapless seq range per conversation (an atomic upsert on the
 //! conversation row, so several nodes may share a database), the one-to-one parties'
 //! conversation list rows, the messages, RECALL/EDIT changes, the sender's read cursor,
-//! then the device and user delivery cursors, forward only.
+//! then the device and user delivery cursors, forward only; with webhooks on, the
+//! outbox row of each message stored now (`store::outbox`).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -33,6 +34,7 @@ pub(crate) async fn commit_batch(
     conn: &mut PoolConnection<Postgres>,
     messages: &[NewMessage],
     cursors: &[CursorUpdate],
+    outbox: bool,
 ) -> Result<Vec<Committed>, StoreError> {
     let mut tx = sqlx::Connection::begin(&mut **conn).await?;
     let now = im_proto::now_ms();
@@ -67,8 +69,27 @@ pub(crate) async fn commit_batch(
     Sql::upsert_reads(&mut tx, &own, now, None).await?;
     // 6. Delivery cursors, forward only.
     delivery_cursors(&mut tx, cursors).await?;
+    // 7. With webhooks on: one outbox row per message stored now, in this transaction.
+    if outbox {
+        outbox_rows(&mut tx, &sorted, now).await?;
+    }
     tx.commit().await?;
     Ok(batch::answers(sorted.results, now))
+}
+
+/// The webhook outbox's rows of the messages stored now (`store::outbox`).
+async fn outbox_rows(tx: &mut Tx<'_>, sorted: &Sorted<'_>, now: i64) -> Result<(), StoreError> {
+    let rows: Vec<(&str, i64)> = batch::stored_now(sorted).collect();
+    for chunk in rows.chunks(CHUNK) {
+        let mut qb = QueryBuilder::<Postgres>::new(
+            "INSERT INTO webhook_outbox (conversation_id, seq, created_ms) ",
+        );
+        qb.push_values(chunk, |mut b, (conv, seq)| {
+            b.push_bind(*conv).push_bind(*seq).push_bind(now);
+        });
+        qb.build().execute(&mut **tx).await?;
+    }
+    Ok(())
 }
 
 /// The stored messages with the (sender, conversation, client_msg_id) of the batch's

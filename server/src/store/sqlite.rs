@@ -29,6 +29,8 @@ pub struct SqliteStore {
     /// A node's store holds the file's lock while open ([`SqliteStore::open_exclusive`]):
     /// a restore, or a second node, is refused meanwhile.
     _lock: Option<super::backup::StoreLock>,
+    /// The webhook outbox's connection (lazy; `store::outbox`).
+    outbox: SqlitePool,
 }
 
 impl SqliteStore {
@@ -67,21 +69,38 @@ impl SqliteStore {
                     }),
             )
             .await?;
-        sqlx::migrate!("../migrations/sqlite").run(&write).await?;
+        // A migration this binary does not know (a newer release ran it) does not stop
+        // it: migrations only add, so the previous release runs on the newer schema
+        // during a rolling upgrade or after a rollback (docs/upgrade.md).
+        sqlx::migrate!("../migrations/sqlite")
+            .set_ignore_missing(true)
+            .run(&write)
+            .await?;
         // No ping before each use: a connection to a local file does not go stale, and
         // the ping was a second round trip to the connection's worker thread per read.
         let read = SqlitePoolOptions::new()
             .test_before_acquire(false)
             .max_connections(readers.max(1))
             .acquire_timeout(timeouts.acquire)
-            .connect_with(base.read_only(true))
+            .connect_with(base.clone().read_only(true))
             .await?;
         let commits = CommitThread::start(path, full_sync)?;
+        let outbox = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .acquire_timeout(Duration::from_secs(30))
+            // NORMAL: a transaction of the outbox lost to a power cut takes its effect
+            // back whole (an expansion: its outbox rows are expanded again; an outcome:
+            // the event is sent again), which at-least-once allows; the rows a message
+            // commit writes are FULL with it. It spares an fsync per outbox write, which
+            // would hold the one write lock the message commits need.
+            .connect_lazy_with(base.synchronous(SqliteSynchronous::Normal));
         Ok(SqliteStore {
             write,
             read,
             commits,
             _lock: None,
+            outbox,
         })
     }
 }
@@ -159,6 +178,18 @@ impl Backend for SqliteStore {
         cursors: &[CursorUpdate],
     ) -> Result<Vec<Committed>, StoreError> {
         self.commits.commit(messages, cursors).await
+    }
+
+    fn set_outbox(&self, on: bool) {
+        self.commits.set_outbox(on);
+    }
+
+    fn outbox_on(&self) -> bool {
+        self.commits.outbox_on()
+    }
+
+    fn outbox_pool(&self) -> &SqlitePool {
+        &self.outbox
     }
 }
 

@@ -8,7 +8,8 @@
 //! The transaction is the one `store::postgres_commit` runs on Postgres, statement for statement:
 //! dedup by (sender, conversation, client_msg_id), a gapless seq range per conversation,
 //! the one-to-one parties' conversation list rows, the messages, RECALL/EDIT changes,
-//! the sender's read cursor, then the device and user delivery cursors, forward only.
+//! the sender's read cursor, then the device and user delivery cursors, forward only,
+//! and with webhooks on, the outbox row of each message stored now (`store::outbox`).
 //! It begins IMMEDIATE (the write lock is taken at once, waiting up to the busy timeout
 //! for the other writer connection of the store, which commits group changes and reads
 //! state), and after any failure the connection is closed and reopened on the next
@@ -16,7 +17,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
@@ -37,11 +40,14 @@ const STATEMENT_CACHE: usize = 32;
 /// The submitting side of the commit thread; dropping it ends the thread.
 pub(crate) struct CommitThread {
     tx: SyncSender<Job>,
+    /// Whether each batch also writes its webhook outbox rows (`store::outbox`).
+    outbox: Arc<AtomicBool>,
 }
 
 struct Job {
     messages: Vec<NewMessage>,
     cursors: Vec<CursorUpdate>,
+    outbox: bool,
     reply: oneshot::Sender<Result<Vec<Committed>, StoreError>>,
 }
 
@@ -54,7 +60,20 @@ impl CommitThread {
         std::thread::Builder::new()
             .name("im-sqlite-commit".into())
             .spawn(move || run(Some(conn), &path, full_sync, rx))?;
-        Ok(CommitThread { tx })
+        Ok(CommitThread {
+            tx,
+            outbox: Arc::default(),
+        })
+    }
+
+    /// Whether batches write webhook outbox rows now.
+    pub(crate) fn outbox_on(&self) -> bool {
+        self.outbox.load(Ordering::Relaxed)
+    }
+
+    /// Whether later batches write webhook outbox rows.
+    pub(crate) fn set_outbox(&self, on: bool) {
+        self.outbox.store(on, Ordering::Relaxed);
     }
 
     /// Commits one batch on the thread ([`Store::commit_batch`](super::Store::commit_batch)).
@@ -67,6 +86,7 @@ impl CommitThread {
         let job = Job {
             messages: messages.to_vec(),
             cursors: cursors.to_vec(),
+            outbox: self.outbox.load(Ordering::Relaxed),
             reply,
         };
         match self.tx.try_send(job) {
@@ -113,7 +133,7 @@ fn run(mut conn: Option<Connection>, path: &Path, full_sync: bool, rx: Receiver<
             None => open(path, full_sync),
         };
         let out = c.and_then(|mut c| {
-            let out = commit_batch(&mut c, &job.messages, &job.cursors);
+            let out = commit_batch(&mut c, &job.messages, &job.cursors, job.outbox);
             if out.is_ok() && c.is_autocommit() {
                 conn = Some(c);
             } else {
@@ -132,6 +152,7 @@ pub(crate) fn commit_batch(
     conn: &mut Connection,
     messages: &[NewMessage],
     cursors: &[CursorUpdate],
+    outbox: bool,
 ) -> Result<Vec<Committed>, StoreError> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let now = im_proto::now_ms();
@@ -165,6 +186,15 @@ pub(crate) fn commit_batch(
     // 6. Delivery cursors, forward only.
     if !cursors.is_empty() {
         delivery_cursors(&tx, cursors)?;
+    }
+    // 7. With webhooks on: one outbox row per message stored now, in this transaction.
+    if outbox {
+        let mut row = tx.prepare_cached(
+            "INSERT INTO webhook_outbox (conversation_id, seq, created_ms) VALUES (?1, ?2, ?3)",
+        )?;
+        for (conv, seq) in batch::stored_now(&sorted) {
+            row.execute(params![conv, seq, now])?;
+        }
     }
     tx.commit()?;
     Ok(batch::answers(sorted.results, now))

@@ -49,6 +49,21 @@ impl TestCluster {
 
     /// As [`TestCluster::start`], on the NATS at `nats`.
     pub async fn start_on(n: usize, nats: &str, extra: &[(&str, &str)]) -> TestCluster {
+        Self::start_configured(n, nats, extra, None).await
+    }
+
+    /// As [`TestCluster::start`], every node also reading the TOML config `config` (for
+    /// what env variables cannot say, e.g. webhook endpoints).
+    pub async fn start_with_config(n: usize, config: &str, extra: &[(&str, &str)]) -> TestCluster {
+        Self::start_configured(n, &nats_url(), extra, Some(config)).await
+    }
+
+    async fn start_configured(
+        n: usize,
+        nats: &str,
+        extra: &[(&str, &str)],
+        config: Option<&str>,
+    ) -> TestCluster {
         let id = uuid::Uuid::now_v7().simple().to_string().to_lowercase();
         let schema = format!("t_{id}");
         let prefix = format!("t{id}");
@@ -80,7 +95,10 @@ impl TestCluster {
                 ("IM_OBS_SAMPLE_INTERVAL_MS", "200"),
             ];
             env.extend_from_slice(extra);
-            nodes.push(TestServer::start_with(&env));
+            nodes.push(match config {
+                Some(toml) => TestServer::start_with_config(toml, &env),
+                None => TestServer::start_with(&env),
+            });
         }
         let c = TestCluster {
             nodes,

@@ -66,6 +66,15 @@ pub struct Outcome {
     pub refused: Vec<String>,
     /// Times a sender or receiver lost its connection and connected again.
     pub reconnects: u64,
+    /// The same, per user (each user is one sender or one receiver).
+    pub reconnects_by_user: HashMap<String, u64>,
+}
+
+impl Outcome {
+    fn reconnected(&mut self, user: &str) {
+        self.reconnects += 1;
+        *self.reconnects_by_user.entry(user.to_owned()).or_default() += 1;
+    }
 }
 
 struct Shared {
@@ -167,7 +176,7 @@ async fn receive(shared: Arc<Shared>, user: String, url: String, token: String) 
                 got.extend(d.messages.into_iter().map(|m| m.client_msg_id));
             }
         }
-        shared.out.lock().unwrap().reconnects += 1;
+        shared.out.lock().unwrap().reconnected(&user);
     }
 }
 
@@ -215,7 +224,7 @@ async fn send(shared: Arc<Shared>, p: Pair, token: String, every: Duration) {
             _ => {
                 // No reply: the connection died or hangs. Reconnect and re-send the same key.
                 conn = None;
-                shared.out.lock().unwrap().reconnects += 1;
+                shared.out.lock().unwrap().reconnected(&p.sender);
             }
         }
     }

@@ -4,10 +4,12 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod deploy;
 pub mod faults;
 pub mod nats;
 pub mod receiver;
 pub mod regions;
+pub mod tls;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
@@ -38,7 +40,8 @@ pub struct TestServer {
     tmp_keep: Arc<tempfile::TempDir>,
     log: Arc<Mutex<String>>,
     env: Vec<(String, String)>,
-    args: Vec<String>,
+    /// The binary and its arguments (the one under test, none by default).
+    cmd: (PathBuf, Vec<String>),
 }
 
 /// A token for `user` valid for `ttl`, signed with the test secret.
@@ -118,26 +121,46 @@ impl TestServer {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        Self::spawn(tmp, env, Vec::new(), "127.0.0.1:0")
+        Self::spawn(tmp, env, "127.0.0.1:0", (server_bin(), Vec::new()))
     }
 
     /// Starts a server with extra `IM_*` env settings and command-line arguments (e.g.
     /// `--config FILE`).
     pub fn start_with_args(env: &[(&str, &str)], args: &[&str]) -> TestServer {
+        Self::start_binary(&server_bin(), args, env)
+    }
+
+    /// Starts `bin` with `args` (e.g. a packaged binary and `--config FILE`) and extra
+    /// `IM_*` env settings; ports, data dir and secrets as in [`TestServer::start_with`].
+    pub fn start_binary(bin: &Path, args: &[&str], env: &[(&str, &str)]) -> TestServer {
         let tmp = Arc::new(tempfile::tempdir().expect("temp dir"));
-        let env: Vec<(String, String)> = env
+        let env = env
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         let args = args.iter().map(|a| a.to_string()).collect();
-        Self::spawn(tmp, env, args, "127.0.0.1:0")
+        Self::spawn(tmp, env, "127.0.0.1:0", (bin.to_owned(), args))
+    }
+
+    /// Starts a server with a TOML config file holding `toml` (for what env variables
+    /// cannot say, e.g. the webhook endpoints) and extra `IM_*` env settings.
+    pub fn start_with_config(toml: &str, env: &[(&str, &str)]) -> TestServer {
+        let tmp = Arc::new(tempfile::tempdir().expect("temp dir"));
+        let file = tmp.path().join("config.toml");
+        std::fs::write(&file, toml).expect("writing the config file");
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let args = vec!["--config".to_owned(), file.display().to_string()];
+        Self::spawn(tmp, env, "127.0.0.1:0", (server_bin(), args))
     }
 
     fn spawn(
         tmp: Arc<tempfile::TempDir>,
         env: Vec<(String, String)>,
-        args: Vec<String>,
         listen: &str,
+        cmd: (PathBuf, Vec<String>),
     ) -> TestServer {
         // A test may place the data dir elsewhere (a small tmpfs) with its own IM_DATA_DIR.
         let data_dir = env
@@ -145,8 +168,10 @@ impl TestServer {
             .find(|(k, _)| k == "IM_DATA_DIR")
             .map(|(_, v)| PathBuf::from(v))
             .unwrap_or_else(|| tmp.path().join("data"));
-        let mut cmd = Command::new(server_bin());
-        cmd.env("IM_LISTEN", listen)
+        let mut command = Command::new(&cmd.0);
+        command
+            .args(&cmd.1)
+            .env("IM_LISTEN", listen)
             .env("IM_ADMIN_LISTEN", "127.0.0.1:0")
             .env("IM_DATA_DIR", &data_dir)
             .env("IM_JWT_SECRET", SECRET)
@@ -157,10 +182,9 @@ impl TestServer {
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         for (k, v) in &env {
-            cmd.env(k, v);
+            command.env(k, v);
         }
-        cmd.args(&args);
-        let mut child = cmd.spawn().expect("spawn im-server");
+        let mut child = command.spawn().expect("spawn im-server");
         let stderr = child.stderr.take().expect("stderr");
         let log = Arc::new(Mutex::new(String::new()));
         let (tx, rx) = std::sync::mpsc::channel();
@@ -196,7 +220,7 @@ impl TestServer {
             tmp_keep: tmp,
             log,
             env,
-            args,
+            cmd,
         }
     }
 
@@ -214,8 +238,8 @@ impl TestServer {
         *self = Self::spawn(
             self.tmp_keep.clone(),
             self.env.clone(),
-            self.args.clone(),
             &listen,
+            self.cmd.clone(),
         );
     }
 

@@ -63,6 +63,9 @@ struct Shared {
     signer: Signer,
     log: Arc<Mutex<Vec<Received>>>,
     reply: Arc<Mutex<Reply>>,
+    /// Cleared by [`Receiver::down`]: a request on a connection opened before it is
+    /// answered 503 and not recorded (new connections are refused).
+    up: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A running receiver.
@@ -84,6 +87,7 @@ impl Receiver {
             signer: Signer::new(secret.as_bytes()),
             log: Arc::default(),
             reply: Arc::default(),
+            up: Arc::new(std::sync::atomic::AtomicBool::new(true)),
         };
         let mut r = Receiver {
             addr,
@@ -146,6 +150,9 @@ impl Receiver {
 
     /// Stops listening (connections refused) until [`Receiver::up`].
     pub fn down(&mut self) {
+        self.shared
+            .up
+            .store(false, std::sync::atomic::Ordering::SeqCst);
         if let Some(t) = self.task.take() {
             t.abort();
         }
@@ -164,6 +171,9 @@ impl Receiver {
                 Err(e) => panic!("receiver: rebind {}: {e}", self.addr),
             }
         };
+        self.shared
+            .up
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         self.serve(listener);
     }
 }
@@ -175,6 +185,9 @@ impl Drop for Receiver {
 }
 
 async fn handle(shared: Shared, path: String, headers: HeaderMap, body: Bytes) -> Response {
+    if !shared.up.load(std::sync::atomic::Ordering::SeqCst) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "down").into_response();
+    }
     let header = |name: &str| {
         headers
             .get(name)

@@ -58,15 +58,17 @@ where
     for<'q> &'q str: Bind<'q, DB>,
     for<'q> &'q [u8]: Bind<'q, DB>,
 {
-    /// Applies a group operation in one transaction ([`Store::group_change`]).
+    /// Applies a group operation in one transaction ([`Store::group_change`]); with
+    /// `outbox`, its SYSTEM event also gets a webhook outbox row.
     ///
     /// [`Store::group_change`]: crate::store::Store::group_change
     pub(crate) async fn group_change(
         conn: &mut PoolConnection<DB>,
         group_id: &str,
         req: &GroupRequest,
+        outbox: bool,
     ) -> Result<GroupOutcome, StoreError> {
-        let mut tx = sqlx::Connection::begin(&mut **conn).await?;
+        let mut tx = super::begin_write::<DB>(&mut **conn).await?;
         let now = im_proto::now_ms();
         let row: Option<(i32, i32, i64, i32, i32)> = sqlx::query_as(
             "SELECT kind, members_can_invite, version, dissolved, size \
@@ -107,6 +109,17 @@ where
             return Err(StoreError::GroupFull(group_id.to_owned(), req.max_members));
         }
         let event = Self::write_event(&mut tx, group_id, req, &plan, &everyone, now).await?;
+        if let Some(e) = event.as_ref().filter(|_| outbox) {
+            // The webhooks' group.changed, in the change's transaction (`store::outbox`).
+            sqlx::query(
+                "INSERT INTO webhook_outbox (conversation_id, seq, created_ms) VALUES ($1, $2, $3)",
+            )
+            .bind(e.conversation_id.as_str())
+            .bind(e.seq as i64)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        }
         let version = event.as_ref().map_or(version, |e| e.seq);
         Self::apply_plan(&mut tx, group_id, req, &plan, &change, version as i64, now).await?;
         let role: Option<i32> = sqlx::query_scalar(

@@ -314,7 +314,7 @@ where
         conn: &mut PoolConnection<DB>,
         hidden: &[HiddenMessage],
     ) -> Result<(), StoreError> {
-        let mut tx = sqlx::Connection::begin(&mut **conn).await?;
+        let mut tx = super::begin_write::<DB>(&mut **conn).await?;
         for chunk in hidden.chunks(CHUNK) {
             let mut qb = Statement::<DB>::new(
                 "INSERT INTO hidden_messages (user_id, conversation_id, seq) ",

@@ -7,6 +7,8 @@
 //! - `groups`: group changes (the transaction around `store::access`) and group reads;
 //! - `conversations`: the conversation list and the per-user backlog;
 //! - `history`: sync and history pages, the messages a recall or edit names, hiding;
+//! - `webhooks`: the webhook outbox (`store::outbox`): claims with a lease, expansion,
+//!   attempts' outcomes, the parked list;
 //! - `users`: per-user state: read state and flags, the delivered and read cursors,
 //!   revocations, presence settings and peers; and the probes.
 //!
@@ -17,6 +19,7 @@ mod conversations;
 mod groups;
 mod history;
 mod users;
+mod webhooks;
 
 use std::future::Future;
 use std::marker::PhantomData;
@@ -27,6 +30,7 @@ use sqlx::{
     Arguments, ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Type,
 };
 
+use super::outbox::{Claimed, Merge, NewEvent, OutboxCounts, OutboxSource, Outcome, ParkedRow};
 use super::{
     Committed, CursorUpdate, FlagsUpdate, GroupInfo, GroupOutcome, GroupRequest, HiddenMessage,
     ListAfter, MessageMeta, MessageRow, NewMessage, ReadMoved, ReadUpdate, Store, StoreError,
@@ -84,6 +88,30 @@ pub(crate) trait Backend: Send + Sync + 'static {
         messages: &[NewMessage],
         cursors: &[CursorUpdate],
     ) -> impl Future<Output = Result<Vec<Committed>, StoreError>> + Send;
+
+    /// Whether later batch commits write webhook outbox rows.
+    fn set_outbox(&self, on: bool);
+
+    /// Whether commits write webhook outbox rows now.
+    fn outbox_on(&self) -> bool;
+
+    /// The webhook outbox's own pool (opened lazily, so a node without webhooks holds
+    /// no connection for it): its traffic never waits for, nor holds, a connection the
+    /// message path's writes use.
+    fn outbox_pool(&self) -> &Pool<Self::DB>;
+
+    /// The row-lock suffix of a claim's inner select (Postgres: `FOR UPDATE SKIP
+    /// LOCKED`; SQLite, one writer: none).
+    const CLAIM_LOCK: &'static str = "";
+}
+
+/// A claim's lease: (owner, end). The owner is the node's name and a number unique in
+/// this process, so one claim's rows are found by it; the end is `lease_ms` from now.
+fn lease(owner: &str, lease_ms: i64) -> (String, i64) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static CLAIMS: AtomicU64 = AtomicU64::new(0);
+    let n = CLAIMS.fetch_add(1, Ordering::Relaxed);
+    (format!("{owner}/{n}"), im_proto::now_ms() + lease_ms)
 }
 
 /// The shared SQL over engine `DB`, as associated functions in one `impl` block per
@@ -195,6 +223,21 @@ impl<'a, DB: Database> Tuple<'_, 'a, DB> {
     }
 }
 
+/// Begins a write transaction on `conn`: on SQLite `BEGIN IMMEDIATE`, which takes the
+/// write lock at once (waiting out the busy timeout). A deferred transaction that reads
+/// first cannot take the lock after another connection (the commit thread, the webhook
+/// outbox's) committed meanwhile: SQLite fails it at once with SQLITE_BUSY. Postgres:
+/// `BEGIN`.
+pub(crate) async fn begin_write<DB: Database>(
+    conn: &mut DB::Connection,
+) -> Result<sqlx::Transaction<'_, DB>, sqlx::Error> {
+    if DB::NAME == "SQLite" {
+        sqlx::Connection::begin_with(conn, "BEGIN IMMEDIATE").await
+    } else {
+        sqlx::Connection::begin(conn).await
+    }
+}
+
 /// After a write on a connection from [`Backend::writer`]: a failed write leaves the
 /// connection's state in doubt, so it is closed (its open transaction, if any, rolls
 /// back) rather than returned to the pool, and the next write opens a new one.
@@ -265,7 +308,7 @@ where
         req: &GroupRequest,
     ) -> Result<GroupOutcome, StoreError> {
         let mut conn = self.writer().await?;
-        let out = Sql::<DB>::group_change(&mut conn, group_id, req).await;
+        let out = Sql::<DB>::group_change(&mut conn, group_id, req, self.outbox_on()).await;
         settle(conn, out).await
     }
 
@@ -440,5 +483,78 @@ where
         limit: u32,
     ) -> Result<Vec<UserBacklog>, StoreError> {
         Sql::<DB>::user_backlog(self.read(), user_id, limit).await
+    }
+
+    fn set_webhook_outbox(&self, on: bool) {
+        self.set_outbox(on);
+    }
+
+    async fn outbox_claim(
+        &self,
+        owner: &str,
+        lease_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<OutboxSource>, StoreError> {
+        let mut conn = self.outbox_pool().acquire().await?;
+        let (owner, until) = lease(owner, lease_ms);
+        let out = Sql::<DB>::outbox_claim(&mut conn, S::CLAIM_LOCK, &owner, until, limit).await;
+        settle(conn, out).await
+    }
+
+    async fn outbox_expand(
+        &self,
+        done: &[i64],
+        events: &[NewEvent],
+        merges: &[Merge],
+    ) -> Result<Vec<i64>, StoreError> {
+        let mut conn = self.outbox_pool().acquire().await?;
+        let out = Sql::<DB>::outbox_expand(&mut conn, done, events, merges).await;
+        settle(conn, out).await
+    }
+
+    async fn events_claim(
+        &self,
+        endpoint: &str,
+        owner: &str,
+        lease_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<Claimed>, StoreError> {
+        let mut conn = self.outbox_pool().acquire().await?;
+        let (owner, until) = lease(owner, lease_ms);
+        let out =
+            Sql::<DB>::events_claim(&mut conn, S::CLAIM_LOCK, endpoint, &owner, until, limit).await;
+        settle(conn, out).await
+    }
+
+    async fn events_settle(&self, outcomes: &[Outcome]) -> Result<(), StoreError> {
+        let mut conn = self.outbox_pool().acquire().await?;
+        let out = Sql::<DB>::events_settle(&mut conn, outcomes).await;
+        settle(conn, out).await
+    }
+
+    async fn events_parked(
+        &self,
+        endpoint: &str,
+        limit: u32,
+    ) -> Result<Vec<ParkedRow>, StoreError> {
+        Sql::<DB>::events_parked(self.outbox_pool(), endpoint, limit).await
+    }
+
+    async fn events_redeliver(&self, endpoint: &str, ids: &[i64]) -> Result<u64, StoreError> {
+        let mut conn = self.outbox_pool().acquire().await?;
+        let out = Sql::<DB>::events_redeliver(&mut conn, endpoint, ids).await;
+        settle(conn, out).await
+    }
+
+    async fn read_positions(
+        &self,
+        conversation_id: &str,
+        users: &[&str],
+    ) -> Result<Vec<(String, u64)>, StoreError> {
+        Sql::<DB>::read_positions(self.read(), conversation_id, users).await
+    }
+
+    async fn outbox_counts(&self) -> Result<OutboxCounts, StoreError> {
+        Sql::<DB>::outbox_counts(self.outbox_pool()).await
     }
 }

@@ -36,7 +36,7 @@ where
         reads: &[ReadUpdate],
         flags: &[FlagsUpdate],
     ) -> Result<Vec<ReadMoved>, StoreError> {
-        let mut tx = sqlx::Connection::begin(&mut **conn).await?;
+        let mut tx = super::begin_write::<DB>(&mut **conn).await?;
         let now = im_proto::now_ms();
         let seq = |r: &ReadUpdate| r.seq.min(i64::MAX as u64);
         let users: Vec<ReadRow<'_>> = furthest(
@@ -326,7 +326,7 @@ where
     ///
     /// [`Store::probe_write`]: crate::store::Store::probe_write
     pub(crate) async fn probe_write(conn: &mut PoolConnection<DB>) -> Result<(), StoreError> {
-        let mut tx = sqlx::Connection::begin(&mut **conn).await?;
+        let mut tx = super::begin_write::<DB>(&mut **conn).await?;
         sqlx::query(
             "INSERT INTO store_probe (id, at) VALUES (1, $1) \
              ON CONFLICT (id) DO UPDATE SET at = excluded.at",
