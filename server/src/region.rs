@@ -50,6 +50,60 @@ pub struct RegionMap {
     pub route_urls: Vec<String>,
     /// The NATS connection Sends are forwarded over (set once cluster mode is up).
     pub nats: OnceLock<async_nats::Client>,
+    /// `cluster.key`'s HMAC key: with one, every forwarded request carries its signature
+    /// in the [`SIG_HEADER`] header and the home drops a request without a valid one, so
+    /// a NATS writer without the key cannot send as any user (without a key NATS is
+    /// trusted, as for the cluster's own traffic).
+    pub key: Option<ring::hmac::Key>,
+}
+
+/// The NATS header carrying a forwarded request's HMAC (hex), with `cluster.key` set.
+pub const SIG_HEADER: &str = "Im-Region-Sig";
+
+/// The domain tag signed before a forwarded request's payload.
+const SIG_DOMAIN: &[u8] = b"im-region-forward\n";
+
+impl RegionMap {
+    /// The signature header value of a forwarded `payload` (`None` without a key).
+    pub fn sign(&self, payload: &[u8]) -> Option<String> {
+        let key = self.key.as_ref()?;
+        let mut ctx = ring::hmac::Context::with_key(key);
+        ctx.update(SIG_DOMAIN);
+        ctx.update(payload);
+        Some(
+            ctx.sign()
+                .as_ref()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect(),
+        )
+    }
+
+    /// Whether a forwarded `payload` with signature header `sig` may be served: always
+    /// without a key; with one, only when `sig` is its valid signature.
+    pub fn verify(&self, payload: &[u8], sig: Option<&str>) -> bool {
+        let Some(key) = &self.key else {
+            return true;
+        };
+        let Some(tag) = sig.and_then(decode_hex) else {
+            return false;
+        };
+        let mut msg = Vec::with_capacity(SIG_DOMAIN.len() + payload.len());
+        msg.extend_from_slice(SIG_DOMAIN);
+        msg.extend_from_slice(payload);
+        ring::hmac::verify(key, &msg, &tag).is_ok()
+    }
+}
+
+/// Decodes a 64-digit lowercase or uppercase hex tag.
+fn decode_hex(s: &str) -> Option<Vec<u8>> {
+    if s.len() != 64 {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
 }
 
 impl RegionMap {
@@ -63,6 +117,9 @@ impl RegionMap {
             names: config.regions.iter().map(|r| r.name.clone()).collect(),
             route_urls: config.regions.iter().map(|r| r.route_url.clone()).collect(),
             nats: OnceLock::new(),
+            key: (!config.cluster.key.is_empty()).then(|| {
+                ring::hmac::Key::new(ring::hmac::HMAC_SHA256, config.cluster.key.as_bytes())
+            }),
         }))
     }
 
@@ -83,9 +140,13 @@ impl RegionMap {
             home: home.to_owned(),
             reason,
         };
+        let mut headers = async_nats::HeaderMap::new();
+        if let Some(sig) = self.sign(&payload) {
+            headers.insert(SIG_HEADER, sig.as_str());
+        }
         match tokio::time::timeout(
             FORWARD_TIMEOUT,
-            client.request(send_subject(home), payload.into()),
+            client.request_with_headers(send_subject(home), headers, payload.into()),
         )
         .await
         {
@@ -214,6 +275,7 @@ mod tests {
             names: names(&["a", "b"]),
             route_urls: names(&["http://a:1", "http://b:1"]),
             nats: OnceLock::new(),
+            key: None,
         };
         assert_eq!(parse_forwarded(b"alice\nxyz"), Some(("alice", &b"xyz"[..])));
         assert_eq!(parse_forwarded(b"al ice\nxyz"), None);
@@ -229,5 +291,33 @@ mod tests {
             }
         }
         assert!(here > 0 && there > 0);
+    }
+
+    #[test]
+    fn forwarded_requests_are_signed_and_checked_with_the_cluster_key() {
+        let keyed = |k: &str| RegionMap {
+            local: "a".into(),
+            names: names(&["a", "b"]),
+            route_urls: names(&["http://a:1", "http://b:1"]),
+            nats: OnceLock::new(),
+            key: Some(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, k.as_bytes())),
+        };
+        let map = keyed("a cluster key of at least 32 bytes!!");
+        let sig = map.sign(b"alice\nframe").expect("signed with a key");
+        assert!(map.verify(b"alice\nframe", Some(&sig)));
+        assert!(
+            !map.verify(b"mallory\nframe", Some(&sig)),
+            "another payload"
+        );
+        assert!(!map.verify(b"alice\nframe", None), "unsigned");
+        assert!(!map.verify(b"alice\nframe", Some("zz")), "malformed");
+        let other = keyed("another cluster key of 32 bytes!!!!");
+        assert!(!other.verify(b"alice\nframe", Some(&sig)), "another key");
+        let open = RegionMap {
+            key: None,
+            ..keyed("x")
+        };
+        assert_eq!(open.sign(b"p"), None);
+        assert!(open.verify(b"p", None), "no key: NATS is trusted");
     }
 }

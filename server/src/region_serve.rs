@@ -43,6 +43,18 @@ pub async fn run(
         let Some(reply) = msg.reply.clone() else {
             continue;
         };
+        let sig = msg
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(crate::region::SIG_HEADER))
+            .map(|v| v.as_str());
+        if !map.verify(&msg.payload, sig) {
+            tracing::warn!(
+                bytes = msg.payload.len(),
+                "forwarded send without a valid cluster.key signature dropped"
+            );
+            continue;
+        }
         let Ok(permit) = permits.clone().acquire_owned().await else {
             return;
         };
