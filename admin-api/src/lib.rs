@@ -36,7 +36,7 @@ pub use hooks::{
 pub use messages::{MessageKind, PostMessage, PostedMessage, PostedMessages, IDEMPOTENCY_KEY};
 pub use nodes::{
     Connection, ConnectionList, Group, GroupMember, Kicked, Memory, Revoked, RouteAnswer,
-    SecretsReloaded, SlowConsumers,
+    RouteRegion, SecretsReloaded, SlowConsumers,
 };
 pub use overview::{
     AllocStats, Capacity, ClusterInfo, ClusterNode, ClusterSummary, NodeReport, Overview,

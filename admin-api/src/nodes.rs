@@ -181,4 +181,21 @@ pub struct RouteAnswer {
     pub node_id: String,
     /// Its client WebSocket URL.
     pub ws_url: String,
+    /// Multi-region mode: the answering node's region (absent otherwise).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub region: String,
+    /// Multi-region mode: every region and its entry point, for clients to probe and
+    /// pick the nearest healthy one (absent otherwise).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub regions: Vec<RouteRegion>,
+}
+
+/// One region of [`RouteAnswer::regions`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RouteRegion {
+    /// Its name.
+    pub name: String,
+    /// `http://HOST:PORT` where clients ask that region's `GET /v1/route`.
+    pub route_url: String,
 }

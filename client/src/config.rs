@@ -38,6 +38,12 @@ pub struct ClientConfig {
     /// SDK logs in again on the open connection when two thirds of the token's lifetime
     /// (its `exp` claim, read without verifying) have passed, so the stream goes on.
     pub token_provider: Option<TokenProvider>,
+    /// Multi-region mode (default true): when a `/v1/route` answer lists regions, probe
+    /// each region's entry point at start, connect through the nearest one that answers
+    /// and fail over to the next nearest when it does not (`crate::regions`).
+    pub probe_regions: bool,
+    /// The probed regions, nearest first (filled by the SDK; shared by clones).
+    pub regions: crate::regions::RegionBook,
     /// The TLS settings of a `wss://` `url` (none: the Mozilla roots), e.g.
     /// [`crate::TlsConfig::from_ca_file`] for a private CA.
     pub tls: Option<crate::TlsConfig>,
@@ -57,6 +63,8 @@ impl ClientConfig {
             reconnect_max: Duration::from_secs(5),
             max_send_retries: 50,
             token_provider: None,
+            probe_regions: true,
+            regions: crate::regions::RegionBook::default(),
             tls: None,
         }
     }
@@ -117,6 +125,8 @@ impl std::fmt::Debug for ClientConfig {
             .field("reconnect_max", &self.reconnect_max)
             .field("max_send_retries", &self.max_send_retries)
             .field("token_provider", &self.token_provider.is_some())
+            .field("probe_regions", &self.probe_regions)
+            .field("regions", &self.regions.order())
             .field("tls", &self.tls)
             .finish()
     }

@@ -11,7 +11,8 @@
 //!
 //! Module map: `raw` (transport), `client` (handle, events, targets), `driver` (the
 //! background task), `tracker` (dedup and cursors), `backoff` (reconnect and retry
-//! timing), `route` (asks `GET /v1/route` which node to connect to), `tls` (the trust anchors of
+//! timing), `route` (asks `GET /v1/route` which node to connect to), `regions` (probes the
+//! regions a route answer lists; nearest healthy first), `tls` (the trust anchors of
 //! `wss://`), `config`, `error`.
 
 mod backoff;
@@ -21,6 +22,7 @@ mod driver;
 mod error;
 mod event;
 pub mod raw;
+pub mod regions;
 pub mod route;
 pub mod tls;
 mod tracker;

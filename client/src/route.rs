@@ -1,11 +1,13 @@
 //! Route: asks a node's `GET /v1/route` which node a new connection should go to (the
 //! least-loaded healthy node of the cluster) before connecting and before every
 //! reconnect. A plain HTTP/1.1 GET over a TCP socket: the SDK needs no HTTP client crate.
+//! When the answer lists regions, `regions` picks the nearest healthy one.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::regions::{Probe, RegionBook, RouteRegion, MAX_PROBED};
 use crate::ClientError;
 
 /// Largest route answer read.
@@ -18,6 +20,12 @@ pub struct Route {
     pub node_id: String,
     /// Its WebSocket URL.
     pub ws_url: String,
+    /// Multi-region mode: the answering region (empty otherwise).
+    #[serde(default)]
+    pub region: String,
+    /// Multi-region mode: every region's entry point (empty otherwise).
+    #[serde(default)]
+    pub regions: Vec<RouteRegion>,
 }
 
 /// The URL to connect to: the node `/v1/route` chooses when `route_urls` are set (falling
@@ -31,7 +39,21 @@ pub(crate) async fn target_url(
         return Ok(cfg.url.clone());
     }
     let timeout = cfg.request_timeout.min(Duration::from_secs(3));
-    match resolve(&cfg.route_urls, attempt, avoid, timeout).await {
+    // Regions probed already: straight to the nearest one that answers.
+    if cfg.probe_regions && !cfg.regions.order().is_empty() {
+        let r = nearest(&cfg.regions, None, avoid, timeout).await;
+        if let Ok(r) = r {
+            return Ok(r.ws_url);
+        }
+    }
+    let first = resolve(&cfg.route_urls, attempt, avoid, timeout).await;
+    let first = match first {
+        Ok(r) if cfg.probe_regions && !r.regions.is_empty() => {
+            nearest(&cfg.regions, Some(r), avoid, timeout).await
+        }
+        other => other,
+    };
+    match first {
         Ok(r) => Ok(r.ws_url),
         Err(e) if !cfg.url.is_empty() => {
             tracing::debug!(error = %e, "no route answer; using the configured url");
@@ -59,6 +81,64 @@ pub async fn resolve(
         }
     }
     Err(last)
+}
+
+/// Probes every region concurrently (each within `timeout`); nearest first, the ones
+/// that did not answer last, in list order.
+pub async fn probe(regions: &[RouteRegion], timeout: Duration) -> Vec<Probe> {
+    let tasks = regions.iter().take(MAX_PROBED).map(|r| async move {
+        let t0 = Instant::now();
+        let ok = matches!(
+            tokio::time::timeout(timeout, ask(&r.route_url, None)).await,
+            Ok(Ok(_))
+        );
+        Probe {
+            name: r.name.clone(),
+            route_url: r.route_url.clone(),
+            rtt: ok.then(|| t0.elapsed()),
+        }
+    });
+    let mut probes = futures_util::future::join_all(tasks).await;
+    probes.sort_by_key(|p| p.rtt.unwrap_or(Duration::MAX));
+    probes
+}
+
+/// The route through the nearest region that answers, given the first answer `first`
+/// (from a seed). Probes when the book is empty or stale and `first` lists regions.
+async fn nearest(
+    book: &RegionBook,
+    first: Option<Route>,
+    avoid: Option<&str>,
+    timeout: Duration,
+) -> Result<Route, ClientError> {
+    let order = match book.fresh() {
+        Some(o) => o,
+        None => match first.as_ref().filter(|f| !f.regions.is_empty()) {
+            Some(f) => {
+                let probes = probe(&f.regions, timeout).await;
+                tracing::debug!(?probes, "probed the regions");
+                book.store(probes.clone());
+                probes
+            }
+            None => Vec::new(),
+        },
+    };
+    let mut last = ClientError::Route("no region answered".into());
+    for p in &order {
+        // The seed's answer already comes from this region: no second round trip.
+        if let Some(f) = first
+            .as_ref()
+            .filter(|f| f.region == p.name && p.rtt.is_some())
+        {
+            return Ok(f.clone());
+        }
+        match tokio::time::timeout(timeout, ask(&p.route_url, avoid)).await {
+            Ok(Ok(r)) => return Ok(r),
+            Ok(Err(e)) => last = e,
+            Err(_) => last = ClientError::Route(format!("{}: timed out", p.route_url)),
+        }
+    }
+    first.ok_or(last)
 }
 
 /// One `GET {base}/v1/route`.
@@ -135,7 +215,9 @@ mod tests {
             parse_answer(ok).unwrap(),
             Route {
                 node_id: "b".into(),
-                ws_url: "ws://127.0.0.1:9/ws".into()
+                ws_url: "ws://127.0.0.1:9/ws".into(),
+                region: String::new(),
+                regions: Vec::new(),
             }
         );
         let busy = b"HTTP/1.1 503 Service Unavailable\r\n\r\n{\"error\":\"no healthy node\"}";
@@ -143,6 +225,21 @@ mod tests {
         assert!(parse_answer(b"HTTP/1.1 200 OK\r\n").is_err());
         let bad = b"HTTP/1.1 200 OK\r\n\r\n{\"node_id\":\"b\",\"ws_url\":\"http://x\"}";
         assert!(parse_answer(bad).is_err());
+    }
+
+    #[tokio::test]
+    async fn probes_sort_dead_regions_last_and_never_hang() {
+        let dead = RouteRegion {
+            name: "dead".into(),
+            route_url: "http://127.0.0.1:1".into(),
+        };
+        let probes = probe(&[dead], Duration::from_secs(2)).await;
+        assert_eq!(probes.len(), 1);
+        assert_eq!(probes[0].rtt, None);
+        let book = RegionBook::default();
+        book.store(probes);
+        let r = nearest(&book, None, None, Duration::from_secs(1)).await;
+        assert!(r.is_err());
     }
 
     #[tokio::test]

@@ -20,6 +20,8 @@ pub mod listen;
 pub mod obs;
 pub mod persist;
 pub mod pipeline;
+pub mod region;
+pub mod region_serve;
 pub mod reload;
 pub mod route;
 pub mod route_api;
@@ -409,6 +411,15 @@ impl Built {
             ws_url: self.ws_url.clone(),
             registry: node.cluster.as_ref().map(|c| c.link.registry.clone()),
             draining: node.draining.clone(),
+            region: config.region.clone(),
+            regions: config
+                .regions
+                .iter()
+                .map(|r| im_admin_api::RouteRegion {
+                    name: r.name.clone(),
+                    route_url: r.route_url.clone(),
+                })
+                .collect(),
         };
         let client_app = self.gateway.router().merge(route_api::router(route_api));
         let admin_app = admin::router(node.clone());
@@ -446,6 +457,16 @@ impl Built {
                 node.store.clone(),
                 node.secrets.keys.clone(),
             )));
+            if let Some(map) = &node.pipeline.region {
+                let client = c.link.nats_client();
+                let _ = map.nats.set(client.clone());
+                background.push(tokio::spawn(region_serve::run(
+                    client,
+                    map.clone(),
+                    node.pipeline.clone(),
+                    Arc::new(config.clone()),
+                )));
+            }
         }
         let hangup = [&self.client_tls, &self.admin_tls];
         let hangup = hangup.into_iter().flatten().cloned().collect();

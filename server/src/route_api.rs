@@ -1,7 +1,9 @@
 //! `GET /v1/route`, on the client listener: which node a new client connection should
 //! go to. In cluster mode the least-loaded live node of the cluster registry (skipping
 //! the ones the client asks to avoid), falling back to this node unless it is draining;
-//! on a single node, this node unless it is draining. A refusal is 503 with
+//! on a single node, this node unless it is draining. In multi-region mode the answer
+//! also names this region and lists every region's entry point (from the config), so
+//! clients can probe them and join the nearest. A refusal is 503 with
 //! `Retry-After` and the admin API's error body (`admin::error`). Every answer carries
 //! `Access-Control-Allow-Origin: *`, so that a web app served from another origin can
 //! ask too: the answer is a public node address, and the request carries no credentials.
@@ -24,6 +26,10 @@ pub struct RouteApi {
     pub registry: Option<Arc<Registry>>,
     /// This node is shutting down.
     pub draining: Arc<std::sync::atomic::AtomicBool>,
+    /// Multi-region mode: this node's region (empty: one region).
+    pub region: String,
+    /// Multi-region mode: every region and its entry point (empty: one region).
+    pub regions: Arc<[im_admin_api::RouteRegion]>,
 }
 
 /// `GET /v1/route[?avoid=ID,ID]`: the least-loaded healthy node for a new connection.
@@ -75,9 +81,13 @@ fn route_answer(
         None => Some((api.node_id.clone(), api.ws_url.clone())),
     };
     match chosen {
-        Some((node_id, ws_url)) => {
-            axum::Json(im_admin_api::RouteAnswer { node_id, ws_url }).into_response()
-        }
+        Some((node_id, ws_url)) => axum::Json(im_admin_api::RouteAnswer {
+            node_id,
+            ws_url,
+            region: api.region.clone(),
+            regions: api.regions.to_vec(),
+        })
+        .into_response(),
         None => {
             let mut r = crate::admin::error(
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -24,7 +24,7 @@ import type { ClientEvents, ConnectionState } from "./events.js";
 import type { ResolvedOptions } from "./options.js";
 import { Outbox } from "./outbox.js";
 import { browserNetwork } from "./network.js";
-import { chooseUrl } from "./route.js";
+import { chooseUrl, RegionBook } from "./route.js";
 import { CLIENT_GONE, Socket } from "./socket.js";
 import { SyncEngine } from "./sync.js";
 import { SeqTracker } from "./tracker.js";
@@ -92,6 +92,8 @@ export class Engine {
   private timers = new Map<string, ReturnType<typeof setTimeout>>();
   private lastRx = 0;
   private lostNode: string | undefined;
+  /** The probed regions (multi-region mode), nearest first. */
+  readonly regions = new RegionBook();
   private closed = false;
   private closeWake: (() => void) | undefined;
   private offline = false;
@@ -230,7 +232,7 @@ export class Engine {
         return { needToken: true };
       }
     }
-    const route = await chooseUrl(this.opts.routeUrl, this.opts.url, this.lostNode, Math.min(3000, this.opts.connectTimeoutMs));
+    const route = await chooseUrl(this.opts.routeUrl, this.opts.url, this.lostNode, Math.min(3000, this.opts.connectTimeoutMs), this.regions);
     if (route.error) this.emit("error", new ProtocolError(`${route.error}; connecting to ${route.url}`));
     let closedWith: (c: { code: number; reason: string }) => void = () => undefined;
     const lost = new Promise<{ code: number; reason: string }>((resolve) => (closedWith = resolve));

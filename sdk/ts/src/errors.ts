@@ -17,7 +17,8 @@ export type ServerErrorCode =
   | "NOT_FOUND"
   | "INTERNAL"
   | "FORBIDDEN"
-  | "REJECTED_BY_HOOK";
+  | "REJECTED_BY_HOOK"
+  | "REGION_UNAVAILABLE";
 
 /** The prefix of the server's message for a Send its before-send hook rejected. */
 const HOOK_PREFIX = "rejected by the before-send hook";

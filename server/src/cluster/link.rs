@@ -139,6 +139,11 @@ pub struct Link {
 const MAX_OWED_RESYNCS: usize = 1024;
 
 impl Link {
+    /// The NATS connection (multi-region forwarding shares it).
+    pub fn nats_client(&self) -> async_nats::Client {
+        self.client.clone()
+    }
+
     /// This node's id.
     pub fn node_id(&self) -> &str {
         &self.node_id

@@ -141,6 +141,7 @@ impl Cluster {
     pub async fn connect(config: &Config, node_id: &str) -> Result<Cluster, ClusterError> {
         let url = config.nats_url.trim().to_owned();
         let c = &config.cluster;
+        let prefix = config.cluster_prefix();
         let health = Arc::new(Health::new());
         let events = health.clone();
         let options = trust::connect_options(c, format!("im-server {node_id}"))
@@ -164,13 +165,13 @@ impl Cluster {
             })?;
         let js = jetstream::new(client.clone());
         let ttl = Duration::from_secs(c.ttl_secs as u64);
-        let buckets = Arc::new(Buckets::open(&js, &c.prefix, ttl).await?);
+        let buckets = Arc::new(Buckets::open(&js, &prefix, ttl).await?);
         let (presence_tx, presence_rx) = mpsc::unbounded_channel();
         let report_interval = Duration::from_millis(c.report_interval_ms as u64);
         let link = Arc::new(Link {
             node_id: node_id.to_owned(),
-            subject_prefix: format!("{}.node.", c.prefix),
-            all_subject: format!("{}.all", c.prefix),
+            subject_prefix: format!("{}.node.", prefix),
+            all_subject: format!("{}.all", prefix),
             client,
             registry: Arc::new(Registry::new(
                 ttl,
@@ -185,7 +186,7 @@ impl Cluster {
             health,
             key: ClusterKey::new(&c.key),
             owed: Mutex::new(HashSet::new()),
-            trace_prefix: c.prefix.clone(),
+            trace_prefix: prefix.clone(),
             trace_timeout: Duration::from_millis(u64::from(c.trace_timeout_ms)),
         });
         link.forwarded.absolute(0);

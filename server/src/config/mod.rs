@@ -6,10 +6,10 @@
 //! value fails start-up with an error naming the key (or env var) and the value.
 //!
 //! Layout: one file per section (`limits`, `persist`, `flow`, `store`, `obs`, `log`,
-//! `cluster`, `http`, `tls`, `receipts`, `auth`, `hooks`, `webhooks`), each owning its
-//! struct's fields, defaults and validation; this module owns the whole [`Config`] (the
-//! top-level keys and their checks, the checks across sections), loading (`layers`: file
-//! and env over the defaults), and the error
+//! `cluster`, `http`, `tls`, `receipts`, `auth`, `hooks`, `webhooks`, `region`), each
+//! owning its struct's fields, defaults and validation; this module owns the whole
+//! [`Config`] (the top-level keys and their checks, the checks across sections),
+//! loading (`layers`: file and env over the defaults), and the error
 //! type; `check` holds the checks the sections are made of, `redact` how secrets show.
 
 mod auth;
@@ -25,6 +25,7 @@ mod obs;
 mod persist;
 mod receipts;
 mod redact;
+mod region;
 mod store;
 mod tls;
 mod webhooks;
@@ -48,6 +49,7 @@ pub use self::persist::Persist;
 pub use self::receipts::Receipts;
 pub use self::redact::redact_url;
 use self::redact::redacted;
+pub use self::region::{RegionEntry, MAX_REGIONS};
 pub use self::store::StoreConfig;
 pub use self::tls::Tls;
 pub use self::webhooks::{Endpoint, Webhooks, EVENT_KINDS};
@@ -168,6 +170,10 @@ pub struct Config {
     pub hooks: Hooks,
     /// Event webhooks to the application's backend (offline push and other events).
     pub webhooks: Webhooks,
+    /// This node's region (multi-region mode, [`Config::regions`]); empty: one region.
+    pub region: String,
+    /// Every region with its public entry point, the same list in every region.
+    pub regions: Vec<RegionEntry>,
 }
 
 impl std::fmt::Debug for Config {
@@ -197,6 +203,8 @@ impl std::fmt::Debug for Config {
             .field("auth", &self.auth)
             .field("hooks", &self.hooks)
             .field("webhooks", &self.webhooks)
+            .field("region", &self.region)
+            .field("regions", &self.regions)
             .finish()
     }
 }
@@ -227,6 +235,8 @@ impl Default for Config {
             auth: AuthConfig::default(),
             hooks: Hooks::default(),
             webhooks: Webhooks::default(),
+            region: String::new(),
+            regions: Vec::new(),
         }
     }
 }
@@ -364,6 +374,7 @@ impl Config {
         self.hooks.validate()?;
         self.tls.validate()?;
         self.webhooks.validate()?;
+        region::validate(&self.region, &self.regions, self.clustered())?;
         let nats = self.nats_url.trim();
         if !nats.is_empty() {
             if !(nats.starts_with("nats://") || nats.starts_with("tls://") || !nats.contains("://"))
@@ -383,6 +394,17 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// The NATS subject and KV bucket prefix this node's cluster uses: `cluster.prefix`,
+    /// and in multi-region mode `<cluster.prefix>-<region>`, so that the regions of one
+    /// NATS super-cluster never share a registry, presence or subjects.
+    pub fn cluster_prefix(&self) -> String {
+        if self.region.is_empty() {
+            self.cluster.prefix.clone()
+        } else {
+            format!("{}-{}", self.cluster.prefix, self.region)
+        }
     }
 
     /// Whether this node runs in cluster mode (`nats_url` set).

@@ -74,6 +74,19 @@ impl Pipeline {
             )));
         }
         self.group_op_allowed(s)?;
+        if let Some(map) = &self.region {
+            let conversation = im_proto::group_conversation(&group_id);
+            if let Some((home, entry)) = map.elsewhere(&conversation) {
+                let to = super::send::Forward {
+                    conversation: conversation.clone(),
+                    home: home.to_owned(),
+                    entry: entry.to_owned(),
+                };
+                let op = GroupOp { group_id, ..op };
+                super::send::forward(map.clone(), s, req_id, Body::GroupOp(op), to);
+                return Ok(());
+            }
+        }
         // JOIN naming others is how older clients added members: it means ADD.
         let kind = match kind {
             group_op::Op::Join if op.members.iter().any(|m| *m != s.user_id) => group_op::Op::Add,

@@ -104,6 +104,8 @@ pub struct Pipeline {
     pub metrics: Metrics,
     /// The per-user diagnosis (`obs::users`): rings of tracked users, refusal counts.
     pub users: Arc<crate::obs::users::UserDiag>,
+    /// Multi-region mode: the conversations' homes (`None`: one region, no check).
+    pub region: Option<Arc<crate::region::RegionMap>>,
     /// The before-send hook, when one is configured (`hooks.before_send.url`): asked about
     /// each Send after relation, before the hand-off to the writer.
     pub before_send: Option<Arc<BeforeSend>>,
@@ -183,6 +185,7 @@ impl Pipeline {
             sync_page_bytes: config.flow.sync_page_budget(),
             metrics,
             users,
+            region: crate::region::RegionMap::from_config(config),
             before_send,
             group_op_users: Default::default(),
         });

@@ -22,7 +22,7 @@ impl Pipeline {
         &self,
         s: &Session,
         req_id: u64,
-        send: Send,
+        mut send: Send,
         started: Instant,
     ) -> Result<(), Refusal> {
         let t = Instant::now();
@@ -60,7 +60,7 @@ impl Pipeline {
                 "client_msg_id longer than {MAX_CLIENT_MSG_ID} bytes"
             )));
         }
-        let target = match send.target {
+        let target = match send.target.take() {
             Some(send::Target::ToUser(u)) if u == announce::SYSTEM_SENDER => {
                 return Err(Refusal::code(
                     ErrorCode::Forbidden,
@@ -72,6 +72,9 @@ impl Pipeline {
             Some(send::Target::GroupId(g)) if im_proto::valid_id(&g) => send::Target::GroupId(g),
             Some(_) => return Err(Refusal::bad("invalid to_user or group_id")),
             None => return Err(Refusal::bad("send needs to_user or group_id")),
+        };
+        let Some((send, target)) = self.forward_elsewhere(s, req_id, send, target) else {
+            return Ok(());
         };
         self.metrics.stage_since(Stage::Validate, t);
         let validated = Instant::now();
@@ -162,6 +165,106 @@ impl Pipeline {
         };
         self.submit(WriteReq::Message(req))
     }
+}
+
+impl Pipeline {
+    /// Multi-region mode: forwards a Send homed in another region there (`None`: it is
+    /// on its way); hands it back when it is homed here or regions are off.
+    fn forward_elsewhere(
+        &self,
+        s: &Session,
+        req_id: u64,
+        send: Send,
+        target: send::Target,
+    ) -> Option<(Send, send::Target)> {
+        let Some(map) = &self.region else {
+            return Some((send, target));
+        };
+        let conversation = crate::region::conversation_of(&s.user_id, &target);
+        let Some((home, entry)) = map.elsewhere(&conversation) else {
+            return Some((send, target));
+        };
+        let to = Forward {
+            conversation: conversation.clone(),
+            home: home.to_owned(),
+            entry: entry.to_owned(),
+        };
+        let send = Send {
+            target: Some(target),
+            ..send
+        };
+        forward(map.clone(), s, req_id, im_proto::Body::Send(send), to);
+        None
+    }
+}
+
+/// Where a request homed in another region goes.
+pub(super) struct Forward {
+    /// Its conversation.
+    pub(super) conversation: String,
+    /// The conversation's home region.
+    pub(super) home: String,
+    /// The home's entry point (named in a refusal).
+    pub(super) entry: String,
+}
+
+/// Multi-region mode: forwards a request (a Send or a GroupOp) homed in region
+/// `to.home` there and queues its answer (the home's SendAck or GroupOpOk after its
+/// durable commit, or its Error) to the sender; a home that does not answer gets the
+/// sender `REGION_UNAVAILABLE` with a retry hint.
+pub(super) fn forward(
+    map: std::sync::Arc<crate::region::RegionMap>,
+    s: &Session,
+    req_id: u64,
+    body: im_proto::Body,
+    to: Forward,
+) {
+    let (out, sender) = (s.out.clone(), s.user_id.clone());
+    tokio::spawn(async move {
+        let frame = im_proto::encode(&im_proto::frame(req_id, body));
+        let Forward {
+            conversation,
+            home,
+            entry,
+        } = to;
+        let answer = match map.forward(&home, &sender, frame).await {
+            Ok(bytes) if home_answer_ok(&bytes, req_id) => bytes,
+            Ok(_) => refuse(req_id, &conversation, &home, &entry, "gave a bad answer"),
+            Err(e) => {
+                tracing::warn!(home = %home, error = %e, "forwarded request unanswered");
+                refuse(req_id, &conversation, &home, &entry, "did not answer")
+            }
+        };
+        out.push(answer, true);
+    });
+}
+
+/// The home's answer is one frame for `req_id`: a SendAck, a GroupOpOk or an Error.
+fn home_answer_ok(bytes: &[u8], req_id: u64) -> bool {
+    use im_proto::Message as _;
+    matches!(
+        im_proto::Frame::decode(bytes),
+        Ok(f) if f.req_id == req_id
+            && matches!(
+                f.body,
+                Some(
+                    im_proto::Body::SendAck(_)
+                        | im_proto::Body::GroupOpOk(_)
+                        | im_proto::Body::Error(_)
+                )
+            )
+    )
+}
+
+/// The encoded `REGION_UNAVAILABLE` answer for a forward that failed.
+fn refuse(req_id: u64, conversation: &str, home: &str, entry: &str, what: &str) -> bytes::Bytes {
+    let mut r = Refusal::code(
+        ErrorCode::RegionUnavailable,
+        format!("conversation {conversation} is homed in region {home} ({entry}), which {what}"),
+        None,
+    );
+    r.retry_after_ms = 1000;
+    im_proto::encode(&r.to_frame(req_id))
 }
 
 /// The payload to store after the hook's `verdict`, or the refusal the sender gets.

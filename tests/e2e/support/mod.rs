@@ -8,6 +8,7 @@ pub mod deploy;
 pub mod faults;
 pub mod nats;
 pub mod receiver;
+pub mod regions;
 pub mod tls;
 
 use std::io::{BufRead, BufReader, Read, Write};

@@ -1,0 +1,323 @@
+//! Multi-region: which region is a conversation's home, the one writer that assigns its
+//! seqs and commits it (docs/multi-region.md). The default home is the rendezvous
+//! (highest random weight) choice among the configured region names, computed with a
+//! hash fixed here (FNV-1a 64 with a splitmix64 finish), so every region and every
+//! release agrees without asking anyone. A Send homed elsewhere is forwarded to its
+//! home over NATS (`forward`, a request on [`send_subject`] across the gateway) and
+//! answered with the home's reply. Built only when `region` is set: with it off the
+//! message path holds `None` and does nothing else.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+/// How long a forwarded Send waits for its home's answer (the home acks after its
+/// durable commit).
+pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Most bytes of a forwarded request or answer.
+pub const MAX_FORWARD_BYTES: usize = 256 * 1024;
+
+/// The NATS subject where the nodes of region `home` take forwarded Sends (a queue
+/// group: one node of the region answers each).
+pub fn send_subject(home: &str) -> String {
+    format!("im-region.{home}.send")
+}
+
+/// Why a forwarded Send got no answer from its home.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    /// This node has no NATS connection to forward with.
+    #[error("no NATS connection to forward with")]
+    NoLink,
+    /// The request failed or timed out (the home region is unreachable).
+    #[error("region {home} did not answer: {reason}")]
+    Unanswered {
+        /// The home region.
+        home: String,
+        /// The NATS error or "timed out".
+        reason: String,
+    },
+}
+
+/// This node's region and the list every region shares.
+#[derive(Debug, Clone)]
+pub struct RegionMap {
+    /// This node's region.
+    pub local: String,
+    /// Every region's name, in config order.
+    pub names: Vec<String>,
+    /// Every region's public entry point (`route_url`), by the index of `names`.
+    pub route_urls: Vec<String>,
+    /// The NATS connection Sends are forwarded over (set once cluster mode is up).
+    pub nats: OnceLock<async_nats::Client>,
+    /// `cluster.key`'s HMAC key: with one, every forwarded request carries its signature
+    /// in the [`SIG_HEADER`] header and the home drops a request without a valid one, so
+    /// a NATS writer without the key cannot send as any user (without a key NATS is
+    /// trusted, as for the cluster's own traffic).
+    pub key: Option<ring::hmac::Key>,
+}
+
+/// The NATS header carrying a forwarded request's HMAC (hex), with `cluster.key` set.
+pub const SIG_HEADER: &str = "Im-Region-Sig";
+
+/// The domain tag signed before a forwarded request's payload.
+const SIG_DOMAIN: &[u8] = b"im-region-forward\n";
+
+impl RegionMap {
+    /// The signature header value of a forwarded `payload` (`None` without a key).
+    pub fn sign(&self, payload: &[u8]) -> Option<String> {
+        let key = self.key.as_ref()?;
+        let mut ctx = ring::hmac::Context::with_key(key);
+        ctx.update(SIG_DOMAIN);
+        ctx.update(payload);
+        Some(
+            ctx.sign()
+                .as_ref()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect(),
+        )
+    }
+
+    /// Whether a forwarded `payload` with signature header `sig` may be served: always
+    /// without a key; with one, only when `sig` is its valid signature.
+    pub fn verify(&self, payload: &[u8], sig: Option<&str>) -> bool {
+        let Some(key) = &self.key else {
+            return true;
+        };
+        let Some(tag) = sig.and_then(decode_hex) else {
+            return false;
+        };
+        let mut msg = Vec::with_capacity(SIG_DOMAIN.len() + payload.len());
+        msg.extend_from_slice(SIG_DOMAIN);
+        msg.extend_from_slice(payload);
+        ring::hmac::verify(key, &msg, &tag).is_ok()
+    }
+}
+
+/// Decodes a 64-digit lowercase or uppercase hex tag.
+fn decode_hex(s: &str) -> Option<Vec<u8>> {
+    if s.len() != 64 {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+impl RegionMap {
+    /// The map of `config`'s regions; `None` when `region` is not set.
+    pub fn from_config(config: &crate::config::Config) -> Option<Arc<RegionMap>> {
+        if config.region.is_empty() {
+            return None;
+        }
+        Some(Arc::new(RegionMap {
+            local: config.region.clone(),
+            names: config.regions.iter().map(|r| r.name.clone()).collect(),
+            route_urls: config.regions.iter().map(|r| r.route_url.clone()).collect(),
+            nats: OnceLock::new(),
+            key: (!config.cluster.key.is_empty()).then(|| {
+                ring::hmac::Key::new(ring::hmac::HMAC_SHA256, config.cluster.key.as_bytes())
+            }),
+        }))
+    }
+
+    /// Forwards an encoded Send `frame` of `user` to region `home` and returns the home's
+    /// answer: an encoded frame (SendAck after its durable commit, or Error).
+    pub async fn forward(
+        &self,
+        home: &str,
+        user: &str,
+        frame: bytes::Bytes,
+    ) -> Result<bytes::Bytes, ForwardError> {
+        let client = self.nats.get().ok_or(ForwardError::NoLink)?;
+        let mut payload = Vec::with_capacity(user.len() + 1 + frame.len());
+        payload.extend_from_slice(user.as_bytes());
+        payload.push(b'\n');
+        payload.extend_from_slice(&frame);
+        let unanswered = |reason: String| ForwardError::Unanswered {
+            home: home.to_owned(),
+            reason,
+        };
+        let mut headers = async_nats::HeaderMap::new();
+        if let Some(sig) = self.sign(&payload) {
+            headers.insert(SIG_HEADER, sig.as_str());
+        }
+        match tokio::time::timeout(
+            FORWARD_TIMEOUT,
+            client.request_with_headers(send_subject(home), headers, payload.into()),
+        )
+        .await
+        {
+            Ok(Ok(m)) if m.payload.len() <= MAX_FORWARD_BYTES => Ok(m.payload),
+            Ok(Ok(m)) => Err(unanswered(format!("answer of {} bytes", m.payload.len()))),
+            Ok(Err(e)) => Err(unanswered(e.to_string())),
+            Err(_) => Err(unanswered("timed out".into())),
+        }
+    }
+}
+
+/// The conversation a Send of `sender` to `target` belongs to.
+pub fn conversation_of(sender: &str, target: &im_proto::send::Target) -> String {
+    match target {
+        im_proto::send::Target::ToUser(to) => im_proto::direct_conversation(sender, to),
+        im_proto::send::Target::GroupId(g) => im_proto::group_conversation(g),
+    }
+}
+
+/// Splits a forwarded request into the user and the encoded frame (`None`: malformed).
+pub fn parse_forwarded(payload: &[u8]) -> Option<(&str, &[u8])> {
+    if payload.len() > MAX_FORWARD_BYTES {
+        return None;
+    }
+    let nl = payload.iter().position(|b| *b == b'\n')?;
+    let user = std::str::from_utf8(&payload[..nl]).ok()?;
+    im_proto::valid_id(user).then_some((user, &payload[nl + 1..]))
+}
+
+impl RegionMap {
+    /// The home region of `conversation_id`.
+    pub fn home(&self, conversation_id: &str) -> &str {
+        home_of(conversation_id, &self.names).unwrap_or(&self.local)
+    }
+
+    /// The home of `conversation_id` when it is not this region, with its entry point.
+    pub fn elsewhere(&self, conversation_id: &str) -> Option<(&str, &str)> {
+        let home = self.home(conversation_id);
+        if home == self.local {
+            return None;
+        }
+        let i = self.names.iter().position(|n| n == home)?;
+        Some((home, self.route_urls[i].as_str()))
+    }
+}
+
+/// The rendezvous choice for `conversation_id` among `regions` (`None`: no regions):
+/// the highest [`weight`], the smaller name on a tie.
+pub fn home_of<'a>(conversation_id: &str, regions: &'a [String]) -> Option<&'a str> {
+    regions
+        .iter()
+        .max_by(|a, b| {
+            weight(a, conversation_id)
+                .cmp(&weight(b, conversation_id))
+                .then_with(|| b.cmp(a))
+        })
+        .map(String::as_str)
+}
+
+/// The weight of `region` for `conversation_id`: FNV-1a 64 of `region`, a 0 byte and
+/// `conversation_id`, then the splitmix64 finaliser. Fixed: changing it moves homes.
+pub fn weight(region: &str, conversation_id: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let bytes = region
+        .bytes()
+        .chain(std::iter::once(0))
+        .chain(conversation_id.bytes());
+    for b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(n: &[&str]) -> Vec<String> {
+        n.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn the_home_is_fixed_and_order_free() {
+        // Pinned values: every release must agree with every other.
+        assert_eq!(weight("a", "u:alice:bob"), weight("a", "u:alice:bob"));
+        assert_ne!(weight("a", "u:alice:bob"), weight("b", "u:alice:bob"));
+        let ab = names(&["a", "b"]);
+        let ba = names(&["b", "a"]);
+        for i in 0..200 {
+            let c = format!("g:group{i}");
+            assert_eq!(home_of(&c, &ab), home_of(&c, &ba), "{c}");
+        }
+        assert_eq!(home_of("g:x", &[]), None);
+        assert_eq!(home_of("g:x", &names(&["only"])), Some("only"));
+    }
+
+    #[test]
+    fn homes_spread_and_a_new_region_moves_few() {
+        let two = names(&["eu", "us"]);
+        let three = names(&["eu", "us", "ap"]);
+        let (mut eu, mut moved) = (0, 0);
+        for i in 0..3000 {
+            let c = format!("u:user{i}:peer{i}");
+            let before = home_of(&c, &two).unwrap();
+            if before == "eu" {
+                eu += 1;
+            }
+            let after = home_of(&c, &three).unwrap();
+            // Rendezvous: a conversation moves only to the new region.
+            assert!(after == before || after == "ap", "{c}: {before} -> {after}");
+            if after != before {
+                moved += 1;
+            }
+        }
+        assert!((1200..1800).contains(&eu), "eu homes {eu} of 3000");
+        assert!((700..1300).contains(&moved), "moved {moved} of 3000");
+    }
+
+    #[test]
+    fn elsewhere_names_the_home_and_its_entry() {
+        let map = RegionMap {
+            local: "a".into(),
+            names: names(&["a", "b"]),
+            route_urls: names(&["http://a:1", "http://b:1"]),
+            nats: OnceLock::new(),
+            key: None,
+        };
+        assert_eq!(parse_forwarded(b"alice\nxyz"), Some(("alice", &b"xyz"[..])));
+        assert_eq!(parse_forwarded(b"al ice\nxyz"), None);
+        assert_eq!(parse_forwarded(b"alice"), None);
+        let (mut here, mut there) = (0, 0);
+        for i in 0..100 {
+            match map.elsewhere(&format!("g:{i}")) {
+                None => here += 1,
+                Some(home) => {
+                    assert_eq!(home, ("b", "http://b:1"));
+                    there += 1;
+                }
+            }
+        }
+        assert!(here > 0 && there > 0);
+    }
+
+    #[test]
+    fn forwarded_requests_are_signed_and_checked_with_the_cluster_key() {
+        let keyed = |k: &str| RegionMap {
+            local: "a".into(),
+            names: names(&["a", "b"]),
+            route_urls: names(&["http://a:1", "http://b:1"]),
+            nats: OnceLock::new(),
+            key: Some(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, k.as_bytes())),
+        };
+        let map = keyed("a cluster key of at least 32 bytes!!");
+        let sig = map.sign(b"alice\nframe").expect("signed with a key");
+        assert!(map.verify(b"alice\nframe", Some(&sig)));
+        assert!(
+            !map.verify(b"mallory\nframe", Some(&sig)),
+            "another payload"
+        );
+        assert!(!map.verify(b"alice\nframe", None), "unsigned");
+        assert!(!map.verify(b"alice\nframe", Some("zz")), "malformed");
+        let other = keyed("another cluster key of 32 bytes!!!!");
+        assert!(!other.verify(b"alice\nframe", Some(&sig)), "another key");
+        let open = RegionMap {
+            key: None,
+            ..keyed("x")
+        };
+        assert_eq!(open.sign(b"p"), None);
+        assert!(open.verify(b"p", None), "no key: NATS is trusted");
+    }
+}

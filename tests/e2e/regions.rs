@@ -1,0 +1,295 @@
+//! Regions: the test harness itself (two regions of two nodes, each region its own
+//! nats-server cluster and Postgres database, a gateway between them through a latency
+//! proxy): the link carries the delay, can be cut and heals, and a region can be killed
+//! while the other carries on.
+
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+
+use crate::support::regions::Regions;
+
+const DELAY: Duration = Duration::from_millis(40);
+
+/// Publishes on `from` until `sub` receives one, or `limit` passes; the time from the
+/// last publish to its receipt.
+async fn first_across(
+    from: &async_nats::Client,
+    sub: &mut async_nats::Subscriber,
+    subject: &str,
+    limit: Duration,
+) -> Option<Duration> {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        let t0 = Instant::now();
+        from.publish(subject.to_owned(), "x".into()).await.ok()?;
+        from.flush().await.ok()?;
+        if let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(500), sub.next()).await {
+            return Some(t0.elapsed());
+        }
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regions_gateway_delays_cuts_and_heals() {
+    if !std::path::Path::new(&crate::support::nats::nats_server_bin()).exists() {
+        assert!(std::env::var_os("CI").is_none(), "nats-server missing");
+        eprintln!("skipped: no nats-server");
+        return;
+    }
+    let mut regions = Regions::start(&["a", "b"], 2, 2, DELAY, false).await;
+    // Each region's nodes see their own two nodes only (checked by start), and the
+    // gateway link carries the proxy's delay.
+    let a = async_nats::connect(regions.region("a").nats_url(0))
+        .await
+        .expect("nats a");
+    let b = async_nats::connect(regions.region("b").nats_url(1))
+        .await
+        .expect("nats b");
+    let subject = format!("{}.probe", regions.region("a").prefix);
+    let mut sub = b.subscribe(subject.clone()).await.expect("subscribe");
+    b.flush().await.expect("flush");
+    let took = first_across(&a, &mut sub, &subject, Duration::from_secs(15))
+        .await
+        .expect("a message from region a reaches region b");
+    assert!(took >= DELAY, "one way across the gateway took {took:?}");
+    let accepted =
+        regions.region("b").proxies[0].accepted() + regions.region("b").proxies[1].accepted();
+    assert!(accepted > 0, "gateway connections go through the proxy");
+
+    // Cut: nothing crosses.
+    regions.regions.iter().for_each(|r| r.cut_gateway());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        first_across(&a, &mut sub, &subject, Duration::from_secs(2))
+            .await
+            .is_none(),
+        "a message crossed a cut gateway"
+    );
+    // Heal: the gateways reconnect by themselves.
+    regions.regions.iter().for_each(|r| r.heal_gateway());
+    first_across(&a, &mut sub, &subject, Duration::from_secs(30))
+        .await
+        .expect("the gateway heals");
+
+    // Losing region b leaves region a's nodes serving.
+    regions.region_mut("b").kill();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for n in &regions.region("a").nodes {
+        let c = n.client("alice").await;
+        let ack = c.send_text("bob", "still here").await;
+        assert!(
+            ack.is_ok(),
+            "region a sends after region b is lost: {ack:?}"
+        );
+        c.close().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regions_route_lists_regions_and_the_sdk_joins_the_nearest() {
+    if !std::path::Path::new(&crate::support::nats::nats_server_bin()).exists() {
+        assert!(std::env::var_os("CI").is_none(), "nats-server missing");
+        eprintln!("skipped: no nats-server");
+        return;
+    }
+    // Without regions the answer is what it always was: no region fields.
+    let single = crate::support::TestServer::start();
+    let (status, body) = crate::support::http(single.client_addr, "GET", "/v1/route", None);
+    assert_eq!(status, 200, "{body}");
+    assert!(!body.contains("region"), "{body}");
+    drop(single);
+
+    let mut regions = Regions::start(&["a", "b"], 2, 2, DELAY, true).await;
+    // Region a is far (60 ms each way to its entry point), region b near.
+    regions
+        .region("a")
+        .entry
+        .set_delay(Duration::from_millis(60));
+    let a = regions.region("a");
+    let (status, body) = crate::support::http(a.nodes[1].client_addr, "GET", "/v1/route", None);
+    assert_eq!(status, 200, "{body}");
+    let answer: im_admin_api::RouteAnswer = serde_json::from_str(&body).expect("route JSON");
+    assert_eq!(answer.region, "a");
+    let listed: Vec<(String, String)> = answer
+        .regions
+        .iter()
+        .map(|r| (r.name.clone(), r.route_url.clone()))
+        .collect();
+    assert_eq!(
+        listed,
+        vec![
+            ("a".to_owned(), a.entry_url()),
+            ("b".to_owned(), regions.region("b").entry_url())
+        ]
+    );
+
+    // The app knows only region a's entry point; the SDK probes both and joins b.
+    let mut cfg = im_client::ClientConfig::new("", a.nodes[0].token("alice"));
+    cfg.route_urls = vec![a.entry_url()];
+    cfg.reconnect_max = Duration::from_millis(500);
+    let book = cfg.regions.clone();
+    let alice = im_client::Client::connect(cfg).await.expect("connect");
+    let order: Vec<String> = book.order().into_iter().map(|p| p.name).collect();
+    assert_eq!(order, ["b", "a"], "probes: {:?}", book.order());
+    assert!(
+        alice.node_id().starts_with('b'),
+        "joined {}",
+        alice.node_id()
+    );
+    // One writer per conversation: a region commits only the conversations homed there
+    // and forwards the others' Sends to their home, acked after the home's commit.
+    let names = ["a".to_owned(), "b".to_owned()];
+    let peer_homed = |home: &str| {
+        (0..100)
+            .map(|i| format!("peer{i}"))
+            .find(|p| {
+                let c = im_client::proto::direct_conversation("alice", p);
+                im_server::region::home_of(&c, &names) == Some(home)
+            })
+            .expect("a peer for each home")
+    };
+    let (in_a, in_b) = (peer_homed("a"), peer_homed("b"));
+    let local = alice.send_text(&in_b, "from b").await.expect("send in b");
+    let forwarded = alice
+        .send_text(&in_a, "forwarded to a")
+        .await
+        .expect("send forwarded from b to a");
+    let again = alice
+        .send_text(&in_a, "forwarded again")
+        .await
+        .expect("second forwarded send");
+    assert_eq!(
+        (forwarded.seq, again.seq),
+        (1, 2),
+        "gapless seqs at the home"
+    );
+    let (in_a_conv, in_b_conv) = (
+        im_client::proto::direct_conversation("alice", &in_a),
+        im_client::proto::direct_conversation("alice", &in_b),
+    );
+    // A group homed in region a, made and written to from region b; carol, a member
+    // connected to region a, gets the pushes from her own region's commit.
+    let group = (0..100)
+        .map(|i| format!("team{i}"))
+        .find(|g| im_server::region::home_of(&format!("g:{g}"), &names) == Some("a"))
+        .expect("a group homed in a");
+    let carol = regions.region("a").nodes[1].client("carol").await;
+    alice
+        .group_op(
+            im_client::proto::group_op::Op::Create,
+            group.clone(),
+            vec!["carol".into()],
+        )
+        .await
+        .expect("group created at its home through region b");
+    let mut group_acks = Vec::new();
+    for i in 0..3 {
+        let ack = alice
+            .send(
+                im_client::Target::Group(group.clone()),
+                im_client::proto::MessageType::Text,
+                format!("group {i}"),
+                None,
+            )
+            .await
+            .expect("group send forwarded");
+        group_acks.push(ack);
+    }
+    let seqs: Vec<u64> = group_acks.iter().map(|a| a.seq).collect();
+    assert!(
+        seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "gapless group seqs at the home: {seqs:?}"
+    );
+    for ack in &group_acks {
+        // The group's own notice (its creation) comes first.
+        let m = loop {
+            let m = carol
+                .next_message(Duration::from_secs(10))
+                .await
+                .expect("carol's push in region a");
+            if m.seq >= group_acks[0].seq {
+                break m;
+            }
+        };
+        assert_eq!((m.seq, &m.msg_id), (ack.seq, &ack.msg_id));
+    }
+    carol.close().await;
+    let group_conv = format!("g:{group}");
+    let mut acked = vec![
+        (in_a_conv.clone(), 1, forwarded.msg_id.clone()),
+        (in_a_conv.clone(), 2, again.msg_id.clone()),
+    ];
+    acked.extend(
+        group_acks
+            .iter()
+            .map(|a| (group_conv.clone(), a.seq as i64, a.msg_id.clone())),
+    );
+    let in_a_store = stored(&regions, "a").await;
+    for row in &acked {
+        let n = in_a_store.iter().filter(|r| r.2 == row.2).count();
+        assert_eq!(n, 1, "{row:?} stored {n} times at the home");
+        assert!(in_a_store.contains(row), "{row:?} not at its acked seq");
+    }
+    for conv in [&in_a_conv, &group_conv] {
+        let seqs: Vec<i64> = in_a_store
+            .iter()
+            .filter(|r| &r.0 == conv)
+            .map(|r| r.1)
+            .collect();
+        assert_eq!(seqs, (1..=seqs.len() as i64).collect::<Vec<_>>(), "{conv}");
+    }
+    assert_eq!(
+        stored(&regions, "b").await,
+        vec![(in_b_conv, 1, local.msg_id.clone())],
+        "region b committed only its own conversation"
+    );
+
+    // Region b is lost: the SDK fails over to region a by itself.
+    regions.region_mut("b").kill();
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        if alice.node_id().starts_with('a') && alice.is_connected() {
+            break;
+        }
+        assert!(Instant::now() < end, "still on {}", alice.node_id());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    alice.send_text(&in_a, "from a").await.expect("send in a");
+    refused_for_home(alice.send_text(&in_b, "b is down").await, "b");
+    alice.close().await;
+}
+
+/// Every stored message of region `name`: (conversation, seq, msg_id), in order.
+async fn stored(regions: &Regions, name: &str) -> Vec<(String, i64, String)> {
+    let pool = sqlx::PgPool::connect(&regions.region(name).db_url)
+        .await
+        .expect("region database");
+    let rows = sqlx::query_as(
+        "SELECT conversation_id, seq, msg_id FROM messages ORDER BY conversation_id, seq",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("query");
+    pool.close().await;
+    rows
+}
+
+/// `r` is the refusal of a Send whose conversation is homed in region `home`.
+fn refused_for_home(r: Result<im_client::proto::SendAck, im_client::ClientError>, home: &str) {
+    match r {
+        Err(im_client::ClientError::Server { code, message, .. }) => {
+            assert_eq!(
+                code,
+                im_client::proto::ErrorCode::RegionUnavailable,
+                "{message}"
+            );
+            assert!(
+                message.contains(&format!("homed in region {home}")),
+                "{message}"
+            );
+        }
+        other => panic!("expected REGION_UNAVAILABLE naming {home}, got {other:?}"),
+    }
+}
