@@ -7,8 +7,9 @@
 //! - `groups`: group changes (the transaction around `store::access`) and group reads;
 //! - `conversations`: the conversation list and the per-user backlog;
 //! - `history`: sync and history pages, the messages a recall or edit names, hiding;
-//! - `webhooks`: the webhook outbox (`store::outbox`): claims with a lease, expansion,
-//!   attempts' outcomes, the parked list;
+//! - `webhooks`: the webhook outbox (`store::outbox`): claims with a lease (Postgres) or
+//!   plain reads (SQLite), expansion, attempts' outcomes, the parked list;
+//! - `inflight`: SQLite's in-memory claims of outbox rows;
 //! - `users`: per-user state: read state and flags, the delivered and read cursors,
 //!   revocations, presence settings and peers; and the probes.
 //!

@@ -1,8 +1,9 @@
 //! The webhook outbox in SQL (`store::outbox`): claiming committed messages and events
 //! with a lease, expanding messages into events, settling attempts, the parked list and
 //! redelivery, the counts. `lock` is the backend's row-lock suffix of a claim's inner
-//! select (Postgres: `FOR UPDATE SKIP LOCKED`, so nodes claim disjoint rows; SQLite has
-//! one writer and none).
+//! select (Postgres: `FOR UPDATE SKIP LOCKED`, so nodes claim disjoint rows). SQLite,
+//! one node, claims by the plain reads `outbox_read` and `events_read` instead (its
+//! claims are held in memory, `sql::inflight`), so claiming takes no write lock.
 
 use sqlx::pool::PoolConnection;
 use sqlx::{ColumnIndex, Database, Executor, IntoArguments, Pool, Row};
