@@ -508,10 +508,9 @@ where
         let mut conn = self.outbox_pool().acquire().await?;
         let (owner, until) = lease(owner, lease_ms);
         if let Some(f) = self.in_flight() {
-            let Some(excluded) = f.sources.excluded() else {
+            let Some((excluded, started)) = f.sources.begin() else {
                 return Ok(Vec::new());
             };
-            let started = std::time::Instant::now();
             let out = Sql::<DB>::outbox_read(&mut conn, &excluded, limit).await;
             let rows = settle(conn, out).await?;
             let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
@@ -561,10 +560,9 @@ where
         let mut conn = self.outbox_pool().acquire().await?;
         let (owner, until) = lease(owner, lease_ms);
         if let Some(f) = self.in_flight() {
-            let Some(excluded) = f.events.excluded() else {
+            let Some((excluded, started)) = f.events.begin() else {
                 return Ok(Vec::new());
             };
-            let started = std::time::Instant::now();
             let out = Sql::<DB>::events_read(&mut conn, endpoint, &excluded, limit).await;
             let rows = settle(conn, out).await?;
             let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
