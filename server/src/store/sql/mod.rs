@@ -542,7 +542,8 @@ where
         let merges: Vec<Merge> = merges
             .iter()
             .zip(&free)
-            .filter_map(|(m, ok)| ok.then(|| m.clone()))
+            .filter(|(_, ok)| **ok)
+            .map(|(m, _)| m.clone())
             .collect();
         let out = Sql::<DB>::outbox_expand(&mut conn, done, events, &merges).await;
         f.events.settled(merges.iter().map(|m| m.id));
