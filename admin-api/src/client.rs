@@ -135,6 +135,9 @@ impl AdminClient {
     /// bounded by `timeout` (a profile capture gets its length on top).
     pub fn new(url: &str, token: Option<String>, timeout: Duration) -> Result<Self, ApiError> {
         let base = parse_base_url(url)?;
+        // In a build whose reqwest links rustls without a provider (the server's https
+        // hooks), building a client needs a process default: ring (already set: fine).
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let http = reqwest::Client::builder()
             .connect_timeout(timeout)
             .no_proxy()

@@ -565,3 +565,93 @@ async fn edits_recalls_group_changes_and_presence_make_their_events() {
     assert_eq!(pushes.len(), 2, "{pushes:?}");
     assert!(pushes.iter().all(|p| p["user_id"] == "bob"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_endpoint_gets_events_when_its_ca_is_trusted() {
+    if !tls::openssl_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let pki = tls::Pki::new(&tmp.path().join("pki"));
+    let (cert, key) = pki.issue("receiver");
+    let rx = Receiver::start_tls(HOOK_SECRET, &cert, &key).await;
+    let url = rx.url("/hook");
+    assert!(url.starts_with("https://"), "{url}");
+    // Trusting the test CA through webhooks.ca_file: events arrive signed, over TLS.
+    let ca_line = format!("ca_file = \"{}\"", pki.ca.display());
+    let server = TestServer::start_with_config(&config(&url, &["message.created"], &ca_line), &[]);
+    let mut alice = server.raw("alice").await;
+    let ids = send_n(&mut alice, "bob", 3, "t").await;
+    let got = rx
+        .wait_until(WAIT, "3 message.created over https", |g| {
+            of_kind(g, "message.created").len() >= 3
+        })
+        .await;
+    all_signed(&got);
+    let sent: HashSet<String> = of_kind(&got, "message.created")
+        .iter()
+        .filter_map(|e| e["message"]["msg_id"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(sent, ids.iter().cloned().collect());
+    let (status, body) = server.admin_json("POST", "/admin/v1/webhooks/push/test", "");
+    assert_eq!(status, 200, "{body}");
+    let fired: serde_json::Value = serde_json::from_str(&body).expect("test-fire JSON");
+    assert_eq!(fired["status"], 200, "{body}");
+    drop(server);
+
+    // Without the CA the receiver's certificate is refused: no answer, nothing received.
+    let before = rx.received().len();
+    let server = TestServer::start_with_config(&config(&url, &["message.created"], ""), &[]);
+    let (status, body) = server.admin_json("POST", "/admin/v1/webhooks/push/test", "");
+    assert_eq!(status, 200, "{body}");
+    let fired: serde_json::Value = serde_json::from_str(&body).expect("test-fire JSON");
+    assert_eq!(fired["status"], 0, "{body}");
+    assert!(
+        !fired["error"].as_str().unwrap_or_default().is_empty(),
+        "{body}"
+    );
+    assert_eq!(
+        rx.received().len(),
+        before,
+        "an untrusted TLS peer got a request"
+    );
+
+    // A ca_file that is not a certificate stops the start, naming the key.
+    let bad = tmp.path().join("bad.pem");
+    std::fs::write(&bad, "not a certificate\n").expect("write");
+    let cfg = config(
+        &url,
+        &["message.created"],
+        &format!("ca_file = \"{}\"", bad.display()),
+    );
+    let file = tmp.path().join("bad-ca.toml");
+    std::fs::write(&file, cfg).expect("write config");
+    let mut child = std::process::Command::new(server_bin())
+        .arg("--config")
+        .arg(&file)
+        .env("IM_DATA_DIR", tmp.path().join("data"))
+        .env("IM_LISTEN", "127.0.0.1:0")
+        .env("IM_ADMIN_LISTEN", "127.0.0.1:0")
+        .env("IM_JWT_SECRET", SECRET)
+        .env("IM_ADMIN_TOKEN", ADMIN_TOKEN)
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("run im-server");
+    let deadline = Instant::now() + WAIT;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the server started with a bad webhooks.ca_file");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(!status.success());
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut err)
+        .expect("stderr");
+    assert!(err.contains("webhooks.ca_file"), "{err}");
+}

@@ -28,7 +28,7 @@ impl Hooks {
 #[derive(Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BeforeSendConfig {
-    /// `http://HOST:PORT/PATH` of the hook; empty: no hook (the send path does not call out).
+    /// `http(s)://HOST:PORT/PATH` of the hook; empty: no hook (the send path does not call out).
     pub url: String,
     /// HMAC-SHA256 key of the `X-IM-Signature` header (at least 32 bytes).
     pub secret: String,
@@ -48,6 +48,8 @@ pub struct BeforeSendConfig {
     pub breaker_cooldown_ms: u32,
     /// Most calls in flight at once on this node; a Send beyond it is handled by `on_error`.
     pub max_in_flight: u32,
+    /// PEM CA certificates trusted for an https:// hook besides the webpki roots.
+    pub ca_file: String,
 }
 
 impl std::fmt::Debug for BeforeSendConfig {
@@ -62,6 +64,7 @@ impl std::fmt::Debug for BeforeSendConfig {
             .field("breaker_window_ms", &self.breaker_window_ms)
             .field("breaker_cooldown_ms", &self.breaker_cooldown_ms)
             .field("max_in_flight", &self.max_in_flight)
+            .field("ca_file", &self.ca_file)
             .finish()
     }
 }
@@ -78,6 +81,7 @@ impl Default for BeforeSendConfig {
             breaker_window_ms: 10_000,
             breaker_cooldown_ms: 5_000,
             max_in_flight: 256,
+            ca_file: String::new(),
         }
     }
 }
@@ -130,18 +134,21 @@ impl BeforeSendConfig {
             return Ok(());
         }
         let url = self.url.trim();
-        let rest = url.strip_prefix("http://").ok_or_else(|| {
-            invalid(
-                "hooks.before_send.url",
-                super::redact_url(url),
-                "use http://HOST:PORT/PATH (https is not built in: put a TLS proxy on the node's side, e.g. a sidecar on loopback)",
-            )
-        })?;
+        let rest = url
+            .strip_prefix("http://")
+            .or_else(|| url.strip_prefix("https://"))
+            .ok_or_else(|| {
+                invalid(
+                    "hooks.before_send.url",
+                    super::redact_url(url),
+                    "use http://HOST:PORT/PATH or https://HOST:PORT/PATH",
+                )
+            })?;
         if rest.is_empty() || rest.starts_with('/') || rest.contains(char::is_whitespace) {
             return Err(invalid(
                 "hooks.before_send.url",
                 super::redact_url(url),
-                "needs a host: http://HOST:PORT/PATH",
+                "needs a host: http(s)://HOST:PORT/PATH",
             ));
         }
         match (self.secret.is_empty(), self.secret_file.trim().is_empty()) {
@@ -188,7 +195,8 @@ mod tests {
             e.contains("hooks.before_send.on_error") && e.contains("maybe"),
             "{e}"
         );
-        let e = with(|c| c.url = "https://x/check".into()).unwrap_err();
+        assert!(with(|c| c.url = "https://x/check".into()).is_ok());
+        let e = with(|c| c.url = "ftp://x/check".into()).unwrap_err();
         assert!(e.contains("hooks.before_send.url"), "{e}");
         let e = with(|c| c.secret = "short".into()).unwrap_err();
         assert!(

@@ -3,9 +3,10 @@
 //! endpoint wants message events (written by the message commit in its own
 //! transaction, so a commit and its events are durable together), and
 //! `webhook_deliveries`, one row per (endpoint, event) with its body and retry state.
-//! Rows are claimed with a lease (`lease_owner`, `lease_until`): on Postgres with
+//! On Postgres rows are claimed with a lease (`lease_owner`, `lease_until`) and
 //! `FOR UPDATE SKIP LOCKED`, so several nodes share the queues and a dead node's rows
-//! are taken over when its lease runs out.
+//! are taken over when its lease runs out; on SQLite (one node) a claim is a plain read
+//! and the claims are held in memory (`store::sql::inflight`).
 
 /// A committed message waiting to be expanded into events, with what the events say.
 #[derive(Debug, Clone, PartialEq, Eq)]

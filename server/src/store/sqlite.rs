@@ -31,6 +31,8 @@ pub struct SqliteStore {
     _lock: Option<super::backup::StoreLock>,
     /// The webhook outbox's connection (lazy; `store::outbox`).
     outbox: SqlitePool,
+    /// The outbox rows claimed in memory (one node: claims are plain reads).
+    in_flight: super::sql::InFlight,
 }
 
 impl SqliteStore {
@@ -101,6 +103,7 @@ impl SqliteStore {
             commits,
             _lock: None,
             outbox,
+            in_flight: super::sql::InFlight::default(),
         })
     }
 }
@@ -190,6 +193,10 @@ impl Backend for SqliteStore {
 
     fn outbox_pool(&self) -> &SqlitePool {
         &self.outbox
+    }
+
+    fn in_flight(&self) -> Option<&super::sql::InFlight> {
+        Some(&self.in_flight)
     }
 }
 

@@ -2,9 +2,11 @@
 //! loopback port that verifies every request's `X-IM-Signature` with the endpoint's
 //! secret (answering 401 to a bad one, as a real receiver would), records what arrived,
 //! and answers with a reply the test sets (status, body, delay). It can go down and come
-//! back on the same port.
+//! back on the same port. [`Receiver::start_tls`] serves it over https (a test CA's
+//! certificate) instead.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -12,6 +14,8 @@ use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use im_server::hooks::sign::{Signer, HEADER_EVENT_ID, HEADER_SIGNATURE, HEADER_TIMESTAMP};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 /// One request as the receiver saw it.
 #[derive(Clone, Debug)]
@@ -74,6 +78,8 @@ pub struct Receiver {
     pub addr: SocketAddr,
     shared: Shared,
     task: Option<tokio::task::JoinHandle<()>>,
+    /// Set when it serves https: the TLS acceptor of every connection.
+    tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 impl Receiver {
@@ -93,8 +99,31 @@ impl Receiver {
             addr,
             shared,
             task: None,
+            tls: None,
         };
         r.serve(listener);
+        r
+    }
+
+    /// Starts a receiver serving https with the PEM certificate `cert` and key `key`
+    /// (e.g. from `support::tls::Pki::issue`), verifying with `secret`.
+    pub async fn start_tls(secret: &str, cert: &Path, key: &Path) -> Receiver {
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+            .expect("receiver: reading the certificate")
+            .map(|c| c.expect("receiver: certificate"))
+            .collect();
+        let key = PrivateKeyDer::from_pem_file(key).expect("receiver: reading the key");
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("receiver: protocol versions")
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .expect("receiver: certificate and key");
+        let mut r = Receiver::start(secret).await;
+        r.down();
+        r.tls = Some(tokio_rustls::TlsAcceptor::from(Arc::new(config)));
+        r.up().await;
         r
     }
 
@@ -106,14 +135,40 @@ impl Receiver {
                 async move { handle(shared, uri.path().to_owned(), headers, body).await }
             },
         );
+        let Some(acceptor) = self.tls.clone() else {
+            self.task = Some(tokio::spawn(async move {
+                let _ = axum::serve(listener, app).await;
+            }));
+            return;
+        };
         self.task = Some(tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (acceptor, app) = (acceptor.clone(), app.clone());
+                tokio::spawn(async move {
+                    // A failed handshake (e.g. a client not trusting the CA) ends the
+                    // connection; the client sees the error.
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let service = hyper::service::service_fn(move |req: hyper::Request<_>| {
+                        let mut app = app.clone();
+                        tower_service::Service::call(&mut app, req.map(axum::body::Body::new))
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                        .await;
+                });
+            }
         }));
     }
 
-    /// The URL of `path` on this receiver.
+    /// The URL of `path` on this receiver (`https://localhost:PORT` when it serves TLS:
+    /// the test certificates name localhost).
     pub fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
+        match self.tls {
+            Some(_) => format!("https://localhost:{}{path}", self.addr.port()),
+            None => format!("http://{}{path}", self.addr),
+        }
     }
 
     /// Sets what every following request gets.

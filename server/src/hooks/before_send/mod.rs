@@ -175,7 +175,9 @@ impl BeforeSend {
             .tcp_nodelay(true)
             .connect_timeout(timeout)
             .pool_max_idle_per_host(cfg.max_in_flight as usize)
-            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_idle_timeout(Duration::from_secs(60));
+        let client = crate::hooks::tls::with_tls(client, &cfg.ca_file)
+            .map_err(|e| HookError::Client(format!("hooks.before_send.ca_file: {e}")))?
             .build()
             .map_err(|e| HookError::Client(e.to_string()))?;
         let url = cfg.url.trim().to_owned();

@@ -92,7 +92,8 @@ pub(super) async fn run(hooks: Arc<Webhooks>, online: OnlineFn) {
                 metrics::counter!("im_webhook_expanded_total").increment(done.len() as u64);
             }
             Err(e) => {
-                // The rows stay claimed until the lease ends, then are tried again.
+                // The rows stay claimed until the lease ends (SQLite: a second), then
+                // are tried again.
                 windows.retain(|_, w| w.trailing.as_ref().is_none_or(|t| t.stored));
                 tracing::warn!(error = %e, "expanding webhook outbox rows failed");
                 tokio::time::sleep(Duration::from_secs(1)).await;

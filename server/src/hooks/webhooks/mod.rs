@@ -489,7 +489,9 @@ fn endpoint(
         .redirect(reqwest::redirect::Policy::none())
         .no_proxy()
         .pool_max_idle_per_host(w.concurrency as usize)
-        .user_agent(concat!("im-server/", env!("CARGO_PKG_VERSION")))
+        .user_agent(concat!("im-server/", env!("CARGO_PKG_VERSION")));
+    let client = crate::hooks::tls::with_tls(client, &w.ca_file)
+        .map_err(|err| WebhookError::Client(format!("webhooks.ca_file: {err}")))?
         .build()
         .map_err(|err| WebhookError::Client(err.to_string()))?;
     let stats = Stats::default();

@@ -7,8 +7,9 @@
 //! - `groups`: group changes (the transaction around `store::access`) and group reads;
 //! - `conversations`: the conversation list and the per-user backlog;
 //! - `history`: sync and history pages, the messages a recall or edit names, hiding;
-//! - `webhooks`: the webhook outbox (`store::outbox`): claims with a lease, expansion,
-//!   attempts' outcomes, the parked list;
+//! - `webhooks`: the webhook outbox (`store::outbox`): claims with a lease (Postgres) or
+//!   plain reads (SQLite), expansion, attempts' outcomes, the parked list;
+//! - `inflight`: SQLite's in-memory claims of outbox rows;
 //! - `users`: per-user state: read state and flags, the delivered and read cursors,
 //!   revocations, presence settings and peers; and the probes.
 //!
@@ -18,10 +19,13 @@
 mod conversations;
 mod groups;
 mod history;
+mod inflight;
 mod users;
 mod webhooks;
 
 use std::future::Future;
+
+pub(crate) use inflight::InFlight;
 use std::marker::PhantomData;
 
 use sqlx::error::BoxDynError;
@@ -103,6 +107,12 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// The row-lock suffix of a claim's inner select (Postgres: `FOR UPDATE SKIP
     /// LOCKED`; SQLite, one writer: none).
     const CLAIM_LOCK: &'static str = "";
+
+    /// The outbox rows claimed in memory, on a single-node store whose claims are plain
+    /// reads (SQLite); `None`: claims take leases in the database (Postgres).
+    fn in_flight(&self) -> Option<&InFlight> {
+        None
+    }
 }
 
 /// A claim's lease: (owner, end). The owner is the node's name and a number unique in
@@ -497,6 +507,20 @@ where
     ) -> Result<Vec<OutboxSource>, StoreError> {
         let mut conn = self.outbox_pool().acquire().await?;
         let (owner, until) = lease(owner, lease_ms);
+        if let Some(f) = self.in_flight() {
+            let Some((excluded, started)) = f.sources.begin() else {
+                return Ok(Vec::new());
+            };
+            let out = Sql::<DB>::outbox_read(&mut conn, &excluded, limit).await;
+            let rows = settle(conn, out).await?;
+            let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+            let taken = f.sources.claim(&ids, until, started);
+            return Ok(rows
+                .into_iter()
+                .zip(taken)
+                .filter_map(|(r, t)| t.then_some(r))
+                .collect());
+        }
         let out = Sql::<DB>::outbox_claim(&mut conn, S::CLAIM_LOCK, &owner, until, limit).await;
         settle(conn, out).await
     }
@@ -508,7 +532,22 @@ where
         merges: &[Merge],
     ) -> Result<Vec<i64>, StoreError> {
         let mut conn = self.outbox_pool().acquire().await?;
-        let out = Sql::<DB>::outbox_expand(&mut conn, done, events, merges).await;
+        let Some(f) = self.in_flight() else {
+            let out = Sql::<DB>::outbox_expand(&mut conn, done, events, merges).await;
+            return settle(conn, out).await;
+        };
+        // A merge only changes an event no sender holds (as the lease check does).
+        let ids: Vec<i64> = merges.iter().map(|m| m.id).collect();
+        let free = f.events.reserve(&ids);
+        let merges: Vec<Merge> = merges
+            .iter()
+            .zip(&free)
+            .filter(|(_, ok)| **ok)
+            .map(|(m, _)| m.clone())
+            .collect();
+        let out = Sql::<DB>::outbox_expand(&mut conn, done, events, &merges).await;
+        f.events.settled(merges.iter().map(|m| m.id));
+        f.sources.settled(done.iter().copied());
         settle(conn, out).await
     }
 
@@ -521,6 +560,20 @@ where
     ) -> Result<Vec<Claimed>, StoreError> {
         let mut conn = self.outbox_pool().acquire().await?;
         let (owner, until) = lease(owner, lease_ms);
+        if let Some(f) = self.in_flight() {
+            let Some((excluded, started)) = f.events.begin() else {
+                return Ok(Vec::new());
+            };
+            let out = Sql::<DB>::events_read(&mut conn, endpoint, &excluded, limit).await;
+            let rows = settle(conn, out).await?;
+            let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+            let taken = f.events.claim(&ids, until, started);
+            return Ok(rows
+                .into_iter()
+                .zip(taken)
+                .filter_map(|(r, t)| t.then_some(r))
+                .collect());
+        }
         let out =
             Sql::<DB>::events_claim(&mut conn, S::CLAIM_LOCK, endpoint, &owner, until, limit).await;
         settle(conn, out).await
@@ -529,6 +582,13 @@ where
     async fn events_settle(&self, outcomes: &[Outcome]) -> Result<(), StoreError> {
         let mut conn = self.outbox_pool().acquire().await?;
         let out = Sql::<DB>::events_settle(&mut conn, outcomes).await;
+        if let Some(f) = self.in_flight() {
+            f.events.settled(outcomes.iter().map(|o| match o {
+                Outcome::Delivered(id) | Outcome::Retry { id, .. } | Outcome::Park { id, .. } => {
+                    *id
+                }
+            }));
+        }
         settle(conn, out).await
     }
 

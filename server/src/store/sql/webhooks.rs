@@ -1,8 +1,9 @@
 //! The webhook outbox in SQL (`store::outbox`): claiming committed messages and events
 //! with a lease, expanding messages into events, settling attempts, the parked list and
 //! redelivery, the counts. `lock` is the backend's row-lock suffix of a claim's inner
-//! select (Postgres: `FOR UPDATE SKIP LOCKED`, so nodes claim disjoint rows; SQLite has
-//! one writer and none).
+//! select (Postgres: `FOR UPDATE SKIP LOCKED`, so nodes claim disjoint rows). SQLite,
+//! one node, claims by the plain reads `outbox_read` and `events_read` instead (its
+//! claims are held in memory, `sql::inflight`), so claiming takes no write lock.
 
 use sqlx::pool::PoolConnection;
 use sqlx::{ColumnIndex, Database, Executor, IntoArguments, Pool, Row};
@@ -74,6 +75,83 @@ where
                 msg_type: r.try_get(6)?,
                 ref_msg_id: r.try_get(7)?,
                 send_time: r.try_get(8)?,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The oldest committed messages of the outbox, but `excluded` (claimed in memory),
+    /// by a plain read: the single-node claim (`sql::inflight`).
+    pub(crate) async fn outbox_read(
+        conn: &mut PoolConnection<DB>,
+        excluded: &[i64],
+        limit: u32,
+    ) -> Result<Vec<OutboxSource>, StoreError> {
+        let mut st = Statement::<DB>::new(
+            "SELECT o.id, o.conversation_id, o.seq, o.created_ms, COALESCE(m.sender, ''), \
+             COALESCE(m.msg_id, ''), COALESCE(m.msg_type, 0), COALESCE(m.ref_msg_id, ''), \
+             COALESCE(m.send_time, 0) FROM webhook_outbox o LEFT JOIN messages m \
+             ON m.conversation_id = o.conversation_id AND m.seq = o.seq",
+        );
+        if !excluded.is_empty() {
+            st.push(" WHERE o.id NOT IN (")
+                .push_list(excluded.iter().copied())
+                .push(")");
+        }
+        st.push(" ORDER BY o.id LIMIT ").push_bind(i64::from(limit));
+        let (sql, args) = st.finish()?;
+        let rows = sqlx::query_with(&sql, args).fetch_all(&mut **conn).await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows {
+            out.push(OutboxSource {
+                id: r.try_get(0)?,
+                conversation_id: r.try_get(1)?,
+                seq: r.try_get::<i64, _>(2)?.max(0) as u64,
+                created_ms: r.try_get(3)?,
+                sender: r.try_get(4)?,
+                msg_id: r.try_get(5)?,
+                msg_type: r.try_get(6)?,
+                ref_msg_id: r.try_get(7)?,
+                send_time: r.try_get(8)?,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Due events of one endpoint, but `excluded` (claimed in memory), by a plain read:
+    /// the single-node claim (`sql::inflight`).
+    pub(crate) async fn events_read(
+        conn: &mut PoolConnection<DB>,
+        endpoint: &str,
+        excluded: &[i64],
+        limit: u32,
+    ) -> Result<Vec<Claimed>, StoreError> {
+        let mut st = Statement::<DB>::new(
+            "SELECT id, event_id, kind, body, created_ms, attempts FROM webhook_deliveries \
+             WHERE endpoint = ",
+        );
+        st.push_bind(endpoint)
+            .push(" AND parked = 0 AND next_ms <= ")
+            .push_bind(im_proto::now_ms());
+        if !excluded.is_empty() {
+            st.push(" AND id NOT IN (")
+                .push_list(excluded.iter().copied())
+                .push(")");
+        }
+        st.push(" ORDER BY next_ms, id LIMIT ")
+            .push_bind(i64::from(limit));
+        let (sql, args) = st.finish()?;
+        let mut rows = sqlx::query_with(&sql, args).fetch_all(&mut **conn).await?;
+        rows.sort_by_cached_key(|r| r.try_get::<i64, _>(0).unwrap_or(0));
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows {
+            out.push(Claimed {
+                id: r.try_get(0)?,
+                event_id: r.try_get(1)?,
+                kind: r.try_get(2)?,
+                body: r.try_get(3)?,
+                created_ms: r.try_get(4)?,
+                attempts: r.try_get::<i32, _>(5)?.max(0) as u32,
             });
         }
         Ok(out)
