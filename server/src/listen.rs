@@ -21,6 +21,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
 use crate::config::Http;
+use crate::gateway::pooled::PooledRead;
 use crate::gateway::{Gateway, Slot};
 
 /// Which listener a socket came in on (label `listener` of `im_http_rejected_total`).
@@ -82,7 +83,8 @@ async fn stopped(stop: &mut Stop) {
 }
 
 /// Serves one admitted socket with `router` until it closes or upgrades, or finishes
-/// its request in flight after `stop`; counts what the HTTP layer refused.
+/// its request in flight after `stop`; counts what the HTTP layer refused. Its reads go
+/// through the worker thread's buffer (`gateway::pooled`), before and after an upgrade.
 async fn serve_conn(
     b: http1::Builder,
     tcp: TcpStream,
@@ -99,7 +101,7 @@ async fn serve_conn(
         tower_service::Service::call(&mut router, req.map(axum::body::Body::new))
     });
     let conn = b
-        .serve_connection(TokioIo::new(tcp), service)
+        .serve_connection(TokioIo::new(PooledRead::new(tcp)), service)
         .with_upgrades();
     tokio::pin!(conn);
     let result = tokio::select! {
