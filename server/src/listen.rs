@@ -26,6 +26,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
 use crate::config::Http;
+use crate::gateway::pooled::PooledRead;
 use crate::gateway::{Gateway, Slot};
 
 pub use self::tls::{TlsError, TlsListener};
@@ -120,7 +121,7 @@ where
         tower_service::Service::call(&mut router, req.map(axum::body::Body::new))
     });
     let conn = b
-        .serve_connection(TokioIo::new(tcp), service)
+        .serve_connection(TokioIo::new(PooledRead::new(tcp)), service)
         .with_upgrades();
     tokio::pin!(conn);
     let result = tokio::select! {

@@ -22,7 +22,8 @@ pub struct Flow {
     /// Groups with more members than this use notify-and-pull: members get a small
     /// sync hint (an unsolicited `SyncResponse{more: true}`) instead of the payload.
     pub notify_group_threshold: u32,
-    /// WebSocket read buffer per connection (tungstenite allocates it eagerly).
+    /// WebSocket read buffer per connection (tungstenite allocates it eagerly); the socket
+    /// is read through the worker thread's buffer (`gateway::pooled`), not this one.
     pub ws_read_buffer_bytes: u32,
     /// WebSocket write buffer per connection.
     pub ws_write_buffer_bytes: u32,
@@ -49,7 +50,7 @@ impl Default for Flow {
             write_timeout_secs: 10,
             coalesce_max_frames: 64,
             notify_group_threshold: 2000,
-            ws_read_buffer_bytes: 4096,
+            ws_read_buffer_bytes: 256,
             ws_write_buffer_bytes: 4096,
             listen_backlog: 4096,
             socket_send_buffer_bytes: 0,

@@ -3,8 +3,11 @@
 //! live connections, and runs each connection: the socket IO in `conn` (read and write
 //! loops), the per-connection state machine in [`protocol`] (decode, login, limits,
 //! errors, close decisions), which is driven without a socket by tests and the fuzzer.
+//! Sockets read through a per-thread buffer ([`pooled`]), so no connection holds read
+//! room of its own beyond tungstenite's small buffer.
 
 mod conn;
+pub mod pooled;
 pub mod protocol;
 
 use std::collections::HashMap;
