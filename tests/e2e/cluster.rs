@@ -314,10 +314,19 @@ async fn sigkill_of_a_node_fails_its_clients_over_without_loss() {
     let users: Vec<String> = (0..6).map(|i| format!("u{i}")).collect();
     let mut clients = Vec::new();
     let mut inboxes = Vec::new();
-    for u in &users {
+    for (k, u) in users.iter().enumerate() {
         let client = Arc::new(c.routed_client(u).await);
         inboxes.push(collect(client.clone()));
         clients.push(client);
+        // The route reads the nodes' load reports: let every node's registry count this
+        // client before routing the next (on a loaded machine a report can lag the
+        // connect, and the next client would go by the stale count).
+        for i in 0..3 {
+            c.wait_for(i, "the load reports to count the routed clients", |o| {
+                o["cluster"]["summary"]["connections"] == k + 1
+            })
+            .await;
+        }
     }
     let on: Vec<usize> = clients.iter().map(|cl| c.index_of(&cl.node_id())).collect();
     for n in 0..3 {

@@ -331,6 +331,7 @@ async fn two_nodes_over_nats_merge_and_a_silent_node_is_missing() {
 
     // A node that does not answer in time is listed as missing, not an error.
     c.nodes[1].signal("STOP");
+    c.nodes[1].wait_stopped();
     let t = Instant::now();
     let u = user(&c.nodes[0], "bob");
     c.nodes[1].signal("CONT");

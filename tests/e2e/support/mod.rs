@@ -258,6 +258,29 @@ impl TestServer {
         assert!(ok, "kill -{signal} {}", self.child.id());
     }
 
+    /// Waits until the process is stopped (state `T` in `/proc/PID/stat`) after a
+    /// SIGSTOP: every thread has stopped, none can still answer.
+    pub fn wait_stopped(&self) {
+        let stat = format!("/proc/{}/stat", self.child.id());
+        let end = Instant::now() + WAIT;
+        loop {
+            let state = std::fs::read_to_string(&stat).unwrap_or_default();
+            // "PID (comm) STATE ...": the state follows the last ')'.
+            let stopped = state
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('T'));
+            if stopped {
+                return;
+            }
+            assert!(
+                Instant::now() < end,
+                "pid {} never stopped: {state}",
+                self.child.id()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Sends SIGTERM and returns at once (graceful drain).
     pub fn sigterm(&self) {
         unsafe_sigterm(self.child.id());
