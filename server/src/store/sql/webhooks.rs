@@ -14,6 +14,13 @@ use crate::store::outbox::{
 };
 use crate::store::StoreError;
 
+/// The outbox rows with their messages (`Sql::sources` reads its columns), before the
+/// `WHERE` that picks them.
+const SOURCES: &str = "SELECT o.id, o.conversation_id, o.seq, o.created_ms, \
+     COALESCE(m.sender, ''), COALESCE(m.msg_id, ''), COALESCE(m.msg_type, 0), \
+     COALESCE(m.ref_msg_id, ''), COALESCE(m.send_time, 0) FROM webhook_outbox o \
+     LEFT JOIN messages m ON m.conversation_id = o.conversation_id AND m.seq = o.seq";
+
 impl<DB: Database> Sql<DB>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -24,6 +31,41 @@ where
     String: Col<DB>,
     for<'q> &'q str: Bind<'q, DB>,
 {
+    /// The rows of a [`SOURCES`] select.
+    fn sources(rows: Vec<DB::Row>) -> Result<Vec<OutboxSource>, StoreError> {
+        rows.iter()
+            .map(|r| {
+                Ok(OutboxSource {
+                    id: r.try_get(0)?,
+                    conversation_id: r.try_get(1)?,
+                    seq: r.try_get::<i64, _>(2)?.max(0) as u64,
+                    created_ms: r.try_get(3)?,
+                    sender: r.try_get(4)?,
+                    msg_id: r.try_get(5)?,
+                    msg_type: r.try_get(6)?,
+                    ref_msg_id: r.try_get(7)?,
+                    send_time: r.try_get(8)?,
+                })
+            })
+            .collect()
+    }
+
+    /// Events as claimed: rows of `id, event_id, kind, body, created_ms, attempts`.
+    fn claimed(rows: Vec<DB::Row>) -> Result<Vec<Claimed>, StoreError> {
+        rows.iter()
+            .map(|r| {
+                Ok(Claimed {
+                    id: r.try_get(0)?,
+                    event_id: r.try_get(1)?,
+                    kind: r.try_get(2)?,
+                    body: r.try_get(3)?,
+                    created_ms: r.try_get(4)?,
+                    attempts: r.try_get::<i32, _>(5)?.max(0) as u32,
+                })
+            })
+            .collect()
+    }
+
     /// Claims committed messages of the outbox ([`Store::outbox_claim`]) for `owner`
     /// (unique per claim) until `until`.
     ///
@@ -53,31 +95,13 @@ where
             tx.commit().await?;
             return Ok(Vec::new());
         }
-        let mut st = Statement::<DB>::new(
-            "SELECT o.id, o.conversation_id, o.seq, o.created_ms, COALESCE(m.sender, ''), \
-             COALESCE(m.msg_id, ''), COALESCE(m.msg_type, 0), COALESCE(m.ref_msg_id, ''), \
-             COALESCE(m.send_time, 0) FROM webhook_outbox o LEFT JOIN messages m \
-             ON m.conversation_id = o.conversation_id AND m.seq = o.seq WHERE o.id IN (",
-        );
+        let mut st = Statement::<DB>::new(SOURCES);
+        st.push(" WHERE o.id IN (");
         st.push_list(ids.iter().copied()).push(") ORDER BY o.id");
         let (sql, args) = st.finish()?;
         let rows = sqlx::query_with(&sql, args).fetch_all(&mut *tx).await?;
         tx.commit().await?;
-        let mut out = Vec::with_capacity(rows.len());
-        for r in rows {
-            out.push(OutboxSource {
-                id: r.try_get(0)?,
-                conversation_id: r.try_get(1)?,
-                seq: r.try_get::<i64, _>(2)?.max(0) as u64,
-                created_ms: r.try_get(3)?,
-                sender: r.try_get(4)?,
-                msg_id: r.try_get(5)?,
-                msg_type: r.try_get(6)?,
-                ref_msg_id: r.try_get(7)?,
-                send_time: r.try_get(8)?,
-            });
-        }
-        Ok(out)
+        Self::sources(rows)
     }
 
     /// The oldest committed messages of the outbox, but `excluded` (claimed in memory),
@@ -87,12 +111,7 @@ where
         excluded: &[i64],
         limit: u32,
     ) -> Result<Vec<OutboxSource>, StoreError> {
-        let mut st = Statement::<DB>::new(
-            "SELECT o.id, o.conversation_id, o.seq, o.created_ms, COALESCE(m.sender, ''), \
-             COALESCE(m.msg_id, ''), COALESCE(m.msg_type, 0), COALESCE(m.ref_msg_id, ''), \
-             COALESCE(m.send_time, 0) FROM webhook_outbox o LEFT JOIN messages m \
-             ON m.conversation_id = o.conversation_id AND m.seq = o.seq",
-        );
+        let mut st = Statement::<DB>::new(SOURCES);
         if !excluded.is_empty() {
             st.push(" WHERE o.id NOT IN (")
                 .push_list(excluded.iter().copied())
@@ -101,21 +120,7 @@ where
         st.push(" ORDER BY o.id LIMIT ").push_bind(i64::from(limit));
         let (sql, args) = st.finish()?;
         let rows = sqlx::query_with(&sql, args).fetch_all(&mut **conn).await?;
-        let mut out = Vec::with_capacity(rows.len());
-        for r in rows {
-            out.push(OutboxSource {
-                id: r.try_get(0)?,
-                conversation_id: r.try_get(1)?,
-                seq: r.try_get::<i64, _>(2)?.max(0) as u64,
-                created_ms: r.try_get(3)?,
-                sender: r.try_get(4)?,
-                msg_id: r.try_get(5)?,
-                msg_type: r.try_get(6)?,
-                ref_msg_id: r.try_get(7)?,
-                send_time: r.try_get(8)?,
-            });
-        }
-        Ok(out)
+        Self::sources(rows)
     }
 
     /// Due events of one endpoint, but `excluded` (claimed in memory), by a plain read:
@@ -143,18 +148,7 @@ where
         let (sql, args) = st.finish()?;
         let mut rows = sqlx::query_with(&sql, args).fetch_all(&mut **conn).await?;
         rows.sort_by_cached_key(|r| r.try_get::<i64, _>(0).unwrap_or(0));
-        let mut out = Vec::with_capacity(rows.len());
-        for r in rows {
-            out.push(Claimed {
-                id: r.try_get(0)?,
-                event_id: r.try_get(1)?,
-                kind: r.try_get(2)?,
-                body: r.try_get(3)?,
-                created_ms: r.try_get(4)?,
-                attempts: r.try_get::<i32, _>(5)?.max(0) as u32,
-            });
-        }
-        Ok(out)
+        Self::claimed(rows)
     }
 
     /// Stores events, merges, deletes expanded rows ([`Store::outbox_expand`]).
@@ -234,18 +228,7 @@ where
             .await?;
         rows.sort_by_cached_key(|r| r.try_get::<i64, _>(0).unwrap_or(0));
         tx.commit().await?;
-        let mut out = Vec::with_capacity(rows.len());
-        for r in rows {
-            out.push(Claimed {
-                id: r.try_get(0)?,
-                event_id: r.try_get(1)?,
-                kind: r.try_get(2)?,
-                body: r.try_get(3)?,
-                created_ms: r.try_get(4)?,
-                attempts: r.try_get::<i32, _>(5)?.max(0) as u32,
-            });
-        }
-        Ok(out)
+        Self::claimed(rows)
     }
 
     /// Records attempts' outcomes ([`Store::events_settle`]).
