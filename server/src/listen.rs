@@ -164,23 +164,27 @@ async fn serve_socket(tls: Option<Arc<TlsListener>>, tcp: TcpStream, mut c: Conn
 /// SIGHUP (`systemctl reload`, the unit's `ExecReload`): reloads the certificates of
 /// the TLS listeners in `tls` at once, without waiting for the file watch; with none,
 /// logs that there is no certificate to reload. (The binary also reloads the secrets on
-/// SIGHUP.) Registering it also keeps SIGHUP's default action (ending the process) away
-/// from a node run as a library. Runs until aborted.
-pub async fn reload_on_hangup(tls: Vec<Arc<TlsListener>>) {
+/// SIGHUP.) The handler is registered by this call, before the node answers anyone, so
+/// SIGHUP's default action (ending the process) never meets a node that is up, even one
+/// run as a library; the returned future runs until aborted.
+pub fn reload_on_hangup(tls: Vec<Arc<TlsListener>>) -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut hup = match signal(SignalKind::hangup()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot handle SIGHUP: systemctl reload would end the process");
-            return;
-        }
-    };
-    while hup.recv().await.is_some() {
-        if tls.is_empty() {
-            tracing::info!("SIGHUP: no TLS listener, no certificate to reload");
-        }
-        for t in &tls {
-            t.reload_logged("SIGHUP");
+    let hup = signal(SignalKind::hangup());
+    async move {
+        let mut hup = match hup {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot handle SIGHUP: systemctl reload would end the process");
+                return;
+            }
+        };
+        while hup.recv().await.is_some() {
+            if tls.is_empty() {
+                tracing::info!("SIGHUP: no TLS listener, no certificate to reload");
+            }
+            for t in &tls {
+                t.reload_logged("SIGHUP");
+            }
         }
     }
 }

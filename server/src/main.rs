@@ -229,24 +229,30 @@ fn sqlite_file(config: &Config) -> anyhow::Result<PathBuf> {
     }
 }
 
-/// Each SIGHUP reloads the token keys and the admin token (`im_server::reload`).
-async fn reload_on_sighup(node: std::sync::Arc<im_server::Node>) {
+/// Each SIGHUP reloads the token keys and the admin token (`im_server::reload`). The
+/// handler is registered by this call, so a SIGHUP right after start is not missed.
+fn reload_on_sighup(
+    node: std::sync::Arc<im_server::Node>,
+) -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let Ok(mut hup) = signal(SignalKind::hangup()) else {
-            tracing::warn!("cannot listen for SIGHUP: reload with POST /admin/v1/reload");
-            return;
-        };
-        while hup.recv().await.is_some() {
-            tracing::info!("SIGHUP: reloading secrets");
-            let n = node.clone();
-            // The outcome is logged by the reload itself.
-            let _ = tokio::task::spawn_blocking(move || n.reload_secrets()).await;
+    let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
+    async move {
+        #[cfg(unix)]
+        {
+            let Ok(mut hup) = hup else {
+                tracing::warn!("cannot listen for SIGHUP: reload with POST /admin/v1/reload");
+                return;
+            };
+            while hup.recv().await.is_some() {
+                tracing::info!("SIGHUP: reloading secrets");
+                let n = node.clone();
+                // The outcome is logged by the reload itself.
+                let _ = tokio::task::spawn_blocking(move || n.reload_secrets()).await;
+            }
         }
+        #[cfg(not(unix))]
+        drop(node);
     }
-    #[cfg(not(unix))]
-    drop(node);
 }
 
 async fn shutdown_signal() {
