@@ -33,77 +33,8 @@ if (( IDLE > 19000 || MEMBERS > 19000 || PAIRS > 9000 )); then
   echo "peers: IDLE (<= 19000), MEMBERS (<= 19000) or PAIRS (<= 9000) is over the bound" >&2
   exit 2
 fi
-for b in im-server im-bench; do
-  [[ -x "$T/$b" ]] || { echo "peers: $T/$b missing: cargo build --release -p im-server -p im-bench" >&2; exit 2; }
-done
-for b in mosquitto nats-server python3; do
-  command -v "$b" >/dev/null || { echo "peers: $b not found on PATH" >&2; exit 2; }
-done
-for p in 28883 28080 28222 28081; do
-  if ss -Hltn "sport = :$p" | grep -q .; then
-    echo "peers: port $p is taken (a peers.sh still running?)" >&2
-    exit 2
-  fi
-done
-
-WORK=$(mktemp -d)
-OUT="${OUT:-$WORK}"
-mkdir -p "$OUT"
-MOSQ_PID=""
-NATS_PID=""
-stop_peers() {
-  for p in $MOSQ_PID $NATS_PID; do
-    kill "$p" 2>/dev/null || true
-    wait "$p" 2>/dev/null || true
-  done
-  MOSQ_PID=""
-  NATS_PID=""
-}
-cleanup() {
-  stop_peers
-  [[ "$OUT" == "$WORK" ]] || rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-wait_port() {
-  for _ in $(seq 1 100); do
-    ss -Hltn "sport = :$1" | grep -q . && return 0
-    sleep 0.1
-  done
-  echo "peers: nothing listens on port $1" >&2
-  exit 2
-}
-
-start_peers() {
-  stop_peers
-  mosquitto -c "$ROOT/bench/configs/peers/mosquitto.conf" >>"$OUT/mosquitto.log" 2>&1 &
-  MOSQ_PID=$!
-  nats-server -c "$ROOT/bench/configs/peers/nats.conf" >>"$OUT/nats.log" 2>&1 &
-  NATS_PID=$!
-  wait_port 28080
-  wait_port 28081
-}
-
-# run NAME SERVER SCENARIO FLAGS...: one im-bench peer run, its JSON in $OUT/NAME.json.
-run() {
-  local name=$1 server=$2 scenario=$3
-  shift 3
-  local target
-  case $server in
-    im) target=(--protocol im --spawn "$T/im-server") ;;
-    mosquitto) target=(--protocol mqtt-ws --url "$MQTT_WS" --server-pid "$MOSQ_PID") ;;
-    nats) target=(--protocol nats-ws --url "$NATS_WS" --server-pid "$NATS_PID") ;;
-  esac
-  echo "peers: $name" >&2
-  local rc=0
-  "$T/im-bench" peer "$scenario" "${target[@]}" --json "$@" \
-    >"$OUT/$name.json" 2>"$OUT/$name.log" || rc=$?
-  if (( rc != 0 )); then
-    echo "peers: $name exited $rc (see $OUT/$name.log)" >&2
-    [[ -s "$OUT/$name.json" ]] || echo '{}' >"$OUT/$name.json"
-  fi
-}
+# shellcheck source=bench/scripts/peers-lib.sh
+source "$ROOT/bench/scripts/peers-lib.sh"
 
 for round in $(seq 1 "$ROUNDS"); do
   start_peers

@@ -1073,3 +1073,31 @@ async fn two_nodes_claim_disjoint_events_and_take_over_after_the_lease() {
     let taken = b.events_claim("push", "b", 30_000, 500).await.unwrap();
     assert_eq!(taken.len(), 200, "a's and b's own expired leases");
 }
+
+#[tokio::test]
+async fn the_sqlite_log_is_checkpointed_by_its_own_thread_not_by_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("im.db");
+    let store = SqliteStore::open(&path, true, 2).await.unwrap();
+    let size = || std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    let before = size();
+    // About 100 pages: far below SQLite's automatic checkpoint (1,000 pages), which
+    // would leave them in the log.
+    let body = "x".repeat(3000);
+    for i in 0..10 {
+        let batch: Vec<NewMessage> = (0..12)
+            .map(|j| msg("u:a:b", "a", &format!("c{i}-{j}"), &body))
+            .collect();
+        store.commit_batch(&batch, &[]).await.unwrap();
+    }
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while size() < before + 300_000 {
+        assert!(
+            std::time::Instant::now() < end,
+            "the database file never took the log's pages ({} -> {} bytes)",
+            before,
+            size()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

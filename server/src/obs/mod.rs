@@ -282,6 +282,7 @@ impl Metrics {
         }
         counter!("im_store_refused_sends_total", "reason" => "disk_low").absolute(0);
         counter!("im_store_connection_resets_total").absolute(0);
+        counter!("im_store_checkpoint_failures_total").absolute(0);
         counter!("im_trace_bad_replies_total").absolute(0);
         // The before-send hook's series (0 and closed while no hook is configured).
         let hook = "before_send";
@@ -460,6 +461,10 @@ const HELP: &[Help] = &[
     help_counter("im_store_faults_total", "Store faults begun (a commit failed for a reason that fails the next one too), by reason."),
     help_counter("im_store_refused_sends_total", "Sends answered OVERLOADED because the store cannot take them, by reason (a store fault, or disk_low)."),
     help_counter("im_store_connection_resets_total", "Store writer connections closed because their state was in doubt (after a failed write, or found inside a transaction)."),
+    help_counter("im_store_checkpoints_total", "SQLite write-ahead log checkpoints run by the store's checkpointer (PASSIVE, every 250 ms)."),
+    help_counter("im_store_checkpoint_failures_total", "SQLite checkpoints that failed (the log grows until one works)."),
+    help_gauge("im_store_wal_frames", "Frames in the SQLite write-ahead log at the last checkpoint."),
+    help_gauge("im_store_wal_frames_behind", "Frames of the SQLite write-ahead log not yet copied into the database file at the last checkpoint (readers still using them)."),
     help_gauge("im_store_disk_free_bytes", "Free bytes on the file system of the SQLite data dir."),
     help_gauge("im_connections", "Live client connections."),
     help_counter("im_connections_opened_total", "Client connections accepted."),

@@ -18,7 +18,9 @@ mod postgres;
 mod postgres_commit;
 mod sql;
 mod sqlite;
+mod sqlite_checkpoint;
 mod sqlite_commit;
+mod sqlite_outbox;
 
 use std::sync::Arc;
 

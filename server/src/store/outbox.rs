@@ -133,3 +133,20 @@ impl OutboxCounts {
         self.endpoints.iter().map(|(_, q, p)| q + p).sum()
     }
 }
+
+/// One write of the outbox: what SQLite's commit thread runs in a message batch's
+/// transaction (`store::sqlite_outbox`).
+#[derive(Debug)]
+pub enum OutboxWrite {
+    /// [`Store::outbox_expand`](super::Store::outbox_expand).
+    Expand {
+        /// The expanded outbox rows.
+        done: Vec<i64>,
+        /// The events to store.
+        events: Vec<NewEvent>,
+        /// The merges into stored events never tried.
+        merges: Vec<Merge>,
+    },
+    /// [`Store::events_settle`](super::Store::events_settle).
+    Settle(Vec<Outcome>),
+}

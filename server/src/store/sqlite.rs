@@ -26,10 +26,12 @@ pub struct SqliteStore {
     write: SqlitePool,
     read: SqlitePool,
     commits: CommitThread,
+    /// The WAL checkpointer thread (`store::sqlite_checkpoint`); dropped with the store.
+    _checkpoints: super::sqlite_checkpoint::Checkpointer,
     /// A node's store holds the file's lock while open ([`SqliteStore::open_exclusive`]):
     /// a restore, or a second node, is refused meanwhile.
     _lock: Option<super::backup::StoreLock>,
-    /// The webhook outbox's connection (lazy; `store::outbox`).
+    /// The webhook outbox's connection for claims and redelivery (lazy; `store::outbox`).
     outbox: SqlitePool,
     /// The outbox rows claimed in memory (one node: claims are plain reads).
     in_flight: super::sql::InFlight,
@@ -56,7 +58,9 @@ impl SqliteStore {
             .filename(path)
             .journal_mode(SqliteJournalMode::Wal)
             .busy_timeout(Duration::from_secs(10))
-            .foreign_keys(false);
+            .foreign_keys(false)
+            // The checkpointer thread does the checkpoints (`store::sqlite_checkpoint`).
+            .pragma("wal_autocheckpoint", "0");
         let write = SqlitePoolOptions::new()
             .max_connections(1)
             .min_connections(1)
@@ -87,20 +91,21 @@ impl SqliteStore {
             .connect_with(base.clone().read_only(true))
             .await?;
         let commits = CommitThread::start(path, full_sync)?;
+        let checkpoints = super::sqlite_checkpoint::Checkpointer::start(path)?;
         let outbox = SqlitePoolOptions::new()
             .max_connections(1)
             .min_connections(0)
             .acquire_timeout(Duration::from_secs(30))
-            // NORMAL: a transaction of the outbox lost to a power cut takes its effect
-            // back whole (an expansion: its outbox rows are expanded again; an outcome:
-            // the event is sent again), which at-least-once allows; the rows a message
-            // commit writes are FULL with it. It spares an fsync per outbox write, which
-            // would hold the one write lock the message commits need.
+            // The claims' plain reads and the admin API's redelivery; expansions and
+            // outcomes ride on the commit thread (`store::sqlite_outbox`). NORMAL: a
+            // redelivery lost to a power cut is asked for again, and it spares an fsync
+            // while holding the write lock the message commits need.
             .connect_lazy_with(base.synchronous(SqliteSynchronous::Normal));
         Ok(SqliteStore {
             write,
             read,
             commits,
+            _checkpoints: checkpoints,
             _lock: None,
             outbox,
             in_flight: super::sql::InFlight::default(),
@@ -197,6 +202,14 @@ impl Backend for SqliteStore {
 
     fn in_flight(&self) -> Option<&super::sql::InFlight> {
         Some(&self.in_flight)
+    }
+
+    /// On the commit thread, inside the message commits' transactions.
+    fn outbox_write(
+        &self,
+        write: super::outbox::OutboxWrite,
+    ) -> Option<impl std::future::Future<Output = Result<Vec<i64>, StoreError>> + Send> {
+        Some(self.commits.outbox_write(write))
     }
 }
 

@@ -14,13 +14,18 @@
 //! for the other writer connection of the store, which commits group changes and reads
 //! state), and after any failure the connection is closed and reopened on the next
 //! batch, so a rolled-back or half-open transaction never swallows a later commit.
+//!
+//! The webhook outbox's own writes (`store::sqlite_outbox`) ride on the same thread:
+//! they wait up to [`RIDE_WAIT`] for a message batch and join its transaction, each
+//! under a savepoint (one that fails is rolled back alone and answered with its error;
+//! the batch commits), or commit alone when no batch comes.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 use tokio::sync::oneshot;
@@ -28,11 +33,21 @@ use tokio::sync::oneshot;
 use im_proto::MessageType;
 
 use super::batch::{self, Change};
+use super::outbox::OutboxWrite;
+use super::sqlite_outbox::{self, Rider};
 use super::{Committed, CursorUpdate, NewMessage, StoreError};
 
 /// Batches that may wait for the thread (the persistence writer waits for each; more
-/// pile up only behind a commit it gave up on).
-const QUEUE: usize = 4;
+/// pile up only behind a commit it gave up on), and a wake-up for the outbox's writes.
+const QUEUE: usize = 5;
+
+/// How long an outbox write waits for a message batch to ride in before it commits
+/// alone.
+pub(crate) const RIDE_WAIT: Duration = Duration::from_millis(20);
+
+/// Outbox writes joining one transaction at most (the expander's and one per endpoint's
+/// sender are outstanding at a time, so this is rarely reached).
+const MAX_RIDERS: usize = 16;
 
 /// Prepared statements kept by the connection.
 const STATEMENT_CACHE: usize = 32;
@@ -42,13 +57,60 @@ pub(crate) struct CommitThread {
     tx: SyncSender<Job>,
     /// Whether each batch also writes its webhook outbox rows (`store::outbox`).
     outbox: Arc<AtomicBool>,
+    /// Outbox writes waiting for a transaction to ride in.
+    riders: Arc<Riders>,
 }
 
-struct Job {
+/// What the thread is handed.
+enum Job {
+    /// A batch to commit.
+    Batch(Batch),
+    /// An outbox write was queued while no batch was: start its wait.
+    Wake,
+}
+
+struct Batch {
     messages: Vec<NewMessage>,
     cursors: Vec<CursorUpdate>,
     outbox: bool,
     reply: oneshot::Sender<Result<Vec<Committed>, StoreError>>,
+}
+
+/// Outbox writes waiting, with when the oldest came.
+#[derive(Default)]
+struct Riders {
+    waiting: Mutex<(Vec<Rider>, Option<Instant>)>,
+}
+
+impl Riders {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (Vec<Rider>, Option<Instant>)> {
+        // A panic while holding it leaves a valid list: keep going.
+        self.waiting
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Queues one; true when it is the first waiting (the thread needs a wake-up).
+    fn push(&self, rider: Rider) -> bool {
+        let mut w = self.lock();
+        w.0.push(rider);
+        w.1.get_or_insert_with(Instant::now);
+        w.0.len() == 1
+    }
+
+    /// When the oldest waiting write stops waiting for a batch.
+    fn due(&self) -> Option<Instant> {
+        self.lock().1.map(|t| t + RIDE_WAIT)
+    }
+
+    /// Takes up to [`MAX_RIDERS`], oldest first.
+    fn take(&self) -> Vec<Rider> {
+        let mut w = self.lock();
+        let n = w.0.len().min(MAX_RIDERS);
+        let taken: Vec<Rider> = w.0.drain(..n).collect();
+        w.1 = (!w.0.is_empty()).then(Instant::now);
+        taken
+    }
 }
 
 impl CommitThread {
@@ -57,13 +119,35 @@ impl CommitThread {
         let conn = open(path, full_sync)?;
         let (tx, rx) = sync_channel(QUEUE);
         let path = path.to_owned();
+        let riders = Arc::<Riders>::default();
+        let thread = Thread {
+            conn: Some(conn),
+            path,
+            full_sync,
+            riders: riders.clone(),
+        };
         std::thread::Builder::new()
             .name("im-sqlite-commit".into())
-            .spawn(move || run(Some(conn), &path, full_sync, rx))?;
+            .spawn(move || thread.run(rx))?;
         Ok(CommitThread {
             tx,
             outbox: Arc::default(),
+            riders,
         })
+    }
+
+    /// Runs one outbox write in the thread's next transaction: the stored events' row
+    /// ids of an expansion, nothing for outcomes.
+    pub(crate) async fn outbox_write(&self, write: OutboxWrite) -> Result<Vec<i64>, StoreError> {
+        let (reply, done) = oneshot::channel();
+        if self.riders.push(Rider { write, reply }) {
+            match self.tx.try_send(Job::Wake) {
+                // Full: batches are queued, and the thread takes the write with the next.
+                Ok(()) | Err(TrySendError::Full(_)) => {}
+                Err(TrySendError::Disconnected(_)) => return Err(StoreError::WriterGone),
+            }
+        }
+        done.await.unwrap_or(Err(StoreError::WriterGone))
     }
 
     /// Whether batches write webhook outbox rows now.
@@ -83,12 +167,12 @@ impl CommitThread {
         cursors: &[CursorUpdate],
     ) -> Result<Vec<Committed>, StoreError> {
         let (reply, done) = oneshot::channel();
-        let job = Job {
+        let job = Job::Batch(Batch {
             messages: messages.to_vec(),
             cursors: cursors.to_vec(),
             outbox: self.outbox.load(Ordering::Relaxed),
             reply,
-        };
+        });
         match self.tx.try_send(job) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => return Err(StoreError::Timeout(Duration::ZERO)),
@@ -118,56 +202,136 @@ fn open(path: &Path, full_sync: bool) -> Result<Connection, StoreError> {
         if full_sync { "FULL" } else { "NORMAL" },
     )?;
     conn.pragma_update(None, "foreign_keys", "OFF")?;
+    // The checkpointer thread does the checkpoints (`store::sqlite_checkpoint`).
+    conn.pragma_update(None, "wal_autocheckpoint", 0)?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     Ok(conn)
 }
 
-fn run(mut conn: Option<Connection>, path: &Path, full_sync: bool, rx: Receiver<Job>) {
-    while let Ok(job) = rx.recv() {
-        if job.reply.is_closed() {
-            // Given up on (past the write bound) before it started: not tried, not acked.
-            continue;
+/// The thread's side: its connection (none after a failure, until the next transaction
+/// opens one) and the outbox writes waiting.
+struct Thread {
+    conn: Option<Connection>,
+    path: std::path::PathBuf,
+    full_sync: bool,
+    riders: Arc<Riders>,
+}
+
+impl Thread {
+    fn run(mut self, rx: Receiver<Job>) {
+        loop {
+            let job = match self.riders.due() {
+                None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                Some(due) => rx.recv_timeout(due.saturating_duration_since(Instant::now())),
+            };
+            match job {
+                Ok(Job::Batch(batch)) if batch.reply.is_closed() => {
+                    // Given up on (past the write bound) before it started: not tried,
+                    // not acked.
+                }
+                Ok(Job::Batch(batch)) => {
+                    let riders = self.riders.take();
+                    let out = self.transaction(Some(&batch), riders);
+                    let _ = batch.reply.send(out);
+                }
+                Ok(Job::Wake) => {}
+                Err(RecvTimeoutError::Timeout) => {
+                    let riders = self.riders.take();
+                    let _ = self.transaction(None, riders);
+                }
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
         }
-        let c = match conn.take() {
+    }
+
+    /// One transaction: the batch, if any, then the riders, each under its savepoint;
+    /// every rider is answered here.
+    fn transaction(
+        &mut self,
+        batch: Option<&Batch>,
+        riders: Vec<Rider>,
+    ) -> Result<Vec<Committed>, StoreError> {
+        let c = match self.conn.take() {
             Some(c) => Ok(c),
-            None => open(path, full_sync),
+            None => open(&self.path, self.full_sync),
         };
+        let mut rode = Vec::with_capacity(riders.len());
         let out = c.and_then(|mut c| {
-            let out = commit_batch(&mut c, &job.messages, &job.cursors, job.outbox);
+            let out = commit(&mut c, batch, &riders, &mut rode);
             if out.is_ok() && c.is_autocommit() {
-                conn = Some(c);
+                self.conn = Some(c);
             } else {
                 // The connection's state is in doubt: closing it rolls back whatever it
-                // held (none of it acked); the next batch opens a new one.
+                // held (none of it acked); the next transaction opens a new one.
                 metrics::counter!("im_store_connection_resets_total").increment(1);
             }
             out
         });
-        let _ = job.reply.send(out);
+        let failed = out.as_ref().err().map(ToString::to_string);
+        let mut rode = rode.into_iter();
+        for rider in riders {
+            let answer = match (&failed, rode.next()) {
+                (None, Some(Ok(ids))) => Ok(ids),
+                (None, Some(Err(e))) => Err(StoreError::Io(std::io::Error::other(e))),
+                (Some(e), _) => Err(StoreError::Io(std::io::Error::other(e.clone()))),
+                (None, None) => Err(StoreError::WriterGone),
+            };
+            let _ = rider.reply.send(answer);
+        }
+        out
     }
 }
 
-/// The batch's transaction; see the module header.
-pub(crate) fn commit_batch(
+/// The transaction on `conn`: `batch`'s writes (see the module header), then each
+/// rider's under a savepoint, its result pushed to `rode` (an error as its text).
+fn commit(
     conn: &mut Connection,
+    batch: Option<&Batch>,
+    riders: &[Rider],
+    rode: &mut Vec<Result<Vec<i64>, String>>,
+) -> Result<Vec<Committed>, StoreError> {
+    let mut tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let answers = match batch {
+        Some(b) => write_batch(&tx, &b.messages, &b.cursors, b.outbox)?,
+        None => Vec::new(),
+    };
+    for rider in riders {
+        let mut sp = tx.savepoint()?;
+        match sqlite_outbox::apply(&sp, &rider.write) {
+            Ok(ids) => {
+                sp.commit()?;
+                rode.push(Ok(ids));
+            }
+            Err(e) => {
+                sp.rollback()?;
+                rode.push(Err(e.to_string()));
+            }
+        }
+    }
+    tx.commit()?;
+    Ok(answers)
+}
+
+/// A batch's writes in transaction `tx`; see the module header.
+pub(crate) fn write_batch(
+    tx: &rusqlite::Transaction<'_>,
     messages: &[NewMessage],
     cursors: &[CursorUpdate],
     outbox: bool,
 ) -> Result<Vec<Committed>, StoreError> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let now = im_proto::now_ms();
     // 1. Dedup: new versus duplicate (stored before, or earlier in this batch).
-    let mut sorted = batch::sort(messages, |m| stored_duplicate(&tx, m))?;
+    let mut sorted = batch::sort(messages, |m| stored_duplicate(tx, m))?;
     // 2. Seqs: a gapless range per conversation, in conversation order.
-    let mut next = reserve_seqs(&tx, &sorted.counts, now)?;
-    list_direct(&tx, &batch::direct_rows(&sorted.counts), now)?;
+    let mut next = reserve_seqs(tx, &sorted.counts, now)?;
+    list_direct(tx, &batch::direct_rows(&sorted.counts), now)?;
     batch::assign_seqs(messages, &sorted.fresh, &mut next, &mut sorted.results, now);
     // 3. The new messages.
-    insert_messages(&tx, messages, &mut sorted, now)?;
+    insert_messages(tx, messages, &mut sorted, now)?;
     batch::mark_duplicates(&mut sorted.results, &sorted.dup_of);
     // 4. RECALL and EDIT events change the message they name, in seq order.
     for change in batch::changes(messages, &sorted) {
-        apply_change(&tx, &change, now)?;
+        apply_change(tx, &change, now)?;
     }
     // 5. A sender has read their own messages: the read cursor moves to the last seq
     //    they sent in each conversation (forward only).
@@ -185,7 +349,7 @@ pub(crate) fn commit_batch(
     }
     // 6. Delivery cursors, forward only.
     if !cursors.is_empty() {
-        delivery_cursors(&tx, cursors)?;
+        delivery_cursors(tx, cursors)?;
     }
     // 7. With webhooks on: one outbox row per message stored now, in this transaction.
     if outbox {
@@ -196,7 +360,6 @@ pub(crate) fn commit_batch(
             row.execute(params![conv, seq, now])?;
         }
     }
-    tx.commit()?;
     Ok(batch::answers(sorted.results, now))
 }
 
@@ -386,4 +549,92 @@ fn apply_change(
         _ => {}
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::outbox::NewEvent;
+
+    fn message(n: u32) -> NewMessage {
+        NewMessage {
+            conversation_id: "u:a:b".into(),
+            sender: "a".into(),
+            client_msg_id: format!("c{n}"),
+            msg_type: MessageType::Text as i32,
+            payload: bytes::Bytes::from_static(b"hi"),
+            msg_id: format!("m{n}"),
+            direct: Some(("a".into(), "b".into())),
+            reference: None,
+        }
+    }
+
+    fn rider(write: OutboxWrite) -> Rider {
+        Rider {
+            write,
+            reply: oneshot::channel().0,
+        }
+    }
+
+    fn count(conn: &Connection, table: &str) -> i64 {
+        conn.query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get(0))
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_failing_outbox_write_is_rolled_back_alone_and_the_batch_commits() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("im.db");
+        drop(
+            crate::store::SqliteStore::open(&path, true, 1)
+                .await
+                .unwrap(),
+        );
+        let mut conn = open(&path, true).unwrap();
+        let batch = Batch {
+            messages: vec![message(1), message(2)],
+            cursors: Vec::new(),
+            outbox: true,
+            reply: oneshot::channel().0,
+        };
+        let now = im_proto::now_ms();
+        let event = NewEvent {
+            endpoint: "push".into(),
+            event_id: "e1".into(),
+            kind: "message.created".into(),
+            body: "{}".into(),
+            created_ms: now,
+            next_ms: now,
+            parked: false,
+        };
+        // A first expansion stores its event; then the events' table goes, so the
+        // second one fails inside the same transaction as the batch.
+        let first = [rider(OutboxWrite::Expand {
+            done: Vec::new(),
+            events: vec![event.clone()],
+            merges: Vec::new(),
+        })];
+        let mut rode = Vec::new();
+        commit(&mut conn, None, &first, &mut rode).unwrap();
+        assert!(matches!(rode.as_slice(), [Ok(ids)] if ids.len() == 1));
+        conn.execute_batch("ALTER TABLE webhook_deliveries RENAME TO gone")
+            .unwrap();
+        let riders = [
+            rider(OutboxWrite::Expand {
+                done: Vec::new(),
+                events: vec![event],
+                merges: Vec::new(),
+            }),
+            rider(OutboxWrite::Settle(Vec::new())),
+        ];
+        let mut rode = Vec::new();
+        let answers = commit(&mut conn, Some(&batch), &riders, &mut rode).unwrap();
+        assert_eq!(answers.iter().map(|c| c.seq).collect::<Vec<_>>(), [1, 2]);
+        assert!(rode[0].is_err(), "the expansion failed: {:?}", rode[0]);
+        assert!(rode[1].is_ok(), "the empty settle rode: {:?}", rode[1]);
+        assert!(conn.is_autocommit());
+        assert_eq!(count(&conn, "messages"), 2, "the batch committed");
+        assert_eq!(count(&conn, "webhook_outbox"), 2, "with its outbox rows");
+        assert_eq!(count(&conn, "gone"), 1, "the failed expansion left nothing");
+    }
 }

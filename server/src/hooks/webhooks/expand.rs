@@ -25,11 +25,11 @@ const BATCH: u32 = 256;
 /// How long a claim of outbox rows holds, ms (a node that dies leaves them this long).
 const LEASE_MS: i64 = 30_000;
 /// The wait when the outbox is empty, or held less than a batch: rows gather for the
-/// next claim, so the store sees few, larger transactions (on SQLite they take the
-/// write lock the message commits need).
-const IDLE: Duration = Duration::from_millis(100);
+/// next claim, so the store sees few, larger writes (on SQLite they ride in the message
+/// commits' transactions, `store::sqlite_outbox`).
+const IDLE: Duration = Duration::from_millis(20);
 /// The wait after a batch smaller than [`BATCH`].
-const GATHER: Duration = Duration::from_millis(50);
+const GATHER: Duration = Duration::from_millis(10);
 /// A merge into a stored event this close to its due time starts a new event instead.
 const GUARD_MS: i64 = 500;
 /// Collapse windows remembered at most before the expired ones are dropped.

@@ -21,7 +21,7 @@ mod groups;
 mod history;
 mod inflight;
 mod users;
-mod webhooks;
+pub(crate) mod webhooks;
 
 use std::future::Future;
 
@@ -34,7 +34,9 @@ use sqlx::{
     Arguments, ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Type,
 };
 
-use super::outbox::{Claimed, Merge, NewEvent, OutboxCounts, OutboxSource, Outcome, ParkedRow};
+use super::outbox::{
+    Claimed, Merge, NewEvent, OutboxCounts, OutboxSource, OutboxWrite, Outcome, ParkedRow,
+};
 use super::{
     Committed, CursorUpdate, FlagsUpdate, GroupInfo, GroupOutcome, GroupRequest, HiddenMessage,
     ListAfter, MessageMeta, MessageRow, NewMessage, ReadMoved, ReadUpdate, Store, StoreError,
@@ -112,6 +114,17 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// reads (SQLite); `None`: claims take leases in the database (Postgres).
     fn in_flight(&self) -> Option<&InFlight> {
         None
+    }
+
+    /// Runs an outbox write beside the message commits, in their transactions (SQLite:
+    /// on its commit thread, `store::sqlite_outbox`); `None`: the backend runs it on the
+    /// outbox pool (Postgres, whose writers do not exclude each other).
+    fn outbox_write(
+        &self,
+        write: OutboxWrite,
+    ) -> Option<impl Future<Output = Result<Vec<i64>, StoreError>> + Send> {
+        let _ = write;
+        None::<std::future::Ready<Result<Vec<i64>, StoreError>>>
     }
 }
 
@@ -531,8 +544,8 @@ where
         events: &[NewEvent],
         merges: &[Merge],
     ) -> Result<Vec<i64>, StoreError> {
-        let mut conn = self.outbox_pool().acquire().await?;
         let Some(f) = self.in_flight() else {
+            let mut conn = self.outbox_pool().acquire().await?;
             let out = Sql::<DB>::outbox_expand(&mut conn, done, events, merges).await;
             return settle(conn, out).await;
         };
@@ -545,10 +558,22 @@ where
             .filter(|(_, ok)| **ok)
             .map(|(m, _)| m.clone())
             .collect();
-        let out = Sql::<DB>::outbox_expand(&mut conn, done, events, &merges).await;
+        let write = OutboxWrite::Expand {
+            done: done.to_vec(),
+            events: events.to_vec(),
+            merges: merges.clone(),
+        };
+        let out = match self.outbox_write(write) {
+            Some(ride) => ride.await,
+            None => {
+                let mut conn = self.outbox_pool().acquire().await?;
+                let out = Sql::<DB>::outbox_expand(&mut conn, done, events, &merges).await;
+                settle(conn, out).await
+            }
+        };
         f.events.settled(merges.iter().map(|m| m.id));
         f.sources.settled(done.iter().copied());
-        settle(conn, out).await
+        out
     }
 
     async fn events_claim(
@@ -580,8 +605,14 @@ where
     }
 
     async fn events_settle(&self, outcomes: &[Outcome]) -> Result<(), StoreError> {
-        let mut conn = self.outbox_pool().acquire().await?;
-        let out = Sql::<DB>::events_settle(&mut conn, outcomes).await;
+        let out = match self.outbox_write(OutboxWrite::Settle(outcomes.to_vec())) {
+            Some(ride) => ride.await.map(drop),
+            None => {
+                let mut conn = self.outbox_pool().acquire().await?;
+                let out = Sql::<DB>::events_settle(&mut conn, outcomes).await;
+                settle(conn, out).await
+            }
+        };
         if let Some(f) = self.in_flight() {
             f.events.settled(outcomes.iter().map(|o| match o {
                 Outcome::Delivered(id) | Outcome::Retry { id, .. } | Outcome::Park { id, .. } => {
@@ -589,7 +620,7 @@ where
                 }
             }));
         }
-        settle(conn, out).await
+        out
     }
 
     async fn events_parked(

@@ -3,7 +3,9 @@
 //! redelivery, the counts. `lock` is the backend's row-lock suffix of a claim's inner
 //! select (Postgres: `FOR UPDATE SKIP LOCKED`, so nodes claim disjoint rows). SQLite,
 //! one node, claims by the plain reads `outbox_read` and `events_read` instead (its
-//! claims are held in memory, `sql::inflight`), so claiming takes no write lock.
+//! claims are held in memory, `sql::inflight`), so claiming takes no write lock, and it
+//! runs expansions and outcomes on its commit thread with the statement constants here
+//! (`store::sqlite_outbox`).
 
 use sqlx::pool::PoolConnection;
 use sqlx::{ColumnIndex, Database, Executor, IntoArguments, Pool, Row};
@@ -20,6 +22,24 @@ const SOURCES: &str = "SELECT o.id, o.conversation_id, o.seq, o.created_ms, \
      COALESCE(m.sender, ''), COALESCE(m.msg_id, ''), COALESCE(m.msg_type, 0), \
      COALESCE(m.ref_msg_id, ''), COALESCE(m.send_time, 0) FROM webhook_outbox o \
      LEFT JOIN messages m ON m.conversation_id = o.conversation_id AND m.seq = o.seq";
+
+/// Stores one event, answering its row id (`$1`..`$8`: endpoint, event id, kind, body,
+/// created, due, parked, last error).
+pub(crate) const INSERT_EVENT: &str = "INSERT INTO webhook_deliveries (endpoint, event_id, \
+     kind, body, created_ms, next_ms, parked, last_error) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+     RETURNING id";
+/// A merge into a stored event never tried (`$1` the body, `$2` the row).
+pub(crate) const MERGE_EVENT: &str = "UPDATE webhook_deliveries SET body = $1 \
+     WHERE id = $2 AND attempts = 0 AND lease_until = 0";
+/// Deletes one expanded outbox row (`$1`).
+pub(crate) const DELETE_SOURCE: &str = "DELETE FROM webhook_outbox WHERE id = $1";
+/// Deletes one delivered event (`$1`).
+pub(crate) const DELETE_EVENT: &str = "DELETE FROM webhook_deliveries WHERE id = $1";
+/// A failed attempt: retried at `$1`, or parked (`$2` = 1), with the error `$3`, of row `$4`.
+pub(crate) const SETTLE_FAILED: &str = "UPDATE webhook_deliveries SET attempts = attempts + 1, \
+     next_ms = $1, parked = $2, last_error = $3, lease_owner = '', lease_until = 0 WHERE id = $4";
+/// The last error of an event stored parked because the outbox was at its bound.
+pub(crate) const OUTBOX_FULL: &str = "the outbox was full";
 
 impl<DB: Database> Sql<DB>
 where
@@ -163,31 +183,25 @@ where
         let mut tx = super::begin_write::<DB>(&mut **conn).await?;
         let mut ids = Vec::with_capacity(events.len());
         for e in events {
-            let id: i64 = sqlx::query_scalar(
-                "INSERT INTO webhook_deliveries (endpoint, event_id, kind, body, created_ms, \
-                 next_ms, parked, last_error) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
-            )
-            .bind(e.endpoint.as_str())
-            .bind(e.event_id.as_str())
-            .bind(e.kind.as_str())
-            .bind(e.body.as_str())
-            .bind(e.created_ms)
-            .bind(e.next_ms)
-            .bind(i32::from(e.parked))
-            .bind(if e.parked { "the outbox was full" } else { "" })
-            .fetch_one(&mut *tx)
-            .await?;
+            let id: i64 = sqlx::query_scalar(INSERT_EVENT)
+                .bind(e.endpoint.as_str())
+                .bind(e.event_id.as_str())
+                .bind(e.kind.as_str())
+                .bind(e.body.as_str())
+                .bind(e.created_ms)
+                .bind(e.next_ms)
+                .bind(i32::from(e.parked))
+                .bind(if e.parked { OUTBOX_FULL } else { "" })
+                .fetch_one(&mut *tx)
+                .await?;
             ids.push(id);
         }
         for m in merges {
-            sqlx::query(
-                "UPDATE webhook_deliveries SET body = $1 \
-                 WHERE id = $2 AND attempts = 0 AND lease_until = 0",
-            )
-            .bind(m.body.as_str())
-            .bind(m.id)
-            .execute(&mut *tx)
-            .await?;
+            sqlx::query(MERGE_EVENT)
+                .bind(m.body.as_str())
+                .bind(m.id)
+                .execute(&mut *tx)
+                .await?;
         }
         for chunk in done.chunks(CHUNK) {
             let mut st = Statement::<DB>::new("DELETE FROM webhook_outbox WHERE id IN (");
@@ -258,16 +272,13 @@ where
                 Outcome::Retry { id, next_ms, error } => (*id, *next_ms, 0, error),
                 Outcome::Park { id, error } => (*id, 0, 1, error),
             };
-            sqlx::query(
-                "UPDATE webhook_deliveries SET attempts = attempts + 1, next_ms = $1, \
-                 parked = $2, last_error = $3, lease_owner = '', lease_until = 0 WHERE id = $4",
-            )
-            .bind(next)
-            .bind(parked)
-            .bind(error.as_str())
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
+            sqlx::query(SETTLE_FAILED)
+                .bind(next)
+                .bind(parked)
+                .bind(error.as_str())
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(())
