@@ -375,6 +375,14 @@ impl Config {
         self.tls.validate()?;
         self.webhooks.validate()?;
         region::validate(&self.region, &self.regions, self.clustered())?;
+        if !self.region.is_empty() && matches!(self.database(), Ok(Database::Sqlite(_))) {
+            return Err(invalid(
+                "region",
+                &self.region,
+                "multi-region mode needs Postgres (database_url = postgres://...): \
+                 replication is built on the Postgres store only",
+            ));
+        }
         let nats = self.nats_url.trim();
         if !nats.is_empty() {
             if !(nats.starts_with("nats://") || nats.starts_with("tls://") || !nats.contains("://"))
