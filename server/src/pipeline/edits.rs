@@ -368,7 +368,7 @@ impl Pipeline {
                 client_msg_id: c.client_msg_id,
             })
         };
-        super::send::forward(map.clone(), s, req_id, body, to);
+        super::send::forward(map.clone(), self.store.clone(), s, req_id, body, to);
         None
     }
 }
