@@ -470,6 +470,28 @@ mod tests {
     }
 
     #[test]
+    fn multi_region_mode_is_refused_on_sqlite_naming_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("im.toml");
+        std::fs::write(
+            &file,
+            "region = \"a\"\n[[regions]]\nname = \"a\"\nroute_url = \"http://a:7070\"\n",
+        )
+        .unwrap();
+        let load = |db: &str| {
+            let mut pairs = vec![("IM_NATS_URL", "nats://127.0.0.1:4222")];
+            if !db.is_empty() {
+                pairs.push(("IM_DATABASE_URL", db));
+            }
+            Config::load_from(Some(&file), &Overrides::default(), env(&pairs))
+        };
+        let e = load("").unwrap_err().to_string();
+        assert!(e.contains("`region`") && e.contains("Postgres"), "{e}");
+        assert!(load("sqlite:/tmp/x.db").is_err());
+        assert!(load("postgres://db/im").is_ok());
+    }
+
+    #[test]
     fn urls_and_secrets_are_redacted() {
         assert_eq!(
             redact_url("postgres://im:s3cret@db:5432/im?sslmode=require"),
