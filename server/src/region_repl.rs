@@ -33,7 +33,7 @@ const FETCH_BATCH: usize = 256;
 /// the bound on what a gap holds back.
 pub const MAX_HELD: i64 = 1000;
 /// How long JetStream waits for an ack before it redelivers.
-const ACK_WAIT: Duration = Duration::from_secs(10);
+const ACK_WAIT: Duration = Duration::from_secs(5);
 /// How long a record that waits for a gap (or a store that failed) waits before its
 /// redelivery.
 const RETRY_DELAY: Duration = Duration::from_millis(500);

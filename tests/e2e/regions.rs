@@ -393,7 +393,7 @@ async fn regions_replicate_messages_both_ways_and_catch_up_after_a_cut() {
         eprintln!("skipped: no nats-server");
         return;
     }
-    let regions = Regions::start(&["a", "b"], 2, 2, DELAY, true).await;
+    let mut regions = Regions::start(&["a", "b"], 2, 2, DELAY, true).await;
     // Replication runs: each region's applier reached the other's stream.
     let t0 = Instant::now();
     lag_reported(&regions, false).await;
@@ -452,7 +452,26 @@ async fn regions_replicate_messages_both_ways_and_catch_up_after_a_cut() {
     }
     lag_reported(&regions, true).await;
     cut_and_heal(&regions, &clients, &convs, &mut acked, (&y1, &x2, &x1)).await;
-    for c in [cx1, cy1, cx2, cy2] {
+    for c in [cx1, cy2] {
+        c.close().await;
+    }
+    // Node 0 of each region dies (SIGKILL): node 1 takes over whatever replication role
+    // node 0 held, and the Sends forwarded between the two node 1s replicate.
+    regions.region_mut("a").nodes[0].kill();
+    regions.region_mut("b").nodes[0].kill();
+    let killed = Instant::now();
+    for i in 0..5 {
+        let user = |u: &str| im_client::Target::User(u.to_owned());
+        acked.push(sent(&cy1, user(&x1), format!("after the kill y1 {i}")).await);
+        acked.push(sent(&cx2, user(&y2), format!("after the kill x2 {i}")).await);
+    }
+    replicated(&regions, &convs, &acked, Duration::from_secs(60)).await;
+    eprintln!(
+        "node 0 of each region killed: {} messages in all replicated {:?} after the kill",
+        acked.len(),
+        killed.elapsed()
+    );
+    for c in [cy1, cx2] {
         c.close().await;
     }
 }
