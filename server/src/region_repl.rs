@@ -43,6 +43,30 @@ const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 /// rebuilt from a backup).
 const MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// Most bytes of a published record (NATS' default `max_payload` is 1 MiB).
+pub const MAX_RECORD_BYTES: usize = 900 * 1024;
+
+/// A record's JSON. A group state too large for one record is left out (counted and
+/// logged): the other regions keep the group's previous membership (docs/multi-region.md).
+fn encode(rec: &Record) -> Result<Vec<u8>, String> {
+    let body = serde_json::to_vec(rec).map_err(|e| e.to_string())?;
+    if body.len() <= MAX_RECORD_BYTES || rec.group.is_none() {
+        return Ok(body);
+    }
+    metrics::counter!("im_region_group_state_skipped_total").increment(1);
+    tracing::warn!(
+        conversation = ?rec.conversation_id,
+        seq = rec.seq,
+        bytes = body.len(),
+        "a group's state is too large for one replication record; replicated without it"
+    );
+    let lean = Record {
+        group: None,
+        ..rec.clone()
+    };
+    serde_json::to_vec(&lean).map_err(|e| e.to_string())
+}
+
 /// The JetStream stream region `region` publishes its commits to.
 pub fn stream_name(prefix: &str, region: &str) -> String {
     format!("{prefix}-repl-{region}")
@@ -208,7 +232,7 @@ impl Repl {
         let subject = subject(&self.prefix, &self.map.local);
         let mut acks = Vec::with_capacity(records.len());
         for rec in &records {
-            let body = serde_json::to_vec(rec).map_err(|e| e.to_string())?;
+            let body = encode(rec)?;
             let mut headers = async_nats::HeaderMap::new();
             headers.insert("Nats-Msg-Id", rec.msg_id_header().as_str());
             if let Some(sig) = self.map.sign(&body) {
@@ -451,5 +475,61 @@ impl Repl {
         metrics::gauge!("im_region_replication_lag_messages", &labels).set(lag.messages as f64);
         metrics::gauge!("im_region_replication_lag_seconds", &labels)
             .set(lag.seconds(self.started));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::repl::GroupSnapshot;
+
+    fn record(members: usize) -> Record {
+        Record {
+            region: "a".into(),
+            conversation_id: "g:crew".into(),
+            seq: 7,
+            msg_id: "m".into(),
+            sender: String::new(),
+            client_msg_id: None,
+            msg_type: im_proto::MessageType::System as i32,
+            payload: String::new(),
+            send_time: 1,
+            ref_seq: 0,
+            ref_msg_id: None,
+            state: 0,
+            edit_time: 0,
+            group: Some(GroupSnapshot {
+                group_id: "crew".into(),
+                created_by: "al".into(),
+                created_at: 1,
+                kind: 0,
+                members_can_invite: 0,
+                version: 7,
+                dissolved: 0,
+                size: members as i32,
+                members: (0..members)
+                    .map(|i| (format!("member{i:08}"), 1_733_500_000_000, 1))
+                    .collect(),
+                intervals: (0..members)
+                    .map(|i| (format!("member{i:08}"), 7, None))
+                    .collect(),
+                bans: Vec::new(),
+            }),
+            hole: false,
+            outbox_id: 1,
+        }
+    }
+
+    #[test]
+    fn a_record_keeps_its_group_state_unless_it_is_too_large() {
+        let small = record(100);
+        let back: Record = serde_json::from_slice(&encode(&small).unwrap()).unwrap();
+        assert_eq!(back.group, small.group);
+        assert_eq!(back.msg_id_header(), "a:g:crew:7");
+        let large = record(50_000);
+        let body = encode(&large).unwrap();
+        assert!(body.len() <= MAX_RECORD_BYTES, "{}", body.len());
+        let back: Record = serde_json::from_slice(&body).unwrap();
+        assert_eq!((back.group, back.seq), (None, 7));
     }
 }
