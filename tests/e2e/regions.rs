@@ -446,6 +446,7 @@ async fn regions_replicate_messages_both_ways_and_catch_up_after_a_cut() {
         acked.len()
     );
     edit_and_recall_across(&regions, (&cy1, &cx2), &convs, &mut acked).await;
+    server_messages_at_the_home_only(&regions);
     let clients = [&cx1, &cy1, &cx2, &cy2];
     for (c, w) in clients.iter().zip(&want) {
         pushed(c, w).await;
@@ -474,6 +475,27 @@ async fn regions_replicate_messages_both_ways_and_catch_up_after_a_cut() {
     for c in [cy1, cx2] {
         c.close().await;
     }
+}
+
+/// A server message (`POST /admin/v1/messages`) is committed only by its
+/// conversation's home: refused by the other region's admin API, naming the home.
+fn server_messages_at_the_home_only(regions: &Regions) {
+    let names = ["a".to_owned(), "b".to_owned()];
+    let user = (0..200)
+        .map(|i| format!("reader{i}"))
+        .find(|u| {
+            let c = im_client::proto::direct_conversation("system", u);
+            im_server::region::home_of(&c, &names) == Some("a")
+        })
+        .expect("a user whose system conversation is homed in a");
+    let body = format!(r#"{{"to_user": "{user}", "kind": "system", "payload": "hello"}}"#);
+    let b = &regions.region("b").nodes[1];
+    let (status, answer) = b.admin_json("POST", "/admin/v1/messages", &body);
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("homed in region a"), "{answer}");
+    let a = &regions.region("a").nodes[1];
+    let (status, answer) = a.admin_json("POST", "/admin/v1/messages", &body);
+    assert_eq!(status, 200, "{answer}");
 }
 
 /// y1 (region b) edits their first message of the conversation homed in a, x2 (region
