@@ -340,18 +340,17 @@ pub(crate) async fn outbox_rows(
     Ok(())
 }
 
-/// Takes advisory lock `key` on a connection detached from `pool`.
+/// Takes advisory lock `key` on a connection of `pool`, which then leaves the pool
+/// with the lock (a connection that did not get it goes back).
 pub(crate) async fn lead(pool: &PgPool, key: i64) -> Result<Option<Leader>, StoreError> {
-    let mut conn = pool.acquire().await?.detach();
+    let mut conn = pool.acquire().await?;
     let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
         .bind(key)
-        .fetch_one(&mut conn)
+        .fetch_one(&mut *conn)
         .await?;
-    if got {
-        return Ok(Some(Leader { conn }));
-    }
-    let _ = sqlx::Connection::close(conn).await;
-    Ok(None)
+    Ok(got.then(|| Leader {
+        conn: conn.detach(),
+    }))
 }
 
 /// Applies `rec` in one transaction (see the module doc).
