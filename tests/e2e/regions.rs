@@ -453,14 +453,26 @@ async fn regions_replicate_messages_both_ways_and_catch_up_after_a_cut() {
     }
     lag_reported(&regions, true).await;
     cut_and_heal(&regions, &clients, &convs, &mut acked, (&y1, &x2, &x1)).await;
-    for c in [cx1, cy2] {
-        c.close().await;
+    // Node 0 of each region dies (SIGKILL) right after acking Sends of its own homes:
+    // node 1 takes over whatever replication role node 0 held (publishing what node 0
+    // committed and had not published), and the Sends forwarded between the two node
+    // 1s replicate.
+    for i in 0..5 {
+        let user = |u: &str| im_client::Target::User(u.to_owned());
+        acked.push(sent(&cx1, user(&y1), format!("before the kill x1 {i}")).await);
+        acked.push(sent(&cy2, user(&x2), format!("before the kill y2 {i}")).await);
     }
-    // Node 0 of each region dies (SIGKILL): node 1 takes over whatever replication role
-    // node 0 held, and the Sends forwarded between the two node 1s replicate.
+    for name in ["a", "b"] {
+        let node0 = &regions.region(name).nodes[0];
+        let published = node0.metrics().contains("im_region_published_total{");
+        eprintln!("region {name}: node 0 published (held the publisher role): {published}");
+    }
     regions.region_mut("a").nodes[0].kill();
     regions.region_mut("b").nodes[0].kill();
     let killed = Instant::now();
+    for c in [cx1, cy2] {
+        c.close().await;
+    }
     for i in 0..5 {
         let user = |u: &str| im_client::Target::User(u.to_owned());
         acked.push(sent(&cy1, user(&x1), format!("after the kill y1 {i}")).await);
