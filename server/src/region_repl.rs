@@ -382,13 +382,21 @@ impl Repl {
             .and_then(|h| h.get(crate::region::SIG_HEADER))
             .map(|v| v.as_str());
         let rec: Option<Record> = serde_json::from_slice(&m.payload).ok();
+        // A record is `from`'s own, of a conversation homed there (region lists that
+        // disagree would let two regions write one conversation: dropped, loudly).
         let rec = match rec {
-            Some(r) if r.region == from && self.map.verify(&m.payload, sig) => r,
+            Some(r)
+                if r.region == from
+                    && self.map.home(&r.conversation_id) == from
+                    && self.map.verify(&m.payload, sig) =>
+            {
+                r
+            }
             _ => {
                 metrics::counter!("im_region_bad_records_total", "from" => from.to_owned())
                     .increment(1);
                 tracing::warn!(from = %from, bytes = m.payload.len(),
-                    "malformed, misplaced or unsigned replication record dropped");
+                    "malformed, misplaced, unsigned or not homed there: replication record dropped");
                 let _ = m.ack_with(AckKind::Term).await;
                 return true;
             }
