@@ -40,7 +40,7 @@ pub use nodes::{
 };
 pub use overview::{
     AllocStats, Capacity, ClusterInfo, ClusterNode, ClusterSummary, NodeReport, Overview,
-    ProcessStats, Refusals, RuntimeStats, StageLatency, TaskStats,
+    ProcessStats, Refusals, RegionLag, RuntimeStats, StageLatency, TaskStats,
 };
 pub use trace::{MessageTrace, TraceStage};
 pub use users::{

@@ -170,6 +170,27 @@ pub struct Overview {
     /// The configured hooks to the application's backend and their circuit breakers
     /// (empty: none configured, or an older server).
     pub hooks: Vec<crate::hooks::HookStatus>,
+    /// Multi-region mode: the replication lag into this region from each other region,
+    /// as the node that applies it sees it (empty: one region, an older server, or a
+    /// node that does not apply; see docs/multi-region.md).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub regions: Vec<RegionLag>,
+}
+
+/// One region pair of `overview.regions`: the replication from `from` into `to`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RegionLag {
+    /// The home region the messages come from.
+    pub from: String,
+    /// The region applying them (this node's).
+    pub to: String,
+    /// Messages in `from`'s stream not yet applied here, as last known.
+    pub lag_messages: u64,
+    /// Seconds since this region was last caught up with `from` (0: caught up now).
+    pub lag_seconds: f64,
+    /// Messages applied from `from` since this node started applying.
+    pub applied_total: u64,
 }
 
 /// `overview.runtime`: tokio's stable runtime metrics and the task monitors of the

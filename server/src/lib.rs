@@ -21,6 +21,7 @@ pub mod obs;
 pub mod persist;
 pub mod pipeline;
 pub mod region;
+pub mod region_repl;
 pub mod region_serve;
 pub mod reload;
 pub mod route;
@@ -461,11 +462,20 @@ impl Built {
                 let client = c.link.nats_client();
                 let _ = map.nats.set(client.clone());
                 background.push(tokio::spawn(region_serve::run(
-                    client,
+                    client.clone(),
                     map.clone(),
                     node.pipeline.clone(),
                     Arc::new(config.clone()),
                 )));
+                let repl = region_repl::Repl::new(
+                    client,
+                    map.clone(),
+                    node.store.clone(),
+                    node.pipeline.router.clone(),
+                    node.pipeline.relations.clone(),
+                    config.cluster.prefix.clone(),
+                );
+                background.extend(repl.iter().flat_map(|r| r.spawn()));
             }
         }
         let hangup = [&self.client_tls, &self.admin_tls];

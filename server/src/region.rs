@@ -40,7 +40,7 @@ pub enum ForwardError {
 }
 
 /// This node's region and the list every region shares.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct RegionMap {
     /// This node's region.
     pub local: String,
@@ -55,6 +55,50 @@ pub struct RegionMap {
     /// a NATS writer without the key cannot send as any user (without a key NATS is
     /// trusted, as for the cluster's own traffic).
     pub key: Option<ring::hmac::Key>,
+    /// The replication lag into this region per source region, as this node's applier
+    /// last saw it (`region_repl`; the admin overview reads it).
+    pub lags: std::sync::Mutex<std::collections::BTreeMap<String, Lag>>,
+}
+
+/// The replication from one region into this one, as this node's applier sees it.
+#[derive(Debug, Clone, Default)]
+pub struct Lag {
+    /// Messages in the source's stream not yet applied here, as last known.
+    pub messages: u64,
+    /// When this region was last known caught up (`None`: never yet).
+    pub caught_up_at: Option<std::time::Instant>,
+    /// Whether it is caught up now.
+    pub caught_up: bool,
+    /// Messages applied since this node started applying.
+    pub applied: u64,
+}
+
+impl Lag {
+    /// Seconds since this region was last caught up (0 while it is).
+    pub fn seconds(&self, started: std::time::Instant) -> f64 {
+        if self.caught_up {
+            return 0.0;
+        }
+        self.caught_up_at.unwrap_or(started).elapsed().as_secs_f64()
+    }
+}
+
+impl RegionMap {
+    /// The overview's region pairs: the lag into this region from each other one.
+    pub fn lag_view(&self, started: std::time::Instant) -> Vec<im_admin_api::RegionLag> {
+        let Ok(lags) = self.lags.lock() else {
+            return Vec::new();
+        };
+        lags.iter()
+            .map(|(from, l)| im_admin_api::RegionLag {
+                from: from.clone(),
+                to: self.local.clone(),
+                lag_messages: l.messages,
+                lag_seconds: l.seconds(started),
+                applied_total: l.applied,
+            })
+            .collect()
+    }
 }
 
 /// The NATS header carrying a forwarded request's HMAC (hex), with `cluster.key` set.
@@ -120,6 +164,7 @@ impl RegionMap {
             key: (!config.cluster.key.is_empty()).then(|| {
                 ring::hmac::Key::new(ring::hmac::HMAC_SHA256, config.cluster.key.as_bytes())
             }),
+            lags: Default::default(),
         }))
     }
 
@@ -276,6 +321,7 @@ mod tests {
             route_urls: names(&["http://a:1", "http://b:1"]),
             nats: OnceLock::new(),
             key: None,
+            lags: Default::default(),
         };
         assert_eq!(parse_forwarded(b"alice\nxyz"), Some(("alice", &b"xyz"[..])));
         assert_eq!(parse_forwarded(b"al ice\nxyz"), None);
@@ -301,6 +347,7 @@ mod tests {
             route_urls: names(&["http://a:1", "http://b:1"]),
             nats: OnceLock::new(),
             key: Some(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, k.as_bytes())),
+            lags: Default::default(),
         };
         let map = keyed("a cluster key of at least 32 bytes!!");
         let sig = map.sign(b"alice\nframe").expect("signed with a key");

@@ -1,5 +1,5 @@
-//! Multi-region, the home's side of forwarding: this region's nodes take the Sends and
-//! GroupOps other regions forward (a NATS queue group on `region::send_subject`, one
+//! Multi-region, the home's side of forwarding: this region's nodes take the Sends,
+//! GroupOps, Recalls and Edits other regions forward (a NATS queue group on `region::send_subject`, one
 //! node answers each) and run each through the ordinary pipeline as its sender, on a
 //! connection-less session whose queue receives the reply; the answer (the SendAck or
 //! GroupOpOk, queued only after the durable commit, or the Error) goes back as the
@@ -94,6 +94,8 @@ async fn answer(
         Some(Body::GroupOp(op)) if !op.group_id.is_empty() => {
             Some(im_proto::group_conversation(&op.group_id))
         }
+        Some(Body::Recall(r)) => Some(r.conversation_id.clone()),
+        Some(Body::Edit(e)) => Some(e.conversation_id.clone()),
         _ => return None,
     };
     // Region lists that disagree would bounce a request between regions: refuse instead.

@@ -1097,6 +1097,106 @@ async fn the_sqlite_log_is_checkpointed_by_its_own_thread_not_by_commits() {
             "the database file never took the log's pages ({} -> {} bytes)",
             before,
             size()
+
+/// Multi-region replication's store side (Postgres): the home's commits write outbox
+/// rows in their own transactions, read back as records in commit order (a group's
+/// SYSTEM event with the group's state); another region applies them only in seq order,
+/// once, with the origin ids, and reads them like its own.
+#[tokio::test]
+async fn region_outbox_records_apply_in_seq_order_once() {
+    use im_server::store::repl::Applied;
+    let home = PgStore::connect_with(fresh_schema().await, 4)
+        .await
+        .unwrap();
+    let copy = PgStore::connect_with(fresh_schema().await, 4)
+        .await
+        .unwrap();
+    let (h, c) = (home.replication().unwrap(), copy.replication().unwrap());
+    // Off: no rows.
+    home.commit_batch(&[msg("u:al:bo", "al", "m0", "before")], &[])
+        .await
+        .unwrap();
+    assert_eq!(h.outbox_len().await.unwrap(), 0);
+    h.set_region_outbox(true);
+    let sent = home
+        .commit_batch(
+            &[
+                msg("u:al:bo", "al", "m1", "one"),
+                msg("u:al:bo", "bo", "m2", "two"),
+            ],
+            &[],
+        )
+        .await
+        .unwrap();
+    home.group_change("crew", &group_req(Op::Create, "al", &["bo"], 100))
+        .await
+        .unwrap();
+    let edit = change("u:al:bo", "al", "e1", 5, 2, &sent[0].msg_id, "one, fixed");
+    home.commit_batch(&[edit], &[]).await.unwrap();
+    let recs = h.outbox_take("a", 100).await.unwrap();
+    let keys: Vec<String> = recs.iter().map(|r| r.msg_id_header()).collect();
+    assert_eq!(
+        keys,
+        ["a:u:al:bo:2", "a:u:al:bo:3", "a:g:crew:1", "a:u:al:bo:4"],
+        "commit order"
+    );
+    let group = recs[2]
+        .group
+        .as_ref()
+        .expect("the group's state on its event");
+    assert_eq!((group.version, group.members.len()), (1, 2));
+    // The copy has seq 1 from elsewhere (a region's first record of a conversation is
+    // its seq 1); here the pre-region message is given as a hole.
+    let first = im_server::store::repl::Record {
+        seq: 1,
+        hole: true,
+        msg_id: String::new(),
+        group: None,
+        ..recs[0].clone()
+    };
+    assert_eq!(
+        c.apply(&recs[0]).await.unwrap(),
+        Applied::Gap(0),
+        "seq 2 waits"
+    );
+    assert_eq!(c.apply(&first).await.unwrap(), Applied::Hole);
+    for r in &recs {
+        assert_eq!(c.apply(r).await.unwrap(), Applied::Stored, "{}", r.seq);
+        assert_eq!(c.apply(r).await.unwrap(), Applied::Duplicate, "{}", r.seq);
+    }
+    h.outbox_done(&recs.iter().map(|r| r.outbox_id).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    assert_eq!(h.outbox_len().await.unwrap(), 0);
+    // The copy reads them with the origin ids and seqs, the edit applied.
+    let (page, _) = copy
+        .history_page("bo", "u:al:bo", 0, 10, 1 << 20)
+        .await
+        .unwrap();
+    let got: Vec<(u64, String)> = page.iter().map(|m| (m.seq, m.msg_id.clone())).collect();
+    assert_eq!(
+        got,
+        [
+            (4, recs[3].msg_id.clone()),
+            (3, sent[1].msg_id.clone()),
+            (2, sent[0].msg_id.clone()),
+        ]
+    );
+    assert_eq!(&page[2].payload[..], b"one, fixed");
+    assert_eq!(page[2].state, im_proto::MessageState::Edited as i32);
+    let (members, version) = copy.group_members("crew").await.unwrap().expect("group");
+    assert_eq!((members.len(), version), (2, 1));
+    assert_eq!(copy.last_seq("u:al:bo").await.unwrap(), Some(4));
+    // One holder of a role's lock at a time; it goes with its session.
+    let key = im_proto::now_ms();
+    let first = h.lead(key).await.unwrap().expect("free");
+    assert!(h.lead(key).await.unwrap().is_none(), "held");
+    drop(first);
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while h.lead(key).await.unwrap().is_none() {
+        assert!(
+            std::time::Instant::now() < end,
+            "the lock went with its session"
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }

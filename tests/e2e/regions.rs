@@ -240,10 +240,17 @@ async fn regions_route_lists_regions_and_the_sdk_joins_the_nearest() {
             .collect();
         assert_eq!(seqs, (1..=seqs.len() as i64).collect::<Vec<_>>(), "{conv}");
     }
+    // Region b holds its own conversation as it committed it (and copies of region
+    // a's, replicated: `regions_replicate_messages_both_ways_and_catch_up_after_a_cut`).
+    let in_b_rows: Vec<_> = stored(&regions, "b")
+        .await
+        .into_iter()
+        .filter(|r| r.0 == in_b_conv)
+        .collect();
     assert_eq!(
-        stored(&regions, "b").await,
+        in_b_rows,
         vec![(in_b_conv, 1, local.msg_id.clone())],
-        "region b committed only its own conversation"
+        "region b committed its own conversation once"
     );
 
     // Region b is lost: the SDK fails over to region a by itself.
@@ -292,4 +299,342 @@ fn refused_for_home(r: Result<im_client::proto::SendAck, im_client::ClientError>
         }
         other => panic!("expected REGION_UNAVAILABLE naming {home}, got {other:?}"),
     }
+}
+
+/// A pair of users (`x` in region a, `y` in region b by who connects where) whose
+/// one-to-one conversation is homed in `home`.
+fn pair_homed(tag: &str, home: &str) -> (String, String) {
+    let names = ["a".to_owned(), "b".to_owned()];
+    (0..200)
+        .map(|i| (format!("{tag}x{i}"), format!("{tag}y{i}")))
+        .find(|(x, y)| {
+            let c = im_client::proto::direct_conversation(x, y);
+            im_server::region::home_of(&c, &names) == Some(home)
+        })
+        .expect("a pair for each home")
+}
+
+/// Who sends what in the replication test: (sender's client, target, text).
+type Acked = Vec<(String, u64, String)>;
+
+/// One message from `from` to `target`, acked: its (conversation, seq, msg_id).
+async fn sent(
+    from: &im_client::Client,
+    target: im_client::Target,
+    text: String,
+) -> (String, u64, String) {
+    let ack = from
+        .send(target, im_client::proto::MessageType::Text, text, None)
+        .await
+        .unwrap_or_else(|e| panic!("{} sends: {e:?}", from.user_id()));
+    (ack.conversation_id.clone(), ack.seq, ack.msg_id.clone())
+}
+
+/// Waits until both regions hold the same rows for `convs`, every one of `acked`
+/// exactly once at its acked seq, each conversation's seqs gapless from 1; how long
+/// it took. Panics after `limit` with what differs.
+async fn replicated(
+    regions: &Regions,
+    convs: &[String],
+    acked: &Acked,
+    limit: Duration,
+) -> Duration {
+    let t0 = Instant::now();
+    loop {
+        let of = |rows: Vec<(String, i64, String)>| -> Vec<(String, i64, String)> {
+            rows.into_iter().filter(|r| convs.contains(&r.0)).collect()
+        };
+        let (a, b) = (
+            of(stored(regions, "a").await),
+            of(stored(regions, "b").await),
+        );
+        let complete = acked.iter().all(|(c, s, m)| {
+            let here = |rows: &[(String, i64, String)]| {
+                rows.iter().filter(|r| &r.2 == m).count() == 1
+                    && rows.contains(&(c.clone(), *s as i64, m.clone()))
+            };
+            here(&a) && here(&b)
+        });
+        if complete && a == b {
+            for conv in convs {
+                let seqs: Vec<i64> = a.iter().filter(|r| &r.0 == conv).map(|r| r.1).collect();
+                assert_eq!(seqs, (1..=seqs.len() as i64).collect::<Vec<_>>(), "{conv}");
+            }
+            return t0.elapsed();
+        }
+        assert!(
+            t0.elapsed() < limit,
+            "not replicated within {limit:?}: {} acked, a {} rows, b {} rows",
+            acked.len(),
+            a.len(),
+            b.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until `c` got a push of every message of `want` (by msg_id; other messages
+/// and repeats are skipped).
+async fn pushed(c: &im_client::Client, want: &[String]) {
+    let mut missing: std::collections::HashSet<&String> = want.iter().collect();
+    while !missing.is_empty() {
+        let m = c
+            .next_message(Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|e| panic!("{}: {} pushes missing: {e:?}", c.user_id(), missing.len()));
+        missing.remove(&m.msg_id);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regions_replicate_messages_both_ways_and_catch_up_after_a_cut() {
+    if !std::path::Path::new(&crate::support::nats::nats_server_bin()).exists() {
+        assert!(std::env::var_os("CI").is_none(), "nats-server missing");
+        eprintln!("skipped: no nats-server");
+        return;
+    }
+    let mut regions = Regions::start(&["a", "b"], 2, 2, DELAY, true).await;
+    // Replication runs: each region's applier reached the other's stream.
+    let t0 = Instant::now();
+    lag_reported(&regions, false).await;
+    eprintln!("replication up {:?} after the nodes", t0.elapsed());
+    let (ra, rb) = (regions.region("a"), regions.region("b"));
+    // x1 (region a) and y1 (region b) talk in a conversation homed in a, x2 (a) and
+    // y2 (b) in one homed in b; x1 and y1 share a group homed in a, made from region b.
+    let ((x1, y1), (x2, y2)) = (pair_homed("p", "a"), pair_homed("q", "b"));
+    let (cx1, cy1) = (ra.nodes[0].client(&x1).await, rb.nodes[1].client(&y1).await);
+    let (cx2, cy2) = (ra.nodes[1].client(&x2).await, rb.nodes[0].client(&y2).await);
+    let names = ["a".to_owned(), "b".to_owned()];
+    let group = (0..100)
+        .map(|i| format!("crew{i}"))
+        .find(|g| im_server::region::home_of(&format!("g:{g}"), &names) == Some("a"))
+        .expect("a group homed in a");
+    cy1.group_op(
+        im_client::proto::group_op::Op::Create,
+        group.clone(),
+        vec![x1.clone()],
+    )
+    .await
+    .expect("group made from region b at its home a");
+    let convs = vec![
+        im_client::proto::direct_conversation(&x1, &y1),
+        im_client::proto::direct_conversation(&x2, &y2),
+        format!("g:{group}"),
+    ];
+    let user = |u: &str| im_client::Target::User(u.to_owned());
+    let to_group = || im_client::Target::Group(group.clone());
+    let mut acked: Acked = Vec::new();
+    // (recipient's client, the msg_ids it must get pushed)
+    let mut want: [Vec<String>; 4] = Default::default();
+    for i in 0..5 {
+        let rows = [
+            (sent(&cx1, user(&y1), format!("x1 {i}")).await, 1),
+            (sent(&cy1, user(&x1), format!("y1 {i}")).await, 0),
+            (sent(&cx2, user(&y2), format!("x2 {i}")).await, 3),
+            (sent(&cy2, user(&x2), format!("y2 {i}")).await, 2),
+            (sent(&cx1, to_group(), format!("g x1 {i}")).await, 1),
+            (sent(&cy1, to_group(), format!("g y1 {i}")).await, 0),
+        ];
+        for (row, to) in rows {
+            want[to].push(row.2.clone());
+            acked.push(row);
+        }
+    }
+    let took = replicated(&regions, &convs, &acked, Duration::from_secs(30)).await;
+    eprintln!(
+        "replicated {} messages both ways within {took:?}",
+        acked.len()
+    );
+    edit_and_recall_across(&regions, (&cy1, &cx2), &convs, &mut acked).await;
+    server_messages_at_the_home_only(&regions);
+    let clients = [&cx1, &cy1, &cx2, &cy2];
+    for (c, w) in clients.iter().zip(&want) {
+        pushed(c, w).await;
+    }
+    lag_reported(&regions, true).await;
+    cut_and_heal(&regions, &clients, &convs, &mut acked, (&y1, &x2, &x1)).await;
+    // Node 0 of each region dies (SIGKILL) right after acking Sends of its own homes:
+    // node 1 takes over whatever replication role node 0 held (publishing what node 0
+    // committed and had not published), and the Sends forwarded between the two node
+    // 1s replicate.
+    for i in 0..5 {
+        let user = |u: &str| im_client::Target::User(u.to_owned());
+        acked.push(sent(&cx1, user(&y1), format!("before the kill x1 {i}")).await);
+        acked.push(sent(&cy2, user(&x2), format!("before the kill y2 {i}")).await);
+    }
+    for name in ["a", "b"] {
+        let node0 = &regions.region(name).nodes[0];
+        let published = node0.metrics().contains("im_region_published_total{");
+        eprintln!("region {name}: node 0 published (held the publisher role): {published}");
+    }
+    regions.region_mut("a").nodes[0].kill();
+    regions.region_mut("b").nodes[0].kill();
+    let killed = Instant::now();
+    for c in [cx1, cy2] {
+        c.close().await;
+    }
+    for i in 0..5 {
+        let user = |u: &str| im_client::Target::User(u.to_owned());
+        acked.push(sent(&cy1, user(&x1), format!("after the kill y1 {i}")).await);
+        acked.push(sent(&cx2, user(&y2), format!("after the kill x2 {i}")).await);
+    }
+    replicated(&regions, &convs, &acked, Duration::from_secs(60)).await;
+    eprintln!(
+        "node 0 of each region killed: {} messages in all replicated {:?} after the kill",
+        acked.len(),
+        killed.elapsed()
+    );
+    for c in [cy1, cx2] {
+        c.close().await;
+    }
+}
+
+/// A server message (`POST /admin/v1/messages`) is committed only by its
+/// conversation's home: refused by the other region's admin API, naming the home.
+fn server_messages_at_the_home_only(regions: &Regions) {
+    let names = ["a".to_owned(), "b".to_owned()];
+    let user = (0..200)
+        .map(|i| format!("reader{i}"))
+        .find(|u| {
+            let c = im_client::proto::direct_conversation("system", u);
+            im_server::region::home_of(&c, &names) == Some("a")
+        })
+        .expect("a user whose system conversation is homed in a");
+    let body = format!(r#"{{"to_user": "{user}", "kind": "system", "payload": "hello"}}"#);
+    let b = &regions.region("b").nodes[1];
+    let (status, answer) = b.admin_json("POST", "/admin/v1/messages", &body);
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("homed in region a"), "{answer}");
+    let a = &regions.region("a").nodes[1];
+    let (status, answer) = a.admin_json("POST", "/admin/v1/messages", &body);
+    assert_eq!(status, 200, "{answer}");
+}
+
+/// y1 (region b) edits their first message of the conversation homed in a, x2 (region
+/// a) recalls theirs of the one homed in b: each is forwarded to the home, committed
+/// there as an event at the next seq and replicated with its effect on the message.
+async fn edit_and_recall_across(
+    regions: &Regions,
+    (cy1, cx2): (&im_client::Client, &im_client::Client),
+    convs: &[String],
+    acked: &mut Acked,
+) {
+    let (edited, recalled) = (acked[1].clone(), acked[2].clone());
+    let e = cy1
+        .edit(&edited.0, edited.1, &edited.2, "y1 0, edited")
+        .await
+        .expect("edit forwarded to the home a");
+    let r = cx2
+        .recall(&recalled.0, recalled.1, &recalled.2)
+        .await
+        .expect("recall forwarded to the home b");
+    assert_eq!(
+        (&e.conversation_id, &r.conversation_id),
+        (&edited.0, &recalled.0)
+    );
+    acked.push((e.conversation_id, e.seq, e.msg_id));
+    acked.push((r.conversation_id, r.seq, r.msg_id));
+    replicated(regions, convs, acked, Duration::from_secs(30)).await;
+    for name in ["a", "b"] {
+        let pool = sqlx::PgPool::connect(&regions.region(name).db_url)
+            .await
+            .expect("region database");
+        let state = |(conv, seq): (String, u64)| {
+            sqlx::query_as::<_, (i32, Vec<u8>)>(
+                "SELECT state, payload FROM messages WHERE conversation_id = $1 AND seq = $2",
+            )
+            .bind(conv)
+            .bind(seq as i64)
+            .fetch_one(&pool)
+        };
+        let got = state((edited.0.clone(), edited.1))
+            .await
+            .expect("edited row");
+        assert_eq!(got, (1, b"y1 0, edited".to_vec()), "edited, region {name}");
+        let got = state((recalled.0.clone(), recalled.1))
+            .await
+            .expect("recalled row");
+        assert_eq!(got, (2, Vec::new()), "recalled, region {name}");
+        pool.close().await;
+    }
+}
+
+/// The overview of some node of each region lists the pair into it, caught up (with
+/// `applied`, after applying something), and the lag gauges are exported.
+async fn lag_reported(regions: &Regions, applied: bool) {
+    for (to, from) in [("a", "b"), ("b", "a")] {
+        let end = Instant::now() + Duration::from_secs(20);
+        loop {
+            let found = regions.region(to).nodes.iter().any(|n| {
+                let (_, body) = n.admin_get("/admin/v1/overview");
+                let o: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+                let metrics = n.metrics();
+                o["regions"].as_array().is_some_and(|r| {
+                    r.iter().any(|p| {
+                        p["from"] == from
+                            && p["to"] == to
+                            && p["lag_messages"] == 0
+                            && p["lag_seconds"] == 0.0
+                            && p["applied_total"]
+                                .as_u64()
+                                .is_some_and(|n| n > 0 || !applied)
+                    })
+                }) && metrics.contains("im_region_replication_lag_seconds{")
+                    && metrics.contains("im_region_replication_lag_messages{")
+            });
+            if found {
+                break;
+            }
+            assert!(Instant::now() < end, "no caught-up lag for {from} -> {to}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// Cuts the gateway for about 20 s under light load: the conversations homed where
+/// their sender is keep working, a Send homed across the cut is refused with
+/// REGION_UNAVAILABLE; after the heal everything replicates, nothing lost or doubled.
+/// `users`: (y1, x2, x1) of the caller.
+async fn cut_and_heal(
+    regions: &Regions,
+    clients: &[&im_client::Client; 4],
+    convs: &[String],
+    acked: &mut Acked,
+    users: (&str, &str, &str),
+) {
+    let [cx1, cy1, _, cy2] = *clients;
+    let (y1, x2, x1) = users;
+    regions.regions.iter().for_each(|r| r.cut_gateway());
+    let cut_at = Instant::now();
+    let user = |u: &str| im_client::Target::User(u.to_owned());
+    let (mut to_y1, mut to_x2) = (Vec::new(), Vec::new());
+    let refused = async {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        cy1.send_text(x1, "across the cut").await
+    };
+    let local = async {
+        let mut i = 0;
+        while cut_at.elapsed() < Duration::from_secs(20) {
+            // Homed in a, sent in a; homed in b, sent in b.
+            let r1 = sent(cx1, user(y1), format!("cut x1 {i}")).await;
+            let r2 = sent(cy2, user(x2), format!("cut y2 {i}")).await;
+            to_y1.push(r1.2.clone());
+            to_x2.push(r2.2.clone());
+            acked.extend([r1, r2]);
+            i += 1;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    };
+    let (refusal, ()) = tokio::join!(refused, local);
+    refused_for_home(refusal, "a");
+    let cut_for = cut_at.elapsed();
+    regions.regions.iter().for_each(|r| r.heal_gateway());
+    let took = replicated(regions, convs, acked, Duration::from_secs(90)).await;
+    eprintln!(
+        "gateway cut for {cut_for:?} under light load ({} messages committed meanwhile): \
+         caught up {took:?} after the heal",
+        to_y1.len() + to_x2.len()
+    );
+    pushed(cy1, &to_y1).await;
+    pushed(clients[2], &to_x2).await;
 }

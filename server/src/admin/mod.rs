@@ -178,6 +178,12 @@ async fn overview(State(node): State<Arc<Node>>) -> Json<Overview> {
             .iter()
             .map(|h| h.status())
             .collect(),
+        regions: node
+            .pipeline
+            .region
+            .as_ref()
+            .map(|m| m.lag_view(node.started))
+            .unwrap_or_default(),
         ..snap
     })
 }

@@ -375,6 +375,14 @@ impl Config {
         self.tls.validate()?;
         self.webhooks.validate()?;
         region::validate(&self.region, &self.regions, self.clustered())?;
+        if !self.region.is_empty() && matches!(self.database(), Ok(Database::Sqlite(_))) {
+            return Err(invalid(
+                "region",
+                &self.region,
+                "multi-region mode needs Postgres (database_url = postgres://...): \
+                 replication is built on the Postgres store only",
+            ));
+        }
         let nats = self.nats_url.trim();
         if !nats.is_empty() {
             if !(nats.starts_with("nats://") || nats.starts_with("tls://") || !nats.contains("://"))
@@ -459,6 +467,28 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn multi_region_mode_is_refused_on_sqlite_naming_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("im.toml");
+        std::fs::write(
+            &file,
+            "region = \"a\"\n[[regions]]\nname = \"a\"\nroute_url = \"http://a:7070\"\n",
+        )
+        .unwrap();
+        let load = |db: &str| {
+            let mut pairs = vec![("IM_NATS_URL", "nats://127.0.0.1:4222")];
+            if !db.is_empty() {
+                pairs.push(("IM_DATABASE_URL", db));
+            }
+            Config::load_from(Some(&file), &Overrides::default(), env(&pairs))
+        };
+        let e = load("").unwrap_err().to_string();
+        assert!(e.contains("`region`") && e.contains("Postgres"), "{e}");
+        assert!(load("sqlite:/tmp/x.db").is_err());
+        assert!(load("postgres://db/im").is_ok());
     }
 
     #[test]

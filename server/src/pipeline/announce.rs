@@ -144,6 +144,20 @@ impl Pipeline {
             ));
         }
         let targets = self.targets(&m.to, &sender, msg_type).await?;
+        // Multi-region mode: only a conversation's home commits it.
+        if let Some((conv, (home, entry))) = self.region.as_ref().and_then(|map| {
+            targets
+                .iter()
+                .find_map(|(c, _, _)| map.elsewhere(c).map(|h| (c, h)))
+        }) {
+            return Err(PostError::Bad(
+                "to",
+                format!(
+                    "conversation {conv} is homed in region {home} ({entry}): \
+                     post it through that region's admin API"
+                ),
+            ));
+        }
         let longest = match &m.to {
             Target::User(u) | Target::Group(u) => u.as_str(),
             Target::Users(users) => users

@@ -159,6 +159,10 @@ impl Pipeline {
         if c.seq == 0 {
             return Err(Refusal::bad(format!("{verb} needs the message's seq")));
         }
+        // Multi-region mode: only the home commits the conversation's events.
+        let Some(c) = self.change_elsewhere(s, req_id, c) else {
+            return Ok(());
+        };
         let (recipients, direct, group) = match parse_conversation(&c.conversation_id) {
             Some(ConversationRef::Direct(a, b)) => {
                 if a != s.user_id && b != s.user_id {
@@ -329,5 +333,42 @@ impl Pipeline {
             origin: s.out.clone(),
         };
         self.submit(WriteReq::Hide(req))
+    }
+}
+
+impl Pipeline {
+    /// Multi-region mode: forwards a Recall or Edit whose conversation is homed in
+    /// another region there (`None`: it is on its way); hands it back when it is homed
+    /// here or regions are off.
+    fn change_elsewhere(&self, s: &Session, req_id: u64, c: Change) -> Option<Change> {
+        let Some(map) = &self.region else {
+            return Some(c);
+        };
+        let Some((home, entry)) = map.elsewhere(&c.conversation_id) else {
+            return Some(c);
+        };
+        let to = super::send::Forward {
+            conversation: c.conversation_id.clone(),
+            home: home.to_owned(),
+            entry: entry.to_owned(),
+        };
+        let body = if c.kind == MessageType::Recall {
+            Body::Recall(Recall {
+                conversation_id: c.conversation_id,
+                seq: c.seq,
+                msg_id: c.msg_id,
+                client_msg_id: c.client_msg_id,
+            })
+        } else {
+            Body::Edit(Edit {
+                conversation_id: c.conversation_id,
+                seq: c.seq,
+                msg_id: c.msg_id,
+                payload: c.payload,
+                client_msg_id: c.client_msg_id,
+            })
+        };
+        super::send::forward(map.clone(), self.store.clone(), s, req_id, body, to);
+        None
     }
 }

@@ -83,7 +83,14 @@ impl Pipeline {
                     entry: entry.to_owned(),
                 };
                 let op = GroupOp { group_id, ..op };
-                super::send::forward(map.clone(), s, req_id, Body::GroupOp(op), to);
+                super::send::forward(
+                    map.clone(),
+                    self.store.clone(),
+                    s,
+                    req_id,
+                    Body::GroupOp(op),
+                    to,
+                );
                 return Ok(());
             }
         }

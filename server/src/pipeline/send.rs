@@ -193,7 +193,14 @@ impl Pipeline {
             target: Some(target),
             ..send
         };
-        forward(map.clone(), s, req_id, im_proto::Body::Send(send), to);
+        forward(
+            map.clone(),
+            self.store.clone(),
+            s,
+            req_id,
+            im_proto::Body::Send(send),
+            to,
+        );
         None
     }
 }
@@ -208,12 +215,14 @@ pub(super) struct Forward {
     pub(super) entry: String,
 }
 
-/// Multi-region mode: forwards a request (a Send or a GroupOp) homed in region
-/// `to.home` there and queues its answer (the home's SendAck or GroupOpOk after its
-/// durable commit, or its Error) to the sender; a home that does not answer gets the
-/// sender `REGION_UNAVAILABLE` with a retry hint.
+/// Multi-region mode: forwards a request (a Send, GroupOp, Recall or Edit) homed in
+/// region `to.home` there and queues its answer (the home's SendAck or GroupOpOk after
+/// its durable commit, once this region has applied it too or [`APPLY_WAIT`] passed,
+/// or its Error) to the sender; a home that does not answer gets the sender
+/// `REGION_UNAVAILABLE` with a retry hint.
 pub(super) fn forward(
     map: std::sync::Arc<crate::region::RegionMap>,
+    store: std::sync::Arc<dyn crate::store::Store>,
     s: &Session,
     req_id: u64,
     body: im_proto::Body,
@@ -228,7 +237,10 @@ pub(super) fn forward(
             entry,
         } = to;
         let answer = match map.forward(&home, &sender, frame).await {
-            Ok(bytes) if home_answer_ok(&bytes, req_id) => bytes,
+            Ok(bytes) if home_answer_ok(&bytes, req_id) => {
+                applied_here(&*store, &bytes).await;
+                bytes
+            }
             Ok(_) => refuse(req_id, &conversation, &home, &entry, "gave a bad answer"),
             Err(e) => {
                 tracing::warn!(home = %home, error = %e, "forwarded request unanswered");
@@ -237,6 +249,41 @@ pub(super) fn forward(
         };
         out.push(answer, true);
     });
+}
+
+/// Longest a forwarded request's ack waits for this region to apply what it acks.
+pub const APPLY_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Read-your-writes across regions: waits until this region's store holds the seq the
+/// home's `answer` acks (a SendAck's seq, a GroupOpOk's version) and so every seq
+/// before it, at most [`APPLY_WAIT`]. A client that syncs right after the ack reads
+/// its message and what preceded it here, and never takes a seq not applied yet for
+/// one that is not there. Past the wait the ack goes anyway (counted).
+async fn applied_here(store: &dyn crate::store::Store, answer: &[u8]) {
+    use im_proto::Message as _;
+    let (conversation, seq) = match im_proto::Frame::decode(answer).map(|f| f.body) {
+        Ok(Some(im_proto::Body::SendAck(a))) => (a.conversation_id, a.seq),
+        Ok(Some(im_proto::Body::GroupOpOk(ok))) => {
+            (im_proto::group_conversation(&ok.group_id), ok.version)
+        }
+        _ => return,
+    };
+    if seq == 0 {
+        return;
+    }
+    let end = Instant::now() + APPLY_WAIT;
+    let mut pause = std::time::Duration::from_millis(2);
+    loop {
+        if matches!(store.last_seq(&conversation).await, Ok(Some(s)) if s >= seq) {
+            return;
+        }
+        if Instant::now() + pause > end {
+            metrics::counter!("im_region_ack_apply_wait_timeouts_total").increment(1);
+            return;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(std::time::Duration::from_millis(50));
+    }
 }
 
 /// The home's answer is one frame for `req_id`: a SendAck, a GroupOpOk or an Error.

@@ -171,6 +171,15 @@ impl Relations {
         }
     }
 
+    /// A change applied from another region's replication stream (`region_repl`): the
+    /// cached copy older than `version` goes, and the other nodes are told.
+    pub fn changed_elsewhere(&self, group_id: &str, version: u64) {
+        self.evict(group_id, version);
+        if let Some(tx) = self.changes.get() {
+            let _ = tx.send((group_id.to_owned(), version));
+        }
+    }
+
     /// Marks a group dissolved (no members, not found) and reports it.
     pub fn dissolved(&self, group_id: &str, version: u64) {
         self.insert(group_id, Vec::new().into(), version, true);

@@ -16,6 +16,7 @@ pub mod membership;
 pub mod outbox;
 mod postgres;
 mod postgres_commit;
+pub mod repl;
 mod sql;
 mod sqlite;
 mod sqlite_checkpoint;
@@ -652,6 +653,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// How much the outbox holds.
     async fn outbox_counts(&self) -> Result<outbox::OutboxCounts, StoreError>;
+
+    /// Multi-region replication's side of the store (`store::repl`): `None` but on
+    /// Postgres.
+    fn replication(&self) -> Option<&dyn repl::Replication> {
+        None
+    }
 }
 
 /// One conversation's unread backlog for a user ([`Store::user_backlog`]).
@@ -708,5 +715,10 @@ pub async fn open(config: &Config) -> Result<Arc<dyn Store>, StoreError> {
         ),
     };
     store.set_webhook_outbox(config.webhooks.wants_messages());
+    // Multi-region mode: every home commit writes its replication outbox row from the
+    // first one on (`store::repl`).
+    if let (false, Some(r)) = (config.region.is_empty(), store.replication()) {
+        r.set_region_outbox(true);
+    }
     Ok(store)
 }

@@ -8,6 +8,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool, Postgres};
 
+use super::repl::{self, Applied, Leader, Record, Replication};
 use super::sql::{settle, Backend};
 use super::{postgres_commit, Committed, CursorUpdate, NewMessage};
 use super::{StoreError, Timeouts};
@@ -20,6 +21,8 @@ pub struct PgStore {
     outbox: AtomicBool,
     /// The webhook outbox's connections (lazy; `store::outbox`).
     outbox_pool: PgPool,
+    /// Whether commits write replication outbox rows (`store::repl`).
+    region_outbox: AtomicBool,
 }
 
 impl PgStore {
@@ -83,6 +86,7 @@ impl PgStore {
             read: pool,
             outbox: AtomicBool::new(false),
             outbox_pool,
+            region_outbox: AtomicBool::new(false),
         })
     }
 }
@@ -116,7 +120,10 @@ impl Backend for PgStore {
         cursors: &[CursorUpdate],
     ) -> Result<Vec<Committed>, StoreError> {
         let mut conn = self.writer().await?;
-        let outbox = self.outbox.load(Ordering::Relaxed);
+        let outbox = postgres_commit::Outboxes {
+            webhooks: self.outbox.load(Ordering::Relaxed),
+            region: self.region_outbox.load(Ordering::Relaxed),
+        };
         let out = postgres_commit::commit_batch(&mut conn, messages, cursors, outbox).await;
         settle(conn, out).await
     }
@@ -134,4 +141,39 @@ impl Backend for PgStore {
     }
 
     const CLAIM_LOCK: &'static str = " FOR UPDATE SKIP LOCKED";
+
+    fn region_outbox_on(&self) -> bool {
+        self.region_outbox.load(Ordering::Relaxed)
+    }
+
+    fn replication(&self) -> Option<&dyn Replication> {
+        Some(self)
+    }
+}
+
+#[async_trait::async_trait]
+impl Replication for PgStore {
+    fn set_region_outbox(&self, on: bool) {
+        self.region_outbox.store(on, Ordering::Relaxed);
+    }
+
+    async fn outbox_take(&self, region: &str, limit: u32) -> Result<Vec<Record>, StoreError> {
+        repl::outbox_take(&self.outbox_pool, region, limit).await
+    }
+
+    async fn outbox_done(&self, ids: &[i64]) -> Result<(), StoreError> {
+        repl::outbox_done(&self.outbox_pool, ids).await
+    }
+
+    async fn outbox_len(&self) -> Result<u64, StoreError> {
+        repl::outbox_len(&self.outbox_pool).await
+    }
+
+    async fn apply(&self, record: &Record) -> Result<Applied, StoreError> {
+        repl::apply(&self.write, record).await
+    }
+
+    async fn lead(&self, key: i64) -> Result<Option<Leader>, StoreError> {
+        repl::lead(&self.outbox_pool, key).await
+    }
 }

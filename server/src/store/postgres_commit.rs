@@ -10,7 +10,8 @@
 //! conversation row, so several nodes may share a database), the one-to-one parties'
 //! conversation list rows, the messages, RECALL/EDIT changes, the sender's read cursor,
 //! then the device and user delivery cursors, forward only; with webhooks on, the
-//! outbox row of each message stored now (`store::outbox`).
+//! outbox row of each message stored now (`store::outbox`); in multi-region mode, the
+//! replication outbox row of each (`store::repl`).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -29,12 +30,21 @@ type Tx<'c> = sqlx::Transaction<'c, Postgres>;
 /// A message's dedup key: (sender, conversation, client_msg_id).
 type DedupKey = (String, String, String);
 
+/// Which outboxes a commit writes a row per stored message to.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Outboxes {
+    /// The webhook outbox (`store::outbox`).
+    pub(crate) webhooks: bool,
+    /// The replication outbox (`store::repl`).
+    pub(crate) region: bool,
+}
+
 /// Commits one batch ([`Store::commit_batch`](super::Store::commit_batch)).
 pub(crate) async fn commit_batch(
     conn: &mut PoolConnection<Postgres>,
     messages: &[NewMessage],
     cursors: &[CursorUpdate],
-    outbox: bool,
+    outbox: Outboxes,
 ) -> Result<Vec<Committed>, StoreError> {
     let mut tx = sqlx::Connection::begin(&mut **conn).await?;
     let now = im_proto::now_ms();
@@ -54,7 +64,7 @@ pub(crate) async fn commit_batch(
     list_direct(&mut tx, &batch::direct_rows(&sorted.counts), now).await?;
     batch::assign_seqs(messages, &sorted.fresh, &mut next, &mut sorted.results, now);
     // 3. The new messages.
-    insert_messages(&mut tx, messages, &mut sorted, now).await?;
+    let holes = insert_messages(&mut tx, messages, &mut sorted, now).await?;
     batch::mark_duplicates(&mut sorted.results, &sorted.dup_of);
     // 4. RECALL and EDIT events change the message they name, in seq order (a
     //    duplicate changed it when first stored).
@@ -70,8 +80,15 @@ pub(crate) async fn commit_batch(
     // 6. Delivery cursors, forward only.
     delivery_cursors(&mut tx, cursors).await?;
     // 7. With webhooks on: one outbox row per message stored now, in this transaction.
-    if outbox {
+    if outbox.webhooks {
         outbox_rows(&mut tx, &sorted, now).await?;
+    }
+    // 8. Multi-region: one replication outbox row per message stored now, and one per
+    //    seq left a hole (published as a hole, so the other regions do not wait for it).
+    if outbox.region {
+        let mut rows: Vec<(&str, i64)> = batch::stored_now(&sorted).collect();
+        rows.extend(holes.iter().map(|(c, seq)| (c.as_str(), *seq)));
+        super::repl::outbox_rows(&mut tx, &rows).await?;
     }
     tx.commit().await?;
     Ok(batch::answers(sorted.results, now))
@@ -197,13 +214,14 @@ async fn list_direct(tx: &mut Tx<'_>, rows: &[(&str, &str)], now: i64) -> Result
 
 /// Inserts the new messages at their seqs. A duplicate committed meanwhile by another
 /// node loses here instead of failing the batch; it is re-read and acked as a
-/// duplicate.
+/// duplicate, and the seq reserved for it stays a hole: the holes are returned.
 async fn insert_messages(
     tx: &mut Tx<'_>,
     messages: &[NewMessage],
     sorted: &mut Sorted<'_>,
     now: i64,
-) -> Result<(), StoreError> {
+) -> Result<Vec<(String, i64)>, StoreError> {
+    let mut holes = Vec::new();
     let fresh = sorted.fresh.clone();
     for chunk in fresh.chunks(CHUNK) {
         let mut qb = QueryBuilder::<Postgres>::new(
@@ -232,11 +250,12 @@ async fn insert_messages(
             let m = &messages[i];
             let seq = sorted.results[i].as_ref().map_or(0, |c| c.seq as i64);
             if !stored.contains(&(m.conversation_id.clone(), seq)) {
+                holes.push((m.conversation_id.clone(), seq));
                 sorted.results[i] = Some(reread(tx, m).await?);
             }
         }
     }
-    Ok(())
+    Ok(holes)
 }
 
 /// The message stored with `m`'s (sender, conversation, client_msg_id), as a duplicate.

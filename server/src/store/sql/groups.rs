@@ -59,7 +59,8 @@ where
     for<'q> &'q [u8]: Bind<'q, DB>,
 {
     /// Applies a group operation in one transaction ([`Store::group_change`]); with
-    /// `outbox`, its SYSTEM event also gets a webhook outbox row.
+    /// `outbox`, its SYSTEM event also gets a webhook outbox row, with `region_outbox`
+    /// a replication outbox row (`store::repl`).
     ///
     /// [`Store::group_change`]: crate::store::Store::group_change
     pub(crate) async fn group_change(
@@ -67,6 +68,7 @@ where
         group_id: &str,
         req: &GroupRequest,
         outbox: bool,
+        region_outbox: bool,
     ) -> Result<GroupOutcome, StoreError> {
         let mut tx = super::begin_write::<DB>(&mut **conn).await?;
         let now = im_proto::now_ms();
@@ -119,6 +121,13 @@ where
             .bind(now)
             .execute(&mut *tx)
             .await?;
+        }
+        if let Some(e) = event.as_ref().filter(|_| region_outbox) {
+            sqlx::query("INSERT INTO region_outbox (conversation_id, seq) VALUES ($1, $2)")
+                .bind(e.conversation_id.as_str())
+                .bind(e.seq as i64)
+                .execute(&mut *tx)
+                .await?;
         }
         let version = event.as_ref().map_or(version, |e| e.seq);
         Self::apply_plan(&mut tx, group_id, req, &plan, &change, version as i64, now).await?;

@@ -106,6 +106,16 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// message path's writes use.
     fn outbox_pool(&self) -> &Pool<Self::DB>;
 
+    /// Whether commits write replication outbox rows now (`store::repl`; Postgres only).
+    fn region_outbox_on(&self) -> bool {
+        false
+    }
+
+    /// The replication side of the store (`store::repl`): Postgres only.
+    fn replication(&self) -> Option<&dyn super::repl::Replication> {
+        None
+    }
+
     /// The row-lock suffix of a claim's inner select (Postgres: `FOR UPDATE SKIP
     /// LOCKED`; SQLite, one writer: none).
     const CLAIM_LOCK: &'static str = "";
@@ -331,7 +341,8 @@ where
         req: &GroupRequest,
     ) -> Result<GroupOutcome, StoreError> {
         let mut conn = self.writer().await?;
-        let out = Sql::<DB>::group_change(&mut conn, group_id, req, self.outbox_on()).await;
+        let (outbox, region) = (self.outbox_on(), self.region_outbox_on());
+        let out = Sql::<DB>::group_change(&mut conn, group_id, req, outbox, region).await;
         settle(conn, out).await
     }
 
@@ -647,5 +658,9 @@ where
 
     async fn outbox_counts(&self) -> Result<OutboxCounts, StoreError> {
         Sql::<DB>::outbox_counts(self.outbox_pool()).await
+    }
+
+    fn replication(&self) -> Option<&dyn super::repl::Replication> {
+        Backend::replication(self)
     }
 }
