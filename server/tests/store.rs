@@ -1097,6 +1097,10 @@ async fn the_sqlite_log_is_checkpointed_by_its_own_thread_not_by_commits() {
             "the database file never took the log's pages ({} -> {} bytes)",
             before,
             size()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
 
 /// Multi-region replication's store side (Postgres): the home's commits write outbox
 /// rows in their own transactions, read back as records in commit order (a group's
