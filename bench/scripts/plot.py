@@ -4,8 +4,8 @@
 Usage: plot.py RESULTS_DIR PLOTS_DIR
 
 Reads RESULTS_DIR/{fanout,idle,load}-{im,mosquitto}-N.json (`im-bench peer --json`) and
-writes PLOTS_DIR/fanout.svg, idle.svg and load.svg: one line per server, log-scaled x
-where the points span a decade or more. Python's standard library only, so it runs
+writes PLOTS_DIR/fanout.svg, idle.svg and load.svg: one line per server; group sizes
+and loads on a log scale (latencies too), connections on a linear one. Python's standard library only, so it runs
 wherever the bench does. A point whose run did not pass its exactly-once check is drawn
 hollow and named in the legend's note.
 """
@@ -43,11 +43,11 @@ def load_point(n, j):
 
 PLOTS = [
     ("fanout", fanout_point, "group size (members)", "server CPU per delivery (µs)",
-     "CPU per delivery against group size, same deliveries per second"),
+     "CPU per delivery against group size, same deliveries per second", True, False),
     ("idle", idle_point, "idle authenticated connections", "server RSS (MiB)",
-     "Server memory against idle connections"),
-    ("load", load_point, "offered one-to-one load (msg/s)", "send→ack P99 (ms)",
-     "send→ack P99 against offered load"),
+     "Server memory against idle connections", False, False),
+    ("load", load_point, "offered one-to-one load (msg/s)", "send→ack P99 (ms, log scale)",
+     "send→ack P99 against offered load", True, True),
 ]
 
 
@@ -94,11 +94,11 @@ def fmt(v):
     return f"{v:,.0f}" if v >= 10 else f"{v:g}"
 
 
-def svg(kind, data, xlabel, ylabel, title):
+def svg(kind, data, xlabel, ylabel, title, xlog, ylog):
     xs = [p[0] for pts in data.values() for p in pts]
     ys = [p[1] for pts in data.values() for p in pts]
-    fx, xticks = scale(min(xs), max(xs), True)
-    fy, yticks = scale(0, max(ys), False)
+    fx, xticks = scale(min(xs), max(xs), xlog)
+    fy, yticks = scale(min(ys) if ylog else 0, max(ys), ylog)
     pw, ph = W - LEFT - RIGHT, H - TOP - BOTTOM
 
     def px(x):
@@ -154,12 +154,12 @@ def main():
     results, plots = sys.argv[1], sys.argv[2]
     os.makedirs(plots, exist_ok=True)
     drawn = 0
-    for kind, point, xlabel, ylabel, title in PLOTS:
+    for kind, point, xlabel, ylabel, title, xlog, ylog in PLOTS:
         data = series(results, kind, point)
         if not data:
             print(f"plot: no {kind} results in {results}", file=sys.stderr)
             continue
-        text, failed = svg(kind, data, xlabel, ylabel, title)
+        text, failed = svg(kind, data, xlabel, ylabel, title, xlog, ylog)
         path = os.path.join(plots, f"{kind}.svg")
         with open(path, "w") as f:
             f.write(text)
