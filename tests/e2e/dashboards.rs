@@ -473,14 +473,8 @@ async fn region_scrape() -> String {
         assert!(std::env::var_os("CI").is_none(), "nats-server missing");
         return String::new();
     }
-    let regions = regions::Regions::start(
-        &["a", "b"],
-        1,
-        1,
-        std::time::Duration::from_millis(1),
-        true,
-    )
-    .await;
+    let regions =
+        regions::Regions::start(&["a", "b"], 1, 1, std::time::Duration::from_millis(1), true).await;
     let node = &regions.region("a").nodes[0];
     eventually("region a's applier reached region b's stream", || {
         metric_value(

@@ -36,8 +36,10 @@ pub fn render(frame: &mut Frame<'_>, area: Rect, _state: &AppState, node: &NodeS
     let region_rows = if o.regions.is_empty() {
         0
     } else {
-        (o.regions.len() as u16 + 3)
-            .min(area.height.saturating_sub(6 + 8 + stage_rows + cluster_rows))
+        (o.regions.len() as u16 + 3).min(
+            area.height
+                .saturating_sub(6 + 8 + stage_rows + cluster_rows),
+        )
     };
     // The runtime panel (a node that reports it) under those, with what height is left.
     let runtime_rows = o.runtime.as_ref().map_or(0, |r| {
@@ -234,15 +236,19 @@ fn lag_secs(s: f64) -> String {
 /// The replication into this node's region from each other one: lag in records and
 /// seconds, records applied, and whether the link to the source's stream works.
 fn render_regions(frame: &mut Frame<'_>, area: Rect, o: &Overview) {
-    let down = o.regions.iter().filter(|r| r.link_up == Some(false)).count();
+    let down = o
+        .regions
+        .iter()
+        .filter(|r| r.link_up == Some(false))
+        .count();
     let worst = o.regions.iter().map(|r| r.lag_seconds).fold(0.0, f64::max);
     let title = format!(
         "Regions: {} pairs, {down} links down, worst lag {}",
         o.regions.len(),
         lag_secs(worst)
     );
-    let header = Row::new(["from", "to", "link", "lag msgs", "lag", "applied"])
-        .style(header_style());
+    let header =
+        Row::new(["from", "to", "link", "lag msgs", "lag", "applied"]).style(header_style());
     let rows = o.regions.iter().map(|r| {
         let (link, color) = match r.link_up {
             Some(true) => ("up", ACCENT),
