@@ -576,17 +576,52 @@ async fn lag_reported(regions: &Regions, applied: bool) {
                             && p["to"] == to
                             && p["lag_messages"] == 0
                             && p["lag_seconds"] == 0.0
+                            && p["link_up"] == true
                             && p["applied_total"]
                                 .as_u64()
                                 .is_some_and(|n| n > 0 || !applied)
                     })
-                }) && metrics.contains("im_region_replication_lag_seconds{")
+                }) && metric_value(&metrics, "im_region_link_up", &[("from", from), ("to", to)])
+                    == 1.0
+                    && metrics.contains("im_region_replication_lag_seconds{")
                     && metrics.contains("im_region_replication_lag_messages{")
             });
             if found {
                 break;
             }
             assert!(Instant::now() < end, "no caught-up lag for {from} -> {to}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// Within 15 s of a gateway cut, the applying node of each region reports its link
+/// to the other region down: the overview pair's `link_up` false, `im_region_link_up` 0.
+async fn link_down(regions: &Regions) {
+    for (to, from) in [("a", "b"), ("b", "a")] {
+        let end = Instant::now() + Duration::from_secs(15);
+        loop {
+            let down = regions.region(to).nodes.iter().any(|n| {
+                let (_, body) = n.admin_get("/admin/v1/overview");
+                let o: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+                let pair = o["regions"].as_array().and_then(|r| {
+                    r.iter()
+                        .find(|p| p["from"] == from && p["to"] == to)
+                        .cloned()
+                });
+                let metrics = n.metrics();
+                pair.is_some_and(|p| p["link_up"] == false)
+                    && metrics.contains("im_region_link_up{")
+                    && metric_value(&metrics, "im_region_link_up", &[("from", from), ("to", to)])
+                        == 0.0
+            });
+            if down {
+                break;
+            }
+            assert!(
+                Instant::now() < end,
+                "{from} -> {to}: link never reported down"
+            );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
@@ -626,7 +661,7 @@ async fn cut_and_heal(
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     };
-    let (refusal, ()) = tokio::join!(refused, local);
+    let (refusal, (), ()) = tokio::join!(refused, local, link_down(regions));
     refused_for_home(refusal, "a");
     let cut_for = cut_at.elapsed();
     regions.regions.iter().for_each(|r| r.heal_gateway());
