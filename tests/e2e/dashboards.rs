@@ -770,6 +770,8 @@ fn every_alert_has_a_runbook_summary_and_description() {
         "ImBadFramesSpike",
         "ImClusterLinkDown",
         "ImClusterNodeLost",
+        "ImRegionLinkDown",
+        "ImRegionLagHigh",
     ];
     for r in &rules {
         assert!(names.insert(r.name.clone()), "duplicate alert {}", r.name);
