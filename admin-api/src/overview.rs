@@ -191,6 +191,10 @@ pub struct RegionLag {
     pub lag_seconds: f64,
     /// Messages applied from `from` since this node started applying.
     pub applied_total: u64,
+    /// Whether the applier's last round reached `from`'s stream (false: the link is
+    /// cut or the stream unreachable; absent from an older server).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub link_up: Option<bool>,
 }
 
 /// `overview.runtime`: tokio's stable runtime metrics and the task monitors of the

@@ -96,6 +96,7 @@ const FILES: &[&str] = &[
     "overview_hook_open.json",
     "overview_series.json",
     "overview_runtime.json",
+    "overview_regions.json",
     "connections.json",
     "slow_consumers_1.json",
     "slow_consumers_2.json",
@@ -130,6 +131,7 @@ fn every_recorded_answer_decodes_strictly() {
     strict::<Overview>("overview_hook_open.json");
     strict::<Vec<Overview>>("overview_series.json");
     strict::<Overview>("overview_runtime.json");
+    strict::<Overview>("overview_regions.json");
     strict::<ConnectionList>("connections.json");
     strict::<SlowConsumers>("slow_consumers_1.json");
     strict::<SlowConsumers>("slow_consumers_2.json");

@@ -117,6 +117,36 @@ async fn overview_in_a_cluster() {
     insta::assert_snapshot!("overview_cluster_120x44", screen);
 }
 
+/// In multi-region mode the overview lists the region pairs into the node's region:
+/// lag in records and seconds, applied records, the link state (a cut link in red).
+#[tokio::test]
+async fn overview_with_regions() {
+    let screen = overview_of("overview_regions.json", 120, 50).await;
+    assert!(
+        screen.contains("Regions: 3 pairs, 1 links down, worst lag 1m 35s"),
+        "{screen}"
+    );
+    for row in [
+        ["eu", "us", "up", "0", "0.0s", "81234"],
+        ["ap", "us", "link down", "1530", "1m 35s", "40112"],
+        ["sa", "us", "?", "12", "0.4s", "977"],
+    ] {
+        let line = screen
+            .lines()
+            .find(|l| l.contains(&format!("│{} ", row[0])) && l.contains(row[5]))
+            .unwrap_or_else(|| panic!("no row for {}: {screen}", row[0]));
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        for cell in row {
+            for word in cell.split(' ') {
+                assert!(cells.iter().any(|c| c.contains(word)), "{cell} in {line}");
+            }
+        }
+    }
+    // The cluster table is still there above it.
+    assert!(screen.contains("Cluster: 2/3 healthy"), "{screen}");
+    insta::assert_snapshot!("overview_regions_120x50", screen);
+}
+
 /// A node at its caps and draining: the cap, the refusals by reason and the drain show.
 #[tokio::test]
 async fn overview_with_connection_caps_while_draining() {

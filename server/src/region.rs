@@ -71,6 +71,9 @@ pub struct Lag {
     pub caught_up: bool,
     /// Messages applied since this node started applying.
     pub applied: u64,
+    /// Whether the last pull round reached the source's stream and its consumer's
+    /// counts (false while the link is cut or the stream is not reachable).
+    pub link_up: bool,
 }
 
 impl Lag {
@@ -96,6 +99,7 @@ impl RegionMap {
                 lag_messages: l.messages,
                 lag_seconds: l.seconds(started),
                 applied_total: l.applied,
+                link_up: Some(l.link_up),
             })
             .collect()
     }

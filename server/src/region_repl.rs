@@ -9,7 +9,7 @@
 //! with a delayed NAK so JetStream redelivers it) and then pushes it to the recipients
 //! connected in this region through the router (the ordinary delivery path). One node
 //! per region runs each role: the holder of a Postgres advisory lock on the region's
-//! own database. Lag gauges per region pair, and the pairs in the admin overview
+//! own database. Lag and link-state gauges per region pair, and the pairs in the admin overview
 //! (through `region::RegionMap::lags`). Started only when `region` is set.
 
 use std::sync::Arc;
@@ -284,7 +284,11 @@ impl Repl {
                         Ok(c) => consumer = Some(c),
                         Err(e) => {
                             tracing::debug!(from = %from, error = %e, "region stream not reachable");
-                            self.lag(&from, |l| l.caught_up = false);
+                            self.lag(&from, |l| {
+                                l.caught_up = false;
+                                l.link_up = false;
+                            });
+                            self.export_lag(&from);
                             tokio::time::sleep(Duration::from_millis(500)).await;
                             continue;
                         }
@@ -293,7 +297,10 @@ impl Repl {
                 let Some(c) = &consumer else { continue };
                 if let Err(e) = self.apply_round(&from, c).await {
                     tracing::debug!(from = %from, error = %e, "region replication fetch failed");
-                    self.lag(&from, |l| l.caught_up = false);
+                    self.lag(&from, |l| {
+                        l.caught_up = false;
+                        l.link_up = false;
+                    });
                     consumer = None;
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
@@ -364,6 +371,7 @@ impl Repl {
                 .increment(1);
         }
         self.lag(from, |l| {
+            l.link_up = true;
             l.messages = behind;
             l.caught_up = behind == 0;
             if behind == 0 {
@@ -483,6 +491,7 @@ impl Repl {
         metrics::gauge!("im_region_replication_lag_messages", &labels).set(lag.messages as f64);
         metrics::gauge!("im_region_replication_lag_seconds", &labels)
             .set(lag.seconds(self.started));
+        metrics::gauge!("im_region_link_up", &labels).set(if lag.link_up { 1.0 } else { 0.0 });
     }
 }
 

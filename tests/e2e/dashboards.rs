@@ -465,6 +465,28 @@ async fn webhook_scrape() -> String {
     server.metrics()
 }
 
+/// The scrape of region a's node in two regions of one node each, once its applier has
+/// reached region b's stream (the `im_region_*` series exist only in multi-region mode;
+/// empty when nats-server is missing outside CI).
+async fn region_scrape() -> String {
+    if !Path::new(&nats::nats_server_bin()).exists() {
+        assert!(std::env::var_os("CI").is_none(), "nats-server missing");
+        return String::new();
+    }
+    let regions =
+        regions::Regions::start(&["a", "b"], 1, 1, std::time::Duration::from_millis(1), true).await;
+    let node = &regions.region("a").nodes[0];
+    eventually("region a's applier reached region b's stream", || {
+        metric_value(
+            &node.metrics(),
+            "im_region_link_up",
+            &[("from", "b"), ("to", "a")],
+        ) == 1.0
+    })
+    .await;
+    node.metrics()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_in_dashboards_and_alerts_is_exported() {
     let server = TestServer::start_with(&[("IM_OBS_SAMPLE_INTERVAL_MS", "200")]);
@@ -520,6 +542,8 @@ async fn every_metric_in_dashboards_and_alerts_is_exported() {
     cluster.cleanup().await;
     // The webhook metrics exist only with an endpoint: add such a node's scrape.
     let scrape = format!("{scrape}\n{}", webhook_scrape().await);
+    // The region metrics exist only in multi-region mode: add such a node's scrape.
+    let scrape = format!("{scrape}\n{}", region_scrape().await);
     let exported = Exported::parse(&scrape);
 
     let rules = alert_rules(&read("dashboards/alerts.yml"));
@@ -575,6 +599,8 @@ async fn every_metric_in_dashboards_and_alerts_is_exported() {
         "process_open_fds",
         "im_cluster_link_up",
         "im_cluster_nodes_lost_total",
+        "im_region_link_up",
+        "im_region_replication_lag_seconds",
         "up",
     ] {
         assert!(used.contains(name), "no dashboard or alert uses {name}");
@@ -744,6 +770,8 @@ fn every_alert_has_a_runbook_summary_and_description() {
         "ImBadFramesSpike",
         "ImClusterLinkDown",
         "ImClusterNodeLost",
+        "ImRegionLinkDown",
+        "ImRegionLagHigh",
     ];
     for r in &rules {
         assert!(names.insert(r.name.clone()), "duplicate alert {}", r.name);

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 
+use crate::support::metric_value;
 use crate::support::regions::Regions;
 
 const DELAY: Duration = Duration::from_millis(40);
@@ -575,17 +576,52 @@ async fn lag_reported(regions: &Regions, applied: bool) {
                             && p["to"] == to
                             && p["lag_messages"] == 0
                             && p["lag_seconds"] == 0.0
+                            && p["link_up"] == true
                             && p["applied_total"]
                                 .as_u64()
                                 .is_some_and(|n| n > 0 || !applied)
                     })
-                }) && metrics.contains("im_region_replication_lag_seconds{")
+                }) && metric_value(&metrics, "im_region_link_up", &[("from", from), ("to", to)])
+                    == 1.0
+                    && metrics.contains("im_region_replication_lag_seconds{")
                     && metrics.contains("im_region_replication_lag_messages{")
             });
             if found {
                 break;
             }
             assert!(Instant::now() < end, "no caught-up lag for {from} -> {to}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// Within 15 s of a gateway cut, the applying node of each region reports its link
+/// to the other region down: the overview pair's `link_up` false, `im_region_link_up` 0.
+async fn link_down(regions: &Regions) {
+    for (to, from) in [("a", "b"), ("b", "a")] {
+        let end = Instant::now() + Duration::from_secs(15);
+        loop {
+            let down = regions.region(to).nodes.iter().any(|n| {
+                let (_, body) = n.admin_get("/admin/v1/overview");
+                let o: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+                let pair = o["regions"].as_array().and_then(|r| {
+                    r.iter()
+                        .find(|p| p["from"] == from && p["to"] == to)
+                        .cloned()
+                });
+                let metrics = n.metrics();
+                pair.is_some_and(|p| p["link_up"] == false)
+                    && metrics.contains("im_region_link_up{")
+                    && metric_value(&metrics, "im_region_link_up", &[("from", from), ("to", to)])
+                        == 0.0
+            });
+            if down {
+                break;
+            }
+            assert!(
+                Instant::now() < end,
+                "{from} -> {to}: link never reported down"
+            );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
@@ -625,7 +661,7 @@ async fn cut_and_heal(
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     };
-    let (refusal, ()) = tokio::join!(refused, local);
+    let (refusal, (), ()) = tokio::join!(refused, local, link_down(regions));
     refused_for_home(refusal, "a");
     let cut_for = cut_at.elapsed();
     regions.regions.iter().for_each(|r| r.heal_gateway());
@@ -637,4 +673,223 @@ async fn cut_and_heal(
     );
     pushed(cy1, &to_y1).await;
     pushed(clients[2], &to_x2).await;
+}
+
+/// The `q`-quantile of `v` (sorted here), or zero for none.
+fn quantile(v: &mut [Duration], q: f64) -> Duration {
+    if v.is_empty() {
+        return Duration::ZERO;
+    }
+    v.sort();
+    let i = ((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1;
+    v[i]
+}
+
+/// An environment knob of the figures run, or `default`.
+fn knob(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The figures of BENCHMARKS.md, "Two regions" (ignored: run it alone, with
+/// `--ignored --nocapture`): two regions of two nodes, 40 ms one way on the gateway.
+/// Cross-region Send -> ack against a Send homed where it is sent, the replication lag
+/// (home ack -> push in the other region) at `FIG_RATE` msg/s (1000) for
+/// `FIG_SECS` s (10), and the catch-up rate after a gateway cut of `FIG_CUT_SECS`
+/// s (60) under `FIG_CUT_RATE` msg/s (500).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "figures for BENCHMARKS.md; minutes long"]
+async fn regions_figures() {
+    let regions = Regions::start(&["a", "b"], 2, 2, DELAY, true).await;
+    lag_reported(&regions, false).await;
+    println!(
+        "two regions of two nodes, {:?} one way on the gateway (RTT {:?})",
+        DELAY,
+        DELAY * 2
+    );
+    cross_region_acks(&regions, 300).await;
+    let pairs = load_pairs(&regions, 40).await;
+    let (rate, secs) = (knob("FIG_RATE", 1000), knob("FIG_SECS", 10));
+    let (sent, took, mut lags) = load(&pairs, rate, Duration::from_secs(secs), true).await;
+    println!(
+        "replication lag (a's ack -> push in b), {sent} messages at {:.0} msg/s offered {rate}: \
+         P50 {:?} P99 {:?} max {:?}",
+        sent as f64 / took.as_secs_f64(),
+        quantile(&mut lags, 0.5),
+        quantile(&mut lags, 0.99),
+        quantile(&mut lags, 1.0)
+    );
+    catch_up(&regions, &pairs).await;
+    for (x, y) in pairs {
+        x.close().await;
+        y.close().await;
+    }
+}
+
+/// `n` sequential Sends from region b to a conversation homed in a (forwarded, acked
+/// once b applied it), then `n` to one homed in b: P50/P99 of each.
+async fn cross_region_acks(regions: &Regions, n: usize) {
+    let rb = regions.region("b");
+    for home in ["a", "b"] {
+        let (x, y) = pair_homed(&format!("ack{home}"), home);
+        let cy = rb.nodes[0].client(&y).await;
+        let mut took = Vec::with_capacity(n);
+        for i in 0..n {
+            let t = Instant::now();
+            cy.send_text(&x, format!("ack {i}"))
+                .await
+                .unwrap_or_else(|e| panic!("send from b homed in {home}: {e:?}"));
+            took.push(t.elapsed());
+        }
+        println!(
+            "send -> ack from region b, conversation homed in {home}, {n} sequential: \
+             P50 {:?} P99 {:?}",
+            quantile(&mut took, 0.5),
+            quantile(&mut took, 0.99)
+        );
+        cy.close().await;
+    }
+}
+
+/// `n` pairs of users whose conversations are homed in a: the sender connected in
+/// region a, the recipient in region b (spread over both nodes of each).
+async fn load_pairs(regions: &Regions, n: usize) -> Vec<(im_client::Client, im_client::Client)> {
+    let (ra, rb) = (regions.region("a"), regions.region("b"));
+    let mut pairs = Vec::with_capacity(n);
+    for i in 0..n {
+        let (x, y) = pair_homed(&format!("load{i}"), "a");
+        pairs.push((
+            ra.nodes[i % 2].client(&x).await,
+            rb.nodes[(i + 1) % 2].client(&y).await,
+        ));
+    }
+    pairs
+}
+
+/// Each sender sends to its recipient at `rate / pairs` msg/s for `during`; with
+/// `wait`, the recipients take their pushes meanwhile, until each got every message of
+/// its sender. (messages acked, the time the sends took, each message's ack -> push
+/// time).
+async fn load(
+    pairs: &[(im_client::Client, im_client::Client)],
+    rate: u64,
+    during: Duration,
+    wait: bool,
+) -> (usize, Duration, Vec<Duration>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let per = Duration::from_secs_f64(pairs.len() as f64 / rate.max(1) as f64);
+    let t0 = Instant::now();
+    let expected: Vec<AtomicUsize> = pairs.iter().map(|_| AtomicUsize::new(usize::MAX)).collect();
+    let senders = pairs
+        .iter()
+        .zip(&expected)
+        .map(|((x, y), expected)| async move {
+            let mut acked = std::collections::HashMap::new();
+            let mut tick = tokio::time::interval(per);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            while t0.elapsed() < during {
+                tick.tick().await;
+                let ack = x
+                    .send_text(y.user_id(), "load")
+                    .await
+                    .unwrap_or_else(|e| panic!("{} sends: {e:?}", x.user_id()));
+                acked.insert(ack.msg_id, Instant::now());
+            }
+            expected.store(acked.len(), Ordering::SeqCst);
+            acked
+        });
+    let receivers = pairs
+        .iter()
+        .zip(&expected)
+        .map(|((_, y), expected)| async move {
+            let mut got = std::collections::HashMap::new();
+            while wait && got.len() < expected.load(Ordering::SeqCst) {
+                match y.next_message(Duration::from_secs(1)).await {
+                    Ok(m) => {
+                        got.insert(m.msg_id, Instant::now());
+                    }
+                    Err(im_client::ClientError::Timeout) => assert!(
+                        t0.elapsed() < during + Duration::from_secs(300),
+                        "{}: pushes missing",
+                        y.user_id()
+                    ),
+                    Err(e) => panic!("{}: {e:?}", y.user_id()),
+                }
+            }
+            got
+        });
+    let (acked, got) = tokio::join!(
+        futures_util::future::join_all(senders),
+        futures_util::future::join_all(receivers)
+    );
+    let took = t0.elapsed();
+    let sent = acked.iter().map(|a| a.len()).sum();
+    let mut lags = Vec::with_capacity(sent);
+    for (acked, got) in acked.iter().zip(&got) {
+        for (id, at) in got {
+            let ack = acked
+                .get(id)
+                .unwrap_or_else(|| panic!("push of {id} never acked"));
+            lags.push(at.saturating_duration_since(*ack));
+        }
+    }
+    (sent, took.min(during + per), lags)
+}
+
+/// Records applied from region a into region b, over b's nodes.
+fn applied_in_b(regions: &Regions) -> f64 {
+    regions
+        .region("b")
+        .nodes
+        .iter()
+        .map(|n| {
+            metric_value(
+                &n.metrics(),
+                "im_region_applied_total",
+                &[("from", "a"), ("to", "b")],
+            )
+        })
+        .sum()
+}
+
+/// The gateway cut for `FIG_CUT_SECS` while region a's users send at
+/// `FIG_CUT_RATE`; after the heal, how long b takes to apply the backlog.
+async fn catch_up(regions: &Regions, pairs: &[(im_client::Client, im_client::Client)]) {
+    let (secs, rate) = (knob("FIG_CUT_SECS", 60), knob("FIG_CUT_RATE", 500));
+    let before = applied_in_b(regions);
+    regions.regions.iter().for_each(|r| r.cut_gateway());
+    let (sent, _, _) = load(pairs, rate, Duration::from_secs(secs), false).await;
+    let behind = applied_in_b(regions) - before;
+    regions.regions.iter().for_each(|r| r.heal_gateway());
+    let healed = Instant::now();
+    let want = before + sent as f64;
+    let mut first = None;
+    loop {
+        let applied = applied_in_b(regions);
+        if first.is_none() && applied > before + behind {
+            first = Some(healed.elapsed());
+        }
+        if applied >= want {
+            break;
+        }
+        assert!(
+            healed.elapsed() < Duration::from_secs(600),
+            "b applied {} of {sent} after the heal",
+            applied - before
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let done = healed.elapsed();
+    let first = first.unwrap_or(done);
+    println!(
+        "catch-up: gateway cut {secs} s while a committed {sent} messages ({behind} applied in b \
+         meanwhile); after the heal: first apply {first:?}, all applied {done:?}: \
+         {:.0} msg/s from the first apply",
+        (sent as f64 - behind) / (done - first).as_secs_f64().max(0.001)
+    );
+    for (_, y) in pairs {
+        while y.try_next_event().is_some() {}
+    }
 }

@@ -1,5 +1,6 @@
 //! Overview view: the node's figures, sparklines of the last minutes (kept client-side),
-//! capacity headroom gauges per resource, the tokio runtime and its monitored tasks (when
+//! capacity headroom gauges per resource, the cluster's nodes and the replication between
+//! regions (when the node reports them), the tokio runtime and its monitored tasks (when
 //! the node reports them) and the p50/p99 of every stage.
 
 use std::collections::VecDeque;
@@ -31,17 +32,27 @@ pub fn render(frame: &mut Frame<'_>, area: Rect, _state: &AppState, node: &NodeS
     } else {
         0
     };
+    // In multi-region mode (on the node that applies) the region pairs under those.
+    let region_rows = if o.regions.is_empty() {
+        0
+    } else {
+        (o.regions.len() as u16 + 3).min(
+            area.height
+                .saturating_sub(6 + 8 + stage_rows + cluster_rows),
+        )
+    };
     // The runtime panel (a node that reports it) under those, with what height is left.
     let runtime_rows = o.runtime.as_ref().map_or(0, |r| {
         (r.tasks.len() as u16 + 4 + u16::from(r.tasks.is_empty())).min(
             area.height
-                .saturating_sub(6 + 8 + stage_rows + cluster_rows),
+                .saturating_sub(6 + 8 + stage_rows + cluster_rows + region_rows),
         )
     });
-    let [top, capacity, cluster, runtime, stages] = Layout::vertical([
+    let [top, capacity, cluster, regions, runtime, stages] = Layout::vertical([
         Constraint::Min(0),
         Constraint::Length(6),
         Constraint::Length(cluster_rows),
+        Constraint::Length(region_rows),
         Constraint::Length(runtime_rows),
         Constraint::Length(stage_rows),
     ])
@@ -53,6 +64,9 @@ pub fn render(frame: &mut Frame<'_>, area: Rect, _state: &AppState, node: &NodeS
     render_capacity(frame, capacity, o);
     if cluster_rows > 0 {
         render_cluster(frame, cluster, o);
+    }
+    if region_rows > 0 {
+        render_regions(frame, regions, o);
     }
     if let (Some(r), true) = (&o.runtime, runtime_rows > 0) {
         render_runtime(frame, runtime, r);
@@ -203,6 +217,67 @@ fn render_cluster(frame: &mut Frame<'_>, area: Rect, o: &Overview) {
         Constraint::Length(9),
         Constraint::Length(8),
         Constraint::Length(6),
+    ];
+    frame.render_widget(
+        Table::new(rows, widths).header(header).block(block(&title)),
+        area,
+    );
+}
+
+/// A lag in seconds: tenths under 10 s, then as [`fmt::secs`].
+fn lag_secs(s: f64) -> String {
+    if s < 10.0 {
+        format!("{s:.1}s")
+    } else {
+        fmt::secs(s as u64)
+    }
+}
+
+/// The replication into this node's region from each other one: lag in records and
+/// seconds, records applied, and whether the link to the source's stream works.
+fn render_regions(frame: &mut Frame<'_>, area: Rect, o: &Overview) {
+    let down = o
+        .regions
+        .iter()
+        .filter(|r| r.link_up == Some(false))
+        .count();
+    let worst = o.regions.iter().map(|r| r.lag_seconds).fold(0.0, f64::max);
+    let title = format!(
+        "Regions: {} pairs, {down} links down, worst lag {}",
+        o.regions.len(),
+        lag_secs(worst)
+    );
+    let header =
+        Row::new(["from", "to", "link", "lag msgs", "lag", "applied"]).style(header_style());
+    let rows = o.regions.iter().map(|r| {
+        let (link, color) = match r.link_up {
+            Some(true) => ("up", ACCENT),
+            Some(false) => ("link down", BAD),
+            None => ("?", DIM),
+        };
+        let lag_color = if r.lag_seconds >= 30.0 {
+            BAD
+        } else if r.lag_seconds > 0.0 {
+            WARN
+        } else {
+            ACCENT
+        };
+        Row::new(vec![
+            Span::raw(r.from.clone()),
+            Span::raw(r.to.clone()),
+            Span::styled(link, Style::new().fg(color)),
+            Span::raw(r.lag_messages.to_string()),
+            Span::styled(lag_secs(r.lag_seconds), Style::new().fg(lag_color)),
+            Span::raw(r.applied_total.to_string()),
+        ])
+    });
+    let widths = [
+        Constraint::Length(14),
+        Constraint::Length(14),
+        Constraint::Length(10),
+        Constraint::Length(10),
+        Constraint::Length(9),
+        Constraint::Min(12),
     ];
     frame.render_widget(
         Table::new(rows, widths).header(header).block(block(&title)),
