@@ -34,9 +34,7 @@ async fn first_across(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regions_gateway_delays_cuts_and_heals() {
-    if !std::path::Path::new(&crate::support::nats::nats_server_bin()).exists() {
-        assert!(std::env::var_os("CI").is_none(), "nats-server missing");
-        eprintln!("skipped: no nats-server");
+    if !crate::support::nats::nats_server_available() {
         return;
     }
     let mut regions = Regions::start(&["a", "b"], 2, 2, DELAY, false).await;
@@ -90,9 +88,7 @@ async fn regions_gateway_delays_cuts_and_heals() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regions_route_lists_regions_and_the_sdk_joins_the_nearest() {
-    if !std::path::Path::new(&crate::support::nats::nats_server_bin()).exists() {
-        assert!(std::env::var_os("CI").is_none(), "nats-server missing");
-        eprintln!("skipped: no nats-server");
+    if !crate::support::nats::nats_server_available() {
         return;
     }
     // Without regions the answer is what it always was: no region fields.
@@ -389,9 +385,7 @@ async fn pushed(c: &im_client::Client, want: &[String]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regions_replicate_messages_both_ways_and_catch_up_after_a_cut() {
-    if !std::path::Path::new(&crate::support::nats::nats_server_bin()).exists() {
-        assert!(std::env::var_os("CI").is_none(), "nats-server missing");
-        eprintln!("skipped: no nats-server");
+    if !crate::support::nats::nats_server_available() {
         return;
     }
     let mut regions = Regions::start(&["a", "b"], 2, 2, DELAY, true).await;

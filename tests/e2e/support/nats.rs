@@ -14,6 +14,17 @@ pub fn nats_server_bin() -> PathBuf {
         .into()
 }
 
+/// Whether the nats-server binary runs; when it does not, a test skips (saying so)
+/// outside CI and fails under it ([`super::tool_available`]).
+pub fn nats_server_available() -> bool {
+    let bin = nats_server_bin();
+    super::tool_available(
+        &bin.to_string_lossy(),
+        &["--version"],
+        "apt-get install nats-server, or set IM_TEST_NATS_SERVER",
+    )
+}
+
 /// One private nats-server process.
 pub struct PrivateNats {
     child: Option<Child>,
