@@ -195,6 +195,11 @@ pub struct RegionLag {
     /// cut or the stream unreachable; absent from an older server).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub link_up: Option<bool>,
+    /// Whether `from` announced a `regions` list different from this region's: nothing
+    /// is applied from it or forwarded to it until they agree (absent from an older
+    /// server).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub config_mismatch: Option<bool>,
 }
 
 /// `overview.runtime`: tokio's stable runtime metrics and the task monitors of the

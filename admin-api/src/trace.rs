@@ -9,8 +9,10 @@ use serde::{Deserialize, Serialize};
 pub struct TraceStage {
     /// The node that recorded it.
     pub node: String,
-    /// Stage name: decode, validate, relation, persist_wait, persist_commit, route,
-    /// queue_wait or write.
+    /// Stage name: decode, validate, relation, before_send, persist_wait,
+    /// persist_commit, route, queue_wait or write; in multi-region mode also
+    /// region_forward, apply_wait (the forwarding node), repl_publish (the home's
+    /// publisher) and repl_apply (another region's applier).
     pub stage: String,
     /// Start, in nanoseconds after the trace's first stage started.
     pub start_offset_ns: u64,
@@ -19,6 +21,9 @@ pub struct TraceStage {
     /// The recipient, for the per-recipient stages (queue_wait, write).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recipient: Option<String>,
+    /// Multi-region mode: the region of the node that recorded it (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
 }
 
 /// `GET /admin/v1/messages/{msg_id}/trace` answer: the merged timeline, in time order.
@@ -43,4 +48,11 @@ pub struct MessageTrace {
     pub stages: Vec<TraceStage>,
     /// Recipients past the per-message cap whose stages were not recorded.
     pub recipients_omitted: u64,
+    /// Multi-region mode: the regions whose parts are merged here (this one first).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub regions: Vec<String>,
+    /// Multi-region mode: the other regions asked that sent no usable answer in time
+    /// (unreachable, or no node answered), whose parts may be missing.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub regions_unanswered: Vec<String>,
 }

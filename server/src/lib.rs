@@ -21,6 +21,7 @@ pub mod obs;
 pub mod persist;
 pub mod pipeline;
 pub mod region;
+pub mod region_list;
 pub mod region_repl;
 pub mod region_serve;
 pub mod reload;
@@ -473,9 +474,14 @@ impl Built {
                     node.store.clone(),
                     node.pipeline.router.clone(),
                     node.pipeline.relations.clone(),
-                    config.cluster.prefix.clone(),
+                    (config.cluster.prefix.clone(), node.metrics.clone()),
                 );
                 background.extend(repl.iter().flat_map(|r| r.spawn()));
+                background.push(tokio::spawn(cluster::region_trace::serve(
+                    c.link.clone(),
+                    node.metrics.tracer.clone(),
+                    map.local.clone(),
+                )));
             }
         }
         let hangup = [&self.client_tls, &self.admin_tls];

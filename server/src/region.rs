@@ -37,6 +37,13 @@ pub enum ForwardError {
         /// The NATS error or "timed out".
         reason: String,
     },
+    /// The home region announced a different `regions` list (`region_list`): nothing
+    /// is forwarded to it until the lists agree.
+    #[error("region {home}'s regions list differs from this region's")]
+    ListsDiffer {
+        /// The home region.
+        home: String,
+    },
 }
 
 /// This node's region and the list every region shares.
@@ -58,6 +65,8 @@ pub struct RegionMap {
     /// The replication lag into this region per source region, as this node's applier
     /// last saw it (`region_repl`; the admin overview reads it).
     pub lags: std::sync::Mutex<std::collections::BTreeMap<String, Lag>>,
+    /// This region's list digest and what the other regions announced (`region_list`).
+    pub lists: crate::region_list::ListCheck,
 }
 
 /// The replication from one region into this one, as this node's applier sees it.
@@ -100,6 +109,7 @@ impl RegionMap {
                 lag_seconds: l.seconds(started),
                 applied_total: l.applied,
                 link_up: Some(l.link_up),
+                config_mismatch: Some(self.lists.differs(from)),
             })
             .collect()
     }
@@ -143,6 +153,62 @@ impl RegionMap {
     }
 }
 
+/// The NATS header carrying a traced forwarded request's trace context: the forwarding
+/// region and node, `<region>/<node>` (at most [`MAX_TRACE_HEADER`] bytes). The home
+/// traces the request whatever its own sampling says.
+pub const TRACE_HEADER: &str = "Im-Region-Trace";
+/// With [`TRACE_HEADER`] and `cluster.key`: the HMAC (hex) of the request's signature
+/// and the trace header, apart from [`SIG_HEADER`], which a home of an older release
+/// checks as before.
+pub const TRACE_SIG_HEADER: &str = "Im-Region-Trace-Sig";
+/// Most bytes of a [`TRACE_HEADER`] value.
+pub const MAX_TRACE_HEADER: usize = 200;
+
+/// The domain tag signed before a trace header.
+const TRACE_SIG_DOMAIN: &[u8] = b"im-region-trace\n";
+
+impl RegionMap {
+    /// The signature of trace header `trace` on a request signed `sig` (`None`
+    /// without a key).
+    pub fn sign_trace(&self, sig: &str, trace: &str) -> Option<String> {
+        let key = self.key.as_ref()?;
+        let tag = ring::hmac::sign(key, &trace_signed(sig, trace));
+        Some(tag.as_ref().iter().map(|b| format!("{b:02x}")).collect())
+    }
+
+    /// Whether a forwarded request signed `sig` carries a valid trace context: `trace`
+    /// present, at most [`MAX_TRACE_HEADER`] bytes, and with a key, `trace_sig` its
+    /// valid signature. An invalid one only leaves the request untraced.
+    pub fn verify_trace(
+        &self,
+        sig: Option<&str>,
+        trace: Option<&str>,
+        trace_sig: Option<&str>,
+    ) -> bool {
+        let Some(trace) = trace.filter(|t| t.len() <= MAX_TRACE_HEADER) else {
+            return false;
+        };
+        let Some(key) = &self.key else {
+            return true;
+        };
+        let Some(tag) = trace_sig.and_then(decode_hex) else {
+            return false;
+        };
+        ring::hmac::verify(key, &trace_signed(sig.unwrap_or_default(), trace), &tag).is_ok()
+    }
+}
+
+/// The bytes a trace header's signature covers: the domain, the request's signature
+/// (so the context cannot be moved onto another request) and the header.
+fn trace_signed(sig: &str, trace: &str) -> Vec<u8> {
+    let mut msg = Vec::with_capacity(TRACE_SIG_DOMAIN.len() + sig.len() + 1 + trace.len());
+    msg.extend_from_slice(TRACE_SIG_DOMAIN);
+    msg.extend_from_slice(sig.as_bytes());
+    msg.push(b'\n');
+    msg.extend_from_slice(trace.as_bytes());
+    msg
+}
+
 /// Decodes a 64-digit lowercase or uppercase hex tag.
 fn decode_hex(s: &str) -> Option<Vec<u8>> {
     if s.len() != 64 {
@@ -160,26 +226,36 @@ impl RegionMap {
         if config.region.is_empty() {
             return None;
         }
+        let names: Vec<String> = config.regions.iter().map(|r| r.name.clone()).collect();
+        let lists = crate::region_list::ListCheck::new(&config.region, &names);
         Some(Arc::new(RegionMap {
             local: config.region.clone(),
-            names: config.regions.iter().map(|r| r.name.clone()).collect(),
+            names,
             route_urls: config.regions.iter().map(|r| r.route_url.clone()).collect(),
             nats: OnceLock::new(),
             key: (!config.cluster.key.is_empty()).then(|| {
                 ring::hmac::Key::new(ring::hmac::HMAC_SHA256, config.cluster.key.as_bytes())
             }),
             lags: Default::default(),
+            lists,
         }))
     }
 
     /// Forwards an encoded Send `frame` of `user` to region `home` and returns the home's
-    /// answer: an encoded frame (SendAck after its durable commit, or Error).
+    /// answer: an encoded frame (SendAck after its durable commit, or Error). A traced
+    /// request carries `trace` (`<region>/<node>`) in [`TRACE_HEADER`].
     pub async fn forward(
         &self,
         home: &str,
         user: &str,
         frame: bytes::Bytes,
+        trace: Option<&str>,
     ) -> Result<bytes::Bytes, ForwardError> {
+        if self.lists.differs(home) {
+            return Err(ForwardError::ListsDiffer {
+                home: home.to_owned(),
+            });
+        }
         let client = self.nats.get().ok_or(ForwardError::NoLink)?;
         let mut payload = Vec::with_capacity(user.len() + 1 + frame.len());
         payload.extend_from_slice(user.as_bytes());
@@ -189,10 +265,7 @@ impl RegionMap {
             home: home.to_owned(),
             reason,
         };
-        let mut headers = async_nats::HeaderMap::new();
-        if let Some(sig) = self.sign(&payload) {
-            headers.insert(SIG_HEADER, sig.as_str());
-        }
+        let headers = self.forward_headers(&payload, trace);
         match tokio::time::timeout(
             FORWARD_TIMEOUT,
             client.request_with_headers(send_subject(home), headers, payload.into()),
@@ -204,6 +277,26 @@ impl RegionMap {
             Ok(Err(e)) => Err(unanswered(e.to_string())),
             Err(_) => Err(unanswered("timed out".into())),
         }
+    }
+}
+
+impl RegionMap {
+    /// A forwarded request's headers: its signature, the list digest, and a traced
+    /// one's trace context with its own signature.
+    fn forward_headers(&self, payload: &[u8], trace: Option<&str>) -> async_nats::HeaderMap {
+        let mut headers = async_nats::HeaderMap::new();
+        let sig = self.sign(payload);
+        if let Some(sig) = &sig {
+            headers.insert(SIG_HEADER, sig.as_str());
+        }
+        self.lists.headers(&mut headers);
+        if let Some(t) = trace.filter(|t| t.len() <= MAX_TRACE_HEADER) {
+            headers.insert(TRACE_HEADER, t);
+            if let Some(ts) = self.sign_trace(sig.as_deref().unwrap_or_default(), t) {
+                headers.insert(TRACE_SIG_HEADER, ts.as_str());
+            }
+        }
+        headers
     }
 }
 
@@ -326,6 +419,7 @@ mod tests {
             nats: OnceLock::new(),
             key: None,
             lags: Default::default(),
+            lists: crate::region_list::ListCheck::new("a", &names(&["a", "b"])),
         };
         assert_eq!(parse_forwarded(b"alice\nxyz"), Some(("alice", &b"xyz"[..])));
         assert_eq!(parse_forwarded(b"al ice\nxyz"), None);
@@ -352,6 +446,7 @@ mod tests {
             nats: OnceLock::new(),
             key: Some(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, k.as_bytes())),
             lags: Default::default(),
+            lists: crate::region_list::ListCheck::new("a", &names(&["a", "b"])),
         };
         let map = keyed("a cluster key of at least 32 bytes!!");
         let sig = map.sign(b"alice\nframe").expect("signed with a key");
@@ -370,5 +465,55 @@ mod tests {
         };
         assert_eq!(open.sign(b"p"), None);
         assert!(open.verify(b"p", None), "no key: NATS is trusted");
+        assert!(open.verify_trace(None, Some("b/b0"), None));
+        assert!(
+            !open.verify_trace(None, None, None),
+            "no header: not traced"
+        );
+    }
+
+    #[test]
+    fn a_trace_header_is_signed_apart_and_tied_to_its_request() {
+        let map = RegionMap {
+            local: "b".into(),
+            names: names(&["a", "b"]),
+            route_urls: names(&["http://a:1", "http://b:1"]),
+            nats: OnceLock::new(),
+            key: Some(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, b"k")),
+            lags: Default::default(),
+            lists: crate::region_list::ListCheck::new("a", &names(&["a", "b"])),
+        };
+        let h = map.forward_headers(b"alice\nframe", Some("b/b0"));
+        let get = |n: &str| h.get(n).map(|v| v.as_str().to_owned());
+        let (sig, trace, ts) = (get(SIG_HEADER), get(TRACE_HEADER), get(TRACE_SIG_HEADER));
+        assert!(
+            map.verify(b"alice\nframe", sig.as_deref()),
+            "the request's own signature"
+        );
+        assert!(map.verify_trace(sig.as_deref(), trace.as_deref(), ts.as_deref()));
+        assert!(
+            !map.verify_trace(sig.as_deref(), Some("b/b1"), ts.as_deref()),
+            "forged"
+        );
+        let other = map.sign(b"mallory\nframe");
+        assert!(
+            !map.verify_trace(other.as_deref(), trace.as_deref(), ts.as_deref()),
+            "moved"
+        );
+        assert!(
+            !map.verify_trace(sig.as_deref(), trace.as_deref(), None),
+            "unsigned"
+        );
+        let long = "x".repeat(MAX_TRACE_HEADER + 1);
+        assert!(map
+            .forward_headers(b"p", Some(&long))
+            .get(TRACE_HEADER)
+            .is_none());
+        assert_eq!(
+            get(crate::region_list::DIGEST_HEADER),
+            Some(map.lists.digest.clone())
+        );
+        let plain = map.forward_headers(b"p", None);
+        assert!(plain.get(TRACE_HEADER).is_none() && plain.get(TRACE_SIG_HEADER).is_none());
     }
 }

@@ -10,7 +10,11 @@
 //! connected in this region through the router (the ordinary delivery path). One node
 //! per region runs each role: the holder of a Postgres advisory lock on the region's
 //! own database. Lag and link-state gauges per region pair, and the pairs in the admin overview
-//! (through `region::RegionMap::lags`). Started only when `region` is set.
+//! (through `region::RegionMap::lags`). Every record carries the region list's digest
+//! (`region_list`); a record from a region whose list differs is not applied (NAKed
+//! until the lists agree). A traced record (`Record::traced`) gets its publish and its
+//! apply recorded in the message's trace (`obs::trace`), and its push traced.
+//! Started only when `region` is set.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,6 +23,8 @@ use async_nats::jetstream::{self, consumer, stream, AckKind};
 use futures_util::StreamExt;
 use tokio::task::JoinHandle;
 
+use crate::obs::trace::{Trace, TraceContext};
+use crate::obs::{Metrics, Stage};
 use crate::region::{Lag, RegionMap};
 use crate::route::{Delivery, Recipients, Router};
 use crate::store::membership::Relations;
@@ -37,6 +43,8 @@ const ACK_WAIT: Duration = Duration::from_secs(5);
 /// How long a record that waits for a gap (or a store that failed) waits before its
 /// redelivery.
 const RETRY_DELAY: Duration = Duration::from_millis(500);
+/// How long a record from a region whose list differs waits before its redelivery.
+const LIST_RETRY_DELAY: Duration = Duration::from_secs(5);
 /// How long JetStream remembers a `Nats-Msg-Id` (a republish within it is dropped).
 const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 /// How long a region's stream keeps records (a region cut off for longer must be
@@ -92,6 +100,8 @@ pub struct Repl {
     /// The cluster prefix shared by every region (`cluster.prefix`).
     prefix: String,
     started: Instant,
+    /// The stage histograms and the message tracer.
+    metrics: Metrics,
 }
 
 impl Repl {
@@ -103,7 +113,7 @@ impl Repl {
         store: Arc<dyn Store>,
         router: Arc<Router>,
         relations: Arc<Relations>,
-        prefix: String,
+        (prefix, metrics): (String, Metrics),
     ) -> Option<Arc<Repl>> {
         let Some(r) = store.replication() else {
             tracing::error!("multi-region replication needs the Postgres store; not started");
@@ -118,6 +128,7 @@ impl Repl {
             js: jetstream::new(client),
             prefix,
             started: Instant::now(),
+            metrics,
         }))
     }
 
@@ -221,6 +232,7 @@ impl Repl {
     /// Publishes the oldest outbox rows and deletes them once every one is acked; how
     /// many rows went.
     async fn publish_round(&self) -> Result<usize, String> {
+        let taken = Instant::now();
         let records = self
             .repl()
             .outbox_take(&self.map.local, PUBLISH_BATCH)
@@ -238,6 +250,7 @@ impl Repl {
             if let Some(sig) = self.map.sign(&body) {
                 headers.insert(crate::region::SIG_HEADER, sig.as_str());
             }
+            self.map.lists.headers(&mut headers);
             let ack = self
                 .js
                 .publish_with_headers(subject.clone(), headers, body.into())
@@ -262,7 +275,22 @@ impl Repl {
             .map_err(|e| e.to_string())?;
         metrics::counter!("im_region_published_total", "region" => self.map.local.clone())
             .increment(published);
+        self.published(&records, taken);
         Ok(records.len())
+    }
+
+    /// Records the publish stage of `records` (outbox read at `taken` to JetStream's
+    /// ack) and files it in the traced ones' traces.
+    fn published(&self, records: &[Record], taken: Instant) {
+        let now = Instant::now();
+        for rec in records {
+            self.metrics.stage(Stage::ReplPublish, now - taken);
+            if rec.traced {
+                let mut t = Trace::remote(&context(rec));
+                t.stage(Stage::ReplPublish, taken, now);
+                self.metrics.tracer.file(t.into_part());
+            }
+        }
     }
 
     /// The applier of region `from`'s stream, forever.
@@ -389,6 +417,9 @@ impl Repl {
             .as_ref()
             .and_then(|h| h.get(crate::region::SIG_HEADER))
             .map(|v| v.as_str());
+        if !self.list_agrees(from, m).await {
+            return false;
+        }
         let rec: Option<Record> = serde_json::from_slice(&m.payload).ok();
         // A record is `from`'s own, of a conversation homed there (region lists that
         // disagree would let two regions write one conversation: dropped, loudly).
@@ -409,13 +440,16 @@ impl Repl {
                 return true;
             }
         };
+        let t = Instant::now();
         let outcome = self.repl().apply(&rec).await;
+        let applied = (t, Instant::now());
+        self.metrics.stage(Stage::ReplApply, applied.1 - applied.0);
         let labels = [("from", from.to_owned()), ("to", self.map.local.clone())];
         match outcome {
             Ok(Applied::Stored) => {
                 metrics::counter!("im_region_applied_total", &labels).increment(1);
                 self.lag(from, |l| l.applied += 1);
-                self.push(&rec).await;
+                self.push(&rec, applied).await;
                 let _ = m.ack().await;
                 true
             }
@@ -444,9 +478,21 @@ impl Repl {
         }
     }
 
+    /// Whether `from`'s record `m` comes with `from`'s list agreeing with this region's
+    /// (`region_list`); a record that does not is NAKed for a later redelivery.
+    async fn list_agrees(&self, from: &str, m: &jetstream::Message) -> bool {
+        use crate::region_list::Verdict;
+        if self.map.lists.check_headers(from, m.headers.as_ref()) == Verdict::Agrees {
+            return true;
+        }
+        let _ = m.ack_with(AckKind::Nak(Some(LIST_RETRY_DELAY))).await;
+        false
+    }
+
     /// Pushes an applied message to its recipients connected in this region (the
-    /// router's ordinary fan-out, to this node's sessions and the region's other nodes).
-    async fn push(&self, rec: &Record) {
+    /// router's ordinary fan-out, to this node's sessions and the region's other nodes),
+    /// traced from its apply (`applied`: start and end) when the record is.
+    async fn push(&self, rec: &Record, applied: (Instant, Instant)) {
         let recipients = match im_proto::parse_conversation(&rec.conversation_id) {
             Some(im_proto::ConversationRef::Direct(a, b)) => {
                 Recipients::Direct(a.to_owned(), b.to_owned())
@@ -468,7 +514,11 @@ impl Repl {
             origin_conn: 0,
             started: Instant::now(),
             hint_only: false,
-            trace: None,
+            trace: rec.traced.then(|| {
+                let mut t = Box::new(Trace::remote(&context(rec)));
+                t.stage(Stage::ReplApply, applied.0, applied.1);
+                t
+            }),
         };
         if let Some(f) = self.router.deliver(d) {
             self.router.forward(f).await;
@@ -492,6 +542,16 @@ impl Repl {
         metrics::gauge!("im_region_replication_lag_seconds", &labels)
             .set(lag.seconds(self.started));
         metrics::gauge!("im_region_link_up", &labels).set(if lag.link_up { 1.0 } else { 0.0 });
+    }
+}
+
+/// The trace context of a traced record (its message, as the home committed it).
+fn context(rec: &Record) -> TraceContext {
+    TraceContext {
+        msg_id: rec.msg_id.clone(),
+        sender: rec.sender.clone(),
+        conversation: rec.conversation_id.clone(),
+        seq: rec.seq,
     }
 }
 
@@ -533,6 +593,7 @@ mod tests {
                 bans: Vec::new(),
             }),
             hole: false,
+            traced: false,
             outbox_id: 1,
         }
     }

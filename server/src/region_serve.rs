@@ -3,7 +3,9 @@
 //! node answers each) and run each through the ordinary pipeline as its sender, on a
 //! connection-less session whose queue receives the reply; the answer (the SendAck or
 //! GroupOpOk, queued only after the durable commit, or the Error) goes back as the
-//! request's reply. It lives apart from
+//! request's reply. A request with a valid trace context (`region::TRACE_HEADER`) is
+//! traced here whatever this node samples; one from a region whose `regions` list
+//! differs (`region_list`) is refused. It lives apart from
 //! `region` because it calls the pipeline, which calls `region`.
 
 use std::sync::Arc;
@@ -55,6 +57,10 @@ pub async fn run(
             );
             continue;
         }
+        let how = Forwarded {
+            traced: traced(&map, msg.headers.as_ref(), sig),
+            lists_differ: lists_differ(&map, msg.headers.as_ref()),
+        };
         let Ok(permit) = permits.clone().acquire_owned().await else {
             return;
         };
@@ -65,12 +71,44 @@ pub async fn run(
             config.clone(),
         );
         tokio::spawn(async move {
-            if let Some(answer) = answer(&map, &pipeline, &config, &msg.payload).await {
+            if let Some(answer) = answer(&map, &pipeline, &config, &msg.payload, how).await {
                 let _ = client.publish(reply, answer).await;
             }
             drop(permit);
         });
     }
+}
+
+/// What a forwarded request's headers say beyond its signature.
+#[derive(Debug, Clone, Copy)]
+struct Forwarded {
+    /// It carries a valid trace context: traced here too.
+    traced: bool,
+    /// Its region announced a different `regions` list: refused.
+    lists_differ: bool,
+}
+
+/// Whether a request signed `sig` carries a valid trace context (`region::TRACE_HEADER`).
+fn traced(map: &RegionMap, headers: Option<&async_nats::HeaderMap>, sig: Option<&str>) -> bool {
+    let get = |n: &str| headers.and_then(|h| h.get(n)).map(|v| v.as_str());
+    let trace = get(crate::region::TRACE_HEADER);
+    let ok = map.verify_trace(sig, trace, get(crate::region::TRACE_SIG_HEADER));
+    if ok {
+        tracing::debug!(origin = ?trace, "forwarded request traced");
+    }
+    ok
+}
+
+/// Whether the request's region (one of the configured ones) announced a different
+/// `regions` list (`region_list`; counted in `im_region_config_mismatch`).
+fn lists_differ(map: &RegionMap, headers: Option<&async_nats::HeaderMap>) -> bool {
+    use crate::region_list::{Verdict, FROM_HEADER};
+    let from = headers.and_then(|h| h.get(FROM_HEADER)).map(|v| v.as_str());
+    let Some(from) = from.filter(|f| *f != map.local && map.names.iter().any(|n| n.as_str() == *f))
+    else {
+        return false;
+    };
+    map.lists.check_headers(from, headers) == Verdict::Differs
 }
 
 /// The encoded answer to one forwarded request (`None`: malformed, not answered).
@@ -79,11 +117,13 @@ async fn answer(
     pipeline: &Pipeline,
     config: &Config,
     payload: &[u8],
+    how: Forwarded,
 ) -> Option<bytes::Bytes> {
     let Some((user, frame)) = parse_forwarded(payload) else {
         tracing::warn!(bytes = payload.len(), "malformed forwarded send dropped");
         return None;
     };
+    let started = Instant::now();
     let frame = Frame::decode(frame).ok()?;
     let req_id = frame.req_id;
     let conversation = match &frame.body {
@@ -98,6 +138,15 @@ async fn answer(
         Some(Body::Edit(e)) => Some(e.conversation_id.clone()),
         _ => return None,
     };
+    if how.lists_differ {
+        let message = format!(
+            "region {} refuses forwarded requests from a region whose regions list differs \
+             (see im_region_config_mismatch)",
+            map.local
+        );
+        let e = im_proto::error_frame(req_id, im_proto::ErrorCode::RegionUnavailable, message);
+        return Some(im_proto::encode(&e));
+    }
     // Region lists that disagree would bounce a request between regions: refuse instead.
     if let Some(conversation) = conversation {
         if let Some((home, _)) = map.elsewhere(&conversation) {
@@ -117,8 +166,9 @@ async fn answer(
         config.flow.hard_mark_bytes,
         pipeline.metrics.clone(),
     );
-    let session = Session::new(user.to_owned(), out, &config.limits);
-    match pipeline.handle(&session, frame, Instant::now()).await {
+    let mut session = Session::new(user.to_owned(), out, &config.limits);
+    session.trace_forced = how.traced;
+    match pipeline.handle(&session, frame, started).await {
         Err(r) => Some(im_proto::encode(&r.to_frame(req_id))),
         Ok(()) => match tokio::time::timeout(FORWARD_TIMEOUT, rx.frames.recv()).await {
             Ok(Some(f)) => Some(f.bytes),

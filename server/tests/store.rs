@@ -93,6 +93,7 @@ fn msg(conv: &str, sender: &str, cmid: &str, body: &str) -> NewMessage {
         msg_id: uuid::Uuid::now_v7().simple().to_string(),
         direct,
         reference: None,
+        traced: false,
     }
 }
 

@@ -771,6 +771,7 @@ fn every_alert_has_a_runbook_summary_and_description() {
         "ImClusterNodeLost",
         "ImRegionLinkDown",
         "ImRegionLagHigh",
+        "ImRegionConfigMismatch",
     ];
     for r in &rules {
         assert!(names.insert(r.name.clone()), "duplicate alert {}", r.name);

@@ -27,6 +27,7 @@ mod obs;
 mod offline;
 mod prometheus;
 mod reads;
+mod region_trace;
 mod regions;
 mod rolling;
 mod rotation;

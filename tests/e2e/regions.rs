@@ -300,7 +300,7 @@ fn refused_for_home(r: Result<im_client::proto::SendAck, im_client::ClientError>
 
 /// A pair of users (`x` in region a, `y` in region b by who connects where) whose
 /// one-to-one conversation is homed in `home`.
-fn pair_homed(tag: &str, home: &str) -> (String, String) {
+pub(crate) fn pair_homed(tag: &str, home: &str) -> (String, String) {
     let names = ["a".to_owned(), "b".to_owned()];
     (0..200)
         .map(|i| (format!("{tag}x{i}"), format!("{tag}y{i}")))

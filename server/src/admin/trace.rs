@@ -1,6 +1,8 @@
 //! `GET /admin/v1/messages/{msg_id}/trace`: one message's stage timeline, this node's
 //! part (`obs::trace`) and, in cluster mode, every other live node's
-//! (`cluster::trace::gather`), merged in time order ([`merge`]).
+//! (`cluster::trace::gather`), and in multi-region mode the other regions' parts
+//! (`cluster::region_trace::gather_regions`, at the same time), merged in time order
+//! ([`merge`]), each stage named with its region.
 
 use std::sync::Arc;
 
@@ -34,18 +36,38 @@ async fn trace(State(node): State<Arc<Node>>, Path(msg_id): Path<String>) -> Res
         );
     }
     let msg_id = msg_id.to_ascii_lowercase();
+    let local = node.pipeline.region.as_ref().map(|m| m.local.clone());
     let mut parts = Vec::new();
     if let Some(p) = node.metrics.tracer.get(&msg_id) {
-        parts.push(NodePart {
-            node: node.node_id.clone(),
-            part: p,
+        parts.push(Located {
+            region: local.clone(),
+            part: NodePart {
+                node: node.node_id.clone(),
+                part: p,
+            },
         });
     }
-    let mut unanswered = Vec::new();
+    let mut unanswered = Unanswered::default();
     if let Some(c) = &node.cluster {
-        let g = crate::cluster::trace::gather(&c.link, &msg_id, c.link.trace_timeout).await;
-        parts.extend(g.parts);
-        unanswered = g.unanswered;
+        let (g, regions) = tokio::join!(
+            crate::cluster::trace::gather(&c.link, &msg_id, c.link.trace_timeout),
+            other_regions(&node, &c.link, &msg_id)
+        );
+        let here = g.parts.into_iter().map(|part| Located {
+            region: local.clone(),
+            part,
+        });
+        parts.extend(here);
+        unanswered.nodes = g.unanswered;
+        if let Some(r) = regions {
+            let there = r.parts.into_iter().map(|(region, part)| Located {
+                region: Some(region),
+                part,
+            });
+            parts.extend(there);
+            unanswered.nodes.extend(r.nodes_unanswered);
+            unanswered.regions = r.regions_unanswered;
+        }
     }
     match merge(&msg_id, parts, unanswered) {
         Some(t) => Json(t).into_response(),
@@ -56,19 +78,50 @@ async fn trace(State(node): State<Arc<Node>>, Path(msg_id): Path<String>) -> Res
     }
 }
 
+/// Multi-region mode: the other regions' parts of `msg_id` (`None` with regions off).
+async fn other_regions(
+    node: &Node,
+    link: &crate::cluster::Link,
+    msg_id: &str,
+) -> Option<crate::cluster::region_trace::RegionsGathered> {
+    let map = node.pipeline.region.as_ref()?;
+    let g = crate::cluster::region_trace::gather_regions(link, &map.local, &map.names, msg_id);
+    Some(g.await)
+}
+
+/// One node's part with the region of the node (`None` with regions off).
+#[derive(Debug)]
+pub struct Located {
+    /// The node's region.
+    pub region: Option<String>,
+    /// Its part.
+    pub part: NodePart,
+}
+
+/// The nodes and regions asked that gave no usable answer in time.
+#[derive(Debug, Default)]
+pub struct Unanswered {
+    /// Live nodes (of this region, or named by another region's answer).
+    pub nodes: Vec<String>,
+    /// Other regions.
+    pub regions: Vec<String>,
+}
+
 /// The timeline of `msg_id` from the nodes' parts, stages by start time (offsets from
 /// the first); `None` when there is no part.
-pub fn merge(msg_id: &str, parts: Vec<NodePart>, unanswered: Vec<String>) -> Option<MessageTrace> {
+pub fn merge(msg_id: &str, parts: Vec<Located>, unanswered: Unanswered) -> Option<MessageTrace> {
     if parts.is_empty() {
         return None;
     }
     let mut t = MessageTrace {
         msg_id: msg_id.to_owned(),
-        nodes_unanswered: unanswered,
+        nodes_unanswered: unanswered.nodes,
+        regions_unanswered: unanswered.regions,
         ..MessageTrace::default()
     };
     let mut spans = Vec::new();
-    for NodePart { node, part } in parts {
+    for Located { region, part } in parts {
+        let NodePart { node, part } = part;
         if t.sender.is_empty() {
             t.sender = part.sender;
         }
@@ -80,19 +133,27 @@ pub fn merge(msg_id: &str, parts: Vec<NodePart>, unanswered: Vec<String>) -> Opt
         if !t.nodes.contains(&node) {
             t.nodes.push(node.clone());
         }
-        spans.extend(part.spans.into_iter().map(|s| (node.clone(), s)));
+        if let Some(r) = region.as_ref().filter(|r| !t.regions.contains(r)) {
+            t.regions.push(r.clone());
+        }
+        spans.extend(
+            part.spans
+                .into_iter()
+                .map(|s| (node.clone(), region.clone(), s)),
+        );
     }
-    spans.sort_by_key(|(_, s)| s.start_unix_ns);
-    let first = spans.first().map_or(0, |(_, s)| s.start_unix_ns);
+    spans.sort_by_key(|(_, _, s)| s.start_unix_ns);
+    let first = spans.first().map_or(0, |(_, _, s)| s.start_unix_ns);
     t.started_unix_ms = first / 1_000_000;
     t.stages = spans
         .into_iter()
-        .map(|(node, s)| TraceStage {
+        .map(|(node, region, s)| TraceStage {
             node,
             stage: s.stage.name().to_owned(),
             start_offset_ns: u64::try_from(s.start_unix_ns.saturating_sub(first)).unwrap_or(0),
             duration_ns: s.duration_ns,
             recipient: s.recipient.map(|r| r.to_string()),
+            region,
         })
         .collect();
     Some(t)
@@ -123,7 +184,7 @@ mod tests {
 
     #[test]
     fn parts_merge_in_time_order() {
-        assert!(merge("m", Vec::new(), Vec::new()).is_none());
+        assert!(merge("m", Vec::new(), Unanswered::default()).is_none());
         let a = NodePart {
             node: "n1".into(),
             part: Part {
@@ -147,7 +208,19 @@ mod tests {
                 ..Part::default()
             },
         };
-        let t = merge("m", vec![b, a], vec!["n3".into()]).unwrap();
+        let at = |region: &str, part| Located {
+            region: Some(region.to_owned()),
+            part,
+        };
+        let unanswered = Unanswered {
+            nodes: vec!["n3".into()],
+            regions: vec!["c".into()],
+        };
+        let t = merge("m", vec![at("a", b), at("b", a)], unanswered).unwrap();
+        assert_eq!(t.regions, ["a", "b"]);
+        assert_eq!(t.regions_unanswered, ["c"]);
+        assert_eq!(t.stages[0].region.as_deref(), Some("b"));
+        assert_eq!(t.stages[2].region.as_deref(), Some("a"));
         assert_eq!(t.sender, "alice");
         assert_eq!(t.seq, 4);
         assert_eq!(t.recipients_omitted, 2);

@@ -52,6 +52,7 @@ mod kv;
 mod link;
 pub mod presence;
 pub mod query;
+pub mod region_trace;
 pub mod registry;
 pub mod relay;
 mod report;

@@ -129,12 +129,20 @@ impl Sealed for TraceReply {
 
 /// This node's reply to a query for `msg_id` (stages capped at [`MAX_REPLY_STAGES`]).
 pub fn reply_for(tracer: &Tracer, node: &str, msg_id: &str, key: &ClusterKey) -> TraceReply {
+    let mut r = wire_part(node, msg_id, tracer.get(msg_id));
+    key.seal(&mut r);
+    r
+}
+
+/// A node's part (or none) as an unsigned reply (stages capped at
+/// [`MAX_REPLY_STAGES`]).
+pub fn wire_part(node: &str, msg_id: &str, part: Option<Part>) -> TraceReply {
     let mut r = TraceReply {
         node: node.to_owned(),
         msg_id: msg_id.to_owned(),
         ..Default::default()
     };
-    if let Some(p) = tracer.get(msg_id) {
+    if let Some(p) = part {
         r.found = true;
         r.sender = p.sender;
         r.conversation = p.conversation;
@@ -152,7 +160,6 @@ pub fn reply_for(tracer: &Tracer, node: &str, msg_id: &str, key: &ClusterKey) ->
             })
             .collect();
     }
-    key.seal(&mut r);
     r
 }
 
@@ -189,6 +196,12 @@ pub fn read_reply(
     if r.msg_id != msg_id || r.node != node {
         return Err(BadReply::Mismatch);
     }
+    part_of(r)
+}
+
+/// The part a (checked) reply carries: `None` when its node holds none, an error when
+/// it has too many stages or one this node does not know.
+pub fn part_of(r: TraceReply) -> Result<Option<NodePart>, BadReply> {
     if r.stages.len() > MAX_REPLY_STAGES {
         return Err(BadReply::BadStages);
     }

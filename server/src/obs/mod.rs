@@ -63,11 +63,19 @@ pub enum Stage {
     Write,
     /// Decode start to the last recipient's socket write.
     EndToEnd,
+    /// Multi-region: a request forwarded to its home region, until the home's answer.
+    RegionForward,
+    /// Multi-region: a forwarded request's ack waiting until this region applied it.
+    ApplyWait,
+    /// Multi-region: a replication record from the outbox read to JetStream's ack.
+    ReplPublish,
+    /// Multi-region: applying another region's replication record to this store.
+    ReplApply,
 }
 
 impl Stage {
     /// Every stage, in path order.
-    pub const ALL: [Stage; 12] = [
+    pub const ALL: [Stage; 16] = [
         Stage::Decode,
         Stage::Auth,
         Stage::Validate,
@@ -80,6 +88,10 @@ impl Stage {
         Stage::QueueWait,
         Stage::Write,
         Stage::EndToEnd,
+        Stage::RegionForward,
+        Stage::ApplyWait,
+        Stage::ReplPublish,
+        Stage::ReplApply,
     ];
 
     /// The label value.
@@ -97,6 +109,10 @@ impl Stage {
             Stage::QueueWait => "queue_wait",
             Stage::Write => "write",
             Stage::EndToEnd => "end_to_end",
+            Stage::RegionForward => "region_forward",
+            Stage::ApplyWait => "apply_wait",
+            Stage::ReplPublish => "repl_publish",
+            Stage::ReplApply => "repl_apply",
         }
     }
 }
@@ -211,7 +227,7 @@ pub const REJECT_REASONS: [&str; 4] = [
 /// Cheap, cloneable metric handles for the hot path.
 #[derive(Clone)]
 pub struct Metrics {
-    hists: Arc<[latency::LatencyHist; 12]>,
+    hists: Arc<[latency::LatencyHist; Stage::ALL.len()]>,
     probes: Arc<AtomicBool>,
     /// Running totals.
     pub totals: Arc<Totals>,
@@ -449,6 +465,7 @@ const HELP: &[Help] = &[
     help_gauge("im_hook_in_flight", "Calls to the hook in flight now, by hook."),
     help_counter("im_traces_recorded_total", "Message trace parts filed in this node's trace store."),
     help_counter("im_trace_bad_replies_total", "Trace replies from other nodes dropped: too large, undecodable, badly signed or not the asked message."),
+    help_gauge("im_region_config_mismatch", "1 while region `from` announces a regions list different from this region's (nothing applied from it or forwarded to it), by from."),
     help_counter("im_receipts_sent_total", "ReadReceipt pushes sent (per member, or one counted receipt for a large group)."),
     help_counter("im_receipts_dropped_total", "Committed reads whose receipt was dropped because the receipt queue was full."),
     help_counter("im_presence_pushes_total", "Presence pushes queued to subscribed connections."),

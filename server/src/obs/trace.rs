@@ -172,6 +172,12 @@ impl Trace {
     pub fn part(&self) -> &Part {
         &self.part
     }
+
+    /// The part recorded, for filing (a trace no copy shares: a forwarded request's,
+    /// a replication publish's).
+    pub fn into_part(self) -> Part {
+        self.part
+    }
 }
 
 /// A trace shared by the copies of its message in the recipients' queues; the last

@@ -198,6 +198,7 @@ impl Pipeline {
             msg_id: uuid::Uuid::now_v7().simple().to_string(),
             direct,
             reference: None,
+            traced: false,
         };
         self.submit_all(targets, message, &origin).await?;
         read_answers(&origin, &mut answers, n).await

@@ -238,6 +238,7 @@ impl Pipeline {
                     seq: c.seq,
                     msg_id: meta.msg_id,
                 })),
+                traced: false,
             },
             req_id,
             origin: s.out.clone(),
@@ -351,6 +352,7 @@ impl Pipeline {
             conversation: c.conversation_id.clone(),
             home: home.to_owned(),
             entry: entry.to_owned(),
+            metrics: self.metrics.clone(),
         };
         let body = if c.kind == MessageType::Recall {
             Body::Recall(Recall {
@@ -368,7 +370,7 @@ impl Pipeline {
                 client_msg_id: c.client_msg_id,
             })
         };
-        super::send::forward(map.clone(), self.store.clone(), s, req_id, body, to);
+        super::send::forward(map.clone(), self.store.clone(), s, req_id, body, to, None);
         None
     }
 }

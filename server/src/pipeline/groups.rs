@@ -81,6 +81,7 @@ impl Pipeline {
                     conversation: conversation.clone(),
                     home: home.to_owned(),
                     entry: entry.to_owned(),
+                    metrics: self.metrics.clone(),
                 };
                 let op = GroupOp { group_id, ..op };
                 super::send::forward(
@@ -90,6 +91,7 @@ impl Pipeline {
                     req_id,
                     Body::GroupOp(op),
                     to,
+                    None,
                 );
                 return Ok(());
             }

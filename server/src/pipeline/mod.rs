@@ -54,6 +54,9 @@ pub struct Session {
     buckets: Buckets,
     /// Last seqs of conversations this session has seen (DeliverAck checks), bounded.
     last_seqs: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    /// Multi-region: a forwarded request whose forwarding region traces it; its Send is
+    /// traced here whatever this node's sampling says.
+    pub trace_forced: bool,
 }
 
 impl Session {
@@ -65,6 +68,7 @@ impl Session {
             out,
             buckets: Buckets::new(limits),
             last_seqs: std::sync::Mutex::new(std::collections::HashMap::new()),
+            trace_forced: false,
         }
     }
 

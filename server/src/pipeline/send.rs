@@ -73,7 +73,8 @@ impl Pipeline {
             Some(_) => return Err(Refusal::bad("invalid to_user or group_id")),
             None => return Err(Refusal::bad("send needs to_user or group_id")),
         };
-        let Some((send, target)) = self.forward_elsewhere(s, req_id, send, target) else {
+        let at = (started, decoded);
+        let Some((send, target)) = self.forward_elsewhere(s, req_id, send, target, at) else {
             return Ok(());
         };
         self.metrics.stage_since(Stage::Validate, t);
@@ -107,10 +108,13 @@ impl Pipeline {
         // One cheap check per message: None unless sampled, or the sender or a recipient
         // is filtered (decided once the recipients are known; the earlier stages are
         // filed from their timestamps).
-        let mut trace =
+        let mut trace = if s.trace_forced {
+            Some(Box::new(crate::obs::trace::Trace::new(&s.user_id, started)))
+        } else {
             self.metrics
                 .tracer
-                .begin_message(&s.user_id, |uid| recipients.includes(uid), started);
+                .begin_message(&s.user_id, |uid| recipients.includes(uid), started)
+        };
         if let Some(tr) = trace.as_deref_mut() {
             tr.stage(Stage::Decode, started, decoded);
             tr.stage(Stage::Validate, decoded, validated);
@@ -155,6 +159,7 @@ impl Pipeline {
                 msg_id,
                 direct,
                 reference: None,
+                traced: trace.is_some(),
             },
             req_id,
             origin: s.out.clone(),
@@ -169,13 +174,15 @@ impl Pipeline {
 
 impl Pipeline {
     /// Multi-region mode: forwards a Send homed in another region there (`None`: it is
-    /// on its way); hands it back when it is homed here or regions are off.
+    /// on its way), traced when its sender or a one-to-one recipient is filtered or it
+    /// is sampled; hands it back when it is homed here or regions are off.
     fn forward_elsewhere(
         &self,
         s: &Session,
         req_id: u64,
         send: Send,
         target: send::Target,
+        (started, decoded): (Instant, Instant),
     ) -> Option<(Send, send::Target)> {
         let Some(map) = &self.region else {
             return Some((send, target));
@@ -188,20 +195,60 @@ impl Pipeline {
             conversation: conversation.clone(),
             home: home.to_owned(),
             entry: entry.to_owned(),
+            metrics: self.metrics.clone(),
         };
+        let receives = |uid: &str| matches!(&target, send::Target::ToUser(u) if u == uid);
+        let trace = self
+            .metrics
+            .tracer
+            .begin_message(&s.user_id, receives, started);
+        let trace = trace.map(|mut tr| {
+            let now = Instant::now();
+            tr.stage(Stage::Decode, started, decoded);
+            tr.stage(Stage::Validate, decoded, now);
+            Traced {
+                trace: tr,
+                tracer: self.metrics.tracer.clone(),
+            }
+        });
         let send = Send {
             target: Some(target),
             ..send
         };
-        forward(
-            map.clone(),
-            self.store.clone(),
-            s,
-            req_id,
-            im_proto::Body::Send(send),
-            to,
-        );
+        let body = im_proto::Body::Send(send);
+        forward(map.clone(), self.store.clone(), s, req_id, body, to, trace);
         None
+    }
+}
+
+/// A forwarded request's trace: filed under the home's msg_id once its ack is here.
+pub(super) struct Traced {
+    /// The trace so far (decode, validate).
+    trace: Box<crate::obs::trace::Trace>,
+    /// Where it is filed.
+    tracer: std::sync::Arc<crate::obs::trace::Tracer>,
+}
+
+impl Traced {
+    /// The trace context the forward carries: this region and node.
+    fn header(&self, region: &str) -> String {
+        format!("{region}/{}", self.tracer.node())
+    }
+
+    /// Records the forward's stages and files the part under the msg_id of the home's
+    /// `answer` (a SendAck; nothing is filed for another answer).
+    fn file(mut self, forward: (Instant, Instant), wait: (Instant, Instant), answer: &[u8]) {
+        use im_proto::Message as _;
+        let Ok(Some(im_proto::Body::SendAck(ack))) =
+            im_proto::Frame::decode(answer).map(|f| f.body)
+        else {
+            return;
+        };
+        self.trace.stage(Stage::RegionForward, forward.0, forward.1);
+        self.trace.stage(Stage::ApplyWait, wait.0, wait.1);
+        self.trace.set_message(&ack.msg_id, &ack.conversation_id);
+        self.trace.set_committed(&ack.msg_id, ack.seq);
+        self.tracer.file((*self.trace).into_part());
     }
 }
 
@@ -213,6 +260,8 @@ pub(super) struct Forward {
     pub(super) home: String,
     /// The home's entry point (named in a refusal).
     pub(super) entry: String,
+    /// The stage histograms (region_forward, apply_wait).
+    pub(super) metrics: crate::obs::Metrics,
 }
 
 /// Multi-region mode: forwards a request (a Send, GroupOp, Recall or Edit) homed in
@@ -227,6 +276,7 @@ pub(super) fn forward(
     req_id: u64,
     body: im_proto::Body,
     to: Forward,
+    trace: Option<Traced>,
 ) {
     let (out, sender) = (s.out.clone(), s.user_id.clone());
     tokio::spawn(async move {
@@ -235,13 +285,28 @@ pub(super) fn forward(
             conversation,
             home,
             entry,
+            metrics,
         } = to;
-        let answer = match map.forward(&home, &sender, frame).await {
+        let header = trace.as_ref().map(|t| t.header(&map.local));
+        let t0 = Instant::now();
+        let answer = match map.forward(&home, &sender, frame, header.as_deref()).await {
             Ok(bytes) if home_answer_ok(&bytes, req_id) => {
+                let t1 = Instant::now();
                 applied_here(&*store, &bytes).await;
+                let t2 = Instant::now();
+                metrics.stage(Stage::RegionForward, t1 - t0);
+                metrics.stage(Stage::ApplyWait, t2 - t1);
+                if let Some(t) = trace {
+                    t.file((t0, t1), (t1, t2), &bytes);
+                }
                 bytes
             }
             Ok(_) => refuse(req_id, &conversation, &home, &entry, "gave a bad answer"),
+            Err(e @ crate::region::ForwardError::ListsDiffer { .. }) => {
+                tracing::warn!(home = %home, error = %e, "forward refused");
+                let what = "has a different regions list (see im_region_config_mismatch)";
+                refuse(req_id, &conversation, &home, &entry, what)
+            }
             Err(e) => {
                 tracing::warn!(home = %home, error = %e, "forwarded request unanswered");
                 refuse(req_id, &conversation, &home, &entry, "did not answer")

@@ -193,6 +193,24 @@ pub(crate) fn stored_now<'a>(sorted: &'a Sorted<'_>) -> impl Iterator<Item = (&'
     })
 }
 
+/// The (conversation, seq) of the traced messages stored now (`NewMessage::traced`).
+pub(crate) fn traced_now<'a>(
+    messages: &[NewMessage],
+    sorted: &'a Sorted<'_>,
+) -> Vec<(&'a str, i64)> {
+    sorted
+        .fresh
+        .iter()
+        .filter(|&&i| messages.get(i).is_some_and(|m| m.traced))
+        .filter_map(|&i| {
+            sorted.results[i]
+                .as_ref()
+                .filter(|c| !c.duplicate && c.seq > 0)
+                .map(|c| (c.conversation_id.as_str(), c.seq as i64))
+        })
+        .collect()
+}
+
 /// The furthest seq per key, in key order (the order rows are locked in, against
 /// deadlocks across nodes; a multi-row upsert may not touch a row twice).
 pub(crate) fn furthest<K: Ord>(items: impl IntoIterator<Item = (K, u64)>) -> BTreeMap<K, u64> {

@@ -102,6 +102,9 @@ pub struct NewMessage {
     /// to that row (state, payload, edit time) in the same transaction.
     /// (Boxed: events are rare, and a Send's queue entry stays small.)
     pub reference: Option<Box<MessageRef>>,
+    /// The message is traced (`obs::trace`): in multi-region mode its replication
+    /// outbox row is marked, so its record carries the trace to the other regions.
+    pub traced: bool,
 }
 
 /// The message a RECALL or EDIT event changes: its primary key's seq and its id.

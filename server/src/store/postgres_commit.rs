@@ -89,6 +89,10 @@ pub(crate) async fn commit_batch(
         let mut rows: Vec<(&str, i64)> = batch::stored_now(&sorted).collect();
         rows.extend(holes.iter().map(|(c, seq)| (c.as_str(), *seq)));
         super::repl::outbox_rows(&mut tx, &rows).await?;
+        let traced = batch::traced_now(messages, &sorted);
+        if !traced.is_empty() {
+            super::repl::mark_traced(&mut tx, &traced).await?;
+        }
     }
     tx.commit().await?;
     Ok(batch::answers(sorted.results, now))

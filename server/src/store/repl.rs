@@ -57,6 +57,11 @@ pub struct Record {
     /// commit): applied as the seq passing by, with no message.
     #[serde(default)]
     pub hole: bool,
+    /// The message is traced (`obs::trace`): the publisher and the appliers record
+    /// their stages under its msg_id (absent from an untraced record and from an older
+    /// release's).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub traced: bool,
     /// The outbox row it came from (not published).
     #[serde(skip)]
     pub outbox_id: i64,
@@ -181,8 +186,9 @@ pub(crate) async fn outbox_take(
     use base64::Engine as _;
     let rows = sqlx::query(
         "SELECT o.id, o.conversation_id, o.seq, m.msg_id, m.sender, m.client_msg_id, \
-         m.msg_type, m.payload, m.send_time, m.ref_seq, m.ref_msg_id, m.state, m.edit_time \
-         FROM (SELECT id, conversation_id, seq FROM region_outbox ORDER BY id LIMIT $1) o \
+         m.msg_type, m.payload, m.send_time, m.ref_seq, m.ref_msg_id, m.state, m.edit_time, \
+         o.traced \
+         FROM (SELECT id, conversation_id, seq, traced FROM region_outbox ORDER BY id LIMIT $1) o \
          LEFT JOIN messages m ON m.conversation_id = o.conversation_id AND m.seq = o.seq \
          ORDER BY o.id",
     )
@@ -229,6 +235,7 @@ pub(crate) async fn outbox_take(
             edit_time: r.try_get(12)?,
             group,
             hole: false,
+            traced: r.try_get(13)?,
             outbox_id: id,
         });
     }
@@ -253,6 +260,7 @@ fn hole(id: i64, region: &str, conversation_id: String, seq: i64) -> Record {
         edit_time: 0,
         group: None,
         hole: true,
+        traced: false,
         outbox_id: id,
     }
 }
@@ -336,6 +344,24 @@ pub(crate) async fn outbox_rows(
             b.push_bind(*conv).push_bind(*seq);
         });
         qb.build().execute(&mut **tx).await?;
+    }
+    Ok(())
+}
+
+/// Marks the outbox rows of traced messages (conversation, seq), in the commit's
+/// transaction after [`outbox_rows`] wrote them.
+pub(crate) async fn mark_traced(
+    tx: &mut sqlx::Transaction<'_, Postgres>,
+    rows: &[(&str, i64)],
+) -> Result<(), StoreError> {
+    for (conv, seq) in rows {
+        sqlx::query(
+            "UPDATE region_outbox SET traced = TRUE WHERE conversation_id = $1 AND seq = $2",
+        )
+        .bind(*conv)
+        .bind(*seq)
+        .execute(&mut **tx)
+        .await?;
     }
     Ok(())
 }

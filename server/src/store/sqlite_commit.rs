@@ -566,6 +566,7 @@ mod tests {
             msg_id: format!("m{n}"),
             direct: Some(("a".into(), "b".into())),
             reference: None,
+            traced: false,
         }
     }
 

@@ -362,6 +362,15 @@ async fn region_db(name: &str, id: &str) -> String {
     format!("{url}?options[search_path]={schema}")
 }
 
+/// What a test changes in the regions' nodes.
+#[derive(Debug, Clone, Default)]
+pub struct Setup {
+    /// Environment given to every node besides the harness's own.
+    pub env: Vec<(&'static str, &'static str)>,
+    /// A region whose nodes list the regions in reverse order (a different list).
+    pub reversed_list: Option<&'static str>,
+}
+
 impl Regions {
     /// Starts one region per name, each with `servers` nats-servers and `nodes` im-server
     /// nodes (node `i` on server `i % servers`), gateways delayed by `delay` each way.
@@ -374,6 +383,24 @@ impl Regions {
         nodes: usize,
         delay: Duration,
         multi_region: bool,
+    ) -> Regions {
+        Self::start_with(
+            names,
+            (servers, nodes),
+            delay,
+            multi_region,
+            &Setup::default(),
+        )
+        .await
+    }
+
+    /// [`Regions::start`] with a test's [`Setup`].
+    pub async fn start_with(
+        names: &[&str],
+        (servers, nodes): (usize, usize),
+        delay: Duration,
+        multi_region: bool,
+        setup: &Setup,
     ) -> Regions {
         let id = uuid::Uuid::now_v7().simple().to_string().to_lowercase();
         let mut all = Regions {
@@ -415,14 +442,19 @@ impl Regions {
             }
         }
         all.wait_gateways().await;
-        all.start_nodes(nodes, multi_region).await;
+        all.start_nodes(nodes, multi_region, setup).await;
         all
     }
 
-    /// The multi-region config file of region `name`'s nodes.
-    fn region_config(&self, name: &str) -> String {
+    /// The multi-region config file of region `name`'s nodes (the list reversed for
+    /// `reversed`).
+    fn region_config(&self, name: &str, reversed: bool) -> String {
         let mut toml = format!("region = \"{name}\"\n");
-        for r in &self.regions {
+        let mut list: Vec<&Region> = self.regions.iter().collect();
+        if reversed {
+            list.reverse();
+        }
+        for r in list {
             toml.push_str(&format!(
                 "[[regions]]\nname = \"{}\"\nroute_url = \"{}\"\n",
                 r.name,
@@ -432,11 +464,14 @@ impl Regions {
         toml
     }
 
-    async fn start_nodes(&mut self, nodes: usize, multi_region: bool) {
+    async fn start_nodes(&mut self, nodes: usize, multi_region: bool, setup: &Setup) {
         let configs: Vec<Option<String>> = self
             .regions
             .iter()
-            .map(|r| multi_region.then(|| self.region_config(&r.name)))
+            .map(|r| {
+                let reversed = setup.reversed_list == Some(r.name.as_str());
+                multi_region.then(|| self.region_config(&r.name, reversed))
+            })
             .collect();
         for (r, config) in self.regions.iter_mut().zip(configs) {
             let file = r.dir.path().join("im.toml");
@@ -450,7 +485,7 @@ impl Regions {
             for i in 0..nodes {
                 let node_id = format!("{}{i}", r.name);
                 let nats = r.nats_url(i % servers);
-                let env: Vec<(&str, &str)> = vec![
+                let mut env: Vec<(&str, &str)> = vec![
                     ("IM_DATABASE_URL", &r.db_url),
                     ("IM_NATS_URL", &nats),
                     ("IM_NODE_ID", &node_id),
@@ -459,6 +494,7 @@ impl Regions {
                     ("IM_CLUSTER_REPORT_INTERVAL_MS", "300"),
                     ("IM_OBS_SAMPLE_INTERVAL_MS", "200"),
                 ];
+                env.extend(setup.env.iter().copied());
                 r.nodes.push(TestServer::start_with_args(&env, &args));
             }
             r.entry.retarget(r.nodes[0].client_addr);
