@@ -131,6 +131,17 @@ async fn a_traced_send_has_one_timeline_across_regions() {
         .await
         .expect("forwarded send acked");
     let t = full_trace(&rb.nodes[0], &ack.msg_id, (&x, &y)).await;
+    for s in &t.stages {
+        eprintln!(
+            "{:>2} {:>3} {:<15} {:>10.3} ms {:>8.3} ms {}",
+            s.region.as_deref().unwrap_or_default(),
+            s.node,
+            s.stage,
+            s.start_offset_ns as f64 / 1e6,
+            s.duration_ns as f64 / 1e6,
+            s.recipient.as_deref().unwrap_or_default()
+        );
+    }
     assert_eq!((t.sender.as_str(), t.seq), (y.as_str(), ack.seq), "{t:?}");
     assert_eq!(t.regions.first().map(String::as_str), Some("b"), "{t:?}");
     assert!(t.regions.contains(&"a".to_owned()), "{t:?}");
