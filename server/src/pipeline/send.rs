@@ -108,13 +108,7 @@ impl Pipeline {
         // One cheap check per message: None unless sampled, or the sender or a recipient
         // is filtered (decided once the recipients are known; the earlier stages are
         // filed from their timestamps).
-        let mut trace = if s.trace_forced {
-            Some(Box::new(crate::obs::trace::Trace::new(&s.user_id, started)))
-        } else {
-            self.metrics
-                .tracer
-                .begin_message(&s.user_id, |uid| recipients.includes(uid), started)
-        };
+        let mut trace = self.begin_trace(s, &recipients, started);
         if let Some(tr) = trace.as_deref_mut() {
             tr.stage(Stage::Decode, started, decoded);
             tr.stage(Stage::Validate, decoded, validated);
@@ -173,6 +167,25 @@ impl Pipeline {
 }
 
 impl Pipeline {
+    /// The trace of a Send of `s` to `recipients` whose decode began at `started`:
+    /// always for a forwarded request its region traces (`Session::trace_forced`),
+    /// else the tracer's decision.
+    #[inline]
+    fn begin_trace(
+        &self,
+        s: &Session,
+        recipients: &Recipients,
+        started: Instant,
+    ) -> Option<Box<crate::obs::trace::Trace>> {
+        if s.trace_forced {
+            return Some(Box::new(crate::obs::trace::Trace::new(&s.user_id, started)));
+        }
+        let receives = |uid: &str| recipients.includes(uid);
+        self.metrics
+            .tracer
+            .begin_message(&s.user_id, receives, started)
+    }
+
     /// Multi-region mode: forwards a Send homed in another region there (`None`: it is
     /// on its way), traced when its sender or a one-to-one recipient is filtered or it
     /// is sampled; hands it back when it is homed here or regions are off.
