@@ -28,6 +28,7 @@ fn direct(peer: &str, sender: &str, n: usize) -> NewMessage {
         msg_id: uuid::Uuid::now_v7().simple().to_string(),
         direct: Some((USER.to_owned(), peer.to_owned())),
         reference: None,
+        traced: false,
     }
 }
 
@@ -97,6 +98,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 msg_id: uuid::Uuid::now_v7().simple().to_string(),
                 direct: None,
                 reference: None,
+                traced: false,
             })
             .collect();
         store.commit_batch(&batch, &[]).await?;
