@@ -5,10 +5,17 @@
 //! which compares what another region announces with this region's own: a region whose
 //! list differs is refused (no apply from it, no forward to it),
 //! `im_region_config_mismatch{from}` is 1 and both lists are logged once (WARN). A
-//! message without the header (a release before the digest) is taken as agreeing.
+//! message without the header (a release before the digest) is taken as agreeing. A
+//! difference not seen again for [`FORGET_AFTER`] is forgotten (the region may have been
+//! fixed while sending nothing this node reads), so forwarding to it is tried again.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How long a difference stays known without being seen again. An applier sees it
+/// on every redelivery (each 5 s) and keeps it.
+pub const FORGET_AFTER: Duration = Duration::from_secs(60);
 
 /// The header carrying the sender region's list digest (16 hex digits).
 pub const DIGEST_HEADER: &str = "Im-Region-List-Digest";
@@ -35,6 +42,14 @@ pub fn digest(names: &[String]) -> String {
         .collect()
 }
 
+/// A different list another region announced.
+#[derive(Debug)]
+struct Seen {
+    digest: String,
+    list: String,
+    at: Instant,
+}
+
 /// What another region announced, as [`ListCheck::check`] judged it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
@@ -53,8 +68,9 @@ pub struct ListCheck {
     pub digest: String,
     /// This region's list, comma-separated (the [`LIST_HEADER`] value).
     pub list: String,
-    /// The regions whose last announced digest differed, with their digest and list.
-    differing: Mutex<BTreeMap<String, (String, String)>>,
+    /// The regions whose last announced digest differed: their digest and list, and
+    /// when that was last seen.
+    differing: Mutex<BTreeMap<String, Seen>>,
 }
 
 impl ListCheck {
@@ -91,7 +107,9 @@ impl ListCheck {
         }
         let their_list = cut(list.unwrap_or_default(), MAX_LIST_BYTES);
         let theirs = cut(theirs, 64);
-        let known = differing.get(from) == Some(&(theirs.clone(), their_list.clone()));
+        let known = differing
+            .get(from)
+            .is_some_and(|s| s.digest == theirs && s.list == their_list);
         if !known {
             metrics::gauge!("im_region_config_mismatch", "from" => from.to_owned()).set(1.0);
             tracing::warn!(
@@ -103,17 +121,37 @@ impl ListCheck {
                 "region lists disagree: nothing is applied from or forwarded to that region \
                  until they agree"
             );
-            differing.insert(from.to_owned(), (theirs, their_list));
         }
+        let seen = Seen {
+            digest: theirs,
+            list: their_list,
+            at: Instant::now(),
+        };
+        differing.insert(from.to_owned(), seen);
         Verdict::Differs
     }
 
-    /// Whether region `from` last announced a different list.
+    /// Whether region `from` last announced a different list, within
+    /// [`FORGET_AFTER`]; an older difference is forgotten here (the gauge back to 0).
     pub fn differs(&self, from: &str) -> bool {
-        self.differing
-            .lock()
-            .map(|d| d.contains_key(from))
-            .unwrap_or(false)
+        self.differs_at(from, Instant::now())
+    }
+
+    fn differs_at(&self, from: &str, now: Instant) -> bool {
+        let Ok(mut differing) = self.differing.lock() else {
+            return false;
+        };
+        let Some(seen) = differing.get(from) else {
+            return false;
+        };
+        if now.saturating_duration_since(seen.at) < FORGET_AFTER {
+            return true;
+        }
+        differing.remove(from);
+        metrics::gauge!("im_region_config_mismatch", "from" => from.to_owned()).set(0.0);
+        tracing::info!(from = %from, "no different regions list seen from that region for a \
+            minute; forwarding to it again");
+        false
     }
 
     /// The headers every replication record and forwarded request carries.
@@ -179,6 +217,14 @@ mod tests {
             check.check("b", Some(&theirs), Some("a,b,c")),
             Verdict::Differs
         );
+        let later = Instant::now() + FORGET_AFTER;
+        assert!(check.differs_at("b", later - Duration::from_secs(1)));
+        assert!(
+            !check.differs_at("b", later),
+            "forgotten when not seen again"
+        );
+        assert!(!check.differs("b"));
+        check.check("b", Some(&theirs), Some("a,b,c"));
         assert_eq!(check.check("b", Some(&ours), Some("a,b")), Verdict::Agrees);
         assert!(!check.differs("b"));
         let mut h = async_nats::HeaderMap::new();
