@@ -847,6 +847,63 @@ async fn trace_view() {
     insta::assert_snapshot!("trace_not_found", draw(&state, 120, 24));
 }
 
+/// A multi-region trace: each row names its region and node, the head the regions and
+/// the region that did not answer.
+#[tokio::test]
+async fn trace_view_across_regions() {
+    let (mut state, _n, t0) = loaded().await;
+    go(&mut state, View::Trace);
+    let id = "01a24d6a5ada755e87681b1590b7ace6";
+    assert!(state.apply(Action::StartFilter).is_empty());
+    for c in id.chars() {
+        state.apply(Action::Char(c));
+    }
+    assert_eq!(state.apply(Action::Submit).len(), 1, "asked for");
+    let stage = |region: &str, node: &str, stage: &str, start: u64| im_admin_api::TraceStage {
+        node: node.into(),
+        stage: stage.into(),
+        start_offset_ns: start,
+        duration_ns: 1_000_000,
+        recipient: None,
+        region: Some(region.into()),
+    };
+    let trace = im_admin_api::MessageTrace {
+        msg_id: id.into(),
+        sender: "ty2".into(),
+        conversation: "u:tx2:ty2".into(),
+        seq: 1,
+        nodes: vec!["b0".into(), "a1".into()],
+        stages: vec![
+            stage("b", "b0", "region_forward", 0),
+            stage("a", "a1", "persist_commit", 20_000_000),
+            stage("b", "b0", "repl_apply", 70_000_000),
+        ],
+        regions: vec!["b".into(), "a".into()],
+        regions_unanswered: vec!["c".into()],
+        ..Default::default()
+    };
+    state.on_update(
+        0,
+        Update::Trace {
+            msg_id: id.into(),
+            result: Ok(trace),
+        },
+        at(t0, 11),
+    );
+    state.status = None;
+    let screen = draw(&state, 140, 30);
+    for want in [
+        "b/b0",
+        "a/a1",
+        "region_forward",
+        "repl_apply",
+        "regions b, a",
+        "no answer from region c",
+    ] {
+        assert!(screen.contains(want), "{want} missing:\n{screen}");
+    }
+}
+
 /// `m` on the Logs view's live tail opens the Trace view on the selected line's msg_id.
 #[tokio::test]
 async fn m_on_a_tail_line_traces_its_message() {

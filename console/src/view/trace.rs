@@ -137,6 +137,19 @@ fn render_waterfall(frame: &mut Frame<'_>, area: Rect, m: &MessageTrace) {
             Style::new().fg(BAD),
         ));
     }
+    if !m.regions.is_empty() {
+        nodes.push(Span::styled(" · regions ", Style::new().fg(DIM)));
+        nodes.push(Span::raw(m.regions.join(", ")));
+    }
+    if !m.regions_unanswered.is_empty() {
+        nodes.push(Span::styled(
+            format!(
+                " · no answer from region {}",
+                m.regions_unanswered.join(", ")
+            ),
+            Style::new().fg(BAD),
+        ));
+    }
     frame.render_widget(
         Paragraph::new(vec![Line::from(summary), Line::from(nodes)]),
         head,
@@ -147,6 +160,7 @@ fn render_waterfall(frame: &mut Frame<'_>, area: Rect, m: &MessageTrace) {
         .nodes
         .iter()
         .map(|n| n.len())
+        .chain(m.stages.iter().map(|s| where_of(s).len()))
         .max()
         .unwrap_or(4)
         .clamp(4, 12);
@@ -177,6 +191,14 @@ fn render_waterfall(frame: &mut Frame<'_>, area: Rect, m: &MessageTrace) {
     frame.render_widget(Paragraph::new(lines), body);
 }
 
+/// Where a stage ran: its node, `region/node` in multi-region mode.
+fn where_of(s: &TraceStage) -> String {
+    match &s.region {
+        Some(r) => format!("{r}/{}", s.node),
+        None => s.node.clone(),
+    }
+}
+
 /// One waterfall row.
 fn stage_line(
     s: &TraceStage,
@@ -197,7 +219,7 @@ fn stage_line(
     let recipient = s.recipient.as_deref().unwrap_or("");
     Line::from(vec![
         Span::styled(
-            format!(" {:<node_w$} ", fmt::truncate(&s.node, node_w)),
+            format!(" {:<node_w$} ", fmt::truncate(&where_of(s), node_w)),
             node_style(&m.nodes, &s.node),
         ),
         Span::raw(format!("{:<15}", s.stage)),
