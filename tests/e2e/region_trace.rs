@@ -185,6 +185,25 @@ async fn a_traced_send_has_one_timeline_across_regions() {
     drop((cx, cy));
 }
 
+fn user(u: &str) -> im_client::Target {
+    im_client::Target::User(u.to_owned())
+}
+
+fn text() -> im_client::proto::MessageType {
+    im_client::proto::MessageType::Text
+}
+
+/// A Send refused with REGION_UNAVAILABLE for the regions lists.
+fn refused(r: Result<im_client::proto::SendAck, im_client::ClientError>) {
+    match r {
+        Err(im_client::ClientError::Server { code, message, .. }) => {
+            assert_eq!(code, im_client::proto::ErrorCode::RegionUnavailable);
+            assert!(message.contains("regions list"), "{message}");
+        }
+        other => panic!("expected a refusal for the lists, got {other:?}"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_region_with_another_list_is_refused() {
     if !crate::support::nats::nats_server_available() {
@@ -200,14 +219,15 @@ async fn a_region_with_another_list_is_refused() {
     let (x, y) = crate::regions::pair_homed("m", "a");
     let cx = ra.nodes[0].client(&x).await;
     let cy = rb.nodes[0].client(&y).await;
+    // Before b has seen anything of a's: the home a refuses b's forward by its digest.
+    refused(cy.send(user(&x), text(), "from b, first", None).await);
+    assert_eq!(
+        ra.nodes[0].metric("im_region_config_mismatch", &[("from", "b")]),
+        1.0
+    );
     // Committed at its home a, published; b sees a's digest and applies nothing.
     let ack = cx
-        .send(
-            im_client::Target::User(y.clone()),
-            im_client::proto::MessageType::Text,
-            "from a",
-            None,
-        )
+        .send(user(&y), text(), "from a", None)
         .await
         .expect("a home send");
     let end = Instant::now() + Duration::from_secs(30);
@@ -223,21 +243,7 @@ async fn a_region_with_another_list_is_refused() {
         .unwrap_or_default();
     assert_eq!(pair["config_mismatch"], true, "{body}");
     // A forward from b to a is refused, by b itself now that it knows.
-    match cy
-        .send(
-            im_client::Target::User(x.clone()),
-            im_client::proto::MessageType::Text,
-            "from b",
-            None,
-        )
-        .await
-    {
-        Err(im_client::ClientError::Server { code, message, .. }) => {
-            assert_eq!(code, im_client::proto::ErrorCode::RegionUnavailable);
-            assert!(message.contains("regions list"), "{message}");
-        }
-        other => panic!("expected a refusal, got {other:?}"),
-    }
+    refused(cy.send(user(&x), text(), "from b", None).await);
     // Nothing of a's was applied in b (b's store has no row of the conversation).
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
