@@ -21,6 +21,7 @@ pub mod obs;
 pub mod persist;
 pub mod pipeline;
 pub mod region;
+pub mod region_home;
 pub mod region_repl;
 pub mod region_serve;
 pub mod reload;
@@ -476,6 +477,15 @@ impl Built {
                     config.cluster.prefix.clone(),
                 );
                 background.extend(repl.iter().flat_map(|r| r.spawn()));
+                let homes = region_home::HomeTasks {
+                    map: map.clone(),
+                    store: node.store.clone(),
+                    pipeline: node.pipeline.clone(),
+                    config: Arc::new(config.clone()),
+                    prefix: config.cluster.prefix.clone(),
+                    client: c.link.nats_client(),
+                };
+                background.extend(homes.spawn());
             }
         }
         let hangup = [&self.client_tls, &self.admin_tls];

@@ -58,6 +58,9 @@ pub struct RegionMap {
     /// The replication lag into this region per source region, as this node's applier
     /// last saw it (`region_repl`; the admin overview reads it).
     pub lags: std::sync::Mutex<std::collections::BTreeMap<String, Lag>>,
+    /// The conversations whose home an operator moved (`region_home`), and whether this
+    /// node may serve its own homes yet.
+    pub homes: crate::region_home::Homes,
 }
 
 /// The replication from one region into this one, as this node's applier sees it.
@@ -169,6 +172,7 @@ impl RegionMap {
                 ring::hmac::Key::new(ring::hmac::HMAC_SHA256, config.cluster.key.as_bytes())
             }),
             lags: Default::default(),
+            homes: Default::default(),
         }))
     }
 
@@ -226,8 +230,11 @@ pub fn parse_forwarded(payload: &[u8]) -> Option<(&str, &[u8])> {
 }
 
 impl RegionMap {
-    /// The home region of `conversation_id`.
+    /// The home region of `conversation_id`: its latest move's, else the hash rule's.
     pub fn home(&self, conversation_id: &str) -> &str {
+        if let Some(i) = self.homes.current(conversation_id) {
+            return &self.names[i];
+        }
         home_of(conversation_id, &self.names).unwrap_or(&self.local)
     }
 
@@ -326,6 +333,7 @@ mod tests {
             nats: OnceLock::new(),
             key: None,
             lags: Default::default(),
+            homes: Default::default(),
         };
         assert_eq!(parse_forwarded(b"alice\nxyz"), Some(("alice", &b"xyz"[..])));
         assert_eq!(parse_forwarded(b"al ice\nxyz"), None);
@@ -352,6 +360,7 @@ mod tests {
             nats: OnceLock::new(),
             key: Some(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, k.as_bytes())),
             lags: Default::default(),
+            homes: Default::default(),
         };
         let map = keyed("a cluster key of at least 32 bytes!!");
         let sig = map.sign(b"alice\nframe").expect("signed with a key");

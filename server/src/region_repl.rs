@@ -20,6 +20,7 @@ use futures_util::StreamExt;
 use tokio::task::JoinHandle;
 
 use crate::region::{Lag, RegionMap};
+use crate::region_home::Admit;
 use crate::route::{Delivery, Recipients, Router};
 use crate::store::membership::Relations;
 use crate::store::repl::{Applied, Record, Replication};
@@ -221,11 +222,12 @@ impl Repl {
     /// Publishes the oldest outbox rows and deletes them once every one is acked; how
     /// many rows went.
     async fn publish_round(&self) -> Result<usize, String> {
-        let records = self
+        let mut records = self
             .repl()
             .outbox_take(&self.map.local, PUBLISH_BATCH)
             .await
             .map_err(|e| e.to_string())?;
+        crate::region_home::stamp(&self.map, &mut records);
         if records.is_empty() {
             return Ok(0);
         }
@@ -392,13 +394,14 @@ impl Repl {
         let rec: Option<Record> = serde_json::from_slice(&m.payload).ok();
         // A record is `from`'s own, of a conversation homed there (region lists that
         // disagree would let two regions write one conversation: dropped, loudly).
-        let rec = match rec {
-            Some(r)
-                if r.region == from
-                    && self.map.home(&r.conversation_id) == from
-                    && self.map.verify(&m.payload, sig) =>
-            {
-                r
+        let admit = match &rec {
+            Some(r) if self.map.verify(&m.payload, sig) => crate::region_home::admit(&self.map, r, from),
+            _ => Admit::Foreign,
+        };
+        let rec = match (rec, admit) {
+            (Some(r), Admit::Apply) => r,
+            (Some(r), a @ (Admit::Move(_) | Admit::Fenced | Admit::Wait)) => {
+                return self.apply_home(from, m, &r, a).await;
             }
             _ => {
                 metrics::counter!("im_region_bad_records_total", "from" => from.to_owned())
@@ -409,7 +412,11 @@ impl Repl {
                 return true;
             }
         };
-        let outcome = self.repl().apply(&rec).await;
+        let fenced = crate::region_home::recheck_fence(&self.map, self.repl().homes(), &rec);
+        let outcome = match fenced.await {
+            Ok(()) => self.repl().apply(&rec).await,
+            Err(e) => Err(e),
+        };
         let labels = [("from", from.to_owned()), ("to", self.map.local.clone())];
         match outcome {
             Ok(Applied::Stored) => {
@@ -442,6 +449,44 @@ impl Repl {
                 false
             }
         }
+    }
+
+    /// A record the fencing rule holds back (`region_home::admit`): a home move is
+    /// recorded, a fenced record dropped (counted), one of an unknown epoch redelivered
+    /// later; whether it is done with.
+    async fn apply_home(
+        &self,
+        from: &str,
+        m: &jetstream::Message,
+        rec: &Record,
+        admit: Admit,
+    ) -> bool {
+        let labels = [("from", from.to_owned()), ("to", self.map.local.clone())];
+        match admit {
+            Admit::Move(h) => {
+                let homes = self.repl().homes();
+                let applied =
+                    crate::region_home::apply_move(&self.map, homes, &rec.conversation_id, &h);
+                if let Err(e) = applied.await {
+                    metrics::counter!("im_region_apply_errors_total", &labels).increment(1);
+                    tracing::warn!(error = %e, "recording a home move failed; it comes again");
+                    let _ = m.ack_with(AckKind::Nak(Some(RETRY_DELAY))).await;
+                    return false;
+                }
+            }
+            Admit::Fenced => {
+                metrics::counter!("im_region_fenced_total", &labels).increment(1);
+                tracing::info!(from = %from, conversation = ?rec.conversation_id, seq = rec.seq,
+                    epoch = rec.epoch, "a record of an older home epoch above its fence dropped");
+            }
+            _ => {
+                metrics::counter!("im_region_apply_gaps_total", &labels).increment(1);
+                let _ = m.ack_with(AckKind::Nak(Some(RETRY_DELAY))).await;
+                return false;
+            }
+        }
+        let _ = m.ack().await;
+        true
     }
 
     /// Pushes an applied message to its recipients connected in this region (the
@@ -533,6 +578,8 @@ mod tests {
                 bans: Vec::new(),
             }),
             hole: false,
+            epoch: 0,
+            home: None,
             outbox_id: 1,
         }
     }

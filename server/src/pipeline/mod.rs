@@ -9,6 +9,7 @@
 pub mod announce;
 mod edits;
 mod groups;
+mod reconcile;
 pub mod limits;
 pub mod live;
 pub mod reads;

@@ -12,6 +12,7 @@ pub mod access;
 pub mod backup;
 mod batch;
 pub mod health;
+pub mod homes;
 pub mod membership;
 pub mod outbox;
 mod postgres;

@@ -176,4 +176,20 @@ impl Replication for PgStore {
     async fn lead(&self, key: i64) -> Result<Option<Leader>, StoreError> {
         repl::lead(&self.outbox_pool, key).await
     }
+
+    fn homes(&self) -> &dyn super::homes::HomeStore {
+        self
+    }
+}
+
+impl PgStore {
+    /// The pool of writes (`store::homes` runs its transactions on it).
+    pub(super) fn write_pool(&self) -> &PgPool {
+        &self.write
+    }
+
+    /// The pool the replication outbox is read on.
+    pub(super) fn repl_pool(&self) -> &PgPool {
+        &self.outbox_pool
+    }
 }

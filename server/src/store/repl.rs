@@ -22,7 +22,7 @@ pub const MAX_TAKE: u32 = 1000;
 const OUTBOX_CHUNK: usize = 1000;
 
 /// One replicated message, as published on a region's stream (JSON).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {
     /// The home region that committed it.
     pub region: String,
@@ -57,6 +57,13 @@ pub struct Record {
     /// commit): applied as the seq passing by, with no message.
     #[serde(default)]
     pub hole: bool,
+    /// The home epoch it was committed under (0: the hash rule's home; `store::homes`).
+    #[serde(default)]
+    pub epoch: u64,
+    /// A home move instead of a message: the conversation's new home from `epoch` on
+    /// (published by the new home; applied by `region_home`, never as a message).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub home: Option<super::homes::HomeMove>,
     /// The outbox row it came from (not published).
     #[serde(skip)]
     pub outbox_id: i64,
@@ -92,6 +99,9 @@ pub struct GroupSnapshot {
 impl Record {
     /// The JetStream `Nats-Msg-Id` of this record: `<region>:<conversation>:<seq>`.
     pub fn msg_id_header(&self) -> String {
+        if let Some(h) = &self.home {
+            return format!("{}:{}:home{}", self.region, self.conversation_id, h.epoch);
+        }
         format!("{}:{}:{}", self.region, self.conversation_id, self.seq)
     }
 
@@ -169,6 +179,9 @@ pub trait Replication: Send + Sync {
     /// Takes the advisory lock `key` on a session of its own: `None` when another
     /// session holds it.
     async fn lead(&self, key: i64) -> Result<Option<Leader>, StoreError>;
+
+    /// The home moves' side of the store (`store::homes`).
+    fn homes(&self) -> &dyn super::homes::HomeStore;
 }
 
 /// The outbox rows' records, oldest first (a row whose message is gone is skipped and
@@ -195,6 +208,12 @@ pub(crate) async fn outbox_take(
         let id: i64 = r.try_get(0)?;
         let conversation_id: String = r.try_get(1)?;
         let msg_id: Option<String> = r.try_get(3)?;
+        let seq: i64 = r.try_get(2)?;
+        if seq < 0 {
+            // A home move's row (`store::homes`): its seq is minus the new epoch.
+            out.push(super::homes::move_record(pool, id, region, conversation_id, -seq).await?);
+            continue;
+        }
         let Some(msg_id) = msg_id else {
             out.push(hole(id, region, conversation_id, r.try_get(2)?));
             continue;
@@ -212,7 +231,6 @@ pub(crate) async fn outbox_take(
             _ => None,
         };
         let payload: Vec<u8> = r.try_get(7)?;
-        let seq: i64 = r.try_get(2)?;
         out.push(Record {
             region: region.to_owned(),
             conversation_id,
@@ -229,6 +247,8 @@ pub(crate) async fn outbox_take(
             edit_time: r.try_get(12)?,
             group,
             hole: false,
+            epoch: 0,
+            home: None,
             outbox_id: id,
         });
     }
@@ -253,6 +273,8 @@ fn hole(id: i64, region: &str, conversation_id: String, seq: i64) -> Record {
         edit_time: 0,
         group: None,
         hole: true,
+        epoch: 0,
+        home: None,
         outbox_id: id,
     }
 }
