@@ -345,7 +345,13 @@ pub async fn move_home(
                     .increment(1);
                 tracing::warn!(conversation = ?conversation, from = %old, epoch,
                     fence = row.moved.fence, forced = force, "conversation's home moved here");
-                return Ok((conversation.into(), map.local.clone(), epoch, row.moved.fence, aside));
+                return Ok((
+                    conversation.into(),
+                    map.local.clone(),
+                    epoch,
+                    row.moved.fence,
+                    aside,
+                ));
             }
             Moved::Stale(newest) => {
                 return Err(MoveError::Conflict(format!(
@@ -384,7 +390,9 @@ async fn ask_stop(
     let v = answer.map_err(unanswered)?;
     match v["fence"].as_u64() {
         Some(f) => Ok(f),
-        None => Err(unanswered(v["error"].as_str().unwrap_or("no fence").to_owned())),
+        None => Err(unanswered(
+            v["error"].as_str().unwrap_or("no fence").to_owned(),
+        )),
     }
 }
 
@@ -488,13 +496,12 @@ impl HomeTasks {
         let local = &self.map.local;
         for from in self.map.names.iter().filter(|n| *n != local) {
             let name = crate::region_repl::stream_name(&self.prefix, from);
-            let stream = match tokio::time::timeout(Duration::from_secs(2), js.get_stream(name))
-                .await
-            {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) if not_found(&e) => continue,
-                _ => return false,
-            };
+            let stream =
+                match tokio::time::timeout(Duration::from_secs(2), js.get_stream(name)).await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) if not_found(&e) => continue,
+                    _ => return false,
+                };
             let consumer = crate::region_repl::consumer_name(&self.prefix, local);
             let info = tokio::time::timeout(Duration::from_secs(2), stream.consumer_info(consumer));
             match info.await {
@@ -638,7 +645,9 @@ impl HomeTasks {
         // Only a home taken over by a move takes re-sent messages (this node may not
         // know the move yet: the sender retries).
         if home != self.map.local || terms.last().map(|t| t.region) != local {
-            return Err(format!("{conv} is homed in region {home} (no move here known)"));
+            return Err(format!(
+                "{conv} is homed in region {home} (no move here known)"
+            ));
         }
         if rec.hole || rec.home.is_some() || !im_proto::valid_id(&rec.sender) {
             return Err("not a message".into());
@@ -696,7 +705,11 @@ impl HomeTasks {
             publish: false,
             local: &self.map.local,
         };
-        match homes.record_move(conv, req).await.map_err(|e| e.to_string())? {
+        match homes
+            .record_move(conv, req)
+            .await
+            .map_err(|e| e.to_string())?
+        {
             Moved::Done(row, _) => {
                 self.map.homes.learn(&self.map.names, conv, &row.moved);
                 tracing::warn!(conversation = ?conv, to = %to, epoch, fence = row.moved.fence,
@@ -799,7 +812,8 @@ mod tests {
         assert_eq!(recs[1].epoch, 1, "the move in the batch is learnt first");
         assert_eq!(b.homes.moved(), 1);
         // The old home, having learnt it, still stamps its own seqs with epoch 0.
-        a.homes.learn(&a.names, &conv, recs[0].home.as_ref().unwrap());
+        a.homes
+            .learn(&a.names, &conv, recs[0].home.as_ref().unwrap());
         let mut old = vec![rec("a", &conv, 8, 0)];
         stamp(&a, &mut old);
         assert_eq!(old[0].epoch, 0);

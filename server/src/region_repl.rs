@@ -395,7 +395,9 @@ impl Repl {
         // A record is `from`'s own, of a conversation homed there (region lists that
         // disagree would let two regions write one conversation: dropped, loudly).
         let admit = match &rec {
-            Some(r) if self.map.verify(&m.payload, sig) => crate::region_home::admit(&self.map, r, from),
+            Some(r) if self.map.verify(&m.payload, sig) => {
+                crate::region_home::admit(&self.map, r, from)
+            }
             _ => Admit::Foreign,
         };
         let rec = match (rec, admit) {

@@ -1214,8 +1214,12 @@ async fn region_outbox_records_apply_in_seq_order_once() {
 async fn a_home_move_fences_and_sets_aside_what_is_above_the_fence() {
     use im_server::store::homes::{MoveReq, Moved};
     use im_server::store::repl::Applied;
-    let old = PgStore::connect_with(fresh_schema().await, 4).await.unwrap();
-    let new = PgStore::connect_with(fresh_schema().await, 4).await.unwrap();
+    let old = PgStore::connect_with(fresh_schema().await, 4)
+        .await
+        .unwrap();
+    let new = PgStore::connect_with(fresh_schema().await, 4)
+        .await
+        .unwrap();
     let (o, n) = (old.replication().unwrap(), new.replication().unwrap());
     o.set_region_outbox(true);
     n.set_region_outbox(true);
@@ -1236,7 +1240,10 @@ async fn a_home_move_fences_and_sets_aside_what_is_above_the_fence() {
     }
     // The old home acks two more that never reach the new one.
     old.commit_batch(
-        &[msg(conv, "al", "m3", "three"), msg(conv, "al", "m4", "four")],
+        &[
+            msg(conv, "al", "m3", "three"),
+            msg(conv, "al", "m4", "four"),
+        ],
         &[],
     )
     .await
@@ -1254,7 +1261,17 @@ async fn a_home_move_fences_and_sets_aside_what_is_above_the_fence() {
     };
     assert_eq!((row.moved.epoch, row.moved.fence), (1, 2));
     assert!(matches!(
-        n.homes().record_move(conv, MoveReq { epoch: 1, region: "a", ..forced.clone() }).await.unwrap(),
+        n.homes()
+            .record_move(
+                conv,
+                MoveReq {
+                    epoch: 1,
+                    region: "a",
+                    ..forced.clone()
+                }
+            )
+            .await
+            .unwrap(),
         Moved::Stale(1)
     ));
     let published = n.outbox_take("b", 100).await.unwrap();
@@ -1276,13 +1293,20 @@ async fn a_home_move_fences_and_sets_aside_what_is_above_the_fence() {
         panic!("recorded");
     };
     assert_eq!(aside, 2);
-    assert_eq!(o.outbox_len().await.unwrap(), 0, "their outbox rows dropped");
+    assert_eq!(
+        o.outbox_len().await.unwrap(),
+        0,
+        "their outbox rows dropped"
+    );
     let Moved::Done(_, again) = o.homes().record_move(conv, learnt).await.unwrap() else {
         panic!("a redelivered move is recorded once");
     };
     assert_eq!(again, 0);
     let pending = o.homes().reconcile_take(10).await.unwrap();
-    let seqs: Vec<(u64, String)> = pending.iter().map(|(_, r)| (r.seq, r.sender.clone())).collect();
+    let seqs: Vec<(u64, String)> = pending
+        .iter()
+        .map(|(_, r)| (r.seq, r.sender.clone()))
+        .collect();
     assert_eq!(seqs, [(3, "al".to_owned()), (4, "al".to_owned())]);
     // The new home's seq 3 applies at the old home now.
     let mut next = recs[1].clone();
@@ -1295,5 +1319,8 @@ async fn a_home_move_fences_and_sets_aside_what_is_above_the_fence() {
         n.homes().seq_of(conv, &sent[0].msg_id, 0).await.unwrap(),
         Some(1)
     );
-    assert_eq!(n.homes().seq_of(conv, &sent[0].msg_id, 1).await.unwrap(), None);
+    assert_eq!(
+        n.homes().seq_of(conv, &sent[0].msg_id, 1).await.unwrap(),
+        None
+    );
 }

@@ -911,10 +911,11 @@ async fn same_in_both(
         let once = |rows: &[(String, i64, String)], m: &String| {
             rows.iter().filter(|r| &r.2 == m).count() == 1
         };
-        let complete = acked
-            .iter()
-            .all(|(c, s, m)| [&a, &b].iter().all(|rows| rows.contains(&(c.clone(), *s as i64, m.clone())) && once(rows, m)))
-            && moved.iter().all(|m| once(&a, m) && once(&b, m));
+        let complete = acked.iter().all(|(c, s, m)| {
+            [&a, &b]
+                .iter()
+                .all(|rows| rows.contains(&(c.clone(), *s as i64, m.clone())) && once(rows, m))
+        }) && moved.iter().all(|m| once(&a, m) && once(&b, m));
         if complete && a == b {
             for conv in convs {
                 let seqs: Vec<i64> = a.iter().filter(|r| &r.0 == conv).map(|r| r.1).collect();
@@ -934,11 +935,19 @@ async fn same_in_both(
 async fn replicated_rows_once(regions: &Regions, convs: &[String], _: &Acked, _: &[String]) {
     for name in ["a", "b"] {
         let rows = stored(regions, name).await;
-        let mut ids: Vec<&String> = rows.iter().filter(|r| convs.contains(&r.0)).map(|r| &r.2).collect();
+        let mut ids: Vec<&String> = rows
+            .iter()
+            .filter(|r| convs.contains(&r.0))
+            .map(|r| &r.2)
+            .collect();
         let n = ids.len();
         ids.sort();
         ids.dedup();
-        assert_eq!(ids.len(), n, "region {name} stores a msg_id twice: {rows:?}");
+        assert_eq!(
+            ids.len(),
+            n,
+            "region {name} stores a msg_id twice: {rows:?}"
+        );
     }
 }
 
@@ -1007,7 +1016,11 @@ async fn regions_home_move_fences_a_killed_region_and_reconciles_when_it_returns
     );
     assert_eq!(status, 200, "{body}");
     let moved: serde_json::Value = serde_json::from_str(&body).expect("json");
-    assert_eq!((moved["moved"].as_u64(), moved["failed"].as_u64()), (Some(2), Some(0)), "{body}");
+    assert_eq!(
+        (moved["moved"].as_u64(), moved["failed"].as_u64()),
+        (Some(2), Some(0)),
+        "{body}"
+    );
     let fence = 6;
     let end = Instant::now() + Duration::from_secs(5);
     loop {
@@ -1017,12 +1030,19 @@ async fn regions_home_move_fences_a_killed_region_and_reconciles_when_it_returns
             assert_eq!(h["fence"], fence, "{body}");
             break;
         }
-        assert!(Instant::now() < end, "node 1 of b did not learn the move: {body}");
+        assert!(
+            Instant::now() < end,
+            "node 1 of b did not learn the move: {body}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Sends in b now go to b, from the fence on.
     let first = sent(&cy, user(&x), "after the move y 0".into()).await;
-    assert_eq!(first.1, fence + 1, "the new home assigns seqs from the fence on");
+    assert_eq!(
+        first.1,
+        fence + 1,
+        "the new home assigns seqs from the fence on"
+    );
     acked.push(first);
     for i in 1..3 {
         acked.push(sent(&cy, user(&x), format!("after the move y {i}")).await);
@@ -1038,7 +1058,14 @@ async fn regions_home_move_fences_a_killed_region_and_reconciles_when_it_returns
     let back = sent(&cx, user(&y), "after the return x".into()).await;
     assert!(back.1 > fence + 2, "a forwards to the new home: {back:?}");
     acked.push(back);
-    same_in_both(&regions, &convs, &acked, &unreplicated, Duration::from_secs(40)).await;
+    same_in_both(
+        &regions,
+        &convs,
+        &acked,
+        &unreplicated,
+        Duration::from_secs(40),
+    )
+    .await;
     // Each set-aside message counted once at a; b dropped a's copies above the fence.
     let end = Instant::now() + Duration::from_secs(20);
     loop {
@@ -1048,11 +1075,18 @@ async fn regions_home_move_fences_a_killed_region_and_reconciles_when_it_returns
         if reconciled == 5.0 && fenced == 5.0 {
             break;
         }
-        assert!(Instant::now() < end, "reconciled {reconciled}, fenced {fenced}");
+        assert!(
+            Instant::now() < end,
+            "reconciled {reconciled}, fenced {fenced}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(
-        regions.region("a").nodes.iter().any(|n| n.log().contains("reconciled")),
+        regions
+            .region("a")
+            .nodes
+            .iter()
+            .any(|n| n.log().contains("reconciled")),
         "a WARN names each reconciled message"
     );
     // y (in b) gets the reconciled messages pushed, once committed at b.

@@ -91,7 +91,10 @@ async fn one(State(node): State<Arc<Node>>, Path(conversation): Path<String>) ->
         Err(r) => return *r,
     };
     if im_proto::parse_conversation(&conversation).is_none() {
-        return error(StatusCode::BAD_REQUEST, "not a conversation id (u:<a>:<b> or g:<group>)");
+        return error(
+            StatusCode::BAD_REQUEST,
+            "not a conversation id (u:<a>:<b> or g:<group>)",
+        );
     }
     let last = map.homes.terms(&conversation).last().copied();
     Json(Home {
@@ -142,11 +145,19 @@ fn here(map: &RegionMap, region: &str) -> Result<(), Box<Response>> {
     let entry = map.names.iter().position(|n| n == region);
     let hint = entry.map_or_else(
         || format!("region {region:?} is not configured"),
-        |i| format!("send it to a node of region {region} ({})", map.route_urls[i]),
+        |i| {
+            format!(
+                "send it to a node of region {region} ({})",
+                map.route_urls[i]
+            )
+        },
     );
     Err(Box::new(error(
         StatusCode::BAD_REQUEST,
-        format!("region: a move is made at the new home; this node is in region {}: {hint}", map.local),
+        format!(
+            "region: a move is made at the new home; this node is in region {}: {hint}",
+            map.local
+        ),
     )))
 }
 

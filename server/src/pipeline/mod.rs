@@ -9,10 +9,10 @@
 pub mod announce;
 mod edits;
 mod groups;
-mod reconcile;
 pub mod limits;
 pub mod live;
 pub mod reads;
+mod reconcile;
 mod send;
 mod sync;
 

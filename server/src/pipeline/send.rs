@@ -187,8 +187,11 @@ impl Pipeline {
                 // this home over (region_home's start-up gate).
                 let why = "has not read the other regions' streams since it started";
                 let mut entries = map.route_urls.iter().zip(&map.names);
-                let entry = entries.find(|(_, n)| **n == map.local).map_or("", |(u, _)| u);
-                s.out.push(refuse(req_id, &conversation, &map.local, entry, why), true);
+                let entry = entries
+                    .find(|(_, n)| **n == map.local)
+                    .map_or("", |(u, _)| u);
+                s.out
+                    .push(refuse(req_id, &conversation, &map.local, entry, why), true);
                 return None;
             }
             return Some((send, target));

@@ -80,11 +80,8 @@ pub trait HomeStore: Send + Sync {
     async fn msg_at(&self, conversation: &str, seq: u64) -> Result<Option<String>, StoreError>;
 
     /// Up to `limit` conversation ids after `after`, in order (the bulk move's pages).
-    async fn conversations_after(
-        &self,
-        after: &str,
-        limit: u32,
-    ) -> Result<Vec<String>, StoreError>;
+    async fn conversations_after(&self, after: &str, limit: u32)
+        -> Result<Vec<String>, StoreError>;
 }
 
 /// A move for [`HomeStore::record_move`].
@@ -238,12 +235,11 @@ async fn record_move(pool: &PgPool, conv: &str, m: MoveReq<'_>) -> Result<Moved,
     if m.publish && applied < fence {
         return Ok(Moved::Behind(applied));
     }
-    let newest: Option<i64> = sqlx::query_scalar(
-        "SELECT MAX(epoch) FROM conversation_homes WHERE conversation_id = $1",
-    )
-    .bind(conv)
-    .fetch_one(&mut *tx)
-    .await?;
+    let newest: Option<i64> =
+        sqlx::query_scalar("SELECT MAX(epoch) FROM conversation_homes WHERE conversation_id = $1")
+            .bind(conv)
+            .fetch_one(&mut *tx)
+            .await?;
     let newest = newest.unwrap_or(0).max(0) as u64;
     let row = if newest >= m.epoch {
         // Recorded before (a repeated request, a redelivered record): same fence or stale.
