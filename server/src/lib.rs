@@ -21,6 +21,7 @@ pub mod obs;
 pub mod persist;
 pub mod pipeline;
 pub mod region;
+pub mod region_fence;
 pub mod region_home;
 pub mod region_repl;
 pub mod region_serve;

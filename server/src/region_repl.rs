@@ -20,7 +20,7 @@ use futures_util::StreamExt;
 use tokio::task::JoinHandle;
 
 use crate::region::{Lag, RegionMap};
-use crate::region_home::Admit;
+use crate::region_fence::Admit;
 use crate::route::{Delivery, Recipients, Router};
 use crate::store::membership::Relations;
 use crate::store::repl::{Applied, Record, Replication};
@@ -227,7 +227,7 @@ impl Repl {
             .outbox_take(&self.map.local, PUBLISH_BATCH)
             .await
             .map_err(|e| e.to_string())?;
-        crate::region_home::stamp(&self.map, &mut records);
+        crate::region_fence::stamp(&self.map, &mut records);
         if records.is_empty() {
             return Ok(0);
         }
@@ -396,7 +396,7 @@ impl Repl {
         // disagree would let two regions write one conversation: dropped, loudly).
         let admit = match &rec {
             Some(r) if self.map.verify(&m.payload, sig) => {
-                crate::region_home::admit(&self.map, r, from)
+                crate::region_fence::admit(&self.map, r, from)
             }
             _ => Admit::Foreign,
         };
@@ -414,8 +414,11 @@ impl Repl {
                 return true;
             }
         };
-        let fenced = crate::region_home::recheck_fence(&self.map, self.repl().homes(), &rec);
-        let outcome = match fenced.await {
+        let fenced = match self.store.homes() {
+            Some(h) => crate::region_fence::recheck_fence(&self.map, h, &rec).await,
+            None => Ok(()),
+        };
+        let outcome = match fenced {
             Ok(()) => self.repl().apply(&rec).await,
             Err(e) => Err(e),
         };
@@ -466,10 +469,14 @@ impl Repl {
         let labels = [("from", from.to_owned()), ("to", self.map.local.clone())];
         match admit {
             Admit::Move(h) => {
-                let homes = self.repl().homes();
-                let applied =
-                    crate::region_home::apply_move(&self.map, homes, &rec.conversation_id, &h);
-                if let Err(e) = applied.await {
+                let applied = match self.store.homes() {
+                    Some(homes) => {
+                        crate::region_fence::apply_move(&self.map, homes, &rec.conversation_id, &h)
+                            .await
+                    }
+                    None => Ok(()),
+                };
+                if let Err(e) = applied {
                     metrics::counter!("im_region_apply_errors_total", &labels).increment(1);
                     tracing::warn!(error = %e, "recording a home move failed; it comes again");
                     let _ = m.ack_with(AckKind::Nak(Some(RETRY_DELAY))).await;

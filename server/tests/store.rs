@@ -1221,6 +1221,7 @@ async fn a_home_move_fences_and_sets_aside_what_is_above_the_fence() {
         .await
         .unwrap();
     let (o, n) = (old.replication().unwrap(), new.replication().unwrap());
+    let (oh, nh) = (old.homes().unwrap(), new.homes().unwrap());
     o.set_region_outbox(true);
     n.set_region_outbox(true);
     let conv = "u:al:bo";
@@ -1256,29 +1257,28 @@ async fn a_home_move_fences_and_sets_aside_what_is_above_the_fence() {
         publish: true,
         local: "b",
     };
-    let Moved::Done(row, 0) = n.homes().record_move(conv, forced.clone()).await.unwrap() else {
+    let Moved::Done(row, 0) = nh.record_move(conv, forced.clone()).await.unwrap() else {
         panic!("moved with nothing set aside");
     };
     assert_eq!((row.moved.epoch, row.moved.fence), (1, 2));
     assert!(matches!(
-        n.homes()
-            .record_move(
-                conv,
-                MoveReq {
-                    epoch: 1,
-                    region: "a",
-                    ..forced.clone()
-                }
-            )
-            .await
-            .unwrap(),
+        nh.record_move(
+            conv,
+            MoveReq {
+                epoch: 1,
+                region: "a",
+                ..forced.clone()
+            }
+        )
+        .await
+        .unwrap(),
         Moved::Stale(1)
     ));
     let published = n.outbox_take("b", 100).await.unwrap();
     let m = published[0].home.as_ref().expect("the move is published");
     assert_eq!((m.epoch, m.region.as_str(), m.fence), (1, "b", 2));
     assert_eq!(published[0].msg_id_header(), "b:u:al:bo:home1");
-    let rows = n.homes().homes_after(0, 10).await.unwrap();
+    let rows = nh.homes_after(0, 10).await.unwrap();
     assert_eq!(rows.len(), 1);
     // The old home learns it: its seqs 3 and 4 go aside, to be re-sent.
     let learnt = MoveReq {
@@ -1289,7 +1289,7 @@ async fn a_home_move_fences_and_sets_aside_what_is_above_the_fence() {
         publish: false,
         local: "a",
     };
-    let Moved::Done(_, aside) = o.homes().record_move(conv, learnt.clone()).await.unwrap() else {
+    let Moved::Done(_, aside) = oh.record_move(conv, learnt.clone()).await.unwrap() else {
         panic!("recorded");
     };
     assert_eq!(aside, 2);
@@ -1298,11 +1298,11 @@ async fn a_home_move_fences_and_sets_aside_what_is_above_the_fence() {
         0,
         "their outbox rows dropped"
     );
-    let Moved::Done(_, again) = o.homes().record_move(conv, learnt).await.unwrap() else {
+    let Moved::Done(_, again) = oh.record_move(conv, learnt).await.unwrap() else {
         panic!("a redelivered move is recorded once");
     };
     assert_eq!(again, 0);
-    let pending = o.homes().reconcile_take(10).await.unwrap();
+    let pending = oh.reconcile_take(10).await.unwrap();
     let seqs: Vec<(u64, String)> = pending
         .iter()
         .map(|(_, r)| (r.seq, r.sender.clone()))
@@ -1313,14 +1313,8 @@ async fn a_home_move_fences_and_sets_aside_what_is_above_the_fence() {
     next.seq = 3;
     next.msg_id = "new3".into();
     assert_eq!(o.apply(&next).await.unwrap(), Applied::Stored);
-    o.homes().reconcile_done(pending[0].0, 9).await.unwrap();
-    assert_eq!(o.homes().reconcile_counts().await.unwrap(), (1, 1, 0));
-    assert_eq!(
-        n.homes().seq_of(conv, &sent[0].msg_id, 0).await.unwrap(),
-        Some(1)
-    );
-    assert_eq!(
-        n.homes().seq_of(conv, &sent[0].msg_id, 1).await.unwrap(),
-        None
-    );
+    oh.reconcile_done(pending[0].0, 9).await.unwrap();
+    assert_eq!(oh.reconcile_counts().await.unwrap(), (1, 1, 0));
+    assert_eq!(nh.seq_of(conv, &sent[0].msg_id, 0).await.unwrap(), Some(1));
+    assert_eq!(nh.seq_of(conv, &sent[0].msg_id, 1).await.unwrap(), None);
 }

@@ -41,7 +41,7 @@ pub fn routes() -> Router<Arc<Node>> {
 /// The region map and the store's home side, or the 404 answer with regions off.
 fn regions(node: &Node) -> Result<(&Arc<RegionMap>, &dyn HomeStore), Box<Response>> {
     let map = node.pipeline.region.as_ref();
-    let homes = node.store.replication().map(|r| r.homes());
+    let homes = node.store.homes();
     match (map, homes) {
         (Some(m), Some(h)) => Ok((m, h)),
         _ => Err(Box::new(error(

@@ -7,22 +7,11 @@
 //! the conversation above a fence, re-sent to the new home by the region that committed
 //! them ([`HomeStore::reconcile_take`]).
 
-use serde::{Deserialize, Serialize};
 use sqlx::{PgPool, Postgres, Row};
 
+pub use super::repl::HomeMove;
 use super::repl::Record;
 use super::StoreError;
-
-/// A home move as it travels in a replication record (`Record::home`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HomeMove {
-    /// The new epoch.
-    pub epoch: u64,
-    /// The home from this epoch on.
-    pub region: String,
-    /// The last seq of the epoch before: records of older epochs above it are fenced.
-    pub fence: u64,
-}
 
 /// One `conversation_homes` row.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,103 +90,114 @@ pub struct MoveReq<'a> {
     pub local: &'a str,
 }
 
-#[async_trait::async_trait]
-impl HomeStore for super::postgres::PgStore {
-    async fn homes_after(&self, after: i64, limit: u32) -> Result<Vec<HomeRow>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT conversation_id, epoch, region, fence_seq, id FROM conversation_homes \
-             WHERE id > $1 ORDER BY id LIMIT $2",
-        )
-        .bind(after)
-        .bind(i64::from(limit))
-        .fetch_all(self.repl_pool())
+/// `conversation_homes` rows with an id above `after` ([`HomeStore::homes_after`]).
+pub(crate) async fn homes_after(
+    pool: &PgPool,
+    after: i64,
+    limit: u32,
+) -> Result<Vec<HomeRow>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT conversation_id, epoch, region, fence_seq, id FROM conversation_homes \
+         WHERE id > $1 ORDER BY id LIMIT $2",
+    )
+    .bind(after)
+    .bind(i64::from(limit))
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(home_row).collect()
+}
+
+/// Pending re-sends ([`HomeStore::reconcile_take`]).
+pub(crate) async fn reconcile_take(
+    pool: &PgPool,
+    limit: u32,
+) -> Result<Vec<(i64, Record)>, StoreError> {
+    let rows: Vec<(i64, String)> = sqlx::query_as(
+        "SELECT id, record FROM region_reconcile WHERE status = 0 AND resend = 1 \
+         ORDER BY id LIMIT $1",
+    )
+    .bind(i64::from(limit))
+    .fetch_all(pool)
+    .await?;
+    let mut out = Vec::with_capacity(rows.len());
+    for (id, json) in rows {
+        let rec: Record =
+            serde_json::from_str(&json).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+        out.push((id, rec));
+    }
+    Ok(out)
+}
+
+/// Marks a set-aside row re-sent ([`HomeStore::reconcile_done`]).
+pub(crate) async fn reconcile_done(pool: &PgPool, id: i64, new_seq: u64) -> Result<(), StoreError> {
+    sqlx::query("UPDATE region_reconcile SET status = 1, new_seq = $2 WHERE id = $1")
+        .bind(id)
+        .bind(new_seq as i64)
+        .execute(pool)
         .await?;
-        rows.iter().map(home_row).collect()
-    }
+    Ok(())
+}
 
-    async fn record_move(&self, conversation: &str, m: MoveReq<'_>) -> Result<Moved, StoreError> {
-        record_move(self.write_pool(), conversation, m).await
-    }
+/// The set-aside counts ([`HomeStore::reconcile_counts`]).
+pub(crate) async fn reconcile_counts(pool: &PgPool) -> Result<(u64, u64, u64), StoreError> {
+    let (p, r, k): (i64, i64, i64) = sqlx::query_as(
+        "SELECT COUNT(*) FILTER (WHERE status = 0 AND resend = 1), \
+         COUNT(*) FILTER (WHERE status = 1), COUNT(*) FILTER (WHERE status = 2) \
+         FROM region_reconcile",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok((p.max(0) as u64, r.max(0) as u64, k.max(0) as u64))
+}
 
-    async fn reconcile_take(&self, limit: u32) -> Result<Vec<(i64, Record)>, StoreError> {
-        let rows: Vec<(i64, String)> = sqlx::query_as(
-            "SELECT id, record FROM region_reconcile WHERE status = 0 AND resend = 1 \
-             ORDER BY id LIMIT $1",
-        )
-        .bind(i64::from(limit))
-        .fetch_all(self.repl_pool())
-        .await?;
-        let mut out = Vec::with_capacity(rows.len());
-        for (id, json) in rows {
-            let rec: Record =
-                serde_json::from_str(&json).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
-            out.push((id, rec));
-        }
-        Ok(out)
-    }
+/// The seq of a msg_id above a seq ([`HomeStore::seq_of`]).
+pub(crate) async fn seq_of(
+    pool: &PgPool,
+    conversation: &str,
+    msg_id: &str,
+    above: u64,
+) -> Result<Option<u64>, StoreError> {
+    let seq: Option<i64> = sqlx::query_scalar(
+        "SELECT seq FROM messages WHERE conversation_id = $1 AND seq > $2 AND msg_id = $3 \
+         LIMIT 1",
+    )
+    .bind(conversation)
+    .bind(above as i64)
+    .bind(msg_id)
+    .fetch_optional(pool)
+    .await?;
+    Ok(seq.map(|s| s.max(0) as u64))
+}
 
-    async fn reconcile_done(&self, id: i64, new_seq: u64) -> Result<(), StoreError> {
-        sqlx::query("UPDATE region_reconcile SET status = 1, new_seq = $2 WHERE id = $1")
-            .bind(id)
-            .bind(new_seq as i64)
-            .execute(self.repl_pool())
-            .await?;
-        Ok(())
-    }
+/// The msg_id at a seq ([`HomeStore::msg_at`]).
+pub(crate) async fn msg_at(
+    pool: &PgPool,
+    conversation: &str,
+    seq: u64,
+) -> Result<Option<String>, StoreError> {
+    Ok(
+        sqlx::query_scalar("SELECT msg_id FROM messages WHERE conversation_id = $1 AND seq = $2")
+            .bind(conversation)
+            .bind(seq as i64)
+            .fetch_optional(pool)
+            .await?,
+    )
+}
 
-    async fn reconcile_counts(&self) -> Result<(u64, u64, u64), StoreError> {
-        let (p, r, k): (i64, i64, i64) = sqlx::query_as(
-            "SELECT COUNT(*) FILTER (WHERE status = 0 AND resend = 1), \
-             COUNT(*) FILTER (WHERE status = 1), COUNT(*) FILTER (WHERE status = 2) \
-             FROM region_reconcile",
-        )
-        .fetch_one(self.repl_pool())
-        .await?;
-        Ok((p.max(0) as u64, r.max(0) as u64, k.max(0) as u64))
-    }
-
-    async fn seq_of(
-        &self,
-        conversation: &str,
-        msg_id: &str,
-        above: u64,
-    ) -> Result<Option<u64>, StoreError> {
-        let seq: Option<i64> = sqlx::query_scalar(
-            "SELECT seq FROM messages WHERE conversation_id = $1 AND seq > $2 AND msg_id = $3 \
-             LIMIT 1",
-        )
-        .bind(conversation)
-        .bind(above as i64)
-        .bind(msg_id)
-        .fetch_optional(self.write_pool())
-        .await?;
-        Ok(seq.map(|s| s.max(0) as u64))
-    }
-
-    async fn msg_at(&self, conversation: &str, seq: u64) -> Result<Option<String>, StoreError> {
-        Ok(sqlx::query_scalar(
-            "SELECT msg_id FROM messages WHERE conversation_id = $1 AND seq = $2",
-        )
-        .bind(conversation)
-        .bind(seq as i64)
-        .fetch_optional(self.write_pool())
-        .await?)
-    }
-
-    async fn conversations_after(
-        &self,
-        after: &str,
-        limit: u32,
-    ) -> Result<Vec<String>, StoreError> {
-        Ok(sqlx::query_scalar(
-            "SELECT conversation_id FROM conversations WHERE conversation_id > $1 \
-             ORDER BY conversation_id LIMIT $2",
-        )
-        .bind(after)
-        .bind(i64::from(limit))
-        .fetch_all(self.repl_pool())
-        .await?)
-    }
+/// A page of conversation ids ([`HomeStore::conversations_after`]).
+pub(crate) async fn conversations_after(
+    pool: &PgPool,
+    after: &str,
+    limit: u32,
+) -> Result<Vec<String>, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT conversation_id FROM conversations WHERE conversation_id > $1 \
+         ORDER BY conversation_id LIMIT $2",
+    )
+    .bind(after)
+    .bind(i64::from(limit))
+    .fetch_all(pool)
+    .await?)
 }
 
 fn home_row(r: &sqlx::postgres::PgRow) -> Result<HomeRow, StoreError> {
@@ -215,7 +215,11 @@ fn home_row(r: &sqlx::postgres::PgRow) -> Result<HomeRow, StoreError> {
 }
 
 /// The move's transaction (see [`HomeStore::record_move`]).
-async fn record_move(pool: &PgPool, conv: &str, m: MoveReq<'_>) -> Result<Moved, StoreError> {
+pub(crate) async fn record_move(
+    pool: &PgPool,
+    conv: &str,
+    m: MoveReq<'_>,
+) -> Result<Moved, StoreError> {
     let mut tx = pool.begin().await?;
     sqlx::query(
         "INSERT INTO conversations (conversation_id, last_seq, last_time) VALUES ($1, 0, 0) \
@@ -357,36 +361,4 @@ async fn set_aside(
             .await?;
     }
     Ok(rows.len() as u64)
-}
-
-/// The record that publishes move `epoch` of `conversation_id` (outbox row `id`); a
-/// hole at seq 0, which every region takes as a duplicate, when the row is gone.
-pub(crate) async fn move_record(
-    pool: &PgPool,
-    id: i64,
-    region: &str,
-    conversation_id: String,
-    epoch: i64,
-) -> Result<Record, StoreError> {
-    let row: Option<(String, i64)> = sqlx::query_as(
-        "SELECT region, fence_seq FROM conversation_homes WHERE conversation_id = $1 AND epoch = $2",
-    )
-    .bind(conversation_id.as_str())
-    .bind(epoch)
-    .fetch_optional(pool)
-    .await?;
-    let home = row.map(|(r, fence)| HomeMove {
-        epoch: epoch.max(0) as u64,
-        region: r,
-        fence: fence.max(0) as u64,
-    });
-    Ok(Record {
-        region: region.to_owned(),
-        hole: home.is_none(),
-        epoch: epoch.max(0) as u64,
-        home,
-        conversation_id,
-        outbox_id: id,
-        ..Default::default()
-    })
 }

@@ -660,6 +660,11 @@ pub trait Store: Send + Sync + 'static {
     fn replication(&self) -> Option<&dyn repl::Replication> {
         None
     }
+
+    /// Home moves' side of the store (`store::homes`): `None` but on Postgres.
+    fn homes(&self) -> Option<&dyn homes::HomeStore> {
+        None
+    }
 }
 
 /// One conversation's unread backlog for a user ([`Store::user_backlog`]).

@@ -63,10 +63,22 @@ pub struct Record {
     /// A home move instead of a message: the conversation's new home from `epoch` on
     /// (published by the new home; applied by `region_home`, never as a message).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub home: Option<super::homes::HomeMove>,
+    pub home: Option<HomeMove>,
     /// The outbox row it came from (not published).
     #[serde(skip)]
     pub outbox_id: i64,
+}
+
+/// A home move as it travels in a replication record (`Record::home`; `store::homes`
+/// records it).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HomeMove {
+    /// The new epoch.
+    pub epoch: u64,
+    /// The home from this epoch on.
+    pub region: String,
+    /// The last seq of the epoch before: records of older epochs above it are fenced.
+    pub fence: u64,
 }
 
 /// A group's membership state at its home: the group row, members, intervals, bans.
@@ -179,9 +191,6 @@ pub trait Replication: Send + Sync {
     /// Takes the advisory lock `key` on a session of its own: `None` when another
     /// session holds it.
     async fn lead(&self, key: i64) -> Result<Option<Leader>, StoreError>;
-
-    /// The home moves' side of the store (`store::homes`).
-    fn homes(&self) -> &dyn super::homes::HomeStore;
 }
 
 /// The outbox rows' records, oldest first (a row whose message is gone is skipped and
@@ -211,7 +220,7 @@ pub(crate) async fn outbox_take(
         let seq: i64 = r.try_get(2)?;
         if seq < 0 {
             // A home move's row (`store::homes`): its seq is minus the new epoch.
-            out.push(super::homes::move_record(pool, id, region, conversation_id, -seq).await?);
+            out.push(move_record(pool, id, region, conversation_id, -seq).await?);
             continue;
         }
         let Some(msg_id) = msg_id else {
@@ -612,4 +621,36 @@ async fn apply_group(
         .await?;
     }
     Ok(())
+}
+
+/// The record that publishes move `epoch` of `conversation_id` (outbox row `id`); a
+/// hole at seq 0, which every region takes as a duplicate, when the row is gone.
+async fn move_record(
+    pool: &PgPool,
+    id: i64,
+    region: &str,
+    conversation_id: String,
+    epoch: i64,
+) -> Result<Record, StoreError> {
+    let row: Option<(String, i64)> = sqlx::query_as(
+        "SELECT region, fence_seq FROM conversation_homes WHERE conversation_id = $1 AND epoch = $2",
+    )
+    .bind(conversation_id.as_str())
+    .bind(epoch)
+    .fetch_optional(pool)
+    .await?;
+    let home = row.map(|(r, fence)| HomeMove {
+        epoch: epoch.max(0) as u64,
+        region: r,
+        fence: fence.max(0) as u64,
+    });
+    Ok(Record {
+        region: region.to_owned(),
+        hole: home.is_none(),
+        epoch: epoch.max(0) as u64,
+        home,
+        conversation_id,
+        outbox_id: id,
+        ..Default::default()
+    })
 }
