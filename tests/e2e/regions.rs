@@ -961,6 +961,29 @@ fn region_metric(regions: &Regions, region: &str, name: &str) -> f64 {
         .sum()
 }
 
+/// Waits (5 s at most) until `node` sees the conversation of `path` homed in `home`
+/// at `epoch`; its answer.
+fn learnt(
+    node: &crate::support::TestServer,
+    path: &str,
+    home: &str,
+    epoch: u64,
+) -> serde_json::Value {
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, body) = node.admin_get(path);
+        let h: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        if h["home"] == home && h["epoch"] == epoch {
+            return h;
+        }
+        assert!(
+            Instant::now() < end,
+            "the node did not learn the move: {body}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regions_home_move_fences_a_killed_region_and_reconciles_when_it_returns() {
     if !crate::support::nats::nats_server_available() {
@@ -1022,20 +1045,8 @@ async fn regions_home_move_fences_a_killed_region_and_reconciles_when_it_returns
         "{body}"
     );
     let fence = 6;
-    let end = Instant::now() + Duration::from_secs(5);
-    loop {
-        let (_, body) = rb.nodes[1].admin_get(&path);
-        let h: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-        if h["home"] == "b" && h["epoch"] == 1 {
-            assert_eq!(h["fence"], fence, "{body}");
-            break;
-        }
-        assert!(
-            Instant::now() < end,
-            "node 1 of b did not learn the move: {body}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let h = learnt(&rb.nodes[1], &path, "b", 1);
+    assert_eq!(h["fence"], fence, "{h}");
     // Sends in b now go to b, from the fence on.
     let first = sent(&cy, user(&x), "after the move y 0".into()).await;
     assert_eq!(
@@ -1091,6 +1102,48 @@ async fn regions_home_move_fences_a_killed_region_and_reconciles_when_it_returns
     );
     // y (in b) gets the reconciled messages pushed, once committed at b.
     pushed(&cy, &unreplicated[..4]).await;
+    // A planned move back to a, confirmed by b (no force): b stops at its seq, the fence.
+    let ra = regions.region("a");
+    let (status, body) = ra.nodes[0].admin_json("POST", &path, r#"{"region":"a"}"#);
+    assert_eq!(status, 200, "{body}");
+    let h: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(
+        (
+            h["home"].as_str(),
+            h["epoch"].as_u64(),
+            h["set_aside"].as_u64()
+        ),
+        (Some("a"), Some(2), Some(0)),
+        "{body}"
+    );
+    let fence2 = h["fence"].as_u64().expect("fence");
+    // Every node learns it within a poll (500 ms); until then a forwarded Send may be
+    // refused REGION_UNAVAILABLE, and retried.
+    for name in ["a", "b"] {
+        for n in &regions.region(name).nodes {
+            learnt(n, &path, "a", 2);
+        }
+    }
+    let home_again = sent(&cx, user(&y), "home again x".into()).await;
+    assert_eq!(home_again.1, fence2 + 1, "a assigns seqs from b's fence on");
+    acked.push(home_again);
+    acked.push(sent(&cy, user(&x), "home again y".into()).await);
+    same_in_both(
+        &regions,
+        &convs,
+        &acked,
+        &unreplicated,
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(
+        region_metric(&regions, "a", "im_region_reconciled_total"),
+        5.0
+    );
+    assert_eq!(
+        region_metric(&regions, "b", "im_region_reconciled_total"),
+        0.0
+    );
     for c in [cx, cy, cy2] {
         c.close().await;
     }
