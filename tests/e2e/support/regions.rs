@@ -269,10 +269,9 @@ impl Region {
         self.cut_gateway();
     }
 
-    /// Brings a killed region back: its nats-servers on their ports, config and
-    /// JetStream store, its gateway link, its nodes on their data and client ports.
-    /// Does not wait; see [`Regions::revive`].
-    pub fn revive(&mut self) {
+    /// Brings a killed region's nats-servers back (their ports, config and JetStream
+    /// store) and its gateway link. Does not wait; see [`Regions::revive`].
+    pub fn revive_nats(&mut self) {
         for i in 0..self.nats_ports.len() {
             let file: PathBuf = self.dir.path().join(format!("nats{i}.conf"));
             let child = Command::new(nats_server_bin())
@@ -286,6 +285,10 @@ impl Region {
             self.nats[i] = Some(child);
         }
         self.heal_gateway();
+    }
+
+    /// Starts a killed region's nodes again, on their data and client ports.
+    pub fn revive_nodes(&mut self) {
         self.nodes.iter_mut().for_each(TestServer::restart);
         self.entry.retarget(self.nodes[0].client_addr);
     }
@@ -445,12 +448,13 @@ impl Regions {
         all
     }
 
-    /// Brings killed region `name` back ([`Region::revive`]) and waits until the
-    /// gateways are up, its nodes see each other and serve their homes (each read the
-    /// other regions' streams to their end).
+    /// Brings killed region `name` back: its NATS first, and once the gateways and the
+    /// JetStream meta group are up, its nodes; waits until they see each other and
+    /// serve their homes (each read the other regions' streams to their end).
     pub async fn revive(&mut self, name: &str) {
-        self.region_mut(name).revive();
+        self.region_mut(name).revive_nats();
         self.wait_gateways().await;
+        self.region_mut(name).revive_nodes();
         let r = self.region(name);
         for (i, n) in r.nodes.iter().enumerate() {
             wait_healthy(n, r.nodes.len(), &format!("{name} node {i}")).await;
