@@ -1047,6 +1047,9 @@ async fn regions_home_move_fences_a_killed_region_and_reconciles_when_it_returns
     let fence = 6;
     let h = learnt(&rb.nodes[1], &path, "b", 1);
     assert_eq!(h["fence"], fence, "{h}");
+    let (_, body) = rb.nodes[0].admin_get("/admin/v1/overview");
+    let o: serde_json::Value = serde_json::from_str(&body).expect("overview");
+    assert_eq!(o["homes_moved"], 2, "the overview counts the moved homes");
     // Sends in b now go to b, from the fence on.
     let first = sent(&cy, user(&x), "after the move y 0".into()).await;
     assert_eq!(

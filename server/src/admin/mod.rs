@@ -186,6 +186,11 @@ async fn overview(State(node): State<Arc<Node>>) -> Json<Overview> {
             .as_ref()
             .map(|m| m.lag_view(node.started))
             .unwrap_or_default(),
+        homes_moved: node
+            .pipeline
+            .region
+            .as_ref()
+            .map(|m| m.homes.moved() as u64),
         ..snap
     })
 }
