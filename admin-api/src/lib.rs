@@ -13,6 +13,7 @@
 use serde::{Deserialize, Deserializer, Serialize};
 
 pub mod diag;
+pub mod homes;
 pub mod hooks;
 pub mod messages;
 pub mod nodes;
@@ -30,6 +31,7 @@ pub use diag::{
     LogFilters, LogTailLine, LogWindow, Logs, ProfileBundle, SetLogFilter, SetLogLevel,
     TopFunction,
 };
+pub use homes::{Home, Homes, HomesMoved, MoveHome, MoveHomes};
 pub use hooks::{
     BeforeSendAction, BeforeSendAnswer, BeforeSendRequest, HookStatus, MAX_REASON_BYTES,
 };

@@ -175,6 +175,10 @@ pub struct Overview {
     /// node that does not apply; see docs/multi-region.md).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub regions: Vec<RegionLag>,
+    /// Multi-region mode: conversations whose home an operator moved, as this node
+    /// knows them (absent: one region, or an older server; `GET /admin/v1/homes`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub homes_moved: Option<u64>,
 }
 
 /// One region pair of `overview.regions`: the replication from `from` into `to`.

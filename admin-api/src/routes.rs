@@ -54,6 +54,11 @@ pub const WEBHOOKS_PARKED: &str = "/admin/v1/webhooks/parked";
 pub const WEBHOOKS_REDELIVER: &str = "/admin/v1/webhooks/parked/redeliver";
 /// `POST`: sends a `webhook.test` event to the endpoint now, [`crate::TestFired`].
 pub const WEBHOOK_TEST: &str = "/admin/v1/webhooks/{name}/test";
+/// `GET`: this node's view of home moves; `POST`: move every conversation homed in a
+/// region (multi-region mode).
+pub const HOMES: &str = "/admin/v1/homes";
+/// `GET`: a conversation's home, epoch and fence; `POST`: move its home here.
+pub const HOME: &str = "/admin/v1/homes/{conversation}";
 /// `GET ?avoid=ID,ID` on the client listener (no token): [`crate::RouteAnswer`].
 pub const ROUTE: &str = "/v1/route";
 

@@ -22,6 +22,8 @@ pub mod persist;
 pub mod pipeline;
 pub mod region;
 pub mod region_list;
+pub mod region_fence;
+pub mod region_home;
 pub mod region_repl;
 pub mod region_serve;
 pub mod reload;
@@ -482,6 +484,15 @@ impl Built {
                     node.metrics.tracer.clone(),
                     map.local.clone(),
                 )));
+                let homes = region_home::HomeTasks {
+                    map: map.clone(),
+                    store: node.store.clone(),
+                    pipeline: node.pipeline.clone(),
+                    config: Arc::new(config.clone()),
+                    prefix: config.cluster.prefix.clone(),
+                    client: c.link.nats_client(),
+                };
+                background.extend(homes.spawn());
             }
         }
         let hangup = [&self.client_tls, &self.admin_tls];

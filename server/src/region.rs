@@ -4,11 +4,16 @@
 //! hash fixed here (FNV-1a 64 with a splitmix64 finish), so every region and every
 //! release agrees without asking anyone. A Send homed elsewhere is forwarded to its
 //! home over NATS (`forward`, a request on [`send_subject`] across the gateway) and
-//! answered with the home's reply. Built only when `region` is set: with it off the
-//! message path holds `None` and does nothing else.
+//! answered with the home's reply. An operator's moves override the hash rule
+//! ([`Homes`], kept current by `region_home`). Built only when `region` is set: with it
+//! off the message path holds `None` and does nothing else.
 
-use std::sync::{Arc, OnceLock};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
+
+use crate::store::repl::HomeMove;
 
 /// How long a forwarded Send waits for its home's answer (the home acks after its
 /// durable commit).
@@ -67,6 +72,9 @@ pub struct RegionMap {
     pub lags: std::sync::Mutex<std::collections::BTreeMap<String, Lag>>,
     /// This region's list digest and what the other regions announced (`region_list`).
     pub lists: crate::region_list::ListCheck,
+    /// The conversations whose home an operator moved (`region_home`), and whether this
+    /// node may serve its own homes yet.
+    pub homes: Homes,
 }
 
 /// The replication from one region into this one, as this node's applier sees it.
@@ -238,6 +246,7 @@ impl RegionMap {
             }),
             lags: Default::default(),
             lists,
+            homes: Default::default(),
         }))
     }
 
@@ -319,8 +328,11 @@ pub fn parse_forwarded(payload: &[u8]) -> Option<(&str, &[u8])> {
 }
 
 impl RegionMap {
-    /// The home region of `conversation_id`.
+    /// The home region of `conversation_id`: its latest move's, else the hash rule's.
     pub fn home(&self, conversation_id: &str) -> &str {
+        if let Some(i) = self.homes.current(conversation_id) {
+            return &self.names[i];
+        }
         home_of(conversation_id, &self.names).unwrap_or(&self.local)
     }
 
@@ -363,6 +375,104 @@ pub fn weight(region: &str, conversation_id: &str) -> u64 {
     h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     h ^ (h >> 31)
+}
+
+/// One epoch of a moved conversation: its home from `epoch` on, and the last seq of
+/// the epoch before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Term {
+    /// The epoch.
+    pub epoch: u64,
+    /// The home, as an index of `RegionMap::names`.
+    pub region: usize,
+    /// The last seq of the epoch before.
+    pub fence: u64,
+}
+
+/// The moved homes a node knows, and whether it may serve its own homes yet.
+#[derive(Debug, Default)]
+pub struct Homes {
+    /// Set once any conversation has moved: `home()` looks nothing up before.
+    any: AtomicBool,
+    /// Each moved conversation's terms, by epoch (epoch 0, the hash rule's, is left out).
+    moves: RwLock<HashMap<String, Vec<Term>>>,
+    /// The last `conversation_homes` id read.
+    cursor: AtomicI64,
+    /// Whether this node has read every other region's stream to its end since it
+    /// started (until then it refuses Sends of its own homes).
+    ready: AtomicBool,
+}
+
+impl Homes {
+    /// The current home of `conversation` (an index of the names) when it has moved.
+    pub fn current(&self, conversation: &str) -> Option<usize> {
+        if !self.any.load(Ordering::Relaxed) {
+            return None;
+        }
+        let moves = self.moves.read().ok()?;
+        moves.get(conversation)?.last().map(|t| t.region)
+    }
+
+    /// The terms of `conversation` (empty: never moved).
+    pub fn terms(&self, conversation: &str) -> Vec<Term> {
+        if !self.any.load(Ordering::Relaxed) {
+            return Vec::new();
+        }
+        let Ok(moves) = self.moves.read() else {
+            return Vec::new();
+        };
+        moves.get(conversation).cloned().unwrap_or_default()
+    }
+
+    /// Conversations with a move.
+    pub fn moved(&self) -> usize {
+        self.moves.read().map(|m| m.len()).unwrap_or(0)
+    }
+
+    /// Whether this node may serve Sends of its own homes.
+    pub fn ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    /// Marks the node ready (the gate passed, or no replication runs).
+    pub fn set_ready(&self) {
+        self.ready.store(true, Ordering::Relaxed);
+    }
+
+    /// Adds move `m` of `conversation` (a region not in `names` is logged and skipped).
+    pub fn learn(&self, names: &[String], conversation: &str, m: &HomeMove) {
+        let Some(region) = names.iter().position(|n| *n == m.region) else {
+            tracing::warn!(conversation = ?conversation, region = ?m.region,
+                "a home move names a region this node does not know; ignored");
+            return;
+        };
+        let Ok(mut moves) = self.moves.write() else {
+            return;
+        };
+        let terms = moves.entry(conversation.to_owned()).or_default();
+        if terms.iter().any(|t| t.epoch == m.epoch) {
+            return;
+        }
+        terms.push(Term {
+            epoch: m.epoch,
+            region,
+            fence: m.fence,
+        });
+        terms.sort_by_key(|t| t.epoch);
+        self.any.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Homes {
+    /// The last `conversation_homes` id read (`region_home`'s poll).
+    pub fn cursor(&self) -> i64 {
+        self.cursor.load(Ordering::Relaxed)
+    }
+
+    /// Moves the cursor forward to `id`.
+    pub fn advance(&self, id: i64) {
+        self.cursor.fetch_max(id, Ordering::Relaxed);
+    }
 }
 
 #[cfg(test)]
@@ -420,6 +530,7 @@ mod tests {
             key: None,
             lags: Default::default(),
             lists: crate::region_list::ListCheck::new("a", &names(&["a", "b"])),
+            homes: Default::default(),
         };
         assert_eq!(parse_forwarded(b"alice\nxyz"), Some(("alice", &b"xyz"[..])));
         assert_eq!(parse_forwarded(b"al ice\nxyz"), None);
@@ -447,6 +558,7 @@ mod tests {
             key: Some(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, k.as_bytes())),
             lags: Default::default(),
             lists: crate::region_list::ListCheck::new("a", &names(&["a", "b"])),
+            homes: Default::default(),
         };
         let map = keyed("a cluster key of at least 32 bytes!!");
         let sig = map.sign(b"alice\nframe").expect("signed with a key");
@@ -482,6 +594,7 @@ mod tests {
             key: Some(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, b"k")),
             lags: Default::default(),
             lists: crate::region_list::ListCheck::new("a", &names(&["a", "b"])),
+            homes: Default::default(),
         };
         let h = map.forward_headers(b"alice\nframe", Some("b/b0"));
         let get = |n: &str| h.get(n).map(|v| v.as_str().to_owned());

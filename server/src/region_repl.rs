@@ -26,6 +26,7 @@ use tokio::task::JoinHandle;
 use crate::obs::trace::{Trace, TraceContext};
 use crate::obs::{Metrics, Stage};
 use crate::region::{Lag, RegionMap};
+use crate::region_fence::Admit;
 use crate::route::{Delivery, Recipients, Router};
 use crate::store::membership::Relations;
 use crate::store::repl::{Applied, Record, Replication};
@@ -233,11 +234,12 @@ impl Repl {
     /// many rows went.
     async fn publish_round(&self) -> Result<usize, String> {
         let taken = Instant::now();
-        let records = self
+        let mut records = self
             .repl()
             .outbox_take(&self.map.local, PUBLISH_BATCH)
             .await
             .map_err(|e| e.to_string())?;
+        crate::region_fence::stamp(&self.map, &mut records);
         if records.is_empty() {
             return Ok(0);
         }
@@ -423,13 +425,16 @@ impl Repl {
         let rec: Option<Record> = serde_json::from_slice(&m.payload).ok();
         // A record is `from`'s own, of a conversation homed there (region lists that
         // disagree would let two regions write one conversation: dropped, loudly).
-        let rec = match rec {
-            Some(r)
-                if r.region == from
-                    && self.map.home(&r.conversation_id) == from
-                    && self.map.verify(&m.payload, sig) =>
-            {
-                r
+        let admit = match &rec {
+            Some(r) if self.map.verify(&m.payload, sig) => {
+                crate::region_fence::admit(&self.map, r, from)
+            }
+            _ => Admit::Foreign,
+        };
+        let rec = match (rec, admit) {
+            (Some(r), Admit::Apply) => r,
+            (Some(r), a @ (Admit::Move(_) | Admit::Fenced | Admit::Wait)) => {
+                return self.apply_home(from, m, &r, a).await;
             }
             _ => {
                 metrics::counter!("im_region_bad_records_total", "from" => from.to_owned())
@@ -440,8 +445,15 @@ impl Repl {
                 return true;
             }
         };
+        let fenced = match self.store.homes() {
+            Some(h) => crate::region_fence::recheck_fence(&self.map, h, &rec).await,
+            None => Ok(()),
+        };
         let t = Instant::now();
-        let outcome = self.repl().apply(&rec).await;
+        let outcome = match fenced {
+            Ok(()) => self.repl().apply(&rec).await,
+            Err(e) => Err(e),
+        };
         let applied = (t, Instant::now());
         self.metrics.stage(Stage::ReplApply, applied.1 - applied.0);
         let labels = [("from", from.to_owned()), ("to", self.map.local.clone())];
@@ -487,6 +499,48 @@ impl Repl {
         }
         let _ = m.ack_with(AckKind::Nak(Some(LIST_RETRY_DELAY))).await;
         false
+    }
+
+    /// A record the fencing rule holds back (`region_home::admit`): a home move is
+    /// recorded, a fenced record dropped (counted), one of an unknown epoch redelivered
+    /// later; whether it is done with.
+    async fn apply_home(
+        &self,
+        from: &str,
+        m: &jetstream::Message,
+        rec: &Record,
+        admit: Admit,
+    ) -> bool {
+        let labels = [("from", from.to_owned()), ("to", self.map.local.clone())];
+        match admit {
+            Admit::Move(h) => {
+                let applied = match self.store.homes() {
+                    Some(homes) => {
+                        crate::region_fence::apply_move(&self.map, homes, &rec.conversation_id, &h)
+                            .await
+                    }
+                    None => Ok(()),
+                };
+                if let Err(e) = applied {
+                    metrics::counter!("im_region_apply_errors_total", &labels).increment(1);
+                    tracing::warn!(error = %e, "recording a home move failed; it comes again");
+                    let _ = m.ack_with(AckKind::Nak(Some(RETRY_DELAY))).await;
+                    return false;
+                }
+            }
+            Admit::Fenced => {
+                metrics::counter!("im_region_fenced_total", &labels).increment(1);
+                tracing::info!(from = %from, conversation = ?rec.conversation_id, seq = rec.seq,
+                    epoch = rec.epoch, "a record of an older home epoch above its fence dropped");
+            }
+            _ => {
+                metrics::counter!("im_region_apply_gaps_total", &labels).increment(1);
+                let _ = m.ack_with(AckKind::Nak(Some(RETRY_DELAY))).await;
+                return false;
+            }
+        }
+        let _ = m.ack().await;
+        true
     }
 
     /// Pushes an applied message to its recipients connected in this region (the
@@ -594,6 +648,8 @@ mod tests {
             }),
             hole: false,
             traced: false,
+            epoch: 0,
+            home: None,
             outbox_id: 1,
         }
     }

@@ -1206,3 +1206,116 @@ async fn region_outbox_records_apply_in_seq_order_once() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+/// Home moves' store side (Postgres): a forced move at the new home fences at its
+/// applied seq and publishes the move; the old home, recording it, sets aside what it
+/// committed above the fence (as records to re-send), drops their outbox rows and
+/// moves its applied seq back, so the new home's records apply from the fence on.
+#[tokio::test]
+async fn a_home_move_fences_and_sets_aside_what_is_above_the_fence() {
+    use im_server::store::homes::{MoveReq, Moved};
+    use im_server::store::repl::Applied;
+    let old = PgStore::connect_with(fresh_schema().await, 4)
+        .await
+        .unwrap();
+    let new = PgStore::connect_with(fresh_schema().await, 4)
+        .await
+        .unwrap();
+    let (o, n) = (old.replication().unwrap(), new.replication().unwrap());
+    let (oh, nh) = (old.homes().unwrap(), new.homes().unwrap());
+    o.set_region_outbox(true);
+    n.set_region_outbox(true);
+    let conv = "u:al:bo";
+    let sent = old
+        .commit_batch(
+            &[msg(conv, "al", "m1", "one"), msg(conv, "bo", "m2", "two")],
+            &[],
+        )
+        .await
+        .unwrap();
+    let recs = o.outbox_take("a", 100).await.unwrap();
+    o.outbox_done(&recs.iter().map(|r| r.outbox_id).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    for r in &recs {
+        assert_eq!(n.apply(r).await.unwrap(), Applied::Stored);
+    }
+    // The old home acks two more that never reach the new one.
+    old.commit_batch(
+        &[
+            msg(conv, "al", "m3", "three"),
+            msg(conv, "al", "m4", "four"),
+        ],
+        &[],
+    )
+    .await
+    .unwrap();
+    let forced = MoveReq {
+        epoch: 1,
+        region: "b",
+        fence: None,
+        resend: false,
+        publish: true,
+        local: "b",
+    };
+    let Moved::Done(row, 0) = nh.record_move(conv, forced.clone()).await.unwrap() else {
+        panic!("moved with nothing set aside");
+    };
+    assert_eq!((row.moved.epoch, row.moved.fence), (1, 2));
+    assert!(matches!(
+        nh.record_move(
+            conv,
+            MoveReq {
+                epoch: 1,
+                region: "a",
+                ..forced.clone()
+            }
+        )
+        .await
+        .unwrap(),
+        Moved::Stale(1)
+    ));
+    let published = n.outbox_take("b", 100).await.unwrap();
+    let m = published[0].home.as_ref().expect("the move is published");
+    assert_eq!((m.epoch, m.region.as_str(), m.fence), (1, "b", 2));
+    assert_eq!(published[0].msg_id_header(), "b:u:al:bo:home1");
+    let rows = nh.homes_after(0, 10).await.unwrap();
+    assert_eq!(rows.len(), 1);
+    // The old home learns it: its seqs 3 and 4 go aside, to be re-sent.
+    let learnt = MoveReq {
+        epoch: 1,
+        region: "b",
+        fence: Some(2),
+        resend: true,
+        publish: false,
+        local: "a",
+    };
+    let Moved::Done(_, aside) = oh.record_move(conv, learnt.clone()).await.unwrap() else {
+        panic!("recorded");
+    };
+    assert_eq!(aside, 2);
+    assert_eq!(
+        o.outbox_len().await.unwrap(),
+        0,
+        "their outbox rows dropped"
+    );
+    let Moved::Done(_, again) = oh.record_move(conv, learnt).await.unwrap() else {
+        panic!("a redelivered move is recorded once");
+    };
+    assert_eq!(again, 0);
+    let pending = oh.reconcile_take(10).await.unwrap();
+    let seqs: Vec<(u64, String)> = pending
+        .iter()
+        .map(|(_, r)| (r.seq, r.sender.clone()))
+        .collect();
+    assert_eq!(seqs, [(3, "al".to_owned()), (4, "al".to_owned())]);
+    // The new home's seq 3 applies at the old home now.
+    let mut next = recs[1].clone();
+    next.seq = 3;
+    next.msg_id = "new3".into();
+    assert_eq!(o.apply(&next).await.unwrap(), Applied::Stored);
+    oh.reconcile_done(pending[0].0, 9).await.unwrap();
+    assert_eq!(oh.reconcile_counts().await.unwrap(), (1, 1, 0));
+    assert_eq!(nh.seq_of(conv, &sent[0].msg_id, 0).await.unwrap(), Some(1));
+    assert_eq!(nh.seq_of(conv, &sent[0].msg_id, 1).await.unwrap(), None);
+}

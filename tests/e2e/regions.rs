@@ -887,3 +887,268 @@ async fn catch_up(regions: &Regions, pairs: &[(im_client::Client, im_client::Cli
         while y.try_next_event().is_some() {}
     }
 }
+
+/// Waits until both regions hold the same rows for `convs`, each conversation gapless
+/// from 1, every msg_id of `acked` (at its acked seq) and of `moved` (at any seq)
+/// exactly once in each; panics after `limit`.
+async fn same_in_both(
+    regions: &Regions,
+    convs: &[String],
+    acked: &Acked,
+    moved: &[String],
+    limit: Duration,
+) {
+    let t0 = Instant::now();
+    loop {
+        replicated_rows_once(regions, convs, acked, moved).await;
+        let of = |rows: Vec<(String, i64, String)>| -> Vec<(String, i64, String)> {
+            rows.into_iter().filter(|r| convs.contains(&r.0)).collect()
+        };
+        let (a, b) = (
+            of(stored(regions, "a").await),
+            of(stored(regions, "b").await),
+        );
+        let once = |rows: &[(String, i64, String)], m: &String| {
+            rows.iter().filter(|r| &r.2 == m).count() == 1
+        };
+        let complete = acked.iter().all(|(c, s, m)| {
+            [&a, &b]
+                .iter()
+                .all(|rows| rows.contains(&(c.clone(), *s as i64, m.clone())) && once(rows, m))
+        }) && moved.iter().all(|m| once(&a, m) && once(&b, m));
+        if complete && a == b {
+            for conv in convs {
+                let seqs: Vec<i64> = a.iter().filter(|r| &r.0 == conv).map(|r| r.1).collect();
+                assert_eq!(seqs, (1..=seqs.len() as i64).collect::<Vec<_>>(), "{conv}");
+            }
+            return;
+        }
+        assert!(
+            t0.elapsed() < limit,
+            "not the same within {limit:?}: a {a:?}\nb {b:?}\nacked {acked:?}\nmoved {moved:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// No msg_id is stored twice in either region, whenever it is looked at.
+async fn replicated_rows_once(regions: &Regions, convs: &[String], _: &Acked, _: &[String]) {
+    for name in ["a", "b"] {
+        let rows = stored(regions, name).await;
+        let mut ids: Vec<&String> = rows
+            .iter()
+            .filter(|r| convs.contains(&r.0))
+            .map(|r| &r.2)
+            .collect();
+        let n = ids.len();
+        ids.sort();
+        ids.dedup();
+        assert_eq!(
+            ids.len(),
+            n,
+            "region {name} stores a msg_id twice: {rows:?}"
+        );
+    }
+}
+
+/// The sum of `name` over the nodes of region `region`.
+fn region_metric(regions: &Regions, region: &str, name: &str) -> f64 {
+    regions
+        .region(region)
+        .nodes
+        .iter()
+        .map(|n| metric_value(&n.metrics(), name, &[]))
+        .sum()
+}
+
+/// Waits (5 s at most) until `node` sees the conversation of `path` homed in `home`
+/// at `epoch`; its answer.
+fn learnt(
+    node: &crate::support::TestServer,
+    path: &str,
+    home: &str,
+    epoch: u64,
+) -> serde_json::Value {
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, body) = node.admin_get(path);
+        let h: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        if h["home"] == home && h["epoch"] == epoch {
+            return h;
+        }
+        assert!(
+            Instant::now() < end,
+            "the node did not learn the move: {body}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regions_home_move_fences_a_killed_region_and_reconciles_when_it_returns() {
+    if !crate::support::nats::nats_server_available() {
+        return;
+    }
+    let t0 = Instant::now();
+    let mut regions = Regions::start(&["a", "b"], 2, 2, DELAY, true).await;
+    lag_reported(&regions, false).await;
+    // Two one-to-one conversations homed in a: x (region a) with y (region b).
+    let ((x, y), (x2, y2)) = (pair_homed("h", "a"), pair_homed("k", "a"));
+    let convs = vec![
+        im_client::proto::direct_conversation(&x, &y),
+        im_client::proto::direct_conversation(&x2, &y2),
+    ];
+    let (ra, rb) = (regions.region("a"), regions.region("b"));
+    let (cx, cx2) = (ra.nodes[0].client(&x).await, ra.nodes[1].client(&x2).await);
+    let (cy, cy2) = (rb.nodes[1].client(&y).await, rb.nodes[0].client(&y2).await);
+    let user = |u: &str| im_client::Target::User(u.to_owned());
+    let mut acked: Acked = Vec::new();
+    for i in 0..3 {
+        acked.push(sent(&cx, user(&y), format!("x {i}")).await);
+        acked.push(sent(&cy, user(&x), format!("y {i}")).await);
+        acked.push(sent(&cx2, user(&y2), format!("x2 {i}")).await);
+    }
+    replicated(&regions, &convs, &acked, Duration::from_secs(30)).await;
+    // The link is cut: a acks messages of its home that b never gets, then a dies
+    // whole (nodes and NATS).
+    ra.cut_gateway();
+    rb.cut_gateway();
+    let mut unreplicated = Vec::new();
+    for i in 0..4 {
+        unreplicated.push(sent(&cx, user(&y), format!("unreplicated x {i}")).await.2);
+    }
+    unreplicated.push(sent(&cx2, user(&y2), "unreplicated x2".into()).await.2);
+    // a's publisher puts them in a's own stream (b fences them when a returns).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    regions.region_mut("a").kill();
+    regions.region("b").heal_gateway();
+    for c in [cx, cx2] {
+        c.close().await;
+    }
+    let rb = regions.region("b");
+    let path = format!("/admin/v1/homes/{}", convs[0]);
+    let (status, body) = rb.nodes[0].admin_json("POST", &path, r#"{"region":"b"}"#);
+    assert_eq!(status, 409, "not forced, a lost: {body}");
+    assert!(body.contains("region a"), "{body}");
+    let (status, body) = rb.nodes[0].admin_json("POST", &path, r#"{"region":"a","force":true}"#);
+    assert_eq!(status, 400, "a move is made at the new home: {body}");
+    let (status, body) = rb.nodes[0].admin_json(
+        "POST",
+        "/admin/v1/homes",
+        r#"{"from":"a","to":"b","force":true}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    let moved: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(
+        (moved["moved"].as_u64(), moved["failed"].as_u64()),
+        (Some(2), Some(0)),
+        "{body}"
+    );
+    let fence = 6;
+    let h = learnt(&rb.nodes[1], &path, "b", 1);
+    assert_eq!(h["fence"], fence, "{h}");
+    let (_, body) = rb.nodes[0].admin_get("/admin/v1/overview");
+    let o: serde_json::Value = serde_json::from_str(&body).expect("overview");
+    assert_eq!(o["homes_moved"], 2, "the overview counts the moved homes");
+    // Sends in b now go to b, from the fence on.
+    let first = sent(&cy, user(&x), "after the move y 0".into()).await;
+    assert_eq!(
+        first.1,
+        fence + 1,
+        "the new home assigns seqs from the fence on"
+    );
+    acked.push(first);
+    for i in 1..3 {
+        acked.push(sent(&cy, user(&x), format!("after the move y {i}")).await);
+        acked.push(sent(&cy2, user(&x2), format!("after the move y2 {i}")).await);
+    }
+    // a comes back: it reads b's stream (the move) before it serves its homes, sets
+    // aside what it acked above the fence and re-sends it to b, and forwards its
+    // clients' Sends of the moved conversations to b.
+    let revived = Instant::now();
+    regions.revive("a").await;
+    eprintln!("region a back and serving after {:?}", revived.elapsed());
+    let cx = regions.region("a").nodes[0].client(&x).await;
+    let back = sent(&cx, user(&y), "after the return x".into()).await;
+    assert!(back.1 > fence + 2, "a forwards to the new home: {back:?}");
+    acked.push(back);
+    same_in_both(
+        &regions,
+        &convs,
+        &acked,
+        &unreplicated,
+        Duration::from_secs(40),
+    )
+    .await;
+    // Each set-aside message counted once at a; b dropped a's copies above the fence.
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let reconciled = region_metric(&regions, "a", "im_region_reconciled_total");
+        let fenced = region_metric(&regions, "b", "im_region_fenced_total");
+        assert!(reconciled <= 5.0, "reconciled {reconciled}");
+        if reconciled == 5.0 && fenced == 5.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "reconciled {reconciled}, fenced {fenced}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        regions
+            .region("a")
+            .nodes
+            .iter()
+            .any(|n| n.log().contains("reconciled")),
+        "a WARN names each reconciled message"
+    );
+    // y (in b) gets the reconciled messages pushed, once committed at b.
+    pushed(&cy, &unreplicated[..4]).await;
+    // A planned move back to a, confirmed by b (no force): b stops at its seq, the fence.
+    let ra = regions.region("a");
+    let (status, body) = ra.nodes[0].admin_json("POST", &path, r#"{"region":"a"}"#);
+    assert_eq!(status, 200, "{body}");
+    let h: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(
+        (
+            h["home"].as_str(),
+            h["epoch"].as_u64(),
+            h["set_aside"].as_u64()
+        ),
+        (Some("a"), Some(2), Some(0)),
+        "{body}"
+    );
+    let fence2 = h["fence"].as_u64().expect("fence");
+    // Every node learns it within a poll (500 ms); until then a forwarded Send may be
+    // refused REGION_UNAVAILABLE, and retried.
+    for name in ["a", "b"] {
+        for n in &regions.region(name).nodes {
+            learnt(n, &path, "a", 2);
+        }
+    }
+    let home_again = sent(&cx, user(&y), "home again x".into()).await;
+    assert_eq!(home_again.1, fence2 + 1, "a assigns seqs from b's fence on");
+    acked.push(home_again);
+    acked.push(sent(&cy, user(&x), "home again y".into()).await);
+    same_in_both(
+        &regions,
+        &convs,
+        &acked,
+        &unreplicated,
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(
+        region_metric(&regions, "a", "im_region_reconciled_total"),
+        5.0
+    );
+    assert_eq!(
+        region_metric(&regions, "b", "im_region_reconciled_total"),
+        0.0
+    );
+    for c in [cx, cy, cy2] {
+        c.close().await;
+    }
+    eprintln!("home move test took {:?}", t0.elapsed());
+}

@@ -6,6 +6,7 @@
 //! `routes`, so the server, the console and the bench share one declaration.
 
 pub mod diag;
+pub mod homes;
 pub mod messages;
 pub mod trace;
 pub mod users;
@@ -46,6 +47,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .merge(diag::routes())
         .merge(trace::routes())
         .merge(webhooks::routes())
+        .merge(homes::routes())
         .route_layer(middleware::from_fn_with_state(node.clone(), require_token));
     Router::new()
         .route(routes::HEALTHZ, get(|| async { "ok" }))
@@ -184,6 +186,11 @@ async fn overview(State(node): State<Arc<Node>>) -> Json<Overview> {
             .as_ref()
             .map(|m| m.lag_view(node.started))
             .unwrap_or_default(),
+        homes_moved: node
+            .pipeline
+            .region
+            .as_ref()
+            .map(|m| m.homes.moved() as u64),
         ..snap
     })
 }

@@ -12,6 +12,7 @@ mod groups;
 pub mod limits;
 pub mod live;
 pub mod reads;
+mod reconcile;
 mod send;
 mod sync;
 

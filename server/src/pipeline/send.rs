@@ -202,6 +202,18 @@ impl Pipeline {
         };
         let conversation = crate::region::conversation_of(&s.user_id, &target);
         let Some((home, entry)) = map.elsewhere(&conversation) else {
+            if !map.homes.ready() {
+                // Not yet caught up with the other regions: one of them may have taken
+                // this home over (region_home's start-up gate).
+                let why = "has not read the other regions' streams since it started";
+                let mut entries = map.route_urls.iter().zip(&map.names);
+                let entry = entries
+                    .find(|(_, n)| **n == map.local)
+                    .map_or("", |(u, _)| u);
+                s.out
+                    .push(refuse(req_id, &conversation, &map.local, entry, why), true);
+                return None;
+            }
             return Some((send, target));
         };
         let to = Forward {

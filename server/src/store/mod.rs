@@ -12,6 +12,7 @@ pub mod access;
 pub mod backup;
 mod batch;
 pub mod health;
+pub mod homes;
 pub mod membership;
 pub mod outbox;
 mod postgres;
@@ -660,6 +661,11 @@ pub trait Store: Send + Sync + 'static {
     /// Multi-region replication's side of the store (`store::repl`): `None` but on
     /// Postgres.
     fn replication(&self) -> Option<&dyn repl::Replication> {
+        None
+    }
+
+    /// Home moves' side of the store (`store::homes`): `None` but on Postgres.
+    fn homes(&self) -> Option<&dyn homes::HomeStore> {
         None
     }
 }

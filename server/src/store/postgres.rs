@@ -8,6 +8,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool, Postgres};
 
+use super::homes::{self, HomeRow, HomeStore, MoveReq, Moved};
 use super::repl::{self, Applied, Leader, Record, Replication};
 use super::sql::{settle, Backend};
 use super::{postgres_commit, Committed, CursorUpdate, NewMessage};
@@ -149,6 +150,10 @@ impl Backend for PgStore {
     fn replication(&self) -> Option<&dyn Replication> {
         Some(self)
     }
+
+    fn homes(&self) -> Option<&dyn HomeStore> {
+        Some(self)
+    }
 }
 
 #[async_trait::async_trait]
@@ -175,5 +180,49 @@ impl Replication for PgStore {
 
     async fn lead(&self, key: i64) -> Result<Option<Leader>, StoreError> {
         repl::lead(&self.outbox_pool, key).await
+    }
+}
+
+#[async_trait::async_trait]
+impl HomeStore for PgStore {
+    async fn homes_after(&self, after: i64, limit: u32) -> Result<Vec<HomeRow>, StoreError> {
+        homes::homes_after(&self.outbox_pool, after, limit).await
+    }
+
+    async fn record_move(&self, conversation: &str, m: MoveReq<'_>) -> Result<Moved, StoreError> {
+        homes::record_move(&self.write, conversation, m).await
+    }
+
+    async fn reconcile_take(&self, limit: u32) -> Result<Vec<(i64, Record)>, StoreError> {
+        homes::reconcile_take(&self.outbox_pool, limit).await
+    }
+
+    async fn reconcile_done(&self, id: i64, new_seq: u64) -> Result<(), StoreError> {
+        homes::reconcile_done(&self.outbox_pool, id, new_seq).await
+    }
+
+    async fn reconcile_counts(&self) -> Result<(u64, u64, u64), StoreError> {
+        homes::reconcile_counts(&self.outbox_pool).await
+    }
+
+    async fn seq_of(
+        &self,
+        conversation: &str,
+        msg_id: &str,
+        above: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        homes::seq_of(&self.write, conversation, msg_id, above).await
+    }
+
+    async fn msg_at(&self, conversation: &str, seq: u64) -> Result<Option<String>, StoreError> {
+        homes::msg_at(&self.write, conversation, seq).await
+    }
+
+    async fn conversations_after(
+        &self,
+        after: &str,
+        limit: u32,
+    ) -> Result<Vec<String>, StoreError> {
+        homes::conversations_after(&self.outbox_pool, after, limit).await
     }
 }

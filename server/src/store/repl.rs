@@ -22,7 +22,7 @@ pub const MAX_TAKE: u32 = 1000;
 const OUTBOX_CHUNK: usize = 1000;
 
 /// One replicated message, as published on a region's stream (JSON).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {
     /// The home region that committed it.
     pub region: String,
@@ -62,9 +62,28 @@ pub struct Record {
     /// release's).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub traced: bool,
+    /// The home epoch it was committed under (0: the hash rule's home; `store::homes`).
+    #[serde(default)]
+    pub epoch: u64,
+    /// A home move instead of a message: the conversation's new home from `epoch` on
+    /// (published by the new home; applied by `region_home`, never as a message).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub home: Option<HomeMove>,
     /// The outbox row it came from (not published).
     #[serde(skip)]
     pub outbox_id: i64,
+}
+
+/// A home move as it travels in a replication record (`Record::home`; `store::homes`
+/// records it).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HomeMove {
+    /// The new epoch.
+    pub epoch: u64,
+    /// The home from this epoch on.
+    pub region: String,
+    /// The last seq of the epoch before: records of older epochs above it are fenced.
+    pub fence: u64,
 }
 
 /// A group's membership state at its home: the group row, members, intervals, bans.
@@ -97,6 +116,9 @@ pub struct GroupSnapshot {
 impl Record {
     /// The JetStream `Nats-Msg-Id` of this record: `<region>:<conversation>:<seq>`.
     pub fn msg_id_header(&self) -> String {
+        if let Some(h) = &self.home {
+            return format!("{}:{}:home{}", self.region, self.conversation_id, h.epoch);
+        }
         format!("{}:{}:{}", self.region, self.conversation_id, self.seq)
     }
 
@@ -201,6 +223,12 @@ pub(crate) async fn outbox_take(
         let id: i64 = r.try_get(0)?;
         let conversation_id: String = r.try_get(1)?;
         let msg_id: Option<String> = r.try_get(3)?;
+        let seq: i64 = r.try_get(2)?;
+        if seq < 0 {
+            // A home move's row (`store::homes`): its seq is minus the new epoch.
+            out.push(move_record(pool, id, region, conversation_id, -seq).await?);
+            continue;
+        }
         let Some(msg_id) = msg_id else {
             out.push(hole(id, region, conversation_id, r.try_get(2)?));
             continue;
@@ -218,7 +246,6 @@ pub(crate) async fn outbox_take(
             _ => None,
         };
         let payload: Vec<u8> = r.try_get(7)?;
-        let seq: i64 = r.try_get(2)?;
         out.push(Record {
             region: region.to_owned(),
             conversation_id,
@@ -236,6 +263,8 @@ pub(crate) async fn outbox_take(
             group,
             hole: false,
             traced: r.try_get(13)?,
+            epoch: 0,
+            home: None,
             outbox_id: id,
         });
     }
@@ -261,6 +290,8 @@ fn hole(id: i64, region: &str, conversation_id: String, seq: i64) -> Record {
         group: None,
         hole: true,
         traced: false,
+        epoch: 0,
+        home: None,
         outbox_id: id,
     }
 }
@@ -616,4 +647,36 @@ async fn apply_group(
         .await?;
     }
     Ok(())
+}
+
+/// The record that publishes move `epoch` of `conversation_id` (outbox row `id`); a
+/// hole at seq 0, which every region takes as a duplicate, when the row is gone.
+async fn move_record(
+    pool: &PgPool,
+    id: i64,
+    region: &str,
+    conversation_id: String,
+    epoch: i64,
+) -> Result<Record, StoreError> {
+    let row: Option<(String, i64)> = sqlx::query_as(
+        "SELECT region, fence_seq FROM conversation_homes WHERE conversation_id = $1 AND epoch = $2",
+    )
+    .bind(conversation_id.as_str())
+    .bind(epoch)
+    .fetch_optional(pool)
+    .await?;
+    let home = row.map(|(r, fence)| HomeMove {
+        epoch: epoch.max(0) as u64,
+        region: r,
+        fence: fence.max(0) as u64,
+    });
+    Ok(Record {
+        region: region.to_owned(),
+        hole: home.is_none(),
+        epoch: epoch.max(0) as u64,
+        home,
+        conversation_id,
+        outbox_id: id,
+        ..Default::default()
+    })
 }

@@ -269,6 +269,30 @@ impl Region {
         self.cut_gateway();
     }
 
+    /// Brings a killed region's nats-servers back (their ports, config and JetStream
+    /// store) and its gateway link. Does not wait; see [`Regions::revive`].
+    pub fn revive_nats(&mut self) {
+        for i in 0..self.nats_ports.len() {
+            let file: PathBuf = self.dir.path().join(format!("nats{i}.conf"));
+            let child = Command::new(nats_server_bin())
+                .arg("-c")
+                .arg(&file)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| panic!("starting {}: {e}", nats_server_bin().display()));
+            self.nats[i] = Some(child);
+        }
+        self.heal_gateway();
+    }
+
+    /// Starts a killed region's nodes again, on their data and client ports.
+    pub fn revive_nodes(&mut self) {
+        self.nodes.iter_mut().for_each(TestServer::restart);
+        self.entry.retarget(self.nodes[0].client_addr);
+    }
+
     /// `GET <path>` of its server `i`'s monitoring port, as JSON.
     pub fn monitor(&self, i: usize, path: &str) -> serde_json::Value {
         let addr: SocketAddr = ([127, 0, 0, 1], self.nats_ports[i].monitor).into();
@@ -443,7 +467,30 @@ impl Regions {
         }
         all.wait_gateways().await;
         all.start_nodes(nodes, multi_region, setup).await;
+        // A region with another list refuses the other regions' records, so it never
+        // reads their streams to the end: its homes are not waited for.
+        if multi_region {
+            for r in &all.regions {
+                if setup.reversed_list != Some(r.name.as_str()) {
+                    wait_homes_ready(r).await;
+                }
+            }
+        }
         all
+    }
+
+    /// Brings killed region `name` back: its NATS first, and once the gateways and the
+    /// JetStream meta group are up, its nodes; waits until they see each other and
+    /// serve their homes (each read the other regions' streams to their end).
+    pub async fn revive(&mut self, name: &str) {
+        self.region_mut(name).revive_nats();
+        self.wait_gateways().await;
+        self.region_mut(name).revive_nodes();
+        let r = self.region(name);
+        for (i, n) in r.nodes.iter().enumerate() {
+            wait_healthy(n, r.nodes.len(), &format!("{name} node {i}")).await;
+        }
+        wait_homes_ready(r).await;
     }
 
     /// The multi-region config file of region `name`'s nodes (the list reversed for
@@ -576,5 +623,26 @@ async fn wait_healthy(n: &TestServer, healthy: usize, what: &str) {
             o["cluster"]
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until every node of `r` serves its region's homes (`GET /admin/v1/homes`
+/// says `ready`: it read every other region's stream to its end since it started).
+pub async fn wait_homes_ready(r: &Region) {
+    let end = Instant::now() + WAIT;
+    for (i, n) in r.nodes.iter().enumerate() {
+        loop {
+            let (status, body) = n.admin_get("/admin/v1/homes");
+            let h: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            if status == 200 && h["ready"] == true {
+                break;
+            }
+            assert!(
+                Instant::now() < end,
+                "{} node {i}: homes not ready: {status} {body}",
+                r.name
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 }

@@ -116,6 +116,11 @@ pub(crate) trait Backend: Send + Sync + 'static {
         None
     }
 
+    /// The home moves' side of the store (`store::homes`): Postgres only.
+    fn homes(&self) -> Option<&dyn super::homes::HomeStore> {
+        None
+    }
+
     /// The row-lock suffix of a claim's inner select (Postgres: `FOR UPDATE SKIP
     /// LOCKED`; SQLite, one writer: none).
     const CLAIM_LOCK: &'static str = "";
@@ -662,5 +667,9 @@ where
 
     fn replication(&self) -> Option<&dyn super::repl::Replication> {
         Backend::replication(self)
+    }
+
+    fn homes(&self) -> Option<&dyn super::homes::HomeStore> {
+        Backend::homes(self)
     }
 }
