@@ -175,10 +175,7 @@ mod tests {
             nats: Default::default(),
             key: None,
             lags: Default::default(),
-            lists: crate::region_list::ListCheck::new(
-                local,
-                &["a".to_owned(), "b".to_owned()],
-            ),
+            lists: crate::region_list::ListCheck::new(local, &["a".to_owned(), "b".to_owned()]),
             homes: Default::default(),
         }
     }
