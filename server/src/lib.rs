@@ -474,6 +474,7 @@ impl Built {
                     node.pipeline.router.clone(),
                     node.pipeline.relations.clone(),
                     config.cluster.prefix.clone(),
+                    node.pipeline.receipts.clone(),
                 );
                 background.extend(repl.iter().flat_map(|r| r.spawn()));
             }
