@@ -413,7 +413,7 @@ async fn apply_savepoint(
     rec: &Record,
 ) -> Result<Result<Applied, StoreError>, StoreError> {
     use sqlx::Connection as _;
-    let mut sp = (&mut **tx).begin().await?;
+    let mut sp = (**tx).begin().await?;
     let outcome = apply_in(&mut sp, rec).await;
     match outcome {
         Ok(a @ (Applied::Stored | Applied::Hole)) => {
