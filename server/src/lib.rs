@@ -477,6 +477,7 @@ impl Built {
                     node.pipeline.router.clone(),
                     node.pipeline.relations.clone(),
                     (config.cluster.prefix.clone(), node.metrics.clone()),
+                    node.pipeline.receipts.clone(),
                 );
                 background.extend(repl.iter().flat_map(|r| r.spawn()));
                 background.push(tokio::spawn(cluster::region_trace::serve(

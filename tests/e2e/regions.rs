@@ -446,6 +446,7 @@ async fn regions_replicate_messages_both_ways_and_catch_up_after_a_cut() {
     for (c, w) in clients.iter().zip(&want) {
         pushed(c, w).await;
     }
+    reads_across(&regions, (&cy1, &cx1), &mut acked).await;
     lag_reported(&regions, true).await;
     cut_and_heal(&regions, &clients, &convs, &mut acked, (&y1, &x2, &x1)).await;
     // Node 0 of each region dies (SIGKILL) right after acking Sends of its own homes:
@@ -482,6 +483,76 @@ async fn regions_replicate_messages_both_ways_and_catch_up_after_a_cut() {
     for c in [cy1, cx2] {
         c.close().await;
     }
+}
+
+/// Read cursors and receipts cross regions: x1 (region a) sends y1 (region b) one more
+/// message in their conversation homed in a; y1 marks it read in region b. x1, connected
+/// in region a only, gets the ReadReceipt (pushed by region a once it applied the
+/// replicated cursor), and y1's conversation read from region a's store shows it read
+/// (no unread left).
+async fn reads_across(
+    regions: &Regions,
+    (cy1, cx1): (&im_client::Client, &im_client::Client),
+    acked: &mut Acked,
+) {
+    use im_client::Event;
+    let y1 = cy1.user_id().to_owned();
+    let row = sent(cx1, im_client::Target::User(y1.clone()), "read me".into()).await;
+    let (conv, seq) = (row.0.clone(), row.1);
+    acked.push(row.clone());
+    let in_a = regions.region("a").nodes[1].client(&y1).await;
+    let before = summary(&in_a, &conv).await;
+    assert!(before.unread > 0 && before.read_seq < seq, "{before:?}");
+    // Region b applied the message (pushed to y1) before y1 may mark it read there.
+    loop {
+        let m = cy1
+            .next_message(Duration::from_secs(30))
+            .await
+            .expect("the message pushed in b");
+        if m.msg_id == row.2 {
+            break;
+        }
+    }
+    let t = Instant::now();
+    cy1.mark_read(conv.clone(), seq)
+        .await
+        .expect("marked read in b");
+    let receipt = loop {
+        match tokio::time::timeout(Duration::from_secs(15), cx1.next_event()).await {
+            Ok(Some(Event::ReadReceipt(r))) if r.user_id == y1 && r.conversation_id == conv => {
+                break r
+            }
+            Ok(Some(_)) => {}
+            other => panic!("no read receipt in region a: {other:?}"),
+        }
+    };
+    assert_eq!(receipt.seq, seq);
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = summary(&in_a, &conv).await;
+        if s.read_seq == seq && s.unread == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "region a never read y1's cursor: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "a read in region b: its receipt pushed in region a {:?} after",
+        t.elapsed()
+    );
+    in_a.close().await;
+}
+
+/// `c`'s user's summary of `conv` in its conversation list.
+async fn summary(c: &im_client::Client, conv: &str) -> im_client::proto::ConversationSummary {
+    let list = c.list_conversations("", 50).await.expect("list");
+    list.conversations
+        .into_iter()
+        .find(|s| s.conversation_id == conv)
+        .expect("the conversation listed")
 }
 
 /// A server message (`POST /admin/v1/messages`) is committed only by its

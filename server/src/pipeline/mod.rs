@@ -116,6 +116,9 @@ pub struct Pipeline {
     pub before_send: Option<Arc<BeforeSend>>,
     /// Per-user GroupOp rate limits on this node.
     group_op_users: std::sync::Mutex<std::collections::HashMap<String, TokenBucket>>,
+    /// The receipts task's queue (`route::receipts`): read cursors moved here by another
+    /// region (multi-region replication) are handed to it like the writer's.
+    pub receipts: tokio::sync::mpsc::Sender<receipts::ReadEvent>,
 }
 
 impl Pipeline {
@@ -172,7 +175,7 @@ impl Pipeline {
             store: store.clone(),
             relations: relations.clone(),
             router: route_tx,
-            receipts: Some(receipts_tx),
+            receipts: Some(receipts_tx.clone()),
             cfg: config.persist.clone(),
             guard,
             metrics: metrics.clone(),
@@ -193,6 +196,7 @@ impl Pipeline {
             region: crate::region::RegionMap::from_config(config),
             before_send,
             group_op_users: Default::default(),
+            receipts: receipts_tx,
         });
         (pipeline, writer)
     }

@@ -18,6 +18,7 @@ pub mod outbox;
 mod postgres;
 mod postgres_commit;
 pub mod repl;
+pub mod repl_cursors;
 mod sql;
 mod sqlite;
 mod sqlite_checkpoint;

@@ -10,7 +10,9 @@ use sqlx::{ConnectOptions, PgPool, Postgres};
 
 use super::homes::{self, HomeRow, HomeStore, MoveReq, Moved};
 use super::repl::{self, Applied, Leader, Record, Replication};
+use super::repl_cursors::{self, CursorMove};
 use super::sql::{settle, Backend};
+use super::ReadMoved;
 use super::{postgres_commit, Committed, CursorUpdate, NewMessage};
 use super::{StoreError, Timeouts};
 
@@ -178,8 +180,27 @@ impl Replication for PgStore {
         repl::apply(&self.write, record).await
     }
 
+    async fn apply_batch(
+        &self,
+        records: &[Record],
+    ) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
+        repl::apply_batch(&self.write, records).await
+    }
+
     async fn lead(&self, key: i64) -> Result<Option<Leader>, StoreError> {
         repl::lead(&self.outbox_pool, key).await
+    }
+
+    async fn cursors_take(&self, limit: u32) -> Result<Vec<CursorMove>, StoreError> {
+        repl_cursors::take(&self.outbox_pool, limit).await
+    }
+
+    async fn cursors_done(&self, moves: &[CursorMove]) -> Result<(), StoreError> {
+        repl_cursors::done(&self.outbox_pool, moves).await
+    }
+
+    async fn apply_cursors(&self, moves: &[CursorMove]) -> Result<Vec<ReadMoved>, StoreError> {
+        repl_cursors::apply(&self.write, moves).await
     }
 }
 

@@ -78,7 +78,7 @@ pub(crate) async fn commit_batch(
         .collect();
     Sql::upsert_reads(&mut tx, &own, now, None).await?;
     // 6. Delivery cursors, forward only.
-    delivery_cursors(&mut tx, cursors).await?;
+    delivery_cursors(&mut tx, cursors, outbox.region, now).await?;
     // 7. With webhooks on: one outbox row per message stored now, in this transaction.
     if outbox.webhooks {
         outbox_rows(&mut tx, &sorted, now).await?;
@@ -356,8 +356,17 @@ async fn apply_change(tx: &mut Tx<'_>, c: &Change<'_>, now: i64) -> Result<(), S
 
 /// Delivery cursors, forward only: each device's, and the user's (the furthest of their
 /// devices), in key order.
-async fn delivery_cursors(tx: &mut Tx<'_>, cursors: &[CursorUpdate]) -> Result<(), StoreError> {
+/// Multi-region (`region`): the moved device cursors also get replication outbox rows.
+async fn delivery_cursors(
+    tx: &mut Tx<'_>,
+    cursors: &[CursorUpdate],
+    region: bool,
+    now: i64,
+) -> Result<(), StoreError> {
     let (users, devices) = batch::delivery_cursors(cursors);
     Sql::upsert_devices(tx, &devices, "delivered_seq").await?;
+    if region {
+        Sql::region_cursors(tx, &devices, super::repl_cursors::DELIVERED, now).await?;
+    }
     Sql::upsert_delivered(tx, &users).await
 }

@@ -13,7 +13,8 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool, Postgres, Row};
 
-use super::StoreError;
+use super::repl_cursors::CursorMove;
+use super::{ReadMoved, StoreError};
 
 /// Most rows one [`Replication::outbox_take`] returns.
 pub const MAX_TAKE: u32 = 1000;
@@ -122,6 +123,13 @@ impl Record {
         format!("{}:{}:{}", self.region, self.conversation_id, self.seq)
     }
 
+    /// The stored payload (`payload` decoded); an error for a payload that is not
+    /// base64 (a malformed record: never applied as an empty payload).
+    pub fn payload_bytes(&self) -> Result<Vec<u8>, base64::DecodeError> {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.decode(&self.payload)
+    }
+
     /// The message as a reader gets it pushed.
     pub fn chat_message(&self) -> im_proto::ChatMessage {
         use base64::Engine as _;
@@ -193,9 +201,26 @@ pub trait Replication: Send + Sync {
     /// Applies another region's record (see the module doc).
     async fn apply(&self, record: &Record) -> Result<Applied, StoreError>;
 
+    /// Applies records in order in one transaction, each under its own savepoint: the
+    /// outcome of each (a record the store failed is rolled back alone). `Err`: the
+    /// transaction failed and nothing was applied.
+    async fn apply_batch(
+        &self,
+        records: &[Record],
+    ) -> Result<Vec<Result<Applied, StoreError>>, StoreError>;
+
     /// Takes the advisory lock `key` on a session of its own: `None` when another
     /// session holds it.
     async fn lead(&self, key: i64) -> Result<Option<Leader>, StoreError>;
+
+    /// Up to `limit` cursor moves of this region not yet published (`store::repl_cursors`).
+    async fn cursors_take(&self, limit: u32) -> Result<Vec<CursorMove>, StoreError>;
+
+    /// Forgets published cursor moves (unless their cursor moved further since).
+    async fn cursors_done(&self, moves: &[CursorMove]) -> Result<(), StoreError>;
+
+    /// Applies another region's cursor moves by max; the read cursors that moved.
+    async fn apply_cursors(&self, moves: &[CursorMove]) -> Result<Vec<ReadMoved>, StoreError>;
 }
 
 /// The outbox rows' records, oldest first (a row whose message is gone is skipped and
@@ -413,19 +438,71 @@ pub(crate) async fn lead(pool: &PgPool, key: i64) -> Result<Option<Leader>, Stor
 /// Applies `rec` in one transaction (see the module doc).
 pub(crate) async fn apply(pool: &PgPool, rec: &Record) -> Result<Applied, StoreError> {
     let mut tx = pool.begin().await?;
+    let applied = apply_in(&mut tx, rec).await?;
+    if matches!(applied, Applied::Stored | Applied::Hole) {
+        tx.commit().await?;
+    }
+    Ok(applied)
+}
+
+/// Applies `records` in order in one transaction, each under a savepoint of its own:
+/// a record the store fails is rolled back alone (its outcome is the error) and the
+/// others commit. The outcomes, in order, are valid only once this returns `Ok` (the
+/// commit failed: nothing was applied).
+pub(crate) async fn apply_batch(
+    pool: &PgPool,
+    records: &[Record],
+) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
+    let mut tx = pool.begin().await?;
+    let mut out = Vec::with_capacity(records.len());
+    for rec in records {
+        out.push(apply_savepoint(&mut tx, rec).await?);
+    }
+    tx.commit().await?;
+    Ok(out)
+}
+
+/// One record of [`apply_batch`] under a savepoint: released when it changed something,
+/// rolled back otherwise (a duplicate, a gap, an error). `Err` only when the savepoint
+/// itself failed (the batch's transaction is then unusable).
+async fn apply_savepoint(
+    tx: &mut sqlx::Transaction<'_, Postgres>,
+    rec: &Record,
+) -> Result<Result<Applied, StoreError>, StoreError> {
+    use sqlx::Connection as _;
+    let mut sp = (**tx).begin().await?;
+    let outcome = apply_in(&mut sp, rec).await;
+    match outcome {
+        Ok(a @ (Applied::Stored | Applied::Hole)) => {
+            sp.commit().await?;
+            Ok(Ok(a))
+        }
+        other => {
+            sp.rollback().await?;
+            Ok(other)
+        }
+    }
+}
+
+/// The apply of one record inside `tx` (see the module doc); the caller commits when
+/// the outcome is `Stored` or `Hole`.
+async fn apply_in(
+    tx: &mut sqlx::Transaction<'_, Postgres>,
+    rec: &Record,
+) -> Result<Applied, StoreError> {
     let conv = rec.conversation_id.as_str();
     sqlx::query(
         "INSERT INTO conversations (conversation_id, last_seq, last_time) VALUES ($1, 0, 0) \
          ON CONFLICT (conversation_id) DO NOTHING",
     )
     .bind(conv)
-    .execute(&mut *tx)
+    .execute(&mut **tx)
     .await?;
     let applied: i64 = sqlx::query_scalar(
         "SELECT last_seq FROM conversations WHERE conversation_id = $1 FOR UPDATE",
     )
     .bind(conv)
-    .fetch_one(&mut *tx)
+    .fetch_one(&mut **tx)
     .await?;
     let applied = applied.max(0) as u64;
     if rec.seq <= applied {
@@ -435,7 +512,7 @@ pub(crate) async fn apply(pool: &PgPool, rec: &Record) -> Result<Applied, StoreE
         return Ok(Applied::Gap(applied));
     }
     if !rec.hole {
-        insert_message(&mut tx, rec).await?;
+        insert_message(tx, rec).await?;
     }
     sqlx::query(
         "UPDATE conversations SET last_seq = $2, \
@@ -444,15 +521,14 @@ pub(crate) async fn apply(pool: &PgPool, rec: &Record) -> Result<Applied, StoreE
     .bind(conv)
     .bind(rec.seq as i64)
     .bind(rec.send_time)
-    .execute(&mut *tx)
+    .execute(&mut **tx)
     .await?;
     if !rec.hole {
-        side_effects(&mut tx, rec).await?;
+        side_effects(tx, rec).await?;
     }
     if let Some(g) = &rec.group {
-        apply_group(&mut tx, g).await?;
+        apply_group(tx, g).await?;
     }
-    tx.commit().await?;
     Ok(if rec.hole {
         Applied::Hole
     } else {
@@ -465,9 +541,8 @@ async fn insert_message(
     tx: &mut sqlx::Transaction<'_, Postgres>,
     rec: &Record,
 ) -> Result<(), StoreError> {
-    use base64::Engine as _;
-    let payload = base64::engine::general_purpose::STANDARD
-        .decode(&rec.payload)
+    let payload = rec
+        .payload_bytes()
         .map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
     let stored = sqlx::query(
         "INSERT INTO messages (conversation_id, seq, msg_id, sender, client_msg_id, msg_type, \
@@ -557,10 +632,9 @@ async fn side_effects(
         && rec.ref_seq > 0
         && rec.state != 2
     {
-        use base64::Engine as _;
-        let payload = base64::engine::general_purpose::STANDARD
-            .decode(&rec.payload)
-            .unwrap_or_default();
+        let payload = rec
+            .payload_bytes()
+            .map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
         sqlx::query(
             "UPDATE messages SET state = 1, payload = $3, edit_time = $4 \
              WHERE conversation_id = $1 AND seq = $2 AND state <> 2 AND msg_type NOT IN (3, 4, 5)",

@@ -439,7 +439,8 @@ where
         flags: &[FlagsUpdate],
     ) -> Result<Vec<ReadMoved>, StoreError> {
         let mut conn = self.writer().await?;
-        let out = Sql::<DB>::commit_state(&mut conn, reads, flags).await;
+        let region = self.region_outbox_on();
+        let out = Sql::<DB>::commit_state(&mut conn, reads, flags, region).await;
         settle(conn, out).await
     }
 

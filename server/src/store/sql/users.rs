@@ -11,6 +11,7 @@ use sqlx::{ColumnIndex, Database, Executor, IntoArguments, Pool, Row, Transactio
 
 use super::{Bind, Col, Sql, Statement, CHUNK};
 use crate::store::batch::{furthest, DeviceCursors, UserCursors};
+use crate::store::repl_cursors::READ;
 use crate::store::{FlagsUpdate, ReadMoved, ReadUpdate, StoreError};
 
 /// A read cursor to move forward: (user, conversation) and the seq.
@@ -35,6 +36,7 @@ where
         conn: &mut PoolConnection<DB>,
         reads: &[ReadUpdate],
         flags: &[FlagsUpdate],
+        region_outbox: bool,
     ) -> Result<Vec<ReadMoved>, StoreError> {
         let mut tx = super::begin_write::<DB>(&mut **conn).await?;
         let now = im_proto::now_ms();
@@ -54,6 +56,9 @@ where
             ((key, r.conversation_id.as_str()), seq(r))
         }));
         Self::upsert_devices(&mut tx, &devices, "read_seq").await?;
+        if region_outbox {
+            Self::region_cursors(&mut tx, &devices, READ, now).await?;
+        }
         Self::set_flags(&mut tx, flags).await?;
         tx.commit().await?;
         Ok(moved)
@@ -126,6 +131,40 @@ where
                  SET {column} = excluded.{column} \
                  WHERE excluded.{column} > device_cursors.{column}"
             ));
+            let (sql, args) = qb.finish()?;
+            sqlx::query_with(&sql, args).execute(&mut **tx).await?;
+        }
+        Ok(())
+    }
+
+    /// Multi-region: the outbox rows of devices' cursors moved in `tx` (kind
+    /// [`DELIVERED`] or [`READ`], at `now`), forward only, one row per key
+    /// (`store::repl_cursors`; written only while `region` is set, so Postgres only).
+    pub(crate) async fn region_cursors(
+        tx: &mut Transaction<'_, DB>,
+        devices: &DeviceCursors<'_>,
+        kind: i32,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        let rows: Vec<_> = devices.iter().collect();
+        for chunk in rows.chunks(CHUNK) {
+            let mut qb = Statement::<DB>::new(
+                "INSERT INTO region_cursor_outbox (user_id, device_id, conversation_id, kind, \
+                 seq, at) ",
+            );
+            qb.push_values(chunk, |b, (((user, device), conv), seq)| {
+                b.push_bind(*user)
+                    .push_bind(*device)
+                    .push_bind(*conv)
+                    .push_bind(kind)
+                    .push_bind(**seq as i64)
+                    .push_bind(now);
+            });
+            qb.push(
+                " ON CONFLICT (user_id, device_id, conversation_id, kind) DO UPDATE \
+                 SET seq = excluded.seq, at = excluded.at \
+                 WHERE excluded.seq > region_cursor_outbox.seq",
+            );
             let (sql, args) = qb.finish()?;
             sqlx::query_with(&sql, args).execute(&mut **tx).await?;
         }
