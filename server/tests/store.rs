@@ -1103,6 +1103,36 @@ async fn the_sqlite_log_is_checkpointed_by_its_own_thread_not_by_commits() {
     }
 }
 
+/// The SQLite log stays bounded under commits that never pause: the checkpointer's
+/// PASSIVE passes never reach the log's end while commits keep coming, so past
+/// `RESTART_FRAMES` it runs a RESTART checkpoint and the next commit starts the log
+/// again from its beginning (`journal_size_limit` then cuts the file back). Without it
+/// the `-wal` file grows by every byte committed.
+#[tokio::test]
+async fn the_sqlite_log_stays_bounded_under_commits_that_never_pause() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("im.db");
+    let store = SqliteStore::open(&path, false, 2).await.unwrap();
+    let wal = dir.path().join("im.db-wal");
+    let wal_size = || std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+    // 100 MiB of messages, committed back to back in about 3.5 s (at the pace of a
+    // busy node, so the checkpointer's 250 ms passes see the log grow).
+    let body = "x".repeat(3000);
+    let mut largest = 0;
+    for i in 0..350 {
+        let batch: Vec<NewMessage> = (0..100)
+            .map(|j| msg("u:a:b", "a", &format!("w{i}-{j}"), &body))
+            .collect();
+        store.commit_batch(&batch, &[]).await.unwrap();
+        largest = largest.max(wal_size());
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(
+        largest < 60 << 20,
+        "the log grew to {largest} bytes over 100 MiB of commits"
+    );
+}
+
 /// Multi-region replication's store side (Postgres): the home's commits write outbox
 /// rows in their own transactions, read back as records in commit order (a group's
 /// SYSTEM event with the group's state); another region applies them only in seq order,

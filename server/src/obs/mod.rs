@@ -479,6 +479,7 @@ const HELP: &[Help] = &[
     help_counter("im_store_refused_sends_total", "Sends answered OVERLOADED because the store cannot take them, by reason (a store fault, or disk_low)."),
     help_counter("im_store_connection_resets_total", "Store writer connections closed because their state was in doubt (after a failed write, or found inside a transaction)."),
     help_counter("im_store_checkpoints_total", "SQLite write-ahead log checkpoints run by the store's checkpointer (PASSIVE, every 250 ms)."),
+    help_counter("im_store_checkpoint_restarts_total", "RESTART checkpoints the store's checkpointer ran because the SQLite write-ahead log passed 4,096 pages (commits wait while it finishes; the log then starts again from its beginning)."),
     help_counter("im_store_checkpoint_failures_total", "SQLite checkpoints that failed (the log grows until one works)."),
     help_gauge("im_store_wal_frames", "Frames in the SQLite write-ahead log at the last checkpoint."),
     help_gauge("im_store_wal_frames_behind", "Frames of the SQLite write-ahead log not yet copied into the database file at the last checkpoint (readers still using them)."),

@@ -59,8 +59,13 @@ impl SqliteStore {
             .journal_mode(SqliteJournalMode::Wal)
             .busy_timeout(Duration::from_secs(10))
             .foreign_keys(false)
-            // The checkpointer thread does the checkpoints (`store::sqlite_checkpoint`).
-            .pragma("wal_autocheckpoint", "0");
+            // The checkpointer thread does the checkpoints (`store::sqlite_checkpoint`),
+            // and a reset log is cut back to its limit.
+            .pragma("wal_autocheckpoint", "0")
+            .pragma(
+                "journal_size_limit",
+                super::sqlite_checkpoint::JOURNAL_SIZE_LIMIT.to_string(),
+            );
         let write = SqlitePoolOptions::new()
             .max_connections(1)
             .min_connections(1)

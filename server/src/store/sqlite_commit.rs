@@ -202,8 +202,14 @@ fn open(path: &Path, full_sync: bool) -> Result<Connection, StoreError> {
         if full_sync { "FULL" } else { "NORMAL" },
     )?;
     conn.pragma_update(None, "foreign_keys", "OFF")?;
-    // The checkpointer thread does the checkpoints (`store::sqlite_checkpoint`).
+    // The checkpointer thread does the checkpoints (`store::sqlite_checkpoint`), and a
+    // reset log is cut back to its limit.
     conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+    conn.pragma_update(
+        None,
+        "journal_size_limit",
+        super::sqlite_checkpoint::JOURNAL_SIZE_LIMIT,
+    )?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     Ok(conn)
 }
