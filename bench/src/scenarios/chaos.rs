@@ -34,6 +34,7 @@
 //!   measured window (an app in the background on a poor network), then at full speed.
 //!   The server marks them slow and, past its hard mark, closes them (4008): that close
 //!   is expected, counted apart, and the receiver reconnects and syncs like a killed one.
+//!   Their delivery latency is reported apart from the others'.
 //! - **Size mix** (`--mix`, as in `mix`): each send draws its type and payload size from
 //!   the classes instead of the fixed `--payload`.
 //!
@@ -51,10 +52,10 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use futures_util::FutureExt;
+use hdrhistogram::Histogram;
 use im_client::{ClientError, RawConn, RawEvent};
 use im_proto::{Body, ErrorCode, Frame, MessageType, SendAck, SyncRequest};
 use rand::seq::index::sample;
-use hdrhistogram::Histogram;
 use rand::Rng;
 use serde::Serialize;
 use tokio::sync::{watch, Notify};
@@ -199,6 +200,8 @@ struct Ctx {
     storm_recover: LatencyRecorder,
     ack_latency: LatencyRecorder,
     deliver_latency: LatencyRecorder,
+    /// The slow receivers' deliveries, kept out of `deliver_latency`.
+    slow_deliver_latency: LatencyRecorder,
     reconnect_latency: LatencyRecorder,
     recover_latency: LatencyRecorder,
     send: SendCounts,
@@ -270,7 +273,13 @@ impl Ctx {
     /// Receiver `i`'s connection ended (`ev`): a slow receiver closed as a slow consumer
     /// is expected and counted apart; anything else is [`Ctx::lost`].
     fn receiver_lost(&self, i: usize, ev: Result<RawEvent, ClientError>) {
-        let slow_close = matches!(ev, Ok(RawEvent::Closed { code: Some(SLOW_CLOSE), .. }));
+        let slow_close = matches!(
+            ev,
+            Ok(RawEvent::Closed {
+                code: Some(SLOW_CLOSE),
+                ..
+            })
+        );
         if i < self.slow_receivers && slow_close {
             self.count.slow_closed.inc();
         } else {
@@ -279,12 +288,14 @@ impl Ctx {
     }
 
     /// How long slow receiver `i` waits after reading `bytes` of payload (zero for the
-    /// others, and after the measured window).
+    /// others; never past the end of the measured window, after which it reads at full
+    /// speed).
     fn slow_pause(&self, i: usize, bytes: usize) -> Duration {
-        if i >= self.slow_receivers || Instant::now() >= self.clock.end {
+        let left = self.clock.end.saturating_duration_since(Instant::now());
+        if i >= self.slow_receivers {
             return Duration::ZERO;
         }
-        Duration::from_secs_f64(bytes as f64 / self.slow_read_bytes_per_sec)
+        Duration::from_secs_f64(bytes as f64 / self.slow_read_bytes_per_sec).min(left)
     }
 
     /// The next send of sender `i`: a class of `--mix` drawn by weight with a size in
@@ -409,7 +420,7 @@ impl Live {
         self.0.ack_latency.snapshot()
     }
 
-    /// Send-to-receipt latency (µs) so far, measured window.
+    /// Send-to-receipt latency (µs) so far, measured window (slow receivers left out).
     pub fn deliver_latency(&self) -> Histogram<u64> {
         self.0.deliver_latency.snapshot()
     }
@@ -514,8 +525,10 @@ pub struct ChaosBody {
     pub unacked_at_end: u64,
     /// Send-to-SendAck latency (µs), first attempt to ack.
     pub send_to_ack_us: Summary,
-    /// Send-to-receipt latency (µs), push or sync.
+    /// Send-to-receipt latency (µs), push or sync (the slow receivers' apart).
     pub send_to_deliver_us: Summary,
+    /// The slow receivers' send-to-receipt latency (µs).
+    pub slow_send_to_deliver_us: Summary,
     /// Errors by code (BAD_FRAME includes the injected ones); connections that ended, by
     /// reason (kills not included).
     #[serde(flatten)]
@@ -709,6 +722,7 @@ fn new_ctx(
         storm_recover: LatencyRecorder::new(SHARDS),
         ack_latency: LatencyRecorder::new(SHARDS),
         deliver_latency: LatencyRecorder::new(SHARDS),
+        slow_deliver_latency: LatencyRecorder::new(SHARDS),
         reconnect_latency: LatencyRecorder::new(SHARDS),
         recover_latency: LatencyRecorder::new(SHARDS),
         send: SendCounts::default(),
@@ -817,6 +831,7 @@ fn report(
         unacked_at_end: t.unacked_at_end,
         send_to_ack_us: Summary::of(&ctx.ack_latency.snapshot()),
         send_to_deliver_us: Summary::of(&ctx.deliver_latency.snapshot()),
+        slow_send_to_deliver_us: Summary::of(&ctx.slow_deliver_latency.snapshot()),
         problems: ctx.faults.problems(),
     };
     let passed = verdict.passed()
@@ -1113,7 +1128,12 @@ async fn receiver(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) ->
                             ctx.count.delivered.inc();
                             if let Some(sent_us) = wire::payload_timestamp(&m.payload) {
                                 if clock.measured_us(sent_us) {
-                                    ctx.deliver_latency.record(idx, now_us.saturating_sub(sent_us));
+                                    let us = now_us.saturating_sub(sent_us);
+                                    if i < ctx.slow_receivers {
+                                        ctx.slow_deliver_latency.record(idx, us);
+                                    } else {
+                                        ctx.deliver_latency.record(idx, us);
+                                    }
                                 }
                             }
                         });
@@ -1301,6 +1321,7 @@ pub fn render(r: &ChaosReport) -> String {
                 r.slow_receivers, r.slow_read_bytes_per_sec, r.slow_closed
             ),
         );
+        report::summary_line(&mut s, "  send->deliver", &r.slow_send_to_deliver_us);
     }
     report::line(
         &mut s,

@@ -11,11 +11,16 @@
 //! Beside it, every `--sample-every` of the measured window, a sample: the server's RSS,
 //! jemalloc `allocated`, CPU seconds and slow consumers (admin overview), the machine's
 //! load average, and the window's own send->ack and delivery P50/P99 (the difference of
-//! the run's cumulative histograms) and message counts. At `--profile-at` (default the
-//! middle) a CPU and a heap profile of `--profile-for` are taken through the admin API
-//! and saved in `--profile-dir` (`cpu.pb.gz`, `cpu.svg`, `heap.pb.gz`, `heap.svg`).
+//! the run's cumulative histograms; the slow receivers' deliveries are left out) and
+//! message counts. At `--profile-at` (default the middle) a heap profile, then a CPU
+//! profile, each of `--profile-for`, are taken through the admin API and saved in
+//! `--profile-dir` (`heap.pb.gz`, `heap.svg`, `cpu.pb.gz`, `cpu.svg`). One after the
+//! other, so that the heap window does not hold the CPU profiler's own allocations
+//! (symbolizing a CPU profile allocates tens of MiB of debug-info tables).
 //!
-//! At the end: RSS growth from window `--rss-baseline-window` to the last, in percent;
+//! At the end: RSS and jemalloc `allocated` growth from window `--rss-baseline-window`
+//! to the last, in percent, and again from the first window after the profiles (so the
+//! profilers' own memory is not counted as growth);
 //! P99 drift (median P99 of the last `--period-windows` windows against the first);
 //! the samples merged into periods of `--period-windows`; the chaos report. It fails
 //! (exit 1) exactly when the chaos run does: a loss, duplicate or reordering, a
@@ -64,8 +69,8 @@ pub struct SoakArgs {
     /// Windows per period of the summary, and in each end of the P99 drift.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     pub period_windows: u32,
-    /// When the profiles start, from the start of the measured window (default: the
-    /// middle minus half the profile).
+    /// When the profiles start, from the start of the measured window (default: both
+    /// centred on the middle).
     #[arg(long, value_parser = parse_duration)]
     pub profile_at: Option<Duration>,
     /// Length of the CPU and heap profiles (0: none; the heap one at most 60 s).
@@ -145,6 +150,8 @@ pub struct Drift {
 pub struct Profiles {
     /// Start, seconds from the start of the measured window.
     pub at_secs: f64,
+    /// When both had ended, seconds from the start of the measured window.
+    pub end_secs: f64,
     /// Where the files are.
     pub dir: PathBuf,
     /// CPU profile: samples taken.
@@ -180,6 +187,14 @@ pub struct SoakBody {
     pub rss_last_bytes: Option<u64>,
     /// (last - baseline) / baseline, percent.
     pub rss_growth_pct: Option<f64>,
+    /// jemalloc `allocated`, same windows, percent.
+    pub heap_growth_pct: Option<f64>,
+    /// The first window that started after the profiles had ended.
+    pub after_profiles_window: Option<u32>,
+    /// RSS growth from that window to the last, percent.
+    pub rss_growth_after_profiles_pct: Option<f64>,
+    /// jemalloc `allocated` growth from that window to the last, percent.
+    pub heap_growth_after_profiles_pct: Option<f64>,
     /// Send->ack P99, first windows against the last.
     pub send_to_ack_drift: Option<Drift>,
     /// Delivery P99, first windows against the last.
@@ -205,23 +220,32 @@ type Window = (Sample, Histogram<u64>, Histogram<u64>);
 
 async fn run_against(args: &SoakArgs, target: &mut Target) -> anyhow::Result<SoakReport> {
     let Some(admin) = target.admin().cloned() else {
-        anyhow::bail!("soak reads the server's admin API: use --spawn, or --admin-url and --admin-token");
+        anyhow::bail!(
+            "soak reads the server's admin API: use --spawn, or --admin-url and --admin-token"
+        );
     };
     if args.sample_every.is_zero() {
         anyhow::bail!("--sample-every must be positive");
     }
     let profile_for = args.profile_for.as_secs().min(CPU_MAX_SECS);
     let measured = args.chaos.run.duration;
-    let profile_at = args.profile_at.unwrap_or_else(|| {
-        (measured / 2).saturating_sub(Duration::from_secs(profile_for) / 2)
-    });
+    // The two profiles (heap, then CPU) centred on the middle.
+    let profile_at = args
+        .profile_at
+        .unwrap_or_else(|| (measured / 2).saturating_sub(Duration::from_secs(profile_for)));
     let mut tasks: Option<(JoinHandle<Vec<Window>>, Option<JoinHandle<Profiles>>)> = None;
     let chaos_report = chaos::run_observed(&args.chaos, target, |live| {
         let clock = live.clock();
         let profiles = (profile_for > 0).then(|| {
             let at = clock.warmup_end + profile_at;
             let dir = args.profile_dir.clone();
-            tokio::spawn(take_profiles(admin.clone(), at, profile_for, dir, profile_at))
+            tokio::spawn(take_profiles(
+                admin.clone(),
+                at,
+                profile_for,
+                dir,
+                profile_at,
+            ))
         });
         let sampler = tokio::spawn(sample_windows(live, admin.clone(), args.sample_every));
         tasks = Some((sampler, profiles));
@@ -233,7 +257,13 @@ async fn run_against(args: &SoakArgs, target: &mut Target) -> anyhow::Result<Soa
         Some(h) => Some(h.await?),
         None => None,
     };
-    let body = summarize(args, Head::new("soak", target), windows, profiles, chaos_report.body);
+    let body = summarize(
+        args,
+        Head::new("soak", target),
+        windows,
+        profiles,
+        chaos_report.body,
+    );
     Ok(Report {
         body,
         tail: chaos_report.tail,
@@ -249,28 +279,46 @@ fn summarize(
     chaos: ChaosBody,
 ) -> SoakBody {
     let k = args.period_windows as usize;
-    let rss_at = |w: u32| windows.iter().find(|x| x.0.window == w).and_then(|x| x.0.rss_bytes);
-    let rss_baseline_bytes = rss_at(args.rss_baseline_window);
-    let rss_last_bytes = windows.last().and_then(|x| x.0.rss_bytes);
-    let rss_growth_pct = match (rss_baseline_bytes, rss_last_bytes) {
-        (Some(a), Some(b)) if a > 0 => Some((b as f64 - a as f64) / a as f64 * 100.0),
-        _ => None,
-    };
+    let every = args.sample_every.as_secs_f64();
+    let at = |w: u32| windows.iter().find(|x| x.0.window == w).map(|x| &x.0);
+    let last = windows.last().map(|x| &x.0);
+    let rss = |s: Option<&Sample>| s.and_then(|s| s.rss_bytes);
+    let heap = |s: Option<&Sample>| s.and_then(|s| s.heap_allocated_bytes);
+    let base = at(args.rss_baseline_window);
+    let after_profiles_window = profiles.as_ref().and_then(|p| {
+        let w = windows
+            .iter()
+            .find(|x| x.0.end_secs - every >= p.end_secs)?;
+        Some(w.0.window)
+    });
+    let after = after_profiles_window.and_then(at);
     let p99s = |f: fn(&Sample) -> u64| -> Vec<u64> { windows.iter().map(|w| f(&w.0)).collect() };
     let periods = windows.chunks(k).map(period).collect();
     SoakBody {
         head,
         sample_every_secs: args.sample_every.as_secs_f64(),
         rss_baseline_window: args.rss_baseline_window,
-        rss_baseline_bytes,
-        rss_last_bytes,
-        rss_growth_pct,
+        rss_baseline_bytes: rss(base),
+        rss_last_bytes: rss(last),
+        rss_growth_pct: growth(rss(base), rss(last)),
+        heap_growth_pct: growth(heap(base), heap(last)),
+        after_profiles_window,
+        rss_growth_after_profiles_pct: growth(rss(after), rss(last)),
+        heap_growth_after_profiles_pct: growth(heap(after), heap(last)),
         send_to_ack_drift: drift(&p99s(|s| s.send_to_ack_p99_us), k),
         deliver_drift: drift(&p99s(|s| s.deliver_p99_us), k),
         samples: windows.into_iter().map(|w| w.0).collect(),
         periods,
         profiles,
         chaos,
+    }
+}
+
+/// (b - a) / a in percent, when both are known and `a` is not zero.
+fn growth(a: Option<u64>, b: Option<u64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if a > 0 => Some((b as f64 - a as f64) / a as f64 * 100.0),
+        _ => None,
     }
 }
 
@@ -414,7 +462,8 @@ fn sample_line(s: &Sample) -> String {
     )
 }
 
-/// At `at`, a CPU and a heap profile of `secs` at once, saved in `dir`.
+/// At `at` (`offset` into the measured window), a heap profile, then a CPU profile, each
+/// of `secs`, saved in `dir`.
 async fn take_profiles(
     admin: AdminClient,
     at: Instant,
@@ -423,8 +472,20 @@ async fn take_profiles(
     offset: Duration,
 ) -> Profiles {
     tokio::time::sleep_until(at).await;
+    let out = profile_now(&admin, secs, dir, offset).await;
+    Profiles {
+        end_secs: offset.as_secs_f64() + at.elapsed().as_secs_f64(),
+        ..out
+    }
+}
+
+/// The two captures of [`take_profiles`], one after the other.
+async fn profile_now(admin: &AdminClient, secs: u64, dir: PathBuf, offset: Duration) -> Profiles {
     let heap_secs = secs.clamp(1, HEAP_MAX_SECS);
-    eprintln!("im-bench soak: profiling (CPU {secs}s, heap {heap_secs}s) into {}", dir.display());
+    eprintln!(
+        "im-bench soak: profiling (heap {heap_secs}s, then CPU {secs}s) into {}",
+        dir.display()
+    );
     let mut out = Profiles {
         at_secs: offset.as_secs_f64(),
         dir: dir.clone(),
@@ -435,20 +496,19 @@ async fn take_profiles(
         out.errors.push(format!("creating {}: {e}", dir.display()));
         return out;
     }
-    let (cpu, heap) = tokio::join!(admin.cpu_profile(secs, CPU_HZ), admin.heap_profile(heap_secs));
-    match cpu {
-        Ok(b) => {
-            save(&dir, "cpu", &b.pprof_gz_base64, &b.svg, &mut out.errors);
-            out.cpu_samples = b.samples;
-            out.cpu_top = b.top.into_iter().take(TOP_KEPT).collect();
-        }
-        Err(e) => out.errors.push(format!("{e:#}")),
-    }
-    match heap {
+    match admin.heap_profile(heap_secs).await {
         Ok(b) => {
             save(&dir, "heap", &b.pprof_gz_base64, &b.svg, &mut out.errors);
             out.heap_inuse_bytes = b.inuse_bytes;
             out.heap_top = b.top.into_iter().take(TOP_KEPT).collect();
+        }
+        Err(e) => out.errors.push(format!("{e:#}")),
+    }
+    match admin.cpu_profile(secs, CPU_HZ).await {
+        Ok(b) => {
+            save(&dir, "cpu", &b.pprof_gz_base64, &b.svg, &mut out.errors);
+            out.cpu_samples = b.samples;
+            out.cpu_top = b.top.into_iter().take(TOP_KEPT).collect();
         }
         Err(e) => out.errors.push(format!("{e:#}")),
     }
@@ -498,15 +558,32 @@ pub fn render(r: &SoakReport) -> String {
             ),
         );
     }
-    let growth = r
-        .rss_growth_pct
-        .map_or("unknown".into(), |g| format!("{g:+.2}%"));
+    let pct = |g: Option<f64>| g.map_or("unknown".into(), |g| format!("{g:+.2}%"));
     report::line(
         &mut s,
-        "rss growth",
-        format!("{growth} from window {} to the last", r.rss_baseline_window),
+        "growth",
+        format!(
+            "rss {}, heap allocated {} from window {} to the last",
+            pct(r.rss_growth_pct),
+            pct(r.heap_growth_pct),
+            r.rss_baseline_window
+        ),
     );
-    for (name, d) in [("p99 send->ack", &r.send_to_ack_drift), ("p99 deliver", &r.deliver_drift)] {
+    if let Some(w) = r.after_profiles_window {
+        report::line(
+            &mut s,
+            "",
+            format!(
+                "rss {}, heap allocated {} from window {w} (after the profiles) to the last",
+                pct(r.rss_growth_after_profiles_pct),
+                pct(r.heap_growth_after_profiles_pct)
+            ),
+        );
+    }
+    for (name, d) in [
+        ("p99 send->ack", &r.send_to_ack_drift),
+        ("p99 deliver", &r.deliver_drift),
+    ] {
         if let Some(d) = d {
             report::line(
                 &mut s,
@@ -537,8 +614,9 @@ fn profile_lines(s: &mut String, p: &Profiles) {
         s,
         "profiles",
         format!(
-            "at {:.0}s into {}: CPU {} samples, heap {} live from the {}s window",
+            "{:.0}-{:.0}s into {}: CPU {} samples, heap {} live from the {}s window",
             p.at_secs,
+            p.end_secs,
             p.dir.display(),
             p.cpu_samples,
             fmt_bytes(p.heap_inuse_bytes),
@@ -546,7 +624,11 @@ fn profile_lines(s: &mut String, p: &Profiles) {
         ),
     );
     for t in p.heap_top.iter().take(5) {
-        report::line(s, "  heap", format!("{} {}", fmt_bytes(t.self_bytes), t.function));
+        report::line(
+            s,
+            "  heap",
+            format!("{} {}", fmt_bytes(t.self_bytes), t.function),
+        );
     }
     for e in &p.errors {
         report::line(s, "  profile error", e.clone());
