@@ -217,6 +217,8 @@ scenario! {
 
 /// A window's sample and its two latency histograms (send->ack, delivery).
 type Window = (Sample, Histogram<u64>, Histogram<u64>);
+/// The tasks beside the load: the sampler, and the profiles (when taken).
+type Watchers = (JoinHandle<Vec<Window>>, Option<JoinHandle<Profiles>>);
 
 async fn run_against(args: &SoakArgs, target: &mut Target) -> anyhow::Result<SoakReport> {
     let Some(admin) = target.admin().cloned() else {
@@ -233,7 +235,7 @@ async fn run_against(args: &SoakArgs, target: &mut Target) -> anyhow::Result<Soa
     let profile_at = args
         .profile_at
         .unwrap_or_else(|| (measured / 2).saturating_sub(Duration::from_secs(profile_for)));
-    let mut tasks: Option<(JoinHandle<Vec<Window>>, Option<JoinHandle<Profiles>>)> = None;
+    let mut tasks: Option<Watchers> = None;
     let chaos_report = chaos::run_observed(&args.chaos, target, |live| {
         let clock = live.clock();
         let profiles = (profile_for > 0).then(|| {
