@@ -2,12 +2,17 @@
 """Draws the curves of BENCHMARKS.md as SVG from the JSON results of curves.sh.
 
 Usage: plot.py RESULTS_DIR PLOTS_DIR
+       plot.py --soak SOAK_JSON PLOTS_DIR
 
 Reads RESULTS_DIR/{fanout,idle,load}-{im,mosquitto}-N.json (`im-bench peer --json`) and
 writes PLOTS_DIR/fanout.svg, idle.svg and load.svg: one line per server; group sizes
 and loads on a log scale (latencies too), connections on a linear one. Python's standard library only, so it runs
 wherever the bench does. A point whose run did not pass its exactly-once check is drawn
 hollow and named in the legend's note.
+
+With --soak it reads one `im-bench soak --json` report and writes PLOTS_DIR/soak-rss.svg
+(server RSS per window) and PLOTS_DIR/soak-p99.svg (send→ack and delivery P99 per
+window), both against minutes of the measured run.
 """
 
 import glob
@@ -20,8 +25,10 @@ from xml.sax.saxutils import escape
 
 W, H = 640, 400
 LEFT, RIGHT, TOP, BOTTOM = 70, 150, 40, 55
-COLORS = {"im": "#1f77b4", "mosquitto": "#d62728"}
-NAMES = {"im": "im-server (durable ack)", "mosquitto": "Mosquitto 2 WS (ack from memory)"}
+COLORS = {"im": "#1f77b4", "mosquitto": "#d62728", "rss": "#1f77b4", "ack": "#1f77b4",
+          "deliver": "#2ca02c"}
+NAMES = {"im": "im-server (durable ack)", "mosquitto": "Mosquitto 2 WS (ack from memory)",
+         "rss": "im-server (RSS)", "ack": "send→ack P99", "deliver": "delivery P99"}
 
 
 def fanout_point(n, j):
@@ -148,9 +155,44 @@ def svg(kind, data, xlabel, ylabel, title, xlog, ylog):
     return "\n".join(out) + "\n", failed
 
 
+def soak(report_path, plots):
+    """The soak's two plots from its JSON report; whether both were drawn."""
+    try:
+        with open(report_path) as f:
+            j = json.load(f)
+    except (OSError, ValueError) as e:
+        print(f"plot: {report_path}: {e}", file=sys.stderr)
+        return False
+    ok = j.get("passed") is True
+    samples = j.get("samples") or []
+    minute = lambda s: s["end_secs"] / 60
+    rss = [(minute(s), s["rss_bytes"] / (1024 * 1024), ok) for s in samples
+           if s.get("rss_bytes") is not None]
+    p99 = {k: [(minute(s), s[f"{f}_p99_us"] / 1000, ok) for s in samples if s.get(f"{f}_p99_us")]
+           for k, f in (("ack", "send_to_ack"), ("deliver", "deliver"))}
+    drawn = 0
+    for name, data, ylabel, title in (
+            ("soak-rss", {"rss": rss}, "server RSS (MiB)", "Soak: server memory over time"),
+            ("soak-p99", p99, "P99 of the window (ms)", "Soak: P99 per window over time")):
+        data = {k: v for k, v in data.items() if v}
+        if not data:
+            print(f"plot: no {name} data in {report_path}", file=sys.stderr)
+            continue
+        text, _ = svg(name, data, "minutes into the measured run", ylabel, title, False, False)
+        path = os.path.join(plots, f"{name}.svg")
+        with open(path, "w") as f:
+            f.write(text)
+        drawn += 1
+        print(f"plot: {path}")
+    return drawn == 2
+
+
 def main():
+    if len(sys.argv) == 4 and sys.argv[1] == "--soak":
+        os.makedirs(sys.argv[3], exist_ok=True)
+        sys.exit(0 if soak(sys.argv[2], sys.argv[3]) else 1)
     if len(sys.argv) != 3:
-        sys.exit("usage: plot.py RESULTS_DIR PLOTS_DIR")
+        sys.exit("usage: plot.py RESULTS_DIR PLOTS_DIR | plot.py --soak SOAK_JSON PLOTS_DIR")
     results, plots = sys.argv[1], sys.argv[2]
     os.makedirs(plots, exist_ok=True)
     drawn = 0

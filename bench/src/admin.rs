@@ -1,14 +1,15 @@
 //! The server's own figures, read from its admin API (`docs/admin-api.md`) with
 //! `im_admin_api`'s client and types: `GET /admin/v1/overview` (RSS, fds, CPU, rates,
 //! backlog, slow consumers, stage latency, capacity headroom) and `GET /admin/v1/memory`
-//! (jemalloc, read fresh). The answer types are `#[serde(default)]`, so a server that
+//! (jemalloc, read fresh), and on demand CPU and heap profiles (`/admin/v1/profile/*`,
+//! as bundles). The answer types are `#[serde(default)]`, so a server that
 //! adds fields (the API only ever adds) still parses.
 
 use std::time::Duration;
 
 use anyhow::Context;
 use im_admin_api::client;
-pub use im_admin_api::{AllocStats, StageLatency};
+pub use im_admin_api::{AllocStats, HeapProfileBundle, ProfileBundle, StageLatency};
 use serde::Serialize;
 
 /// Timeout of one admin request.
@@ -120,6 +121,24 @@ impl AdminClient {
             jemalloc,
             stages: o.stages,
         })
+    }
+
+    /// A CPU profile of `seconds` at `frequency` Hz (`GET /admin/v1/profile/cpu`, bundle).
+    pub async fn cpu_profile(&self, seconds: u64, frequency: u64) -> anyhow::Result<ProfileBundle> {
+        let url = self.api.base_url();
+        self.api
+            .profile(seconds, frequency)
+            .await
+            .with_context(|| format!("GET {url}/admin/v1/profile/cpu"))
+    }
+
+    /// A heap profile sampling for `seconds` (`GET /admin/v1/profile/heap`, bundle).
+    pub async fn heap_profile(&self, seconds: u64) -> anyhow::Result<HeapProfileBundle> {
+        let url = self.api.base_url();
+        self.api
+            .heap_profile(seconds)
+            .await
+            .with_context(|| format!("GET {url}/admin/v1/profile/heap"))
     }
 
     /// Like [`AdminClient::figures`], but a failure becomes a warning on stderr and `None`.

@@ -33,6 +33,7 @@ pub const SCENARIOS: &[&str] = &[
     "roundtrip",
     "chaos",
     "abuse",
+    "soak",
 ];
 /// Global options that take a value (their value is not a subcommand).
 const GLOBAL_VALUED: &[&str] = &["--threads"];

@@ -29,6 +29,18 @@
 //!   storm size, storm-instant to LoginOk and to recovered (median, p99, max; the max
 //!   is the time until all had reconnected, or recovered).
 //!
+//! - **Slow receivers** (`--slow-receivers N`): the first N receivers read their pushes
+//!   at most `--slow-read-bytes-per-sec` bytes of payload a second until the end of the
+//!   measured window (an app in the background on a poor network), then at full speed.
+//!   The server marks them slow and, past its hard mark, closes them (4008): that close
+//!   is expected, counted apart, and the receiver reconnects and syncs like a killed one.
+//!   Their delivery latency is reported apart from the others'.
+//! - **Size mix** (`--mix`, as in `mix`): each send draws its type and payload size from
+//!   the classes instead of the fixed `--payload`.
+//!
+//! [`run_observed`] hands a [`Live`] view of the run's histograms and counters to a
+//! caller that samples them while the run goes on (`soak`).
+//!
 //! It fails on any loss, duplicate or reordering (pushes and syncs merged, as a client
 //! sees them), on a BAD_FRAME missing, on a connection the server closed, on a victim
 //! that could not reconnect, or on a storm victim that had not recovered by the end.
@@ -40,14 +52,17 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use futures_util::FutureExt;
+use hdrhistogram::Histogram;
 use im_client::{ClientError, RawConn, RawEvent};
 use im_proto::{Body, ErrorCode, Frame, MessageType, SendAck, SyncRequest};
 use rand::seq::index::sample;
+use rand::Rng;
 use serde::Serialize;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
 use super::follow::Follower;
+use super::mix::{parse_mix, Mix, SizeClass};
 use super::sender::{self, Ended, Hooks, RunCounts, SendCounts};
 use crate::admin::ServerFigures;
 use crate::check::Verdict;
@@ -77,6 +92,8 @@ const RECEIVER_TICK: Duration = Duration::from_millis(100);
 const IDLE_SYNC_REQ: u64 = 7;
 /// File descriptors the bench keeps for itself beyond its connections.
 const SPARE_FDS: u64 = 64;
+/// The server's close code for a slow consumer (hard mark or stuck write).
+const SLOW_CLOSE: u16 = 4008;
 
 /// Parses a fraction in 0..=1.
 fn parse_fraction(text: &str) -> Result<f64, String> {
@@ -142,6 +159,16 @@ pub struct ChaosArgs {
     /// measured window).
     #[arg(long, value_parser = parse_duration)]
     pub storm_at: Option<Duration>,
+    /// Size classes NAME:WEIGHT:MIN-MAX,... as in `mix` (default: every send `--payload`
+    /// bytes of text).
+    #[arg(long, value_parser = parse_mix)]
+    pub mix: Option<Mix>,
+    /// Receivers (the first N) that read slowly until the end of the measured window.
+    #[arg(long, default_value_t = 0)]
+    pub slow_receivers: u32,
+    /// How fast a slow receiver reads: payload bytes per second.
+    #[arg(long, default_value_t = 16384.0)]
+    pub slow_read_bytes_per_sec: f64,
 }
 
 /// Run-wide state shared by every task.
@@ -152,6 +179,10 @@ struct Ctx {
     run_id: u64,
     window: usize,
     payload: usize,
+    /// The size classes of `--mix` (empty: `payload` bytes of text).
+    classes: Vec<SizeClass>,
+    slow_receivers: usize,
+    slow_read_bytes_per_sec: f64,
     rate_per_sender: Option<f64>,
     senders: usize,
     reconnect_delay: Duration,
@@ -169,6 +200,8 @@ struct Ctx {
     storm_recover: LatencyRecorder,
     ack_latency: LatencyRecorder,
     deliver_latency: LatencyRecorder,
+    /// The slow receivers' deliveries, kept out of `deliver_latency`.
+    slow_deliver_latency: LatencyRecorder,
     reconnect_latency: LatencyRecorder,
     recover_latency: LatencyRecorder,
     send: SendCounts,
@@ -182,6 +215,7 @@ counters! {
         storm_reconnected, storm_recovered, storm_skipped, storm_resent, resent, delivered,
         kills_requested, kills_done, kills_ignored, reconnect_failures, never_reconnected,
         unexpected_disconnects, bad_sent, bad_answered, bad_killed, bad_unanswered,
+        slow_closed,
     }
 }
 
@@ -234,6 +268,58 @@ impl Ctx {
     fn lost(&self, ev: Result<RawEvent, ClientError>) {
         self.faults.disconnects.record(&self.faults.errors, ev);
         self.count.unexpected_disconnects.inc();
+    }
+
+    /// Receiver `i`'s connection ended (`ev`): a slow receiver closed as a slow consumer
+    /// is expected and counted apart; anything else is [`Ctx::lost`].
+    fn receiver_lost(&self, i: usize, ev: Result<RawEvent, ClientError>) {
+        let slow_close = matches!(
+            ev,
+            Ok(RawEvent::Closed {
+                code: Some(SLOW_CLOSE),
+                ..
+            })
+        );
+        if i < self.slow_receivers && slow_close {
+            self.count.slow_closed.inc();
+        } else {
+            self.lost(ev);
+        }
+    }
+
+    /// How long slow receiver `i` waits after reading `bytes` of payload (zero for the
+    /// others; never past the end of the measured window, after which it reads at full
+    /// speed).
+    fn slow_pause(&self, i: usize, bytes: usize) -> Duration {
+        let left = self.clock.end.saturating_duration_since(Instant::now());
+        if i >= self.slow_receivers {
+            return Duration::ZERO;
+        }
+        Duration::from_secs_f64(bytes as f64 / self.slow_read_bytes_per_sec).min(left)
+    }
+
+    /// The next send of sender `i`: a class of `--mix` drawn by weight with a size in
+    /// its range, or `payload` bytes of text.
+    fn next_spec(&self, base: &SendSpec) -> SendSpec {
+        if self.classes.is_empty() {
+            return base.clone();
+        }
+        let mut rng = rand::thread_rng();
+        let total: f64 = self.classes.iter().map(|c| c.weight).sum();
+        let mut pick = rng.gen::<f64>() * total;
+        let c = self
+            .classes
+            .iter()
+            .find(|c| {
+                pick -= c.weight;
+                pick < 0.0
+            })
+            .unwrap_or(&self.classes[self.classes.len() - 1]);
+        SendSpec {
+            msg_type: c.msg_type,
+            payload_len: rng.gen_range(c.min..=c.max),
+            ..base.clone()
+        }
     }
 
     /// Connection `idx` is gone (killed or lost): drops its socket and reconnects it as
@@ -301,6 +387,58 @@ impl Ctx {
     }
 }
 
+/// A running chaos run seen from outside: its clock, cumulative latency histograms and
+/// counters, read while it goes on.
+#[derive(Clone)]
+pub struct Live(Arc<Ctx>);
+
+/// A chaos run's counters at one instant (cumulative since the start).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct LiveCounts {
+    /// Send frames written (resends and retries included).
+    pub sent: u64,
+    /// SendAcks received.
+    pub acked: u64,
+    /// Messages received by receivers (push or sync).
+    pub delivered: u64,
+    /// Connections killed.
+    pub kills: u64,
+    /// Slow receivers closed by the server (4008).
+    pub slow_closed: u64,
+    /// Connections that ended unexpectedly.
+    pub unexpected_disconnects: u64,
+}
+
+impl Live {
+    /// The run's clock.
+    pub fn clock(&self) -> Clock {
+        self.0.clock
+    }
+
+    /// Send-to-SendAck latency (µs) so far, first attempt to ack, measured window.
+    pub fn ack_latency(&self) -> Histogram<u64> {
+        self.0.ack_latency.snapshot()
+    }
+
+    /// Send-to-receipt latency (µs) so far, measured window (slow receivers left out).
+    pub fn deliver_latency(&self) -> Histogram<u64> {
+        self.0.deliver_latency.snapshot()
+    }
+
+    /// The counters now.
+    pub fn counts(&self) -> LiveCounts {
+        let (t, c) = (self.0.send.snapshot(), self.0.count.snapshot());
+        LiveCounts {
+            sent: t.sent,
+            acked: t.acked_all,
+            delivered: c.delivered,
+            kills: c.kills_done,
+            slow_closed: c.slow_closed,
+            unexpected_disconnects: c.unexpected_disconnects,
+        }
+    }
+}
+
 /// When a connection was killed and whether by the storm.
 #[derive(Debug, Clone, Copy)]
 struct Kill {
@@ -357,6 +495,14 @@ pub struct ChaosBody {
     pub resent: u64,
     /// SendAcks flagged duplicate (resends of messages committed before the kill).
     pub duplicate_acks: u64,
+    /// Receivers that read slowly (`--slow-receivers`).
+    pub slow_receivers: u32,
+    /// Their read rate, payload bytes per second.
+    pub slow_read_bytes_per_sec: f64,
+    /// Times the server closed a slow receiver as a slow consumer (4008); each reconnected.
+    pub slow_closed: u64,
+    /// Size classes of `--mix` (empty: every send `--payload` bytes).
+    pub mix: Vec<SizeClass>,
     /// Malformed frames sent.
     pub bad_frames_sent: u64,
     /// BAD_FRAME errors received for them.
@@ -379,8 +525,10 @@ pub struct ChaosBody {
     pub unacked_at_end: u64,
     /// Send-to-SendAck latency (µs), first attempt to ack.
     pub send_to_ack_us: Summary,
-    /// Send-to-receipt latency (µs), push or sync.
+    /// Send-to-receipt latency (µs), push or sync (the slow receivers' apart).
     pub send_to_deliver_us: Summary,
+    /// The slow receivers' send-to-receipt latency (µs).
+    pub slow_send_to_deliver_us: Summary,
     /// Errors by code (BAD_FRAME includes the injected ones); connections that ended, by
     /// reason (kills not included).
     #[serde(flatten)]
@@ -426,6 +574,16 @@ scenario! {
 }
 
 async fn run_against(args: &ChaosArgs, target: &mut Target) -> anyhow::Result<ChaosReport> {
+    run_observed(args, target, |_| {}).await
+}
+
+/// A chaos run that hands `observe` a [`Live`] view of it once the connections are open
+/// and the clock has started.
+pub async fn run_observed(
+    args: &ChaosArgs,
+    target: &mut Target,
+    observe: impl FnOnce(Live),
+) -> anyhow::Result<ChaosReport> {
     let n = args.senders as usize;
     let m = args.idle_connections as usize;
     let total = 2 * n + m;
@@ -441,6 +599,7 @@ async fn run_against(args: &ChaosArgs, target: &mut Target) -> anyhow::Result<Ch
     let idle_sessions = target.connect_all(&names("i", m), 2 * n).await?;
     let clock = Clock::start(args.run.warmup, args.run.duration);
     let ctx = Arc::new(new_ctx(args, target, clock, tag, run_id, total));
+    observe(Live(ctx.clone()));
 
     let pairs: Vec<Arc<Pair>> = (0..n).map(|_| Arc::new(Pair::default())).collect();
     let mut receiver_tasks = spawn_each(receiver_sessions, |i, s| {
@@ -546,6 +705,9 @@ fn new_ctx(
         run_id,
         window: args.window as usize,
         payload: args.payload as usize,
+        classes: args.mix.clone().map(|m| m.0).unwrap_or_default(),
+        slow_receivers: (args.slow_receivers as usize).min(n),
+        slow_read_bytes_per_sec: args.slow_read_bytes_per_sec.max(1.0),
         rate_per_sender: (args.rate > 0.0).then(|| args.rate / n as f64),
         senders: n,
         reconnect_delay: args.reconnect_delay,
@@ -560,6 +722,7 @@ fn new_ctx(
         storm_recover: LatencyRecorder::new(SHARDS),
         ack_latency: LatencyRecorder::new(SHARDS),
         deliver_latency: LatencyRecorder::new(SHARDS),
+        slow_deliver_latency: LatencyRecorder::new(SHARDS),
         reconnect_latency: LatencyRecorder::new(SHARDS),
         recover_latency: LatencyRecorder::new(SHARDS),
         send: SendCounts::default(),
@@ -652,6 +815,10 @@ fn report(
         recover_us: Summary::of(&ctx.recover_latency.snapshot()),
         resent: c.resent,
         duplicate_acks: t.duplicate_acks,
+        slow_receivers: ctx.slow_receivers as u32,
+        slow_read_bytes_per_sec: ctx.slow_read_bytes_per_sec,
+        slow_closed: c.slow_closed,
+        mix: ctx.classes.clone(),
         bad_frames_sent: c.bad_sent,
         bad_frames_answered: c.bad_answered,
         bad_frames_killed: c.bad_killed,
@@ -664,6 +831,7 @@ fn report(
         unacked_at_end: t.unacked_at_end,
         send_to_ack_us: Summary::of(&ctx.ack_latency.snapshot()),
         send_to_deliver_us: Summary::of(&ctx.deliver_latency.snapshot()),
+        slow_send_to_deliver_us: Summary::of(&ctx.slow_deliver_latency.snapshot()),
         problems: ctx.faults.problems(),
     };
     let passed = verdict.passed()
@@ -760,7 +928,7 @@ impl Hooks for ChaosHooks<'_> {
     }
 
     fn next(&mut self) -> Option<SendSpec> {
-        Some(self.spec.clone())
+        Some(self.ctx.next_spec(&self.spec))
     }
 
     fn after_send(&mut self) -> Option<Vec<u8>> {
@@ -954,22 +1122,33 @@ async fn receiver(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) ->
                 match ev {
                     Ok(RawEvent::Frame(f)) => {
                         let now_us = clock.now_us();
+                        let mut bytes = 0;
                         let mine = follower.on_frame(&f, |m, _via| {
+                            bytes += m.payload.len();
                             ctx.count.delivered.inc();
                             if let Some(sent_us) = wire::payload_timestamp(&m.payload) {
                                 if clock.measured_us(sent_us) {
-                                    ctx.deliver_latency.record(idx, now_us.saturating_sub(sent_us));
+                                    let us = now_us.saturating_sub(sent_us);
+                                    if i < ctx.slow_receivers {
+                                        ctx.slow_deliver_latency.record(idx, us);
+                                    } else {
+                                        ctx.deliver_latency.record(idx, us);
+                                    }
                                 }
                             }
                         });
                         if !mine {
                             ctx.faults.errors.stray(&f);
                         }
+                        let pause = ctx.slow_pause(i, bytes);
+                        if !pause.is_zero() {
+                            tokio::time::sleep(pause).await;
+                        }
                         false
                     }
                     Ok(RawEvent::WsPong(_)) => false,
                     other => {
-                        ctx.lost(other);
+                        ctx.receiver_lost(i, other);
                         true
                     }
                 }
@@ -1132,6 +1311,17 @@ pub fn render(r: &ChaosReport) -> String {
     report::summary_line(&mut s, "recover", &r.recover_us);
     if let Some(st) = &r.storm {
         storm_lines(&mut s, st);
+    }
+    if r.slow_receivers > 0 {
+        report::line(
+            &mut s,
+            "slow receivers",
+            format!(
+                "{} reading {:.0} B/s of payload; closed as slow consumers {} times, each reconnected",
+                r.slow_receivers, r.slow_read_bytes_per_sec, r.slow_closed
+            ),
+        );
+        report::summary_line(&mut s, "  send->deliver", &r.slow_send_to_deliver_us);
     }
     report::line(
         &mut s,

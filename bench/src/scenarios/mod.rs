@@ -18,6 +18,8 @@
 //! - [`chaos`]: chat under disconnect injection (kill, reconnect, sync), a one-off
 //!   reconnect storm, and malformed frames (each must get BAD_FRAME and leave the
 //!   connection working).
+//! - [`soak`]: a long chaos run (size mix, reconnects, slow receivers) sampled every
+//!   window: server RSS, P99 per window, a CPU and a heap profile in the middle.
 //!
 //! Every scenario checks delivery while it loads ([`crate::check`]) and fails (exit 1)
 //! on any loss, duplicate, reordering, or a server that exited during the run.
@@ -111,6 +113,7 @@ pub mod ledger;
 pub mod mix;
 pub mod roundtrip;
 pub mod sender;
+pub mod soak;
 
 use clap::Subcommand;
 
@@ -151,6 +154,11 @@ pub enum Scenario {
     /// --max-p99-ratio times the baseline.
     #[command(args_override_self = true)]
     Abuse(abuse::AbuseArgs),
+    /// A long chaos run (size mix, reconnects each window, slow receivers) sampled every
+    /// --sample-every: server RSS, send->ack and delivery P99 per window, counts; a CPU
+    /// and a heap profile in the middle; RSS growth and P99 drift at the end.
+    #[command(args_override_self = true)]
+    Soak(soak::SoakArgs),
     /// The same idle, broadcast and pairs loads against im-server, an MQTT broker
     /// (`--protocol mqtt-ws`) or nats-server (`--protocol nats-ws`), with the server's
     /// CPU and RSS from /proc (`--server-pid`), for side-by-side comparisons.
@@ -168,6 +176,7 @@ pub async fn run(scenario: Scenario) -> anyhow::Result<Outcome> {
         Scenario::Roundtrip(args) => roundtrip::run(args).await,
         Scenario::Chaos(args) => chaos::run(args).await,
         Scenario::Abuse(args) => abuse::run(args).await,
+        Scenario::Soak(args) => soak::run(args).await,
         Scenario::Peer(scenario) => crate::peer::run(crate::peer::PeerArgs { scenario }).await,
     }
 }
