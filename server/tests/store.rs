@@ -1133,6 +1133,17 @@ async fn the_sqlite_log_stays_bounded_under_commits_that_never_pause() {
     );
 }
 
+/// Two Postgres stores on fresh schemas: two regions' databases.
+async fn two_regions() -> (PgStore, PgStore) {
+    let a = PgStore::connect_with(fresh_schema().await, 4)
+        .await
+        .unwrap();
+    let b = PgStore::connect_with(fresh_schema().await, 4)
+        .await
+        .unwrap();
+    (a, b)
+}
+
 /// Multi-region replication's store side (Postgres): the home's commits write outbox
 /// rows in their own transactions, read back as records in commit order (a group's
 /// SYSTEM event with the group's state); another region applies them only in seq order,
@@ -1140,12 +1151,7 @@ async fn the_sqlite_log_stays_bounded_under_commits_that_never_pause() {
 #[tokio::test]
 async fn region_outbox_records_apply_in_seq_order_once() {
     use im_server::store::repl::Applied;
-    let home = PgStore::connect_with(fresh_schema().await, 4)
-        .await
-        .unwrap();
-    let copy = PgStore::connect_with(fresh_schema().await, 4)
-        .await
-        .unwrap();
+    let (home, copy) = two_regions().await;
     let (h, c) = (home.replication().unwrap(), copy.replication().unwrap());
     // Off: no rows.
     home.commit_batch(&[msg("u:al:bo", "al", "m0", "before")], &[])
@@ -1245,12 +1251,7 @@ async fn region_outbox_records_apply_in_seq_order_once() {
 async fn a_home_move_fences_and_sets_aside_what_is_above_the_fence() {
     use im_server::store::homes::{MoveReq, Moved};
     use im_server::store::repl::Applied;
-    let old = PgStore::connect_with(fresh_schema().await, 4)
-        .await
-        .unwrap();
-    let new = PgStore::connect_with(fresh_schema().await, 4)
-        .await
-        .unwrap();
+    let (old, new) = two_regions().await;
     let (o, n) = (old.replication().unwrap(), new.replication().unwrap());
     let (oh, nh) = (old.homes().unwrap(), new.homes().unwrap());
     o.set_region_outbox(true);
@@ -1358,12 +1359,7 @@ async fn a_home_move_fences_and_sets_aside_what_is_above_the_fence() {
 #[tokio::test]
 async fn region_batch_apply_isolates_failures_and_keeps_seq_order() {
     use im_server::store::repl::{Applied, Record};
-    let home = PgStore::connect_with(fresh_schema().await, 4)
-        .await
-        .unwrap();
-    let copy = PgStore::connect_with(fresh_schema().await, 4)
-        .await
-        .unwrap();
+    let (home, copy) = two_regions().await;
     let (h, c) = (home.replication().unwrap(), copy.replication().unwrap());
     h.set_region_outbox(true);
     let sent = home
@@ -1485,12 +1481,7 @@ async fn region_batch_apply_isolates_failures_and_keeps_seq_order() {
 /// cursors that moved there are returned for the receipts.
 #[tokio::test]
 async fn region_cursors_replicate_by_max() {
-    let here = PgStore::connect_with(fresh_schema().await, 4)
-        .await
-        .unwrap();
-    let there = PgStore::connect_with(fresh_schema().await, 4)
-        .await
-        .unwrap();
+    let (here, there) = two_regions().await;
     let (h, t) = (here.replication().unwrap(), there.replication().unwrap());
     let read = |seq| ReadUpdate {
         user_id: "bo".into(),

@@ -273,16 +273,7 @@ impl Region {
     /// store) and its gateway link. Does not wait; see [`Regions::revive`].
     pub fn revive_nats(&mut self) {
         for i in 0..self.nats_ports.len() {
-            let file: PathBuf = self.dir.path().join(format!("nats{i}.conf"));
-            let child = Command::new(nats_server_bin())
-                .arg("-c")
-                .arg(&file)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap_or_else(|e| panic!("starting {}: {e}", nats_server_bin().display()));
-            self.nats[i] = Some(child);
+            self.run_nats(i);
         }
         self.heal_gateway();
     }
@@ -336,6 +327,12 @@ impl Region {
         );
         let file: PathBuf = self.dir.path().join(format!("nats{i}.conf"));
         std::fs::write(&file, conf).expect("write nats config");
+        self.run_nats(i);
+    }
+
+    /// Starts nats-server `i` of the region from its config file (`nats<i>.conf`).
+    fn run_nats(&mut self, i: usize) {
+        let file: PathBuf = self.dir.path().join(format!("nats{i}.conf"));
         let child = Command::new(nats_server_bin())
             .arg("-c")
             .arg(&file)
