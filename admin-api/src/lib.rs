@@ -44,7 +44,7 @@ pub use overview::{
     AllocStats, Capacity, ClusterInfo, ClusterNode, ClusterSummary, NodeReport, Overview,
     ProcessStats, Refusals, RegionLag, RuntimeStats, StageLatency, TaskStats,
 };
-pub use trace::{MessageTrace, TraceStage};
+pub use trace::{valid_msg_id, MessageTrace, TraceStage};
 pub use users::{
     Backlog, StageTiming, UserDiag, UserLogFilter, UserMessage, UserNode, UserRefusal, UserSession,
 };

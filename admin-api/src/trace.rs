@@ -3,6 +3,12 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Whether `id` is a msg_id: 32 hex digits (what the trace route, the nodes answering a
+/// trace query and the console accept).
+pub fn valid_msg_id(id: &str) -> bool {
+    id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 /// One stage of a traced message on one node.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]

@@ -26,10 +26,7 @@ pub struct TraceState {
     pub status: TraceStatus,
 }
 
-/// Whether `id` is a msg_id: 32 hex digits.
-pub fn valid_msg_id(id: &str) -> bool {
-    id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())
-}
+pub use im_admin_api::valid_msg_id;
 
 /// The msg_id field of a tail line, when it concerns a message.
 pub fn line_msg_id(l: &LogTailLine) -> Option<&str> {

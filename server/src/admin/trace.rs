@@ -11,7 +11,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use im_admin_api::{routes, MessageTrace, TraceStage};
+use im_admin_api::{routes, valid_msg_id, MessageTrace, TraceStage};
 
 use super::error;
 use crate::cluster::trace::NodePart;
@@ -20,11 +20,6 @@ use crate::Node;
 /// The trace route (behind the admin token, merged by `admin::router`).
 pub fn routes() -> Router<Arc<Node>> {
     Router::new().route(routes::MESSAGE_TRACE, get(trace))
-}
-
-/// Whether `id` is a msg_id: 32 hex digits.
-pub fn valid_msg_id(id: &str) -> bool {
-    id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 async fn trace(State(node): State<Arc<Node>>, Path(msg_id): Path<String>) -> Response {

@@ -83,11 +83,6 @@ pub fn subject(region: &str) -> String {
     format!("im-region.{region}.trace")
 }
 
-/// Whether `id` is a msg_id (32 hex digits).
-fn is_msg_id(id: &str) -> bool {
-    id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())
-}
-
 /// What the other regions answered.
 #[derive(Debug, Default)]
 pub struct RegionsGathered {
@@ -119,7 +114,7 @@ pub async fn serve(link: Arc<Link>, tracer: Arc<Tracer>, region: String) {
             continue;
         };
         let q = match RegionTraceQuery::decode(msg.payload) {
-            Ok(q) if link.key.check(&q) && is_msg_id(&q.msg_id) => q,
+            Ok(q) if link.key.check(&q) && im_admin_api::valid_msg_id(&q.msg_id) => q,
             _ => {
                 tracing::debug!("ignoring an undecodable or badly signed region trace request");
                 continue;
