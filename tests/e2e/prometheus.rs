@@ -127,7 +127,7 @@ impl Prometheus {
         // A free port can be taken between our probe and Prometheus's bind: try again.
         let log_path = dir.path().join("prometheus.log");
         for attempt in 1..=5 {
-            let addr = free_port();
+            let addr = SocketAddr::from(([127, 0, 0, 1], spare_port()));
             let log = std::fs::File::create(&log_path).expect("log file");
             let mut child = Command::new(bin)
                 .arg(format!(
@@ -215,12 +215,6 @@ impl Drop for Prometheus {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// A loopback address with a port that was free a moment ago.
-fn free_port() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    l.local_addr().expect("local addr")
 }
 
 /// A plain HTTP/1.0 GET (the answer ends with the connection, never chunked); returns

@@ -2,7 +2,6 @@
 //! repository's site file (docs/deploy/nginx.conf, ports and paths rewritten), and the
 //! repository root for the packaging scripts.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -13,12 +12,6 @@ pub fn repo_root() -> PathBuf {
         .parent()
         .expect("repository root")
         .to_owned()
-}
-
-/// A free port on 127.0.0.1 (bound, read and released).
-pub fn spare_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("free port");
-    l.local_addr().expect("addr").port()
 }
 
 /// An nginx process, killed (by its PID) when dropped.
@@ -34,7 +27,7 @@ impl Nginx {
     pub fn start(prefix: &Path, upstream: std::net::SocketAddr, cert: &Path, key: &Path) -> Nginx {
         let site = std::fs::read_to_string(repo_root().join("docs/deploy/nginx.conf"))
             .expect("reading docs/deploy/nginx.conf");
-        let port = spare_port();
+        let port = super::spare_port();
         let mut rewritten = String::new();
         for line in site.lines() {
             let t = line.trim();

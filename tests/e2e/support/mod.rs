@@ -44,6 +44,38 @@ pub struct TestServer {
     cmd: (PathBuf, Vec<String>),
 }
 
+/// Ports [`spare_port`] hands out: below the kernel's ephemeral range (32768-60999 by
+/// default) and clear of the bench scripts' fixed ports (17070-17091, 27070 up).
+const SPARE_PORTS: std::ops::Range<u32> = 18_000..27_000;
+
+/// A loopback port for a child process (nats-server, nginx, prometheus) to listen on.
+///
+/// Not one from `bind(0)`: that comes from the ephemeral range, and between its release
+/// and the child's bind any process's outgoing connection could take it as its source
+/// port, which now and then left a nats-server unable to listen on a busy machine. These
+/// come from [`SPARE_PORTS`], where no connection's source port falls; each is handed out
+/// once per process (starting at an offset of the process id, so test processes running
+/// side by side start apart), and only if it binds now.
+pub fn spare_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let span = SPARE_PORTS.end - SPARE_PORTS.start;
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(7919) % span,
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    );
+    for _ in 0..span {
+        let port = SPARE_PORTS.start + NEXT.fetch_add(1, Ordering::AcqRel) % span;
+        let port = u16::try_from(port).expect("SPARE_PORTS fits in u16");
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no spare port left in {SPARE_PORTS:?}");
+}
+
 /// A token for `user` valid for `ttl`, signed with the test secret.
 pub fn token_with_ttl(user: &str, ttl: Duration) -> String {
     im_server::auth::TokenKeys::new(SECRET.as_bytes())

@@ -2,7 +2,6 @@
 //! free loopback port with its own store dir, killed with SIGKILL and started again on
 //! the same port. Never the machine's shared server.
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -36,10 +35,7 @@ pub struct PrivateNats {
 impl PrivateNats {
     /// Starts a nats-server with JetStream on a free port; waits until it accepts.
     pub fn start() -> PrivateNats {
-        let port = {
-            let l = TcpListener::bind("127.0.0.1:0").expect("free port");
-            l.local_addr().expect("addr").port()
-        };
+        let port = super::spare_port();
         let mut n = PrivateNats {
             child: None,
             port,

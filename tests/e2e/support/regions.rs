@@ -16,13 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::cluster::pg_url;
 use super::nats::nats_server_bin;
-use super::{TestServer, WAIT};
-
-/// A free loopback port (bound then released).
-pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
-    l.local_addr().expect("addr").port()
-}
+use super::{spare_port, TestServer, WAIT};
 
 /// A TCP proxy on loopback that delays every chunk by `delay` in each direction. `cut`
 /// closes every open connection and refuses new ones until `heal`.
@@ -196,11 +190,11 @@ pub struct NatsPorts {
 impl NatsPorts {
     fn pick() -> NatsPorts {
         NatsPorts {
-            client: free_port(),
-            cluster: free_port(),
-            gateway: free_port(),
-            monitor: free_port(),
-            proxy: free_port(),
+            client: spare_port(),
+            cluster: spare_port(),
+            gateway: spare_port(),
+            monitor: spare_port(),
+            proxy: spare_port(),
         }
     }
 }
@@ -330,15 +324,28 @@ impl Region {
         self.run_nats(i);
     }
 
+    /// Where nats-server `i` writes its log (`nats<i>.log`).
+    fn nats_log(&self, i: usize) -> PathBuf {
+        self.dir.path().join(format!("nats{i}.log"))
+    }
+
+    /// The last lines of nats-server `i`'s log, for a failure message.
+    pub fn nats_log_tail(&self, i: usize) -> String {
+        let text = std::fs::read_to_string(self.nats_log(i)).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(10)..].join("\n")
+    }
+
     /// Starts nats-server `i` of the region from its config file (`nats<i>.conf`).
     fn run_nats(&mut self, i: usize) {
         let file: PathBuf = self.dir.path().join(format!("nats{i}.conf"));
+        let log = std::fs::File::create(self.nats_log(i)).expect("nats log file");
         let child = Command::new(nats_server_bin())
             .arg("-c")
             .arg(&file)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", nats_server_bin().display()));
         self.nats[i] = Some(child);
@@ -558,7 +565,12 @@ impl Regions {
             for i in 0..r.nats_ports.len() {
                 let addr = ("127.0.0.1", r.nats_ports[i].client);
                 while std::net::TcpStream::connect(addr).is_err() {
-                    assert!(Instant::now() < end, "{} nats {i} did not listen", r.name);
+                    assert!(
+                        Instant::now() < end,
+                        "{} nats {i} did not listen; its log ends:\n{}",
+                        r.name,
+                        r.nats_log_tail(i)
+                    );
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 loop {
