@@ -32,9 +32,13 @@
 //! - **Slow receivers** (`--slow-receivers N`): the first N receivers read their pushes
 //!   at most `--slow-read-bytes-per-sec` bytes of payload a second until the end of the
 //!   measured window (an app in the background on a poor network), then at full speed.
-//!   The server marks them slow and, past its hard mark, closes them (4008): that close
-//!   is expected, counted apart, and the receiver reconnects and syncs like a killed one.
-//!   Their delivery latency is reported apart from the others'.
+//!   They keep heartbeating while they pause, as a client's timer does. The server
+//!   marks them slow and, past its hard mark or a stuck write, closes them (4008): that
+//!   close is expected, counted apart, and the receiver reconnects and syncs like a
+//!   killed one. A close the receiver never sees (the server could not write its close
+//!   frame, and the reader, far behind, got a reset) counts as expected only while the
+//!   server's own count of slow-consumer closes covers it. Their delivery latency is
+//!   reported apart from the others'.
 //! - **Size mix** (`--mix`, as in `mix`): each send draws its type and payload size from
 //!   the classes instead of the fixed `--payload`.
 //!
@@ -215,7 +219,7 @@ counters! {
         storm_reconnected, storm_recovered, storm_skipped, storm_resent, resent, delivered,
         kills_requested, kills_done, kills_ignored, reconnect_failures, never_reconnected,
         unexpected_disconnects, bad_sent, bad_answered, bad_killed, bad_unanswered,
-        slow_closed,
+        slow_closed, slow_unseen,
     }
 }
 
@@ -272,18 +276,26 @@ impl Ctx {
 
     /// Receiver `i`'s connection ended (`ev`): a slow receiver closed as a slow consumer
     /// is expected and counted apart; anything else is [`Ctx::lost`].
+    ///
+    /// A slow receiver whose connection ended with no close frame (reset, or the
+    /// transport's end) is counted as an unseen close: a server that closes a stuck
+    /// write cannot write the close frame either, and a reader that is megabytes behind
+    /// gets a reset, not the 4008. The report holds these against the server's own
+    /// count of slow-consumer closes ([`unexplained_slow_ends`]).
     fn receiver_lost(&self, i: usize, ev: Result<RawEvent, ClientError>) {
-        let slow_close = matches!(
-            ev,
+        if i >= self.slow_receivers {
+            return self.lost(ev);
+        }
+        match &ev {
             Ok(RawEvent::Closed {
                 code: Some(SLOW_CLOSE),
                 ..
-            })
-        );
-        if i < self.slow_receivers && slow_close {
-            self.count.slow_closed.inc();
-        } else {
-            self.lost(ev);
+            }) => self.count.slow_closed.inc(),
+            Ok(RawEvent::Closed { code: None, .. }) | Err(_) => {
+                self.faults.disconnects.record(&self.faults.errors, ev);
+                self.count.slow_unseen.inc();
+            }
+            Ok(_) => self.lost(ev),
         }
     }
 
@@ -405,6 +417,8 @@ pub struct LiveCounts {
     pub kills: u64,
     /// Slow receivers closed by the server (4008).
     pub slow_closed: u64,
+    /// Slow receivers whose connection ended with no close frame.
+    pub slow_unseen: u64,
     /// Connections that ended unexpectedly.
     pub unexpected_disconnects: u64,
 }
@@ -434,6 +448,7 @@ impl Live {
             delivered: c.delivered,
             kills: c.kills_done,
             slow_closed: c.slow_closed,
+            slow_unseen: c.slow_unseen,
             unexpected_disconnects: c.unexpected_disconnects,
         }
     }
@@ -501,6 +516,11 @@ pub struct ChaosBody {
     pub slow_read_bytes_per_sec: f64,
     /// Times the server closed a slow receiver as a slow consumer (4008); each reconnected.
     pub slow_closed: u64,
+    /// Times a slow receiver's connection ended with no close frame; each reconnected.
+    pub slow_closed_unseen: u64,
+    /// Of those, how many the server's count of slow-consumer closes does not explain
+    /// (a failure); every one when the server's figures are not known.
+    pub slow_closed_unexplained: u64,
     /// Size classes of `--mix` (empty: every send `--payload` bytes).
     pub mix: Vec<SizeClass>,
     /// Malformed frames sent.
@@ -780,6 +800,14 @@ fn storm_report(
     }
 }
 
+/// Of `unseen` slow-receiver ends without a close frame, how many the server's count of
+/// slow-consumer closes (`server_slow_closes`, `None` when unknown) does not explain once
+/// the `seen` 4008 closes are taken from it.
+fn unexplained_slow_ends(seen: u64, unseen: u64, server_slow_closes: Option<u64>) -> u64 {
+    let explained = server_slow_closes.map_or(0, |n| n.saturating_sub(seen));
+    unseen.saturating_sub(explained)
+}
+
 /// The final report: the run's figures, the delivery verdict, and whether everything
 /// passed (delivery, every killed connection back, every bad frame answered, the storm).
 fn report(
@@ -818,6 +846,12 @@ fn report(
         slow_receivers: ctx.slow_receivers as u32,
         slow_read_bytes_per_sec: ctx.slow_read_bytes_per_sec,
         slow_closed: c.slow_closed,
+        slow_closed_unseen: c.slow_unseen,
+        slow_closed_unexplained: unexplained_slow_ends(
+            c.slow_closed,
+            c.slow_unseen,
+            server.as_ref().map(|f| f.slow_consumer_disconnects),
+        ),
         mix: ctx.classes.clone(),
         bad_frames_sent: c.bad_sent,
         bad_frames_answered: c.bad_answered,
@@ -837,6 +871,7 @@ fn report(
     let passed = verdict.passed()
         && c.never_reconnected == 0
         && c.unexpected_disconnects == 0
+        && body.slow_closed_unexplained == 0
         && c.bad_unanswered == 0
         && storm_ok;
     Report {
@@ -1142,7 +1177,7 @@ async fn receiver(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) ->
                         }
                         let pause = ctx.slow_pause(i, bytes);
                         if !pause.is_zero() {
-                            tokio::time::sleep(pause).await;
+                            slow_read_pause(c, pause, &mut last_tx, heartbeat, &ctx.faults).await;
                         }
                         false
                     }
@@ -1173,6 +1208,28 @@ async fn receiver(ctx: Arc<Ctx>, pair: Arc<Pair>, i: usize, session: Session) ->
         let _ = c.close().await;
     }
     (i, follower)
+}
+
+/// A slow receiver's pause after a read: `pause` without reading, heartbeating all the
+/// while as a client's own timer does (a client that reads slowly still pings; without
+/// that the server closes it as idle, not as a slow consumer).
+async fn slow_read_pause(
+    conn: &mut RawConn,
+    pause: Duration,
+    last_tx: &mut Instant,
+    heartbeat: Duration,
+    faults: &Faults,
+) {
+    let end = Instant::now() + pause;
+    loop {
+        let now = Instant::now();
+        // A failed ping is counted; the read that follows sees the connection end.
+        let _ = keep_alive(conn, now, last_tx, heartbeat, faults).await;
+        if now >= end {
+            return;
+        }
+        tokio::time::sleep((end - now).min(RECEIVER_TICK)).await;
+    }
 }
 
 /// Idle connection `j` (connection `2 * senders + j`): heartbeats until `stop`; on a
@@ -1317,8 +1374,12 @@ pub fn render(r: &ChaosReport) -> String {
             &mut s,
             "slow receivers",
             format!(
-                "{} reading {:.0} B/s of payload; closed as slow consumers {} times, each reconnected",
-                r.slow_receivers, r.slow_read_bytes_per_sec, r.slow_closed
+                "{} reading {:.0} B/s of payload; closed as slow consumers {} times, ended without a close frame {} times ({} not explained by the server's slow-consumer closes), each reconnected",
+                r.slow_receivers,
+                r.slow_read_bytes_per_sec,
+                r.slow_closed,
+                r.slow_closed_unseen,
+                r.slow_closed_unexplained
             ),
         );
         report::summary_line(&mut s, "  send->deliver", &r.slow_send_to_deliver_us);
@@ -1334,7 +1395,11 @@ pub fn render(r: &ChaosReport) -> String {
     r.problems.lines(&mut s);
     r.tail
         .verdict_lines(&mut s, &format!("{} unacked at end", r.unacked_at_end));
-    if r.never_reconnected > 0 || r.unexpected_disconnects > 0 || r.bad_frames_unanswered > 0 {
+    if r.never_reconnected > 0
+        || r.unexpected_disconnects > 0
+        || r.slow_closed_unexplained > 0
+        || r.bad_frames_unanswered > 0
+    {
         report::line(
             &mut s,
             "",
@@ -1412,5 +1477,16 @@ mod tests {
         assert!(parse_fraction("-0.1").is_err());
         assert!(parse_fraction("x").is_err());
         assert_eq!(parse_fraction("0"), Ok(0.0));
+    }
+
+    #[test]
+    fn a_slow_receivers_unseen_close_needs_the_servers_count() {
+        // Two ends without a close frame, one 4008 seen: the server must have closed
+        // three slow consumers for all of them to be explained.
+        assert_eq!(unexplained_slow_ends(1, 2, Some(3)), 0);
+        assert_eq!(unexplained_slow_ends(1, 2, Some(2)), 1);
+        assert_eq!(unexplained_slow_ends(1, 2, Some(0)), 2);
+        assert_eq!(unexplained_slow_ends(0, 2, None), 2);
+        assert_eq!(unexplained_slow_ends(0, 0, None), 0);
     }
 }

@@ -433,6 +433,7 @@ fn delta(now: LiveCounts, before: LiveCounts) -> LiveCounts {
         delivered: now.delivered.saturating_sub(before.delivered),
         kills: now.kills.saturating_sub(before.kills),
         slow_closed: now.slow_closed.saturating_sub(before.slow_closed),
+        slow_unseen: now.slow_unseen.saturating_sub(before.slow_unseen),
         unexpected_disconnects: now
             .unexpected_disconnects
             .saturating_sub(before.unexpected_disconnects),
@@ -448,7 +449,7 @@ fn load_average() -> Option<f64> {
 /// One sample as a progress line.
 fn sample_line(s: &Sample) -> String {
     format!(
-        "im-bench soak: window {:>3} ({:>6.0}s): rss {}, heap {}, load {:.1}, acked {}, delivered {}, kills {}, slow closes {}, slow now {}, p99 send->ack {}, p99 deliver {}",
+        "im-bench soak: window {:>3} ({:>6.0}s): rss {}, heap {}, load {:.1}, acked {}, delivered {}, kills {}, slow closes {} (+{} unseen), slow now {}, p99 send->ack {}, p99 deliver {}",
         s.window,
         s.end_secs,
         s.rss_bytes.map_or("?".into(), fmt_bytes),
@@ -458,6 +459,7 @@ fn sample_line(s: &Sample) -> String {
         s.counts.delivered,
         s.counts.kills,
         s.counts.slow_closed,
+        s.counts.slow_unseen,
         s.slow_consumers.unwrap_or(0),
         fmt_us(s.send_to_ack_p99_us),
         fmt_us(s.deliver_p99_us),
