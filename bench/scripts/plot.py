@@ -11,7 +11,7 @@ wherever the bench does. A point whose run did not pass its exactly-once check i
 hollow and named in the legend's note.
 
 With --soak it reads one `im-bench soak --json` report and writes PLOTS_DIR/soak-rss.svg
-(server RSS per window) and PLOTS_DIR/soak-p99.svg (send→ack and delivery P99 per
+(server RSS, jemalloc `resident` and `allocated` per window) and PLOTS_DIR/soak-p99.svg (send→ack and delivery P99 per
 window), both against minutes of the measured run.
 """
 
@@ -25,10 +25,11 @@ from xml.sax.saxutils import escape
 
 W, H = 640, 400
 LEFT, RIGHT, TOP, BOTTOM = 70, 150, 40, 55
-COLORS = {"im": "#1f77b4", "mosquitto": "#d62728", "rss": "#1f77b4", "ack": "#1f77b4",
-          "deliver": "#2ca02c"}
+COLORS = {"im": "#1f77b4", "mosquitto": "#d62728", "rss": "#1f77b4", "heap": "#ff7f0e",
+          "resident": "#9467bd", "ack": "#1f77b4", "deliver": "#2ca02c"}
 NAMES = {"im": "im-server (durable ack)", "mosquitto": "Mosquitto 2 WS (ack from memory)",
-         "rss": "im-server (RSS)", "ack": "send→ack P99", "deliver": "delivery P99"}
+         "rss": "im-server (RSS)", "heap": "im-server (heap)",
+         "resident": "jemalloc resident", "ack": "send→ack P99", "deliver": "delivery P99"}
 
 
 def fanout_point(n, j):
@@ -166,13 +167,15 @@ def soak(report_path, plots):
     ok = j.get("passed") is True
     samples = j.get("samples") or []
     minute = lambda s: s["end_secs"] / 60
-    rss = [(minute(s), s["rss_bytes"] / (1024 * 1024), ok) for s in samples
-           if s.get("rss_bytes") is not None]
+    mib = lambda key: [(minute(s), s[key] / (1024 * 1024), ok) for s in samples
+                       if s.get(key) is not None]
+    memory = {"rss": mib("rss_bytes"), "resident": mib("heap_resident_bytes"),
+              "heap": mib("heap_allocated_bytes")}
     p99 = {k: [(minute(s), s[f"{f}_p99_us"] / 1000, ok) for s in samples if s.get(f"{f}_p99_us")]
            for k, f in (("ack", "send_to_ack"), ("deliver", "deliver"))}
     drawn = 0
     for name, data, ylabel, title in (
-            ("soak-rss", {"rss": rss}, "server RSS (MiB)", "Soak: server memory over time"),
+            ("soak-rss", memory, "MiB", "Soak: server RSS and heap (jemalloc allocated) over time"),
             ("soak-p99", p99, "P99 of the window (ms)", "Soak: P99 per window over time")):
         data = {k: v for k, v in data.items() if v}
         if not data:

@@ -92,6 +92,9 @@ pub struct Sample {
     pub rss_bytes: Option<u64>,
     /// jemalloc `allocated` at the end of the window.
     pub heap_allocated_bytes: Option<u64>,
+    /// jemalloc `resident` (pages of the heap in memory, freed ones not yet purged
+    /// included): with `allocated` and RSS, where RSS that the heap does not explain sits.
+    pub heap_resident_bytes: Option<u64>,
     /// Server CPU seconds since its start.
     pub server_cpu_seconds: Option<f64>,
     /// Connections the server holds.
@@ -404,6 +407,9 @@ async fn sample_windows(live: Live, admin: AdminClient, every: Duration) -> Vec<
             heap_allocated_bytes: figures
                 .as_ref()
                 .and_then(|f| f.jemalloc.as_ref().map(|j| j.allocated)),
+            heap_resident_bytes: figures
+                .as_ref()
+                .and_then(|f| f.jemalloc.as_ref().map(|j| j.resident)),
             server_cpu_seconds: figures.as_ref().map(|f| f.cpu_seconds),
             connections: figures.as_ref().map(|f| f.connections),
             slow_consumers: figures.as_ref().map(|f| f.slow_consumers),
