@@ -24,12 +24,18 @@
 //! member's receipt, push or sync) P50/P95/P99/P999, deliveries per second (receipts in
 //! the measured window), send-to-ack latency, the server's figures. Every acked message
 //! must reach every member exactly once, in order.
+//!
+//! On a cluster, `--node-url` names the other nodes: members are spread over `--url` and
+//! them round robin (every sender stays on `--url`), and each node's figures (with
+//! `--node-admin-url`) join the report. One process may not hold every connection (its
+//! descriptor limit): then several processes, each with its own groups, start sending at
+//! the same `--start-at` and measure the same window.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use clap::Args;
 use im_proto::{Body, DeliverAck, MarkRead, MessageType};
 use serde::Serialize;
@@ -39,6 +45,7 @@ use tokio::time::Instant;
 
 use super::follow::{Follower, Via};
 use super::sender::{self, SendCounts, ToOne};
+use crate::admin::ServerFigures;
 use crate::check::Verdict;
 use crate::clock::Clock;
 use crate::outbox::{Outbox, Pacer, SendSpec, Target as To};
@@ -96,6 +103,30 @@ pub struct BroadcastArgs {
     /// A send with neither SendAck nor Error after this long is given up on.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub ack_timeout: Duration,
+    /// The cluster's other nodes, client WebSocket URLs (comma-separated or repeated):
+    /// members are spread round robin over `--url` and these; every sender stays on
+    /// `--url`.
+    #[arg(
+        long = "node-url",
+        value_name = "URL",
+        value_delimiter = ',',
+        conflicts_with = "spawn"
+    )]
+    pub node_urls: Vec<String>,
+    /// Admin APIs of the `--node-url` nodes in the same order (`http://HOST:PORT`, the
+    /// `--admin-token` for all): their figures join the report.
+    #[arg(
+        long = "node-admin-url",
+        value_name = "URL",
+        value_delimiter = ',',
+        requires = "node_urls"
+    )]
+    pub node_admin_urls: Vec<String>,
+    /// Start sending at this wall-clock time (Unix seconds) once every connection is
+    /// open, so that several im-bench processes measure the same window; a run that
+    /// connects too late fails.
+    #[arg(long, value_name = "UNIX_SECS")]
+    pub start_at: Option<u64>,
 }
 
 /// One group's shared state.
@@ -143,6 +174,18 @@ counters! {
 }
 
 sender::run_counts!(Ctx);
+
+/// One node of a cluster run (`--node-url`): where it is, the connections the run
+/// opened to it, its figures near the end of the measured window.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeShare {
+    /// The node's client endpoint.
+    pub url: String,
+    /// Connections opened to it (senders and members).
+    pub connections: u64,
+    /// Its figures (`None` without its admin API).
+    pub server: Option<ServerFigures>,
+}
 
 /// The final report of a broadcast run.
 pub type BroadcastReport = Report<BroadcastBody>;
@@ -214,6 +257,9 @@ pub struct BroadcastBody {
     /// Errors by code and connections that ended during the run, by reason.
     #[serde(flatten)]
     pub problems: Problems,
+    /// With `--node-url`: every node, `--url` first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<NodeShare>,
 }
 
 scenario! {
@@ -224,14 +270,95 @@ fn user(tag: &str, g: usize, k: usize) -> String {
     format!("b{tag}-{g}-{k}")
 }
 
+/// Deals `items` over `n` nodes round robin: item `i` goes to node `i % n`.
+fn deal<T>(items: Vec<T>, n: usize) -> Vec<Vec<T>> {
+    let n = n.max(1);
+    let mut hands: Vec<Vec<T>> = (0..n).map(|_| Vec::new()).collect();
+    for (i, item) in items.into_iter().enumerate() {
+        hands[i % n].push(item);
+    }
+    hands
+}
+
+/// The inverse of [`deal`]: the items back in their first order.
+fn gather<T>(hands: Vec<Vec<T>>) -> Vec<T> {
+    let total = hands.iter().map(Vec::len).sum();
+    let mut iters: Vec<_> = hands.into_iter().map(Vec::into_iter).collect();
+    let mut out = Vec::with_capacity(total);
+    while out.len() < total {
+        for it in &mut iters {
+            if let Some(item) = it.next() {
+                out.push(item);
+            }
+        }
+    }
+    out
+}
+
+/// Opens a target per `--node-url` (with its `--node-admin-url`, if given).
+async fn other_nodes(args: &BroadcastArgs) -> anyhow::Result<Vec<Target>> {
+    if args.node_admin_urls.len() > args.node_urls.len() {
+        bail!(
+            "{} --node-admin-url for {} --node-url",
+            args.node_admin_urls.len(),
+            args.node_urls.len()
+        );
+    }
+    let mut nodes = Vec::with_capacity(args.node_urls.len());
+    for (i, url) in args.node_urls.iter().enumerate() {
+        let admin_url = args.node_admin_urls.get(i).cloned();
+        if admin_url.is_some() && args.server.admin_token.is_none() {
+            bail!("--node-admin-url needs --admin-token (or IM_BENCH_ADMIN_TOKEN)");
+        }
+        nodes.push(
+            Target::open(&ServerArgs {
+                url: url.clone(),
+                spawn: None,
+                admin_url,
+                server_env: Vec::new(),
+                webhook_receiver_delay_ms: None,
+                ..args.server.clone()
+            })
+            .await?,
+        );
+    }
+    Ok(nodes)
+}
+
+/// Waits for `--start-at` (Unix seconds); fails if it has passed.
+async fn wait_for_start(at: u64) -> anyhow::Result<()> {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .context("the system clock is before 1970")?;
+    let at = Duration::from_secs(at);
+    if now > at {
+        bail!(
+            "every connection was open {:.1}s after --start-at: start later",
+            (now - at).as_secs_f64()
+        );
+    }
+    eprintln!(
+        "im-bench broadcast: starting in {:.1}s (--start-at)",
+        (at - now).as_secs_f64()
+    );
+    tokio::time::sleep(at - now).await;
+    Ok(())
+}
+
 async fn run_against(args: &BroadcastArgs, target: &mut Target) -> anyhow::Result<BroadcastReport> {
     let (g_count, m) = (args.groups as usize, args.members as usize);
     let run_id: u64 = rand::random();
     let tag = run_tag(run_id);
+    let others = other_nodes(args).await?;
     eprintln!(
-        "im-bench broadcast: {g_count} groups x {m} members ({} connections) on {}",
+        "im-bench broadcast: {g_count} groups x {m} members ({} connections) on {}{}",
         g_count * m,
-        target.url
+        target.url,
+        if others.is_empty() {
+            String::new()
+        } else {
+            format!(" and {} more nodes", others.len())
+        }
     );
     let sender_users: Vec<String> = (0..g_count).map(|g| user(&tag, g, 0)).collect();
     let mut sender_sessions = target.connect_all(&sender_users, 0).await?;
@@ -256,7 +383,22 @@ async fn run_against(args: &BroadcastArgs, target: &mut Target) -> anyhow::Resul
         "im-bench broadcast: groups created; connecting {} members",
         member_users.len()
     );
-    let member_sessions = target.connect_all(&member_users, g_count).await?;
+    // Members round robin over the nodes (the senders are on the first), all nodes at once.
+    let nodes: Vec<&Target> = std::iter::once(&*target).chain(&others).collect();
+    let hands = deal(member_users, nodes.len());
+    let mut node_connections: Vec<u64> = hands.iter().map(|h| h.len() as u64).collect();
+    node_connections[0] += g_count as u64;
+    let opened = futures_util::future::try_join_all(
+        nodes
+            .iter()
+            .zip(&hands)
+            .map(|(node, users)| node.connect_all(users, g_count)),
+    )
+    .await?;
+    let member_sessions = gather(opened);
+    if let Some(at) = args.start_at {
+        wait_for_start(at).await?;
+    }
 
     let clock = Clock::start(args.run.warmup, args.run.duration);
     let ctx = Arc::new(Ctx {
@@ -300,6 +442,10 @@ async fn run_against(args: &BroadcastArgs, target: &mut Target) -> anyhow::Resul
         })
     };
     let figures = figures_near_end(target, &clock);
+    let other_figures: Vec<_> = others
+        .iter()
+        .map(|node| figures_near_end(node, &clock))
+        .collect();
 
     let mut acked_by_group: Vec<Vec<u64>> = vec![Vec::new(); g_count];
     while let Some(joined) = sender_tasks.join_next().await {
@@ -317,6 +463,22 @@ async fn run_against(args: &BroadcastArgs, target: &mut Target) -> anyhow::Resul
     }
     progress.abort();
     let server = figures.await.ok().flatten();
+    let mut nodes = Vec::new();
+    if !others.is_empty() {
+        nodes.push(NodeShare {
+            url: target.url.clone(),
+            connections: node_connections[0],
+            server: server.clone(),
+        });
+        for ((node, f), connections) in others.iter().zip(other_figures).zip(&node_connections[1..])
+        {
+            nodes.push(NodeShare {
+                url: node.url.clone(),
+                connections: *connections,
+                server: f.await.ok().flatten(),
+            });
+        }
+    }
 
     let secs = clock.measured_secs();
     let (t, c) = (ctx.send.snapshot(), ctx.count.snapshot());
@@ -357,6 +519,7 @@ async fn run_against(args: &BroadcastArgs, target: &mut Target) -> anyhow::Resul
         send_to_ack_us: Summary::of(&ctx.ack_latency.snapshot()),
         delivery_us: Summary::of(&ctx.delivery_latency.snapshot()),
         problems: ctx.faults.problems(),
+        nodes,
     };
     Ok(Report::judged(body, verdict, server))
 }
@@ -547,6 +710,23 @@ pub fn render(r: &BroadcastReport) -> String {
             ),
         );
     }
+    for node in &r.nodes {
+        let figures = match &node.server {
+            Some(f) => format!(
+                ": CPU {:.0}% of {} cores, RSS {:.0} MiB, {:.0} msgs out/s",
+                f.cpu_busy * 100.0,
+                f.cores,
+                f.rss_bytes as f64 / (1024.0 * 1024.0),
+                f.msg_rate_out
+            ),
+            None => String::new(),
+        };
+        report::line(
+            &mut s,
+            "node",
+            format!("{} ({} connections){figures}", node.url, node.connections),
+        );
+    }
     r.problems.lines(&mut s);
     r.tail.verdict_lines(
         &mut s,
@@ -589,5 +769,55 @@ mod tests {
         assert_eq!(a.deliver_ack_every, Duration::from_secs(1));
         assert!(crate::parse_scenario(&["broadcast", "--members", "1"]).is_err());
         assert_eq!(user("ab", 2, 3), "bab-2-3");
+    }
+
+    #[test]
+    fn members_are_dealt_round_robin_and_gathered_back_in_order() {
+        let hands = deal((0..10).collect(), 3);
+        assert_eq!(hands, vec![vec![0, 3, 6, 9], vec![1, 4, 7], vec![2, 5, 8]]);
+        assert_eq!(gather(hands), (0..10).collect::<Vec<_>>());
+        // One node keeps everything; more nodes than members leaves some empty.
+        assert_eq!(deal(vec![1, 2], 1), vec![vec![1, 2]]);
+        let hands = deal(vec![1, 2], 4);
+        assert_eq!(hands, vec![vec![1], vec![2], vec![], vec![]]);
+        assert_eq!(gather(hands), vec![1, 2]);
+        assert_eq!(gather::<u8>(deal(Vec::new(), 3)), Vec::<u8>::new());
+    }
+
+    #[test]
+    fn cluster_flags_parse() {
+        let parsed = crate::parse_scenario(&[
+            "broadcast",
+            "--url",
+            "ws://127.0.0.1:1/ws",
+            "--node-url",
+            "ws://127.0.0.1:2/ws,ws://127.0.0.1:3/ws",
+            "--node-url",
+            "ws://127.0.0.1:4/ws",
+            "--node-admin-url",
+            "http://127.0.0.1:5",
+            "--start-at",
+            "1800000000",
+        ])
+        .unwrap();
+        let crate::scenarios::Scenario::Broadcast(a) = parsed else {
+            panic!("not broadcast")
+        };
+        assert_eq!(a.node_urls.len(), 3);
+        assert_eq!(a.node_admin_urls, vec!["http://127.0.0.1:5".to_owned()]);
+        assert_eq!(a.start_at, Some(1_800_000_000));
+        // Other nodes make no sense beside a spawned server, admin URLs none without nodes.
+        assert!(crate::parse_scenario(&[
+            "broadcast",
+            "--spawn",
+            "im-server",
+            "--node-url",
+            "ws://127.0.0.1:2/ws"
+        ])
+        .is_err());
+        assert!(
+            crate::parse_scenario(&["broadcast", "--node-admin-url", "http://127.0.0.1:5"])
+                .is_err()
+        );
     }
 }

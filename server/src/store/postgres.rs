@@ -29,7 +29,8 @@ pub struct PgStore {
 }
 
 impl PgStore {
-    /// Connects with a pool of `pool_size` and runs the migrations (default timeouts).
+    /// Connects with a read pool and a write pool of `pool_size` connections each and runs
+    /// the migrations (default timeouts).
     pub async fn connect(url: &str, pool_size: u32) -> Result<Self, StoreError> {
         Self::connect_with(PgConnectOptions::from_str(url)?, pool_size).await
     }
@@ -79,14 +80,23 @@ impl PgStore {
             .min_connections(0)
             .acquire_timeout(std::time::Duration::from_secs(30))
             .connect_lazy_with(options.clone());
-        let pool = PgPoolOptions::new()
+        // Writes (the batch commits first) get a pool of their own: a flood of reads,
+        // such as every member of a large group syncing after a hint, must not hold
+        // every connection while a commit waits for one (the commit would time out and
+        // the writer would take the store for down).
+        let write = PgPoolOptions::new()
+            .max_connections(pool_size.max(2))
+            .acquire_timeout(timeouts.acquire)
+            .connect_with(options.clone())
+            .await?;
+        let read = PgPoolOptions::new()
             .max_connections(pool_size.max(2))
             .acquire_timeout(timeouts.acquire)
             .connect_with(options)
             .await?;
         Ok(PgStore {
-            write: pool.clone(),
-            read: pool,
+            write,
+            read,
             outbox: AtomicBool::new(false),
             outbox_pool,
             region_outbox: AtomicBool::new(false),

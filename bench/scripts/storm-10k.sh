@@ -1,0 +1,224 @@
+#!/usr/bin/env bash
+# The broadcast storm at the field report's group size (BENCHMARKS.md, "Broadcast storm at
+# 10,000 members, three nodes"): three release im-server nodes in cluster mode (the local
+# Postgres with a fresh schema, the local NATS with a fresh prefix), NGROUPS groups of
+# MEMBERS members at RATE msg/s each (above the 2,000-member notify_group_threshold:
+# notify-and-pull), every member online, members spread round robin over the three nodes,
+# the senders on n0. One process may hold 20,000 descriptors here, so each group gets its
+# own im-bench process (`broadcast --groups 1`); they start sending at the same
+# `--start-at` and measure the same window. ROUNDS rounds on the same cluster, the JSON
+# kept in OUT. Per round: delivery P50/P99 (of each process, and the higher one, which
+# bounds the merged P99 from above), deliveries/s, missing and duplicates, per node the CPU
+# over the measured window (/proc, in cores) and RSS at its end; then the medians.
+# Cleans up after itself: the generators and nodes by PID, the schema, the NATS KV buckets.
+# Usage: cargo build --release -p im-server -p im-bench && bench/scripts/storm-10k.sh
+#   env: ROUNDS (3), NGROUPS (2, groups), MEMBERS (10000), RATE (5), WARMUP (10, seconds),
+#        DUR (30, seconds), CONNECT_SECS (60: time allowed to open every connection),
+#        BASE_PORT (37070: node i listens on BASE_PORT+10i, admin on BASE_PORT+10i+1),
+#        OUT (bench/results/storm-10k), IM_TEST_DATABASE_URL, IM_TEST_NATS_URL,
+#        SERVER_ENV (extra KEY=VALUE words for every node, e.g. "IM_LOG=info").
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+T="${CARGO_TARGET_DIR:-target}/release"
+NODES=3
+ROUNDS="${ROUNDS:-3}"
+NGROUPS="${NGROUPS:-2}"
+MEMBERS="${MEMBERS:-10000}"
+RATE="${RATE:-5}"
+WARMUP="${WARMUP:-10}"
+DUR="${DUR:-30}"
+CONNECT_SECS="${CONNECT_SECS:-60}"
+BASE_PORT="${BASE_PORT:-37070}"
+OUT="${OUT:-bench/results/storm-10k}"
+SERVER_ENV="${SERVER_ENV:-}"
+PG="${IM_TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
+NATS="${IM_TEST_NATS_URL:-nats://127.0.0.1:4222}"
+ID="storm10k$(date +%s)"
+SECRET=storm-10k-secret-of-at-least-32-bytes
+TOKEN=storm-10k-admin-of-at-least-32-bytes
+
+# One generator process holds one group's MEMBERS connections; a node holds a third of
+# them all.
+ulimit -n "$(ulimit -Hn)"
+if (( MEMBERS + 100 > $(ulimit -n) )); then
+  echo "storm-10k: $MEMBERS connections do not fit in one process's $(ulimit -n) descriptors" >&2
+  exit 2
+fi
+for b in im-server im-bench; do
+  [[ -x "$T/$b" ]] || { echo "storm-10k: $T/$b missing: cargo build --release -p im-server -p im-bench" >&2; exit 2; }
+done
+for i in $(seq 0 $((NODES - 1))); do
+  for p in $((BASE_PORT + 10 * i)) $((BASE_PORT + 10 * i + 1)); do
+    if ss -Hltn "sport = :$p" | grep -q .; then
+      echo "storm-10k: port $p is taken (set BASE_PORT)" >&2
+      exit 2
+    fi
+  done
+done
+
+WORK=$(mktemp -d)
+mkdir -p "$OUT"
+node_pids=()
+gen_pids=()
+# Deletes this run's KV buckets (streams KV_<prefix>-nodes, KV_<prefix>-presence) over
+# the plain NATS protocol: there is no nats CLI here.
+delete_buckets() {
+  python3 - "$NATS" "$ID" <<'PY' || true
+import socket, sys, urllib.parse
+u = urllib.parse.urlparse(sys.argv[1])
+s = socket.create_connection((u.hostname or "127.0.0.1", u.port or 4222), timeout=5)
+f = s.makefile("rb")
+f.readline()  # INFO
+s.sendall(b'CONNECT {"verbose":false,"pedantic":false}\r\nSUB _INBOX.storm10k 1\r\n')
+for bucket in (f"{sys.argv[2]}-nodes", f"{sys.argv[2]}-presence"):
+    s.sendall(f"PUB $JS.API.STREAM.DELETE.KV_{bucket} _INBOX.storm10k 0\r\n\r\n".encode())
+    while True:  # until the API's reply (a socket timeout ends the script)
+        line = f.readline()
+        if not line:
+            break
+        if line.startswith(b"MSG"):
+            body = f.read(int(line.split()[-1]) + 2).strip().decode()
+            if '"success":true' not in body.replace(" ", ""):
+                print(f"storm-10k: deleting bucket {bucket}: {body}", file=sys.stderr)
+            break
+        if line.startswith(b"PING"):
+            s.sendall(b"PONG\r\n")
+PY
+}
+cleanup() {
+  for p in "${gen_pids[@]}" "${node_pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${gen_pids[@]}" "${node_pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  PGOPTIONS=--client-min-messages=warning psql "$PG" -qc "DROP SCHEMA IF EXISTS $ID CASCADE" || true
+  delete_buckets
+  # The last lines of each node's log (WARN and up; a store in trouble logs a lot).
+  for f in "$WORK"/n*.log; do [[ -e "$f" ]] && tail -n 200 "$f" >"$OUT/$(basename "$f")"; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+psql "$PG" -qc "CREATE SCHEMA $ID"
+
+ws() { echo "ws://127.0.0.1:$((BASE_PORT + 10 * $1))/ws"; }
+admin() { echo "http://127.0.0.1:$((BASE_PORT + 10 * $1 + 1))"; }
+for i in $(seq 0 $((NODES - 1))); do
+  # shellcheck disable=SC2086 # SERVER_ENV is a list of words
+  env IM_DATABASE_URL="$PG?options[search_path]=$ID" IM_NATS_URL="$NATS" IM_NODE_ID="n$i" \
+    IM_CLUSTER_PREFIX="$ID" IM_JWT_SECRET="$SECRET" IM_ADMIN_TOKEN="$TOKEN" IM_LOG=warn \
+    IM_LISTEN="127.0.0.1:$((BASE_PORT + 10 * i))" IM_ADMIN_LISTEN="127.0.0.1:$((BASE_PORT + 10 * i + 1))" \
+    IM_DATA_DIR="$WORK/n$i" $SERVER_ENV "$T/im-server" 2>"$WORK/n$i.log" &
+  node_pids+=($!)
+done
+for i in $(seq 0 $((NODES - 1))); do
+  for _ in $(seq 100); do curl -sf "$(admin "$i")/readyz" >/dev/null && break; sleep 0.1; done
+  curl -sf "$(admin "$i")/readyz" >/dev/null || { echo "storm-10k: node n$i not ready" >&2; cat "$WORK/n$i.log" >&2; exit 1; }
+done
+sleep 3
+
+# CPU seconds (user + system) of every node, one line "pid seconds" each.
+cpu_now() {
+  local tck
+  tck=$(getconf CLK_TCK)
+  for p in "${node_pids[@]}"; do
+    awk -v p="$p" -v t="$tck" '{ sub(/^.*\) /, ""); print p, ($12 + $13) / t }' "/proc/$p/stat"
+  done
+}
+rss_now() {
+  for p in "${node_pids[@]}"; do
+    awk -v p="$p" '/^VmRSS:/ { print p, $2 * 1024 }' "/proc/$p/status"
+  done
+}
+
+echo "storm-10k: $NGROUPS groups x $MEMBERS members at $RATE msg/s on $NODES nodes, warmup ${WARMUP}s, ${DUR}s measured, $ROUNDS rounds (schema and prefix $ID, JSON in $OUT)"
+node_urls=$(for i in $(seq 1 $((NODES - 1))); do ws "$i"; done | paste -sd,)
+node_admins=$(for i in $(seq 1 $((NODES - 1))); do admin "$i"; done | paste -sd,)
+rc=0
+for r in $(seq "$ROUNDS"); do
+  start=$(( $(date +%s) + CONNECT_SECS ))
+  gen_pids=()
+  for g in $(seq 0 $((NGROUPS - 1))); do
+    "$T/im-bench" broadcast --url "$(ws 0)" --node-url "$node_urls" \
+      --admin-url "$(admin 0)" --node-admin-url "$node_admins" --admin-token "$TOKEN" \
+      --secret "$SECRET" --groups 1 --members "$MEMBERS" --rate "$RATE" --pull \
+      --warmup "${WARMUP}s" --duration "${DUR}s" --start-at "$start" --json \
+      >"$OUT/round$r.gen$g.json" 2>"$WORK/round$r.gen$g.err" &
+    gen_pids+=($!)
+  done
+  sleep $(( start + WARMUP - $(date +%s) )) 2>/dev/null || true
+  cpu_now >"$OUT/round$r.cpu0"
+  sleep $(( start + WARMUP + DUR - $(date +%s) )) 2>/dev/null || true
+  cpu_now >"$OUT/round$r.cpu1"
+  rss_now >"$OUT/round$r.rss"
+  for g in "${!gen_pids[@]}"; do
+    wait "${gen_pids[$g]}" || { echo "storm-10k: round $r generator $g failed" >&2; tail -5 "$WORK/round$r.gen$g.err" >&2; rc=1; }
+  done
+  gen_pids=()
+  python3 - "$OUT" "$r" "$NGROUPS" "$DUR" <<'PY'
+import json, sys
+out, r, groups, dur = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+gens = []
+for g in range(groups):
+    try:
+        gens.append(json.load(open(f"{out}/round{r}.gen{g}.json")))
+    except (OSError, ValueError):
+        print(f"round {r}: generator {g}: no report")
+def load_pairs(name):
+    return dict(line.split() for line in open(f"{out}/round{r}.{name}"))
+c0, c1, rss = load_pairs("cpu0"), load_pairs("cpu1"), load_pairs("rss")
+ms = lambda us: us / 1000
+for g, j in enumerate(gens):
+    d = j["delivery_us"]
+    v = j.get("correctness", {})
+    print(f"round {r} gen {g}: delivery p50 {ms(d['p50']):7.1f} ms  p99 {ms(d['p99']):7.1f} ms  p999 {ms(d['p999']):7.1f} ms"
+          f"  {j['deliveries_per_sec']:8.0f} deliveries/s  observed {j['observed_mode']}"
+          f"  missing {v.get('missing')} duplicates {v.get('duplicates')}  passed {j['passed']}")
+summary = {"round": int(r)}
+if gens:
+    summary.update(
+        p50_ms=max(ms(j["delivery_us"]["p50"]) for j in gens),
+        p99_ms=max(ms(j["delivery_us"]["p99"]) for j in gens),
+        deliveries_per_sec=sum(j["deliveries_per_sec"] for j in gens),
+        missing=sum(j.get("correctness", {}).get("missing", 0) for j in gens),
+        duplicates=sum(j.get("correctness", {}).get("duplicates", 0) for j in gens),
+        passed=all(j["passed"] for j in gens) and len(gens) == groups,
+    )
+nodes = []
+for i, pid in enumerate(c0):
+    cores = (float(c1[pid]) - float(c0[pid])) / dur
+    nodes.append({"node": f"n{i}", "cpu_cores": cores, "rss_mib": int(rss[pid]) / 2**20})
+summary["nodes"] = nodes
+print(f"round {r}: delivery p50 {summary.get('p50_ms', 0):.1f} ms, p99 {summary.get('p99_ms', 0):.1f} ms (the higher process's), "
+      f"{summary.get('deliveries_per_sec', 0):.0f} deliveries/s, missing {summary.get('missing')}, duplicates {summary.get('duplicates')}, passed {summary.get('passed')}")
+print(f"round {r}: " + "  ".join(f"{n['node']} CPU {n['cpu_cores']:.2f} cores RSS {n['rss_mib']:.0f} MiB" for n in nodes))
+if gens:
+    for node in gens[0].get("nodes", []):
+        f = node.get("server") or {}
+        st = {s["stage"]: s for s in f.get("stages", []) if s.get("count")}
+        text = "  ".join(f"{k} p99 {s['p99_us'] / 1000:.1f}" for k, s in st.items())
+        print(f"round {r} stages {node['url']}: {text}")
+json.dump(summary, open(f"{out}/round{r}.summary.json", "w"))
+PY
+done
+
+python3 - "$OUT" "$ROUNDS" <<'PY'
+import json, statistics, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+rs = []
+for r in range(1, rounds + 1):
+    try:
+        rs.append(json.load(open(f"{out}/round{r}.summary.json")))
+    except (OSError, ValueError):
+        pass
+rs = [s for s in rs if "p99_ms" in s]
+if not rs:
+    sys.exit("storm-10k: no round finished")
+med = lambda k: statistics.median(s[k] for s in rs)
+print()
+print(f"median of {len(rs)}: delivery p50 {med('p50_ms'):.1f} ms, p99 {med('p99_ms'):.1f} ms "
+      f"({' / '.join('%.1f' % s['p99_ms'] for s in rs)}), {med('deliveries_per_sec'):.0f} deliveries/s, "
+      f"missing {sum(s['missing'] for s in rs)}, duplicates {sum(s['duplicates'] for s in rs)}, "
+      f"all passed {all(s['passed'] for s in rs)}")
+for i in range(len(rs[0]["nodes"])):
+    cpu = statistics.median(s["nodes"][i]["cpu_cores"] for s in rs)
+    rss = statistics.median(s["nodes"][i]["rss_mib"] for s in rs)
+    print(f"median n{i}: CPU {cpu:.2f} cores, RSS {rss:.0f} MiB")
+PY
+exit $rc
