@@ -74,6 +74,16 @@ impl Refusal {
                 retry_after_ms: 1000,
                 bad_reason: None,
             },
+            // Every pooled connection stayed busy past the acquire timeout (a flood of
+            // reads, say every member of a large group syncing at once): the store is
+            // busy, not broken, so the client is told to come back, and nothing is
+            // logged per request (a flood of them would be a flood of lines).
+            StoreError::Db(sqlx::Error::PoolTimedOut) => Refusal {
+                code: ErrorCode::Overloaded,
+                message: "store busy, retry".into(),
+                retry_after_ms: 1000,
+                bad_reason: None,
+            },
             other => {
                 tracing::error!(error = %other, "store error");
                 Refusal::code(ErrorCode::Internal, "internal error", None)
@@ -99,5 +109,19 @@ impl Refusal {
             e.retry_after_ms = self.retry_after_ms;
         }
         f
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_busy_pool_is_overloaded_with_a_retry_hint_not_internal() {
+        let r = Refusal::store(StoreError::Db(sqlx::Error::PoolTimedOut));
+        assert_eq!(r.code, ErrorCode::Overloaded);
+        assert!(r.retry_after_ms > 0);
+        let r = Refusal::store(StoreError::Db(sqlx::Error::RowNotFound));
+        assert_eq!(r.code, ErrorCode::Internal);
     }
 }
