@@ -32,6 +32,8 @@ pub struct Follower {
     in_flight: Option<u64>,
     /// A sync is wanted (gap, hint, more pages, reconnect).
     wanted: bool,
+    /// No sync before this: the server's retry hint after a refused one.
+    not_before: Option<std::time::Instant>,
     next_req: u64,
     /// Messages of another conversation.
     pub wrong: u64,
@@ -54,6 +56,7 @@ impl Follower {
             limit,
             in_flight: None,
             wanted: false,
+            not_before: None,
             next_req: SYNC_REQ_BASE,
             wrong: 0,
             syncs: 0,
@@ -130,10 +133,17 @@ impl Follower {
                 }
                 true
             }
-            Some(Body::Error(_)) if Some(f.req_id) == self.in_flight => {
-                // The sync failed (e.g. OVERLOADED): try again.
+            Some(Body::Error(e)) if Some(f.req_id) == self.in_flight => {
+                // The sync failed (e.g. OVERLOADED): try again, after the server's
+                // retry hint if it gave one, as a client would.
                 self.in_flight = None;
                 self.wanted = true;
+                if e.retry_after_ms > 0 {
+                    self.not_before = Some(
+                        std::time::Instant::now()
+                            + std::time::Duration::from_millis(u64::from(e.retry_after_ms)),
+                    );
+                }
                 false
             }
             _ => false,
@@ -145,6 +155,13 @@ impl Follower {
         if !self.wanted || self.in_flight.is_some() {
             return None;
         }
+        if self
+            .not_before
+            .is_some_and(|t| std::time::Instant::now() < t)
+        {
+            return None;
+        }
+        self.not_before = None;
         self.wanted = false;
         let req_id = self.next_req;
         self.next_req += 1;
@@ -246,6 +263,27 @@ mod tests {
             (1, 0, 1)
         );
         f.reconnected();
+        assert!(f.sync_request().is_some());
+    }
+
+    #[test]
+    fn a_refused_sync_waits_for_the_retry_hint() {
+        let c = "g:x";
+        let mut f = Follower::new(c.into(), 0, 100);
+        f.on_frame(&page(0, c, &[], true), |_, _| {});
+        let req = f.sync_request().unwrap();
+        let busy = im_proto::frame(
+            req.req_id,
+            Body::Error(im_proto::Error {
+                code: im_proto::ErrorCode::Overloaded as i32,
+                message: "store busy, retry".into(),
+                retry_after_ms: 200,
+            }),
+        );
+        f.on_frame(&busy, |_, _| {});
+        assert!(!f.settled());
+        assert!(f.sync_request().is_none(), "asked again before the hint");
+        std::thread::sleep(std::time::Duration::from_millis(250));
         assert!(f.sync_request().is_some());
     }
 }
