@@ -222,6 +222,12 @@ for rate in "${rates[@]}"; do
   # (The first line comes after the first second: sample from 0 to 2 s inside the window.)
   sleep "$WARMUP_S"
   cpu_snapshot "$rate.begin"
+  # What the database's sessions wait on, five times a second apart (lock waits between
+  # the nodes' commits show as Lock/transactionid or Lock/tuple, the disk as IO/WALSync).
+  for _ in 1 2 3 4 5; do
+    psql "$PG" -AtF' ' -c "SELECT coalesce(wait_event_type, 'CPU'), coalesce(wait_event, '-'), state, count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND query NOT LIKE '%pg_stat_activity%' GROUP BY 1, 2, 3 ORDER BY 4 DESC" || true
+    sleep 1
+  done >"$OUT/pg_waits.$rate.txt" 2>/dev/null &
   sleep $(( STEP_S / 2 ))
   for i in $(seq 0 $((NODES - 1))); do overview "$i" >"$OUT/n$i.step$rate.overview.json" || echo '{}' >"$OUT/n$i.step$rate.overview.json"; done
   sleep $(( STEP_S - STEP_S / 2 - 2 ))
@@ -278,7 +284,7 @@ for r in rates:
         "group_send_to_deliver_ms": {"p50": ms(m["group"]["send_to_deliver_us"], "p50"), "p99": ms(m["group"]["send_to_deliver_us"], "p99")},
         "classes_p99_ms": {c["name"]: [ms(c["send_to_ack_us"], "p99"), ms(c["send_to_deliver_us"], "p99")] for c in m["classes"]},
         "dispatched": m["dispatched"], "skipped": m["skipped_queue"] + m["skipped_window"], "retries": m["retries"],
-        "acked": m["acked"], "delivered": m["delivered"], "group_delivered": m["group"]["delivered"],
+        "acked": m["acked"], "delivered": m["delivered"], "group_delivered": m["group"]["delivered"], "group_pushes_reordered": m["group"].get("pushes_reordered"),
         "unacked_at_end": m["unacked_at_end"],
         "missing": v.get("missing"), "duplicates": v.get("duplicates"), "not_increasing": v.get("not_increasing"),
         "errors": errors, "disconnects": m.get("disconnects", {}),
