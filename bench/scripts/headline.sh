@@ -219,7 +219,8 @@ for rate in "${rates[@]}"; do
   # The measured window starts once the users are connected and the groups created:
   # wait for the generator's first progress line, then sample around the window.
   for _ in $(seq 120); do grep -q "acked" "$WORK/step$rate.err" 2>/dev/null && break; kill -0 "$mix_pid" 2>/dev/null || break; sleep 0.5; done
-  # (The first line comes after the first second: sample from 0 to 2 s inside the window.)
+  # (The first line comes after the first second of the warmup, give or take the polling:
+  # sample from ~1 s into the window to ~3 s before its end, while the generator runs.)
   sleep "$WARMUP_S"
   cpu_snapshot "$rate.begin"
   # What the database's sessions wait on, five times a second apart (lock waits between
@@ -230,7 +231,7 @@ for rate in "${rates[@]}"; do
   done >"$OUT/pg_waits.$rate.txt" 2>/dev/null &
   sleep $(( STEP_S / 2 ))
   for i in $(seq 0 $((NODES - 1))); do overview "$i" >"$OUT/n$i.step$rate.overview.json" || echo '{}' >"$OUT/n$i.step$rate.overview.json"; done
-  sleep $(( STEP_S - STEP_S / 2 - 2 ))
+  sleep $(( STEP_S - STEP_S / 2 - 4 ))
   cpu_snapshot "$rate.end"
   wait "$mix_pid" || { echo "headline: mix at $rate msg/s did not pass (exit $?)" >&2; tail -30 "$WORK/step$rate.err" >&2; rc=1; }
   mix_pid=""
@@ -269,7 +270,8 @@ for r in rates:
             "nodes": [pct(a, b) for a, b in zip(c0["nodes"], c1["nodes"])],
             "postgres": pct(c0["postgres"], c1["postgres"]),
             "nats": pct(c0["nats"], c1["nats"]),
-            "mix_generator": pct(c0["mix_generator"], c1["mix_generator"]),
+            # None when the generator had ended before the second reading.
+            "mix_generator": pct(c0["mix_generator"], c1["mix_generator"]) if c1["mix_generator"] else None,
             "idle_generators": pct(c0["idle_generators"], c1["idle_generators"]),
             "machine_busy_of_2_cores": round(100.0 * (c1["machine_busy"] - c0["machine_busy"]) / (c1["machine_all"] - c0["machine_all"]), 1),
         }
@@ -309,7 +311,7 @@ for row in rows:
     c = row["cpu_pct"]
     online = sum(x or 0 for x in row["connections"])
     refused = sum(row["errors"].values()) if isinstance(row["errors"], dict) else row["errors"]
-    cpu = (f"{'/'.join(str(x) for x in c['nodes'])} {c['postgres']} {c['nats']} {c['mix_generator'] + c['idle_generators']:.1f} ({c['machine_busy_of_2_cores']}%)" if c else "-")
+    cpu = (f"{'/'.join(str(x) for x in c['nodes'])} {c['postgres']} {c['nats']} {(c['mix_generator'] or 0) + c['idle_generators']:.1f} ({c['machine_busy_of_2_cores']}%)" if c else "-")
     print(f"{row['rate']:>8} {row['acked_per_sec']:>8.0f} {online:>7} {row['send_to_ack_ms']['p50']:>8.1f} {row['send_to_ack_ms']['p99']:>8.1f} "
           f"{row['send_to_deliver_ms']['p50']:>8.1f} {row['send_to_deliver_ms']['p99']:>8.1f} {row['group_send_to_deliver_ms']['p99']:>11.1f} "
           f"{row['missing']!s:>7} {row['duplicates']!s:>4} {refused!s:>7}  {cpu}  passed {row['passed']}")
