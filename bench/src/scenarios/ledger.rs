@@ -1,7 +1,7 @@
-//! The delivery ledger of the scenarios in which every connection both sends one-to-one
-//! messages to others and receives theirs (`idle`, `mix`): each connection keeps a [`Ledger`] (what
-//! it was acked, per recipient and conversation; what it was delivered, per
-//! conversation), and the run's [`Expect`] tells a receiver, once every sender has
+//! The delivery ledger of the scenarios in which every connection both sends messages to
+//! others (one-to-one, and in `mix` to groups) and receives theirs (`idle`, `mix`): each
+//! connection keeps a [`Ledger`] (what it was acked, per recipient and conversation, a
+//! group message once per other member; what it was delivered, per conversation), and the run's [`Expect`] tells a receiver, once every sender has
 //! drained, which seq it must reach in each conversation before it may stop.
 
 use std::collections::HashMap;
@@ -44,6 +44,13 @@ impl Ledger {
     pub fn delivered(&mut self, me: &str, m: &ChatMessage) -> bool {
         let mine =
             im_proto::parse_conversation(&m.conversation_id).is_some_and(|c| c.is_direct_party(me));
+        self.delivered_if(m, mine)
+    }
+
+    /// Records a delivered message whose conversation the caller has checked (`mine`:
+    /// the receiver is a party to it, e.g. a member of its group). Returns `mine` (a
+    /// message that is not counted as misrouted).
+    pub fn delivered_if(&mut self, m: &ChatMessage, mine: bool) -> bool {
         if !mine {
             self.wrong += 1;
             return false;
@@ -62,6 +69,21 @@ impl Ledger {
             }
         }
         true
+    }
+
+    /// Puts the deliveries of the conversations `which` picks in seq order, as a client
+    /// SDK hands them to the app (on a cluster, pushes of one group from senders on
+    /// different nodes may arrive out of order: docs/cluster.md); returns how many
+    /// arrivals were below the one before. Duplicates stay and still fail the check.
+    pub fn sort_deliveries(&mut self, which: impl Fn(&str) -> bool) -> u64 {
+        let mut reordered = 0;
+        for (conv, seqs) in &mut self.delivered {
+            if which(conv) {
+                reordered += seqs.windows(2).filter(|w| w[1] < w[0]).count() as u64;
+                seqs.sort_unstable();
+            }
+        }
+        reordered
     }
 
     /// The highest seq delivered in `conversation` (0 if none).
@@ -233,6 +255,36 @@ mod tests {
         assert!(expect.caught_up(1, &b));
         let v = verdict(vec![a, b]);
         assert_eq!((v.acked, v.missing, v.wrong_conversation), (3, 0, 1));
+        assert!(!v.passed());
+    }
+
+    #[test]
+    fn group_messages_are_owed_to_every_other_member() {
+        // Three members; member 0 sends seq 1 and 2, so 1 and 2 are owed each other one.
+        let expect = Expect::new(3);
+        let mut ls: Vec<Ledger> = (0..3).map(|_| Ledger::default()).collect();
+        let conv = im_proto::group_conversation("g1");
+        for seq in [1, 2] {
+            for m in [1, 2] {
+                ls[0].acked(m, &conv, seq);
+            }
+        }
+        assert!(ls[1].delivered_if(&msg(&conv, 1), true));
+        assert!(ls[1].delivered_if(&msg(&conv, 2), true));
+        assert!(ls[2].delivered_if(&msg(&conv, 2), true));
+        assert!(!ls[2].delivered_if(&msg("g:other", 1), false));
+        for l in &ls {
+            l.publish(&expect);
+        }
+        assert!(expect.caught_up(1, &ls[1]));
+        assert!(expect.caught_up(2, &ls[2]));
+        ls[1].delivered_if(&msg(&conv, 4), true);
+        ls[1].delivered_if(&msg(&conv, 3), true);
+        assert_eq!(ls[1].sort_deliveries(|c| c.starts_with("g:")), 1);
+        assert_eq!(ls[1].sort_deliveries(|c| c.starts_with("g:")), 0);
+        let v = verdict(ls);
+        // Seq 1 never reached member 2; a delivery outside the member's groups counts too.
+        assert_eq!((v.acked, v.missing, v.wrong_conversation), (4, 1, 1));
         assert!(!v.passed());
     }
 }

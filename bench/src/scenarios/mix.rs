@@ -22,17 +22,29 @@
 //! users). Read receipts and typing signals pushed back are counted; a refused MarkRead,
 //! Typing or ListConversations fails the run.
 //!
-//! Measured per class: send-to-ack and send-to-deliver latency; overall: acked
-//! messages and payload bytes per second, how concentrated the traffic was, the
-//! conversation-list round trip, and the server's figures. Every acked message must be
-//! delivered exactly once, in order, to its recipient.
+//! Groups and a cluster (the field report's headline: one-to-one and groups on several
+//! nodes): `--groups G --group-members M` creates G groups of M distinct random users
+//! before the run, and `--group-share S` sends that share of the messages to a group (a
+//! uniformly chosen one, from a random member, same size mix) instead of a conversation;
+//! the server pushes each to the other M - 1 members. `--node-url` names more nodes of the
+//! same cluster: user `i` connects to node `i % nodes` (`--url` is node 0), so most
+//! conversations and every group span nodes.
+//!
+//! Measured per class: send-to-ack and send-to-deliver latency; the same over all
+//! messages, and for group messages alone; overall: acked messages and payload bytes per
+//! second, how concentrated the traffic was, the conversation-list round trip, and the
+//! server's figures. Every acked message must be delivered exactly once, in order, to its
+//! recipient (to every other member of a group; on a cluster, where a group's pushes from
+//! senders on different nodes may arrive out of order, they are put in seq order first,
+//! as the client SDK does, and counted).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use im_proto::{Body, ListConversations, MarkRead, MessageType, Typing};
+use im_proto::{Body, ConversationRef, ListConversations, MarkRead, MessageType, Typing};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -176,6 +188,24 @@ pub struct MixArgs {
     /// Conversation-list calls per second over all users (default: --rate / 20; 0: none).
     #[arg(long)]
     pub list_rate: Option<f64>,
+    /// More nodes of the same cluster (WebSocket URLs, repeatable or comma-separated):
+    /// user `i` connects to node `i % nodes`, `--url` being node 0.
+    #[arg(
+        long = "node-url",
+        value_name = "URL",
+        value_delimiter = ',',
+        conflicts_with = "spawn"
+    )]
+    pub node_urls: Vec<String>,
+    /// Groups among the users, created before the run (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub groups: u32,
+    /// Members of each group (distinct random users).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(2..=1000))]
+    pub group_members: u32,
+    /// Share of the messages sent to a group instead of a one-to-one conversation.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_share)]
+    pub group_share: f64,
 }
 
 /// Parses a share between 0 and 1.
@@ -195,12 +225,23 @@ struct ClassStats {
     acked_bytes: Counter,
 }
 
+/// One group of the run.
+#[derive(Debug)]
+struct Group {
+    /// Its id.
+    id: Arc<str>,
+    /// Its members' user indices, sorted.
+    members: Vec<u32>,
+}
+
 /// What the dispatcher hands to a user connection.
 #[derive(Debug, Clone, Copy)]
 enum Job {
-    /// A message (after a typing signal when `typing`).
+    /// A message (after a typing signal when `typing`) to user `to`, or to group `to`
+    /// when `group`.
     Send {
         to: u32,
+        group: bool,
         class: u8,
         size: u32,
         typing: bool,
@@ -221,6 +262,13 @@ struct Ctx {
     stats: Vec<ClassStats>,
     read_share: f64,
     list: LatencyRecorder,
+    /// Send-to-ack and send-to-deliver over every message.
+    all: (LatencyRecorder, LatencyRecorder),
+    /// The same over group messages.
+    group: (LatencyRecorder, LatencyRecorder),
+    groups: Vec<Group>,
+    /// Group index by conversation id.
+    group_of: HashMap<String, u32>,
     count: Counts,
     expect: Expect,
     faults: Faults,
@@ -231,7 +279,7 @@ counters! {
     struct Counts => Totals {
         acked_all, acked_measured, delivered, dispatched, skipped_queue, skipped_window,
         retries, unacked_at_end, reads_sent, receipts_received, typing_sent,
-        typing_received, lists, action_errors,
+        typing_received, lists, action_errors, group_sent, group_acked, group_delivered,
     }
 }
 
@@ -247,6 +295,38 @@ impl Ctx {
     fn class_of(&self, t: i32) -> Option<usize> {
         self.classes.iter().position(|c| c.msg_type as i32 == t)
     }
+
+    /// The group of a group conversation, when `idx` is one of its members.
+    fn group_of_member(&self, conversation: &str, idx: usize) -> Option<&Group> {
+        let g = self
+            .groups
+            .get(*self.group_of.get(conversation)? as usize)?;
+        g.members.binary_search(&(idx as u32)).is_ok().then_some(g)
+    }
+}
+
+/// The `group` section of a mix report.
+#[derive(Debug, Clone, Serialize)]
+pub struct GroupReport {
+    /// Groups.
+    pub groups: u32,
+    /// Members per group.
+    pub members: u32,
+    /// Share of the messages sent to groups.
+    pub share: f64,
+    /// Group messages written (first attempts).
+    pub sent: u64,
+    /// Group messages acked in the measured window.
+    pub acked: u64,
+    /// Group messages delivered to members over the run (one per member).
+    pub delivered: u64,
+    /// On a cluster: group pushes that arrived below the seq before them (put back in
+    /// order for the check, as the client SDK does; see docs/cluster.md).
+    pub pushes_reordered: u64,
+    /// Send-to-SendAck latency of group messages (µs), measured window.
+    pub send_to_ack_us: Summary,
+    /// Send-to-deliver latency of group messages, each member's receipt (µs).
+    pub send_to_deliver_us: Summary,
 }
 
 /// One class in the report.
@@ -324,6 +404,14 @@ pub struct MixBody {
     pub action_errors: u64,
     /// Per class.
     pub classes: Vec<ClassReport>,
+    /// Nodes the users were spread over (`--url`, then `--node-url`).
+    pub urls: Vec<String>,
+    /// Send-to-SendAck latency over every message (µs), measured window.
+    pub send_to_ack_us: Summary,
+    /// Send-to-deliver latency over every delivery (µs), measured window.
+    pub send_to_deliver_us: Summary,
+    /// Group traffic (with `--groups`).
+    pub group: GroupReport,
     /// Errors by code; connections that ended during the run, by reason.
     #[serde(flatten)]
     pub problems: Problems,
@@ -346,16 +434,54 @@ async fn run_against(args: &MixArgs, target: &mut Target) -> anyhow::Result<MixR
             big.name, big.max
         );
     }
+    if args.group_share > 0.0 && args.groups == 0 {
+        bail!("--group-share needs --groups");
+    }
+    if args.groups > 0 && args.group_members > args.users {
+        bail!("--group-members is more than --users");
+    }
     let run_id: u64 = rand::random();
     let tag = run_tag(run_id);
     let users: Vec<String> = (0..n).map(|i| user_name(&tag, i)).collect();
+    let mut urls = vec![target.url.clone()];
+    urls.extend(args.node_urls.iter().cloned());
     eprintln!(
         "im-bench mix: connecting {n} users ({c} conversations, zipf {}) to {}",
-        args.zipf, target.url
+        args.zipf,
+        urls.join(", ")
     );
-    let sessions = target.connect_all(&users, 0).await?;
-    let clock = Clock::start(args.run.warmup, args.run.duration);
+    let mut sessions = connect_spread(args, target, &users).await?;
     let mut rng = StdRng::seed_from_u64(run_id);
+    let mut groups = Vec::with_capacity(args.groups as usize);
+    for g in 0..args.groups {
+        let id: Arc<str> = format!("m{tag}-{g}").into();
+        let mut members =
+            rand::seq::index::sample(&mut rng, n, args.group_members as usize).into_vec();
+        // The first member, on its own connection, creates the group.
+        let owner = members[0];
+        let names = members.iter().map(|&i| users[i].clone()).collect();
+        crate::groups::create_group(&mut sessions[owner].conn, &id, names)
+            .await
+            .with_context(|| format!("creating group {id}"))?;
+        members.sort_unstable();
+        groups.push(Group {
+            id,
+            members: members.into_iter().map(|i| i as u32).collect(),
+        });
+    }
+    if !groups.is_empty() {
+        eprintln!(
+            "im-bench mix: {} groups of {} members created",
+            groups.len(),
+            args.group_members
+        );
+    }
+    let group_of = groups
+        .iter()
+        .enumerate()
+        .map(|(k, g)| (im_proto::group_conversation(&g.id), k as u32))
+        .collect();
+    let clock = Clock::start(args.run.warmup, args.run.duration);
     let pairs: Vec<(u32, u32)> = (0..c)
         .map(|_| {
             let a = rng.gen_range(0..n as u32);
@@ -383,6 +509,10 @@ async fn run_against(args: &MixArgs, target: &mut Target) -> anyhow::Result<MixR
         classes,
         read_share: args.read_share,
         list: LatencyRecorder::new(SHARDS),
+        all: (LatencyRecorder::new(SHARDS), LatencyRecorder::new(SHARDS)),
+        group: (LatencyRecorder::new(SHARDS), LatencyRecorder::new(SHARDS)),
+        groups,
+        group_of,
         count: Counts::default(),
         expect: Expect::new(n),
         faults: Faults::default(),
@@ -399,6 +529,7 @@ async fn run_against(args: &MixArgs, target: &mut Target) -> anyhow::Result<MixR
     let top1 = zipf.top_share(c.div_ceil(100));
     let shape = Shape {
         rate: args.rate,
+        group_share: args.group_share,
         typing_share: args.typing_share,
         list_rate: args.list_rate.unwrap_or(args.rate / 20.0).max(0.0),
     };
@@ -423,6 +554,14 @@ async fn run_against(args: &MixArgs, target: &mut Target) -> anyhow::Result<MixR
         ledgers[idx] = ledger;
     }
     progress.abort();
+    // On a cluster a group's pushes from senders on different nodes may arrive out of
+    // order; the client SDK puts them back in seq order, and so does the check.
+    let mut group_reordered = 0;
+    if !args.node_urls.is_empty() {
+        for l in &mut ledgers {
+            group_reordered += l.sort_deliveries(|c| ctx.group_of.contains_key(c));
+        }
+    }
     let verdict = ledger::verdict(ledgers);
     let server = figures.await.ok().flatten();
 
@@ -475,6 +614,20 @@ async fn run_against(args: &MixArgs, target: &mut Target) -> anyhow::Result<MixR
                 send_to_deliver_us: Summary::of(&s.deliver.snapshot()),
             })
             .collect(),
+        urls,
+        send_to_ack_us: Summary::of(&ctx.all.0.snapshot()),
+        send_to_deliver_us: Summary::of(&ctx.all.1.snapshot()),
+        group: GroupReport {
+            groups: args.groups,
+            members: args.group_members,
+            share: args.group_share,
+            sent: t.group_sent,
+            acked: t.group_acked,
+            delivered: t.group_delivered,
+            pushes_reordered: group_reordered,
+            send_to_ack_us: Summary::of(&ctx.group.0.snapshot()),
+            send_to_deliver_us: Summary::of(&ctx.group.1.snapshot()),
+        },
         problems: ctx.faults.problems(),
     };
     let passed = verdict.passed() && t.action_errors == 0;
@@ -484,10 +637,47 @@ async fn run_against(args: &MixArgs, target: &mut Target) -> anyhow::Result<MixR
     })
 }
 
+/// Opens the users' connections, user `i` to node `i % nodes` (`target` is node 0, then
+/// `--node-url`); returns them in user order.
+async fn connect_spread(
+    args: &MixArgs,
+    target: &Target,
+    users: &[String],
+) -> anyhow::Result<Vec<Session>> {
+    let mut others = Vec::with_capacity(args.node_urls.len());
+    for url in &args.node_urls {
+        let mut server = args.server.clone();
+        server.url = url.clone();
+        server.admin_url = None;
+        others.push(Target::open(&server).await?);
+    }
+    let nodes = 1 + others.len();
+    let mut slots: Vec<Option<Session>> = (0..users.len()).map(|_| None).collect();
+    for k in 0..nodes {
+        let node = if k == 0 { target } else { &others[k - 1] };
+        let idxs: Vec<usize> = (k..users.len()).step_by(nodes).collect();
+        let names: Vec<String> = idxs.iter().map(|&i| users[i].clone()).collect();
+        let sessions = node.connect_all(&names, k * users.len()).await?;
+        if sessions.len() != idxs.len() {
+            bail!(
+                "{}: {} of {} users connected",
+                node.url,
+                sessions.len(),
+                idxs.len()
+            );
+        }
+        for (i, s) in idxs.into_iter().zip(sessions) {
+            slots[i] = Some(s);
+        }
+    }
+    Ok(slots.into_iter().flatten().collect())
+}
+
 /// The dispatcher's rates and shares.
 #[derive(Debug, Clone, Copy)]
 struct Shape {
     rate: f64,
+    group_share: f64,
     typing_share: f64,
     list_rate: f64,
 }
@@ -520,9 +710,17 @@ async fn dispatch(
             }
         }
         while pacer.take(now) {
-            let k = zipf.rank(rng.gen::<f64>());
-            let (a, b) = pairs[k];
-            let (from, to) = if rng.gen::<bool>() { (a, b) } else { (b, a) };
+            let to_group = shape.group_share > 0.0 && rng.gen::<f64>() < shape.group_share;
+            let (from, to, conv) = if to_group {
+                let g = rng.gen_range(0..ctx.groups.len());
+                let members = &ctx.groups[g].members;
+                (members[rng.gen_range(0..members.len())], g as u32, None)
+            } else {
+                let k = zipf.rank(rng.gen::<f64>());
+                let (a, b) = pairs[k];
+                let (from, to) = if rng.gen::<bool>() { (a, b) } else { (b, a) };
+                (from, to, Some(k))
+            };
             let mut pick = rng.gen::<f64>() * total_weight;
             let class = weights
                 .iter()
@@ -535,13 +733,16 @@ async fn dispatch(
             let size = rng.gen_range(c.min..=c.max) as u32;
             let job = Job::Send {
                 to,
+                group: to_group,
                 class: class as u8,
                 size,
-                typing: rng.gen::<f64>() < shape.typing_share,
+                typing: !to_group && rng.gen::<f64>() < shape.typing_share,
             };
             match queues[from as usize].try_send(job) {
                 Ok(()) => {
-                    counts[k] += 1;
+                    if let Some(k) = conv {
+                        counts[k] += 1;
+                    }
                     ctx.count.dispatched.inc();
                 }
                 Err(_) => {
@@ -607,28 +808,61 @@ async fn user(
                     Some(Body::SendAck(ack)) => {
                         ctx.count.acked_all.inc();
                         let Some(p) = outbox.take(f.req_id) else { continue };
+                        let group = matches!(p.spec.target, To::Group(_));
                         if !ack.duplicate {
-                            ledger.acked(p.spec.tag, &ack.conversation_id, ack.seq);
+                            match ctx.groups.get(p.spec.tag as usize).filter(|_| group) {
+                                // Owed to every other member.
+                                Some(g) => {
+                                    for &m in g.members.iter().filter(|&&m| m as usize != idx) {
+                                        ledger.acked(m, &ack.conversation_id, ack.seq);
+                                    }
+                                }
+                                None => ledger.acked(p.spec.tag, &ack.conversation_id, ack.seq),
+                            }
                         }
                         let Some(class) = ctx.class_of(p.spec.msg_type as i32) else { continue };
                         let st = &ctx.stats[class];
                         if clock.measured(now) {
                             ctx.count.acked_measured.inc();
+                            if group {
+                                ctx.count.group_acked.inc();
+                            }
                             st.acked.inc();
                             st.acked_bytes.add(p.spec.payload_len as u64);
                         }
                         if clock.measured(p.first_sent) {
-                            st.ack.record(idx, (now - p.first_sent).as_micros() as u64);
+                            let us = (now - p.first_sent).as_micros() as u64;
+                            st.ack.record(idx, us);
+                            ctx.all.0.record(idx, us);
+                            if group {
+                                ctx.group.0.record(idx, us);
+                            }
                         }
                     }
                     Some(Body::Deliver(d)) => {
                         let now_us = clock.us(now);
                         let mut read: Option<(&str, u64)> = None;
                         for m in &d.messages {
-                            if !ledger.delivered(&me, m) {
+                            let (mine, group) = match im_proto::parse_conversation(&m.conversation_id) {
+                                Some(c @ ConversationRef::Direct(..)) => (c.is_direct_party(&me), false),
+                                Some(ConversationRef::Group(_)) => {
+                                    // Membership events of the run's groups are not messages.
+                                    if ctx.class_of(m.r#type).is_none()
+                                        && ctx.group_of.contains_key(&m.conversation_id)
+                                    {
+                                        continue;
+                                    }
+                                    (ctx.group_of_member(&m.conversation_id, idx).is_some(), true)
+                                }
+                                None => (false, false),
+                            };
+                            if !ledger.delivered_if(m, mine) {
                                 continue;
                             }
                             ctx.count.delivered.inc();
+                            if group {
+                                ctx.count.group_delivered.inc();
+                            }
                             if rng.gen::<f64>() < ctx.read_share {
                                 read = Some((m.conversation_id.as_str(), m.seq));
                             }
@@ -638,7 +872,12 @@ async fn user(
                                 continue;
                             };
                             if clock.measured_us(sent_us) {
-                                ctx.stats[class].deliver.record(idx, now_us.saturating_sub(sent_us));
+                                let us = now_us.saturating_sub(sent_us);
+                                ctx.stats[class].deliver.record(idx, us);
+                                ctx.all.1.record(idx, us);
+                                if group {
+                                    ctx.group.1.record(idx, us);
+                                }
                             }
                         }
                         if let Some((conversation_id, seq)) =
@@ -686,8 +925,8 @@ async fn user(
                     sending = false;
                     continue;
                 };
-                let (to, class, size, typing) = match job {
-                    Job::Send { to, class, size, typing } => (to, class, size, typing),
+                let (to, group, class, size, typing) = match job {
+                    Job::Send { to, group, class, size, typing } => (to, group, class, size, typing),
                     Job::List => {
                         let t = Instant::now();
                         let f = actions.frame(
@@ -709,23 +948,28 @@ async fn user(
                     ctx.count.skipped_window.inc();
                     continue;
                 }
-                let peer = ctx.user(to as usize);
+                let target = match ctx.groups.get(to as usize).filter(|_| group) {
+                    Some(g) => To::Group(g.id.clone()),
+                    None => To::User(ctx.user(to as usize).into()),
+                };
                 // Apps throttle typing signals: at most one a second per connection.
-                if typing && actions.typing_due(Instant::now()) {
-                    let f = actions.frame(Body::Typing(Typing {
-                        conversation_id: im_proto::direct_conversation(&me, &peer),
-                        typing: true,
-                        user_id: String::new(),
-                    }), None);
-                    if conn.send_bytes(f).await.is_err() {
-                        ctx.faults.errors.local(LocalError::Transport);
-                        break;
+                if let (true, To::User(peer)) = (typing, &target) {
+                    if actions.typing_due(Instant::now()) {
+                        let f = actions.frame(Body::Typing(Typing {
+                            conversation_id: im_proto::direct_conversation(&me, peer),
+                            typing: true,
+                            user_id: String::new(),
+                        }), None);
+                        if conn.send_bytes(f).await.is_err() {
+                            ctx.faults.errors.local(LocalError::Transport);
+                            break;
+                        }
+                        ctx.count.typing_sent.inc();
                     }
-                    ctx.count.typing_sent.inc();
                 }
                 let class_spec = &ctx.classes[class as usize];
                 let spec = SendSpec {
-                    target: To::User(peer.into()),
+                    target,
                     msg_type: class_spec.msg_type,
                     payload_len: size as usize,
                     tag: to,
@@ -735,6 +979,9 @@ async fn user(
                 if conn.send_bytes(frame).await.is_err() {
                     ctx.faults.errors.local(LocalError::Transport);
                     break;
+                }
+                if group {
+                    ctx.count.group_sent.inc();
                 }
                 ctx.stats[class as usize].sent.inc();
                 last_tx = t;
@@ -856,6 +1103,24 @@ pub fn render(r: &MixReport) -> String {
         );
         report::summary_line(&mut s, "  send->ack", &c.send_to_ack_us);
         report::summary_line(&mut s, "  send->deliver", &c.send_to_deliver_us);
+    }
+    report::summary_line(&mut s, "all send->ack", &r.send_to_ack_us);
+    report::summary_line(&mut s, "all send->deliver", &r.send_to_deliver_us);
+    if r.group.groups > 0 {
+        let g = &r.group;
+        report::line(
+            &mut s,
+            "groups",
+            format!(
+                "{} of {} members, {:.0}% of messages: {} sent, {} acked in the window, {} delivered ({} pushes out of order)",
+                g.groups, g.members, g.share * 100.0, g.sent, g.acked, g.delivered, g.pushes_reordered
+            ),
+        );
+        report::summary_line(&mut s, "  send->ack", &g.send_to_ack_us);
+        report::summary_line(&mut s, "  send->deliver", &g.send_to_deliver_us);
+    }
+    if r.urls.len() > 1 {
+        report::line(&mut s, "nodes", r.urls.join(", "));
     }
     report::line(
         &mut s,
