@@ -60,36 +60,12 @@ WORK=$(mktemp -d)
 mkdir -p "$OUT"
 node_pids=()
 gen_pids=()
-# Deletes this run's KV buckets (streams KV_<prefix>-nodes, KV_<prefix>-presence) over
-# the plain NATS protocol: there is no nats CLI here.
-delete_buckets() {
-  python3 - "$NATS" "$ID" <<'PY' || true
-import socket, sys, urllib.parse
-u = urllib.parse.urlparse(sys.argv[1])
-s = socket.create_connection((u.hostname or "127.0.0.1", u.port or 4222), timeout=5)
-f = s.makefile("rb")
-f.readline()  # INFO
-s.sendall(b'CONNECT {"verbose":false,"pedantic":false}\r\nSUB _INBOX.storm10k 1\r\n')
-for bucket in (f"{sys.argv[2]}-nodes", f"{sys.argv[2]}-presence"):
-    s.sendall(f"PUB $JS.API.STREAM.DELETE.KV_{bucket} _INBOX.storm10k 0\r\n\r\n".encode())
-    while True:  # until the API's reply (a socket timeout ends the script)
-        line = f.readline()
-        if not line:
-            break
-        if line.startswith(b"MSG"):
-            body = f.read(int(line.split()[-1]) + 2).strip().decode()
-            if '"success":true' not in body.replace(" ", ""):
-                print(f"storm-10k: deleting bucket {bucket}: {body}", file=sys.stderr)
-            break
-        if line.startswith(b"PING"):
-            s.sendall(b"PONG\r\n")
-PY
-}
+source bench/scripts/cluster-lib.sh
 cleanup() {
   for p in "${gen_pids[@]}" "${node_pids[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${gen_pids[@]}" "${node_pids[@]}"; do wait "$p" 2>/dev/null || true; done
   PGOPTIONS=--client-min-messages=warning psql "$PG" -qc "DROP SCHEMA IF EXISTS $ID CASCADE" || true
-  delete_buckets
+  delete_buckets "$NATS" "$ID"
   # The last lines of each node's log (WARN and up; a store in trouble logs a lot).
   for f in "$WORK"/n*.log; do [[ -e "$f" ]] && tail -n 200 "$f" >"$OUT/$(basename "$f")"; done
   rm -rf "$WORK"
