@@ -18,13 +18,36 @@ use super::{Drain, Gateway};
 use crate::flow::{CloseReason, OutFrame, Outbound, OutboundRx};
 use crate::obs::Stage;
 
-pub(super) async fn serve(gw: Arc<Gateway>, socket: WebSocket, conn_id: u64, remote: SocketAddr) {
+/// Starts serving an upgraded connection in a task of its own, and returns at once.
+///
+/// Called from the upgrade callback: the WebSocket is split here, outside any future,
+/// so no future keeps room for the whole socket, and axum's upgrade task (which reserves
+/// room for every step of the handshake) ends now instead of living as long as the
+/// connection. `guards` (the admission slots) are held until the connection ends.
+pub(super) fn start<G: Send + 'static>(
+    gw: Arc<Gateway>,
+    socket: WebSocket,
+    conn_id: u64,
+    remote: SocketAddr,
+    guards: G,
+) {
+    let (sink, stream) = socket.split();
     // One `conn` span per connection; its `uid` is recorded once at login (per-uid log
     // filters, see obs::logfilter).
-    crate::obs::logfilter::in_conn(conn_id, serve_conn(gw, socket, conn_id, remote)).await
+    tokio::spawn(crate::obs::logfilter::in_conn(
+        conn_id,
+        serve_conn(gw, sink, stream, conn_id, remote, guards),
+    ));
 }
 
-async fn serve_conn(gw: Arc<Gateway>, socket: WebSocket, conn_id: u64, remote: SocketAddr) {
+async fn serve_conn<G>(
+    gw: Arc<Gateway>,
+    sink: SplitSink<WebSocket, Message>,
+    stream: SplitStream<WebSocket>,
+    conn_id: u64,
+    remote: SocketAddr,
+    guards: G,
+) {
     let (out, out_rx) = Outbound::new(
         conn_id,
         remote.to_string(),
@@ -35,7 +58,6 @@ async fn serve_conn(gw: Arc<Gateway>, socket: WebSocket, conn_id: u64, remote: S
     gw.conns.insert(out.clone());
     gw.metrics.connections.increment(1.0);
     gw.metrics.connections_opened.increment(1);
-    let (sink, stream) = socket.split();
     let write_timeout = Duration::from_secs(gw.flow.write_timeout_secs as u64);
     let writer = tokio::spawn(crate::obs::logfilter::in_current_conn(write_loop(
         sink,
@@ -94,6 +116,8 @@ async fn serve_conn(gw: Arc<Gateway>, socket: WebSocket, conn_id: u64, remote: S
             "connection closed"
         );
     }
+    // The connection's slots under the caps are free only now, as it ends.
+    drop(guards);
 }
 
 /// Reads until the connection must close (`Some(reason)`) or the node starts draining
