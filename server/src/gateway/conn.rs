@@ -128,11 +128,10 @@ async fn read_loop(
     protocol: &mut Protocol,
     drain: &mut watch::Receiver<Drain>,
 ) -> Option<CloseReason> {
-    let mut closed = out.close_watch();
     loop {
         let next = tokio::select! {
             biased;
-            _ = closed.changed() => return Some(out.close_reason().unwrap_or(CloseReason::new(1000, "closed"))),
+            () = out.closed() => return Some(out.close_reason().unwrap_or(CloseReason::new(1000, "closed"))),
             _ = drain.wait_for(|p| *p >= Drain::StopReading) => return None,
             next = tokio::time::timeout(protocol.read_timeout(), stream.next()) => next,
         };
@@ -187,7 +186,7 @@ async fn write_loop(
                 Some(f) => batch.push(f),
                 None => break,
             },
-            _ = rx.close.changed() => break,
+            () = out.closed() => break,
         }
         rx.fill(&mut batch, max_frames);
         // Boxed for the same reason as the read loop's frame handling.
