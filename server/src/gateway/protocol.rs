@@ -278,7 +278,7 @@ impl Protocol {
         // RATE_LIMITED can only come from a kind's bucket; anything else floods as Send.
         let kind = f.body.as_ref().and_then(FrameKind::of);
         let r = if kind == Some(FrameKind::Ping) {
-            match s.take(FrameKind::Ping) {
+            match s.take(FrameKind::Ping, &self.gw.limits) {
                 Ok(()) => self.gw.pipeline.handle(s, f, started).await,
                 Err(r) => Err(r),
             }
@@ -452,7 +452,7 @@ impl Protocol {
         self.out.push(im_proto::encode(&ok), true);
         tracing::debug!(conn_id = self.out.conn_id, user = %user_id, device = %l.device_id, resume = l.resume, "logged in");
         Ok((
-            Session::new(user_id, self.out.clone(), &gw.limits).on_device(&l.device_id),
+            Session::new(user_id, self.out.clone()).on_device(&l.device_id),
             exp,
         ))
     }
