@@ -177,7 +177,7 @@ async fn write_loop(
     write_timeout: Duration,
     metrics: crate::obs::Metrics,
 ) {
-    // Grows on first use: an idle connection holds no batch room.
+    // Holds frames only while they are written: an idle connection holds no batch room.
     let mut batch: Vec<OutFrame> = Vec::new();
     loop {
         tokio::select! {
@@ -201,8 +201,33 @@ async fn write_loop(
             out.close(reason);
             return;
         }
+        // The room goes with the frames written; the next batch allocates its own.
+        batch = Vec::new();
     }
-    // Closing: flush what was queued before the close (errors explain it), then close.
+    // Boxed: the closing steps run once, so the loop above need not carry their room.
+    Box::pin(close_out(
+        sink,
+        out,
+        rx,
+        batch,
+        max_frames,
+        write_timeout,
+        metrics,
+    ))
+    .await;
+}
+
+/// The end of the write loop: flushes what was queued before the close (errors explain
+/// it), then sends the close frame with the reason.
+async fn close_out(
+    mut sink: SplitSink<WebSocket, Message>,
+    out: Arc<Outbound>,
+    mut rx: OutboundRx,
+    mut batch: Vec<OutFrame>,
+    max_frames: usize,
+    write_timeout: Duration,
+    metrics: crate::obs::Metrics,
+) {
     loop {
         rx.fill(&mut batch, max_frames);
         if batch.is_empty() {
