@@ -166,7 +166,7 @@ async fn answer(
         config.flow.hard_mark_bytes,
         pipeline.metrics.clone(),
     );
-    let mut session = Session::new(user.to_owned(), out, &config.limits);
+    let mut session = Session::new(user.to_owned(), out);
     session.trace_forced = how.traced;
     match pipeline.handle(&session, frame, started).await {
         Err(r) => Some(im_proto::encode(&r.to_frame(req_id))),

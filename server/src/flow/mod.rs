@@ -7,12 +7,14 @@
 //! closed. This module owns those decisions and the per-connection figures.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64, AtomicUsize,
+    Ordering::{Acquire, Relaxed, Release},
+};
 use std::sync::Mutex;
 use std::time::Instant;
 
 use bytes::Bytes;
-use tokio::sync::watch;
 
 use crate::obs::trace::TraceCopy;
 use crate::obs::{EndToEnd, Metrics, Stage};
@@ -104,7 +106,14 @@ pub struct Outbound {
     slow: AtomicBool,
     logged_in: AtomicBool,
     sync_hint: AtomicBool,
-    close: watch::Sender<Option<CloseReason>>,
+    /// Set once the connection starts closing (read without a lock on every push).
+    closing: AtomicBool,
+    /// Why it closes: the first reason given.
+    close_reason: Mutex<Option<CloseReason>>,
+    /// Wakes the read and write loops when the connection starts closing. A `Notify`
+    /// rather than a `watch` channel, whose shared state (eight wait lists) would be the
+    /// largest allocation of an idle connection's outbound side.
+    closed: tokio::sync::Notify,
     /// Frames received from the client.
     pub frames_in: AtomicU64,
     /// Frames handed to the socket.
@@ -116,8 +125,6 @@ pub struct Outbound {
 pub struct OutboundRx {
     /// Encoded frames to write, in order.
     pub frames: FrameQueue,
-    /// Becomes `Some` when the connection must close.
-    pub close: watch::Receiver<Option<CloseReason>>,
 }
 
 impl OutboundRx {
@@ -132,7 +139,8 @@ impl OutboundRx {
 /// A mutex-guarded `VecDeque` and a `Notify` instead of tokio's unbounded channel, which
 /// allocates a 32-slot block for every connection up front: this queue holds no frame
 /// room until a frame is pushed, and gives its room back once a burst has drained, so an
-/// idle connection's queue is a few dozen bytes. One consumer (the write loop), FIFO.
+/// idle connection's queue is a few dozen bytes (and the few slots its first frames took).
+/// One consumer (the write loop), FIFO.
 pub struct FrameQueue {
     shared: std::sync::Arc<QueueShared>,
 }
@@ -201,6 +209,8 @@ impl QueueShared {
 impl QueueState {
     fn pop(&mut self) -> Option<OutFrame> {
         let f = self.frames.pop_front();
+        // Drained: room above a few frames goes (a burst's); what is left is reused by
+        // the next frames instead of growing from nothing each time.
         if self.frames.is_empty() && self.frames.capacity() > SPARE_FRAMES {
             self.frames = VecDeque::new();
         }
@@ -306,7 +316,6 @@ impl Outbound {
         metrics: Metrics,
     ) -> (std::sync::Arc<Outbound>, OutboundRx) {
         let queue = QueueShared::new();
-        let (close, close_rx) = watch::channel(None);
         let out = Outbound {
             conn_id,
             opened: Instant::now(),
@@ -320,7 +329,9 @@ impl Outbound {
             slow: AtomicBool::new(false),
             logged_in: AtomicBool::new(false),
             sync_hint: AtomicBool::new(false),
-            close,
+            closing: AtomicBool::new(false),
+            close_reason: Mutex::new(None),
+            closed: tokio::sync::Notify::new(),
             frames_in: AtomicU64::new(0),
             frames_out: AtomicU64::new(0),
             metrics,
@@ -329,7 +340,6 @@ impl Outbound {
             std::sync::Arc::new(out),
             OutboundRx {
                 frames: FrameQueue { shared: queue },
-                close: close_rx,
             },
         )
     }
@@ -360,7 +370,7 @@ impl Outbound {
         e2e: Option<&std::sync::Arc<EndToEnd>>,
         trace: Option<&TraceCopy>,
     ) -> Pushed {
-        if self.close.borrow().is_some() {
+        if self.closing.load(Acquire) {
             return Pushed::Closed;
         }
         let len = frame.len();
@@ -438,24 +448,35 @@ impl Outbound {
 
     /// Asks the connection to close (first reason wins).
     pub fn close(&self, reason: CloseReason) {
-        self.close.send_if_modified(|cur| {
-            if cur.is_none() {
-                *cur = Some(reason);
-                true
-            } else {
-                false
+        {
+            // A panic while holding this lock leaves an Option behind: still usable.
+            let mut cur = self.close_reason.lock().unwrap_or_else(|e| e.into_inner());
+            if cur.is_some() {
+                return;
             }
-        });
+            *cur = Some(reason);
+            self.closing.store(true, Release);
+        }
+        self.closed.notify_waiters();
     }
 
-    /// A watch that changes when the connection starts closing.
-    pub fn close_watch(&self) -> watch::Receiver<Option<CloseReason>> {
-        self.close.subscribe()
+    /// Resolves once the connection is closing (at once if it is already).
+    pub async fn closed(&self) {
+        // A `Notified` receives every `notify_waiters` made after it was created, polled
+        // or not, so a close between the check and the wait still wakes it.
+        let notified = self.closed.notified();
+        if self.closing.load(Acquire) {
+            return;
+        }
+        notified.await;
     }
 
     /// The close reason, once closing.
     pub fn close_reason(&self) -> Option<CloseReason> {
-        self.close.borrow().clone()
+        self.close_reason
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Records the logged-in user.
@@ -497,7 +518,7 @@ impl Outbound {
 
     /// Current state.
     pub fn state(&self) -> ConnState {
-        if self.close.borrow().is_some() {
+        if self.closing.load(Acquire) {
             ConnState::Closing
         } else if self.slow.load(Relaxed) {
             ConnState::Slow

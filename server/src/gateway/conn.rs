@@ -18,13 +18,36 @@ use super::{Drain, Gateway};
 use crate::flow::{CloseReason, OutFrame, Outbound, OutboundRx};
 use crate::obs::Stage;
 
-pub(super) async fn serve(gw: Arc<Gateway>, socket: WebSocket, conn_id: u64, remote: SocketAddr) {
+/// Starts serving an upgraded connection in a task of its own, and returns at once.
+///
+/// Called from the upgrade callback: the WebSocket is split here, outside any future,
+/// so no future keeps room for the whole socket, and axum's upgrade task (which reserves
+/// room for every step of the handshake) ends now instead of living as long as the
+/// connection. `guards` (the admission slots) are held until the connection ends.
+pub(super) fn start<G: Send + 'static>(
+    gw: Arc<Gateway>,
+    socket: WebSocket,
+    conn_id: u64,
+    remote: SocketAddr,
+    guards: G,
+) {
+    let (sink, stream) = socket.split();
     // One `conn` span per connection; its `uid` is recorded once at login (per-uid log
     // filters, see obs::logfilter).
-    crate::obs::logfilter::in_conn(conn_id, serve_conn(gw, socket, conn_id, remote)).await
+    tokio::spawn(crate::obs::logfilter::in_conn(
+        conn_id,
+        serve_conn(gw, sink, stream, conn_id, remote, guards),
+    ));
 }
 
-async fn serve_conn(gw: Arc<Gateway>, socket: WebSocket, conn_id: u64, remote: SocketAddr) {
+async fn serve_conn<G>(
+    gw: Arc<Gateway>,
+    sink: SplitSink<WebSocket, Message>,
+    stream: SplitStream<WebSocket>,
+    conn_id: u64,
+    remote: SocketAddr,
+    guards: G,
+) {
     let (out, out_rx) = Outbound::new(
         conn_id,
         remote.to_string(),
@@ -35,7 +58,6 @@ async fn serve_conn(gw: Arc<Gateway>, socket: WebSocket, conn_id: u64, remote: S
     gw.conns.insert(out.clone());
     gw.metrics.connections.increment(1.0);
     gw.metrics.connections_opened.increment(1);
-    let (sink, stream) = socket.split();
     let write_timeout = Duration::from_secs(gw.flow.write_timeout_secs as u64);
     let writer = tokio::spawn(crate::obs::logfilter::in_current_conn(write_loop(
         sink,
@@ -94,6 +116,8 @@ async fn serve_conn(gw: Arc<Gateway>, socket: WebSocket, conn_id: u64, remote: S
             "connection closed"
         );
     }
+    // The connection's slots under the caps are free only now, as it ends.
+    drop(guards);
 }
 
 /// Reads until the connection must close (`Some(reason)`) or the node starts draining
@@ -104,11 +128,10 @@ async fn read_loop(
     protocol: &mut Protocol,
     drain: &mut watch::Receiver<Drain>,
 ) -> Option<CloseReason> {
-    let mut closed = out.close_watch();
     loop {
         let next = tokio::select! {
             biased;
-            _ = closed.changed() => return Some(out.close_reason().unwrap_or(CloseReason::new(1000, "closed"))),
+            () = out.closed() => return Some(out.close_reason().unwrap_or(CloseReason::new(1000, "closed"))),
             _ = drain.wait_for(|p| *p >= Drain::StopReading) => return None,
             next = tokio::time::timeout(protocol.read_timeout(), stream.next()) => next,
         };
@@ -154,7 +177,7 @@ async fn write_loop(
     write_timeout: Duration,
     metrics: crate::obs::Metrics,
 ) {
-    // Grows on first use: an idle connection holds no batch room.
+    // Holds frames only while they are written: an idle connection holds no batch room.
     let mut batch: Vec<OutFrame> = Vec::new();
     loop {
         tokio::select! {
@@ -163,7 +186,7 @@ async fn write_loop(
                 Some(f) => batch.push(f),
                 None => break,
             },
-            _ = rx.close.changed() => break,
+            () = out.closed() => break,
         }
         rx.fill(&mut batch, max_frames);
         // Boxed for the same reason as the read loop's frame handling.
@@ -178,8 +201,33 @@ async fn write_loop(
             out.close(reason);
             return;
         }
+        // The room goes with the frames written; the next batch allocates its own.
+        batch = Vec::new();
     }
-    // Closing: flush what was queued before the close (errors explain it), then close.
+    // Boxed: the closing steps run once, so the loop above need not carry their room.
+    Box::pin(close_out(
+        sink,
+        out,
+        rx,
+        batch,
+        max_frames,
+        write_timeout,
+        metrics,
+    ))
+    .await;
+}
+
+/// The end of the write loop: flushes what was queued before the close (errors explain
+/// it), then sends the close frame with the reason.
+async fn close_out(
+    mut sink: SplitSink<WebSocket, Message>,
+    out: Arc<Outbound>,
+    mut rx: OutboundRx,
+    mut batch: Vec<OutFrame>,
+    max_frames: usize,
+    write_timeout: Duration,
+    metrics: crate::obs::Metrics,
+) {
     loop {
         rx.fill(&mut batch, max_frames);
         if batch.is_empty() {

@@ -446,10 +446,7 @@ async fn upgrade(
         .max_frame_size(max * 4)
         .on_upgrade(move |socket| {
             let conn_id = gw.next_id.fetch_add(1, Ordering::Relaxed);
-            async move {
-                conn::serve(gw, socket, conn_id, remote).await;
-                drop(admission);
-                drop(client_slot);
-            }
+            conn::start(gw, socket, conn_id, remote, (admission, client_slot));
+            std::future::ready(())
         })
 }

@@ -85,21 +85,22 @@ pub struct Protocol {
     /// The session's token `exp` (unix seconds).
     token_exp: u64,
     bad: u32,
-    /// RATE_LIMITED refusals per flood kind (`obs::FLOOD_FRAMES`).
-    refusals: [FloodWindow; FLOOD_FRAMES.len()],
+    /// RATE_LIMITED refusals per flood kind (`obs::FLOOD_FRAMES`), windows counted from
+    /// the connection's start; allocated at the first refusal (most connections never
+    /// have one, and an idle one should not carry the room).
+    refusals: Option<Box<[FloodWindow; FLOOD_FRAMES.len()]>>,
 }
 
 impl Protocol {
     /// A new connection's state machine; replies and errors go to `out`.
     pub fn new(gw: Arc<Gateway>, out: Arc<Outbound>) -> Self {
-        let now = Instant::now();
         Protocol {
             gw,
             out,
             session: None,
             token_exp: 0,
             bad: 0,
-            refusals: FLOOD_FRAMES.map(|_| FloodWindow::new(now)),
+            refusals: None,
         }
     }
 
@@ -278,7 +279,7 @@ impl Protocol {
         // RATE_LIMITED can only come from a kind's bucket; anything else floods as Send.
         let kind = f.body.as_ref().and_then(FrameKind::of);
         let r = if kind == Some(FrameKind::Ping) {
-            match s.take(FrameKind::Ping) {
+            match s.take(FrameKind::Ping, &self.gw.limits) {
                 Ok(()) => self.gw.pipeline.handle(s, f, started).await,
                 Err(r) => Err(r),
             }
@@ -322,7 +323,11 @@ impl Protocol {
     fn rate_limited(&mut self, kind: FrameKind) -> Step {
         let l = &self.gw.limits;
         let window = Duration::from_secs(l.rate_limited_window_secs as u64);
-        let counter = &mut self.refusals[kind.flood_index()];
+        let opened = self.out.opened;
+        let windows = self
+            .refusals
+            .get_or_insert_with(|| Box::new(FLOOD_FRAMES.map(|_| FloodWindow::new(opened))));
+        let counter = &mut windows[kind.flood_index()];
         if !counter.over(Instant::now(), window, l.max_rate_limited) {
             return Step::Continue;
         }
@@ -452,7 +457,7 @@ impl Protocol {
         self.out.push(im_proto::encode(&ok), true);
         tracing::debug!(conn_id = self.out.conn_id, user = %user_id, device = %l.device_id, resume = l.resume, "logged in");
         Ok((
-            Session::new(user_id, self.out.clone(), &gw.limits).on_device(&l.device_id),
+            Session::new(user_id, self.out.clone()).on_device(&l.device_id),
             exp,
         ))
     }

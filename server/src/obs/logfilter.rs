@@ -2,7 +2,8 @@
 //! TTL. Owns [`LogFilters`] (the shared state the admin API
 //! changes), [`DiagFilter`] (the `tracing_subscriber` per-layer filter that reads it) and
 //! the connection scope ([`in_conn`]): one `conn` span per connection whose `uid` is
-//! recorded once, at login ([`set_conn_uid`]).
+//! recorded once, at login ([`set_conn_uid`]). The span is made only when an event could
+//! first come out with it (as below), so a connection that never logs holds none.
 //!
 //! Cost model. With no uid filter set, every callsite's interest is `always` or `never`
 //! from the global level and the max level stays at it, so a disabled `debug!` costs the
@@ -46,9 +47,17 @@ pub const UID_LEVELS: &[&str] = &["trace", "debug", "info", "warn", "error"];
 /// The filters connections register with (set once by [`LogFilters::install`]).
 static CONN_FILTERS: OnceLock<Arc<LogFilters>> = OnceLock::new();
 
-/// One connection's handling: its span and, after login, its uid's level slot.
+/// One connection's handling: its span (made when first needed) and, after login, its
+/// uid's level slot.
 struct ConnCell {
-    span: Span,
+    /// The `conn` span, made the first time an event could come out with it
+    /// ([`ConnCell::wants_span`]): each log layer keeps formatted fields per span, and
+    /// most connections never log under theirs.
+    span: OnceLock<Span>,
+    /// Held while the span is made and while the uid is recorded, so that whichever
+    /// comes first the span ends up with the uid.
+    making: Mutex<()>,
+    conn_id: u64,
     slot: OnceLock<Arc<UidSlot>>,
     /// The logged-in user, once known.
     uid: OnceLock<Arc<str>>,
@@ -58,11 +67,33 @@ struct ConnCell {
 impl ConnCell {
     fn new(filters: &Arc<LogFilters>, conn_id: u64) -> Arc<ConnCell> {
         Arc::new(ConnCell {
-            // ERROR-level so that it exists whatever the global level.
-            span: tracing::error_span!(target: CONN_TARGET, CONN_SPAN, conn_id, uid = tracing::field::Empty),
+            span: OnceLock::new(),
+            making: Mutex::new(()),
+            conn_id,
             slot: OnceLock::new(),
             uid: OnceLock::new(),
             filters: filters.clone(),
+        })
+    }
+
+    /// The connection's span, made now if it is not yet (with the uid, once known).
+    fn span(&self) -> &Span {
+        if let Some(span) = self.span.get() {
+            return span;
+        }
+        let _making = self.making.lock().unwrap_or_else(|e| e.into_inner());
+        self.span.get_or_init(|| {
+            // ERROR-level so that it exists whatever the global level.
+            let span = tracing::error_span!(
+                target: CONN_TARGET,
+                CONN_SPAN,
+                conn_id = self.conn_id,
+                uid = tracing::field::Empty
+            );
+            if let Some(uid) = self.uid.get() {
+                span.record("uid", &**uid);
+            }
+            span
         })
     }
 
@@ -165,7 +196,7 @@ impl<F: Future> Future for InConn<F> {
         };
         let _restore = Restore(CURRENT.with(|c| c.replace(Arc::as_ptr(cell))));
         if cell.wants_span() {
-            let _entered = cell.span.enter();
+            let _entered = cell.span().enter();
             this.fut.as_mut().poll(cx)
         } else {
             this.fut.as_mut().poll(cx)
@@ -207,8 +238,13 @@ pub fn in_current_conn<F: Future>(fut: F) -> InConn<F> {
 /// its span and binds the uid's filter slot.
 pub fn set_conn_uid(uid: &str) {
     with_current(|c| {
-        c.span.record("uid", uid);
-        let _ = c.uid.set(Arc::from(uid));
+        {
+            let _making = c.making.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = c.uid.set(Arc::from(uid));
+            if let Some(span) = c.span.get() {
+                span.record("uid", uid);
+            }
+        }
         let _ = c.slot.set(c.filters.slot_for(uid));
     });
 }

@@ -153,7 +153,7 @@ static RECORDER: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 pub fn install_recorder() -> Option<PrometheusHandle> {
     RECORDER
         .get_or_init(|| {
-            // `im_stage_duration_seconds` is not the recorder's: [`Metrics::render_stages`]
+            // `im_stage_duration_seconds` is not the recorder's: [`MetricHandles::render_stages`]
             // writes it from the probes' own histograms.
             let builder = PrometheusBuilder::new()
                 .set_buckets_for_metric(
@@ -224,9 +224,29 @@ pub const REJECT_REASONS: [&str; 4] = [
     "admin_full",
 ];
 
-/// Cheap, cloneable metric handles for the hot path.
+/// Cheap, cloneable metric handles for the hot path: one shared set per node, so a copy
+/// (each connection's outbound side holds one) is a pointer, not every handle.
 #[derive(Clone)]
-pub struct Metrics {
+pub struct Metrics(Arc<MetricHandles>);
+
+impl std::ops::Deref for Metrics {
+    type Target = MetricHandles;
+
+    fn deref(&self) -> &MetricHandles {
+        &self.0
+    }
+}
+
+impl Metrics {
+    /// Registers every handle with the installed recorder (no-ops when none is).
+    /// With `probes` false, stage timings are not recorded (for overhead comparisons).
+    pub fn new(probes: bool) -> Self {
+        Metrics(Arc::new(MetricHandles::new(probes)))
+    }
+}
+
+/// The handles behind [`Metrics`].
+pub struct MetricHandles {
     hists: Arc<[latency::LatencyHist; Stage::ALL.len()]>,
     probes: Arc<AtomicBool>,
     /// Running totals.
@@ -259,10 +279,8 @@ pub struct Metrics {
     pub tracer: Arc<trace::Tracer>,
 }
 
-impl Metrics {
-    /// Registers every handle with the installed recorder (no-ops when none is).
-    /// With `probes` false, stage timings are not recorded (for overhead comparisons).
-    pub fn new(probes: bool) -> Self {
+impl MetricHandles {
+    fn new(probes: bool) -> Self {
         describe();
         // Labelled series that dashboards expect exist from the start, at zero.
         for reason in BAD_FRAME_REASONS {
@@ -311,7 +329,7 @@ impl Metrics {
             counter!("im_hook_outcomes_total", "hook" => hook, "outcome" => outcome).absolute(0);
         }
         let _ = histogram!("im_hook_latency_seconds", "hook" => hook);
-        Metrics {
+        MetricHandles {
             hists: Arc::new(std::array::from_fn(|_| latency::LatencyHist::default())),
             probes: Arc::new(AtomicBool::new(probes)),
             totals: Arc::new(Totals::default()),

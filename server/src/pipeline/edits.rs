@@ -67,7 +67,7 @@ impl Pipeline {
         req_id: u64,
         req: FetchHistory,
     ) -> Result<(), Refusal> {
-        s.take(FrameKind::FetchHistory)?;
+        s.take(FrameKind::FetchHistory, &self.limits)?;
         if !self.can_read(&s.user_id, &req.conversation_id).await? {
             return Err(not_member(&req.conversation_id));
         }
@@ -138,11 +138,14 @@ impl Pipeline {
         started: Instant,
     ) -> Result<(), Refusal> {
         let verb = c.verb();
-        s.take(if verb == "recall" {
-            FrameKind::Recall
-        } else {
-            FrameKind::Edit
-        })?;
+        s.take(
+            if verb == "recall" {
+                FrameKind::Recall
+            } else {
+                FrameKind::Edit
+            },
+            &self.limits,
+        )?;
         if let Some(reason) = self.health.refusal() {
             return Err(Refusal::store_unavailable(reason, self.unhealthy_retry_ms));
         }
@@ -308,7 +311,7 @@ impl Pipeline {
         req_id: u64,
         d: DeleteForMe,
     ) -> Result<(), Refusal> {
-        s.take(FrameKind::DeleteForMe)?;
+        s.take(FrameKind::DeleteForMe, &self.limits)?;
         if !self.can_read(&s.user_id, &d.conversation_id).await? {
             return Err(not_member(&d.conversation_id));
         }

@@ -254,27 +254,31 @@ impl FrameKind {
     }
 }
 
-/// A connection's buckets, one per bucket-owning [`FrameKind`].
-#[derive(Debug)]
-pub struct Buckets(Mutex<[TokenBucket; FrameKind::OWNERS]>);
-
-impl Buckets {
-    /// Full buckets at the configured rates.
-    pub fn new(l: &Limits) -> Self {
-        Buckets(Mutex::new(std::array::from_fn(|i| {
-            FrameKind::ALL[i].full_bucket(l)
-        })))
-    }
-}
+/// A connection's buckets: one per bucket-owning [`FrameKind`] it has taken a token of,
+/// each made full at the first take (a bucket never taken from is full), so a connection
+/// holds room only for the kinds it sends (an idle one: its Pings').
+#[derive(Debug, Default)]
+pub struct Buckets(Mutex<Vec<(u8, TokenBucket)>>);
 
 impl Session {
-    /// Takes a token of `kind`'s bucket; its RATE_LIMITED refusal when it is empty.
-    pub fn take(&self, kind: FrameKind) -> Result<(), Refusal> {
+    /// Takes a token of `kind`'s bucket (rates from `l`, the node's limits); its
+    /// RATE_LIMITED refusal when it is empty.
+    pub fn take(&self, kind: FrameKind, l: &Limits) -> Result<(), Refusal> {
         let now = Instant::now();
         let Ok(mut b) = self.buckets.0.lock() else {
             return Ok(());
         };
-        b[kind.slot()].take(now).map_err(|ms| kind.refusal(ms))
+        let slot = kind.slot();
+        let i = match b.iter().position(|(s, _)| usize::from(*s) == slot) {
+            Some(i) => i,
+            None => {
+                // Exact room: a connection uses few kinds, most only one or two.
+                b.reserve_exact(1);
+                b.push((slot as u8, FrameKind::ALL[slot].full_bucket(l)));
+                b.len() - 1
+            }
+        };
+        b[i].1.take(now).map_err(|ms| kind.refusal(ms))
     }
 }
 

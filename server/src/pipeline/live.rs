@@ -28,7 +28,7 @@ impl Pipeline {
         req_id: u64,
         p: PresenceSubscribe,
     ) -> Result<(), Refusal> {
-        s.take(FrameKind::PresenceSubscribe)?;
+        s.take(FrameKind::PresenceSubscribe, &self.limits)?;
         let max = self.limits.presence_subscriptions_max as usize;
         if p.users.len() > max {
             return Err(Refusal::bad(format!(
@@ -86,7 +86,7 @@ impl Pipeline {
         req_id: u64,
         p: SetPresence,
     ) -> Result<(), Refusal> {
-        s.take(FrameKind::SetPresence)?;
+        s.take(FrameKind::SetPresence, &self.limits)?;
         let (reply, rx) = tokio::sync::oneshot::channel();
         let write = WriteReq::SetPresence {
             user_id: s.user_id.clone(),
@@ -112,7 +112,7 @@ impl Pipeline {
         req_id: u64,
         t: Typing,
     ) -> Result<(), Refusal> {
-        s.take(FrameKind::Typing)?;
+        s.take(FrameKind::Typing, &self.limits)?;
         let users: Vec<String> = match parse_conversation(&t.conversation_id) {
             Some(c @ ConversationRef::Direct(a, b)) => {
                 if !c.is_direct_party(&s.user_id) {

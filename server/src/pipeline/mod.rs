@@ -51,7 +51,7 @@ pub struct Session {
     pub device_id: String,
     /// Its outbound queue.
     pub out: Arc<Outbound>,
-    /// Its rate limits, one token bucket per bucket-owning [`FrameKind`].
+    /// Its rate limits: a token bucket per bucket-owning [`FrameKind`] it has used.
     buckets: Buckets,
     /// Last seqs of conversations this session has seen (DeliverAck checks), bounded.
     last_seqs: std::sync::Mutex<std::collections::HashMap<String, u64>>,
@@ -61,13 +61,14 @@ pub struct Session {
 }
 
 impl Session {
-    /// A session for `user_id` on `out`, with the configured rate limits.
-    pub fn new(user_id: String, out: Arc<Outbound>, limits: &Limits) -> Self {
+    /// A session for `user_id` on `out` (its rate limits are the node's, applied as
+    /// it takes tokens: [`Session::take`]).
+    pub fn new(user_id: String, out: Arc<Outbound>) -> Self {
         Session {
             user_id,
             device_id: reads::DEFAULT_DEVICE.to_owned(),
             out,
-            buckets: Buckets::new(limits),
+            buckets: Buckets::default(),
             last_seqs: std::sync::Mutex::new(std::collections::HashMap::new()),
             trace_forced: false,
         }
@@ -213,7 +214,7 @@ impl Pipeline {
         if let Some(kind @ (FrameKind::DeliverAck | FrameKind::Sync | FrameKind::GroupOp)) =
             FrameKind::of(&body)
         {
-            s.take(kind)?;
+            s.take(kind, &self.limits)?;
         }
         self.metrics.stage_since(Stage::Auth, t);
         match body {

@@ -94,7 +94,7 @@ impl Pipeline {
         req_id: u64,
         m: MarkRead,
     ) -> Result<(), Refusal> {
-        s.take(FrameKind::MarkRead)?;
+        s.take(FrameKind::MarkRead, &self.limits)?;
         self.may_read(s, &m.conversation_id).await?;
         if !self.seq_exists(s, &m.conversation_id, m.seq).await? {
             return Err(Refusal::bad(format!(
@@ -124,7 +124,7 @@ impl Pipeline {
         req_id: u64,
         f: SetConversationFlags,
     ) -> Result<(), Refusal> {
-        s.take(FrameKind::SetFlags)?;
+        s.take(FrameKind::SetFlags, &self.limits)?;
         self.may_read(s, &f.conversation_id).await?;
         let req = StateReq {
             read: None,
@@ -147,7 +147,7 @@ impl Pipeline {
         req_id: u64,
         l: ListConversations,
     ) -> Result<(), Refusal> {
-        s.take(FrameKind::ListConversations)?;
+        s.take(FrameKind::ListConversations, &self.limits)?;
         let after = if l.after.is_empty() {
             None
         } else {

@@ -27,7 +27,7 @@ impl Pipeline {
     ) -> Result<(), Refusal> {
         let t = Instant::now();
         let decoded = t;
-        s.take(FrameKind::Send)?;
+        s.take(FrameKind::Send, &self.limits)?;
         if let Some(reason) = self.health.refusal() {
             metrics::counter!("im_store_refused_sends_total", "reason" => reason).increment(1);
             return Err(Refusal::store_unavailable(reason, self.unhealthy_retry_ms));
