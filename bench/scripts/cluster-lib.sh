@@ -1,5 +1,5 @@
-# Shared by idle-50k.sh, storm-10k.sh and headline.sh (sourced, not run): what a run on
-# a 3-node cluster of the local NATS needs besides its own steps.
+# Shared by idle-50k.sh, storm-10k.sh and headline.sh (sourced, not run): the checks
+# before a run on a 3-node cluster and the cleanup of its NATS KV buckets.
 
 # Deletes a run's KV buckets (streams KV_<prefix>-nodes and KV_<prefix>-presence) over the
 # plain NATS protocol, as there is no nats CLI here: delete_buckets NATS_URL PREFIX.
@@ -26,4 +26,23 @@ for bucket in (f"{sys.argv[2]}-nodes", f"{sys.argv[2]}-presence"):
         if line.startswith(b"PING"):
             s.sendall(b"PONG\r\n")
 PY
+}
+
+# Stops the run (exit 2) unless both release binaries are in the directory T and every
+# node's ports (BASE_PORT + 10i for clients, + 1 for admin, i < NODES) are free:
+# cluster_preflight T NODES BASE_PORT.
+cluster_preflight() {
+  local name b i p
+  name=$(basename "$0" .sh)
+  for b in im-server im-bench; do
+    [[ -x "$1/$b" ]] || { echo "$name: $1/$b missing: cargo build --release -p im-server -p im-bench" >&2; exit 2; }
+  done
+  for i in $(seq 0 $(($2 - 1))); do
+    for p in $(($3 + 10 * i)) $(($3 + 10 * i + 1)); do
+      if ss -Hltn "sport = :$p" | grep -q .; then
+        echo "$name: port $p is taken (set BASE_PORT)" >&2
+        exit 2
+      fi
+    done
+  done
 }

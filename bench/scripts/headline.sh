@@ -61,24 +61,14 @@ if (( total > 51000 || per_node > 19000 || USERS > 19000 )); then
   exit 2
 fi
 ulimit -n "$(ulimit -Hn)"
-for b in im-server im-bench; do
-  [[ -x "$T/$b" ]] || { echo "headline: $T/$b missing: cargo build --release -p im-server -p im-bench" >&2; exit 2; }
-done
-for i in $(seq 0 $((NODES - 1))); do
-  for p in $((BASE_PORT + 10 * i)) $((BASE_PORT + 10 * i + 1)); do
-    if ss -Hltn "sport = :$p" | grep -q .; then
-      echo "headline: port $p is taken (set BASE_PORT)" >&2
-      exit 2
-    fi
-  done
-done
+source bench/scripts/cluster-lib.sh
+cluster_preflight "$T" "$NODES" "$BASE_PORT"
 
 WORK=$(mktemp -d)
 mkdir -p "$OUT"
 node_pids=()
 idle_pids=()
 mix_pid=""
-source bench/scripts/cluster-lib.sh
 cleanup() {
   for p in $mix_pid "${idle_pids[@]}" "${node_pids[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in $mix_pid "${idle_pids[@]}" "${node_pids[@]}"; do wait "$p" 2>/dev/null || true; done

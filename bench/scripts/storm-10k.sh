@@ -44,23 +44,13 @@ if (( MEMBERS + 100 > $(ulimit -n) )); then
   echo "storm-10k: $MEMBERS connections do not fit in one process's $(ulimit -n) descriptors" >&2
   exit 2
 fi
-for b in im-server im-bench; do
-  [[ -x "$T/$b" ]] || { echo "storm-10k: $T/$b missing: cargo build --release -p im-server -p im-bench" >&2; exit 2; }
-done
-for i in $(seq 0 $((NODES - 1))); do
-  for p in $((BASE_PORT + 10 * i)) $((BASE_PORT + 10 * i + 1)); do
-    if ss -Hltn "sport = :$p" | grep -q .; then
-      echo "storm-10k: port $p is taken (set BASE_PORT)" >&2
-      exit 2
-    fi
-  done
-done
+source bench/scripts/cluster-lib.sh
+cluster_preflight "$T" "$NODES" "$BASE_PORT"
 
 WORK=$(mktemp -d)
 mkdir -p "$OUT"
 node_pids=()
 gen_pids=()
-source bench/scripts/cluster-lib.sh
 cleanup() {
   for p in "${gen_pids[@]}" "${node_pids[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${gen_pids[@]}" "${node_pids[@]}"; do wait "$p" 2>/dev/null || true; done
