@@ -1,5 +1,6 @@
 # Shared by idle-50k.sh, storm-10k.sh and headline.sh (sourced, not run): the checks
-# before a run on a 3-node cluster and the cleanup of its NATS KV buckets.
+# before a run on a 3-node cluster, starting its nodes, their URLs, and the cleanup of
+# its NATS KV buckets.
 
 # Deletes a run's KV buckets (streams KV_<prefix>-nodes and KV_<prefix>-presence) over the
 # plain NATS protocol, as there is no nats CLI here: delete_buckets NATS_URL PREFIX.
@@ -44,5 +45,32 @@ cluster_preflight() {
         exit 2
       fi
     done
+  done
+}
+
+# Node i's admin API and client WebSocket URL (BASE_PORT + 10i + 1, BASE_PORT + 10i).
+admin() { echo "http://127.0.0.1:$((BASE_PORT + 10 * $1 + 1))"; }
+ws() { echo "ws://127.0.0.1:$((BASE_PORT + 10 * $1))/ws"; }
+
+# Starts NODES release nodes ($T/im-server) in cluster mode on schema $ID of $PG and
+# prefix $ID of $NATS, each with its data dir and log under $WORK, their pids appended to
+# node_pids, then waits until every one is ready (a node that is not stops the run with
+# its log): start_nodes [KEY=VALUE...] (more environment for every node).
+start_nodes() {
+  local i
+  for i in $(seq 0 $((NODES - 1))); do
+    env IM_DATABASE_URL="$PG?options[search_path]=$ID" IM_NATS_URL="$NATS" IM_NODE_ID="n$i" \
+      IM_CLUSTER_PREFIX="$ID" IM_JWT_SECRET="$SECRET" IM_ADMIN_TOKEN="$TOKEN" IM_LOG=warn \
+      IM_LISTEN="127.0.0.1:$((BASE_PORT + 10 * i))" IM_ADMIN_LISTEN="127.0.0.1:$((BASE_PORT + 10 * i + 1))" \
+      IM_DATA_DIR="$WORK/n$i" "$@" "$T/im-server" 2>"$WORK/n$i.log" &
+    node_pids+=($!)
+  done
+  for i in $(seq 0 $((NODES - 1))); do
+    for _ in $(seq 100); do curl -sf "$(admin "$i")/readyz" >/dev/null && break; sleep 0.1; done
+    curl -sf "$(admin "$i")/readyz" >/dev/null || {
+      echo "$(basename "$0" .sh): node n$i not ready" >&2
+      cat "$WORK/n$i.log" >&2
+      exit 1
+    }
   done
 }

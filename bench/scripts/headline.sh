@@ -80,20 +80,8 @@ cleanup() {
 trap cleanup EXIT
 psql "$PG" -qc "CREATE SCHEMA $ID"
 
-admin() { echo "http://127.0.0.1:$((BASE_PORT + 10 * $1 + 1))"; }
-ws() { echo "ws://127.0.0.1:$((BASE_PORT + 10 * $1))/ws"; }
 overview() { curl -sf -m 10 -H "Authorization: Bearer $TOKEN" "$(admin "$1")/admin/v1/overview"; }
-for i in $(seq 0 $((NODES - 1))); do
-  IM_DATABASE_URL="$PG?options[search_path]=$ID" IM_NATS_URL="$NATS" IM_NODE_ID="n$i" \
-  IM_CLUSTER_PREFIX="$ID" IM_JWT_SECRET="$SECRET" IM_ADMIN_TOKEN="$TOKEN" IM_LOG=warn \
-  IM_LISTEN="127.0.0.1:$((BASE_PORT + 10 * i))" IM_ADMIN_LISTEN="127.0.0.1:$((BASE_PORT + 10 * i + 1))" \
-  IM_DATA_DIR="$WORK/n$i" "$T/im-server" 2>"$WORK/n$i.log" &
-  node_pids+=($!)
-done
-for i in $(seq 0 $((NODES - 1))); do
-  for _ in $(seq 100); do curl -sf "$(admin "$i")/readyz" >/dev/null && break; sleep 0.1; done
-  curl -sf "$(admin "$i")/readyz" >/dev/null || { echo "headline: node n$i not ready" >&2; cat "$WORK/n$i.log" >&2; exit 1; }
-done
+start_nodes
 sleep 3
 
 # CPU ticks used so far by each process of interest (the nodes and generators by PID;
