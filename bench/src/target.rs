@@ -65,6 +65,21 @@ pub struct ServerArgs {
     pub webhook_receiver_delay_ms: Option<u64>,
 }
 
+impl ServerArgs {
+    /// The same flags aimed at another node of a cluster, `url`, with its admin API
+    /// `admin_url` if known: nothing is spawned for it.
+    pub fn for_node(&self, url: &str, admin_url: Option<String>) -> ServerArgs {
+        ServerArgs {
+            url: url.to_owned(),
+            spawn: None,
+            admin_url,
+            server_env: Vec::new(),
+            webhook_receiver_delay_ms: None,
+            ..self.clone()
+        }
+    }
+}
+
 /// Admin token given to a spawned server.
 pub const SPAWN_ADMIN_TOKEN: &str = "im-bench-admin-token-of-at-least-32-bytes";
 /// Connections opened (connect + login) at the same time by [`Target::connect_all`].

@@ -310,17 +310,7 @@ async fn other_nodes(args: &BroadcastArgs) -> anyhow::Result<Vec<Target>> {
         if admin_url.is_some() && args.server.admin_token.is_none() {
             bail!("--node-admin-url needs --admin-token (or IM_BENCH_ADMIN_TOKEN)");
         }
-        nodes.push(
-            Target::open(&ServerArgs {
-                url: url.clone(),
-                spawn: None,
-                admin_url,
-                server_env: Vec::new(),
-                webhook_receiver_delay_ms: None,
-                ..args.server.clone()
-            })
-            .await?,
-        );
+        nodes.push(Target::open(&args.server.for_node(url, admin_url)).await?);
     }
     Ok(nodes)
 }

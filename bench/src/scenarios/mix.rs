@@ -646,10 +646,7 @@ async fn connect_spread(
 ) -> anyhow::Result<Vec<Session>> {
     let mut others = Vec::with_capacity(args.node_urls.len());
     for url in &args.node_urls {
-        let mut server = args.server.clone();
-        server.url = url.clone();
-        server.admin_url = None;
-        others.push(Target::open(&server).await?);
+        others.push(Target::open(&args.server.for_node(url, None)).await?);
     }
     let nodes = 1 + others.len();
     let mut slots: Vec<Option<Session>> = (0..users.len()).map(|_| None).collect();
