@@ -804,20 +804,22 @@ async fn a_real_prometheus_sees_the_alerts_fire_and_every_panel_has_data() {
             acks(&mut storm, 20).await;
         }
     }
+    // Keep the group busy until every stalled reader is marked and Prometheus has seen
+    // them: how much a stalled socket absorbs before its queue backs up depends on the
+    // kernel's buffers, and a marked reader whose queue drains into them below half the
+    // soft mark is unmarked until the next group message marks it again.
+    let stop_storm = Arc::new(AtomicBool::new(false));
+    let storm = tokio::spawn(keep_storming(storm, payload, stop_storm.clone()));
     let end = Instant::now() + DEADLINE;
     while server.metric("im_slow_consumers", &[]) < STALLED as f64 {
         assert!(
             Instant::now() < end,
-            "only {} slow consumers",
-            server.metric("im_slow_consumers", &[])
+            "only {} slow consumers; the node lists {}",
+            server.metric("im_slow_consumers", &[]),
+            server.admin_get("/admin/v1/slow-consumers").1
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // Keep the group busy until Prometheus has seen them: a marked reader whose queue
-    // drains into the socket buffers below half the soft mark is unmarked, and only the
-    // next group message marks it again.
-    let stop_storm = Arc::new(AtomicBool::new(false));
-    let storm = tokio::spawn(keep_storming(storm, payload, stop_storm.clone()));
     alerts.wait_for(&["ImSlowConsumersRising"], &prom).await;
     let slow_at = t0.elapsed();
     stop_storm.store(true, Ordering::Relaxed);
