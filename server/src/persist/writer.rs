@@ -113,6 +113,17 @@ impl Round {
             .collect()
     }
 
+    /// Only delivery cursors so far: nothing anyone waits on.
+    fn only_cursors(&self) -> bool {
+        !self.cursors.is_empty()
+            && self.sends.is_empty()
+            && self.groups.is_empty()
+            && self.states.is_empty()
+            && self.hides.is_empty()
+            && self.presence.is_empty()
+            && self.flushes.is_empty()
+    }
+
     /// Nothing to write (a flush alone writes nothing).
     fn has_no_write(&self) -> bool {
         self.sends.is_empty()
@@ -172,6 +183,8 @@ pub struct Writer {
     receipts_dropped: metrics::Counter,
     batch_max: usize,
     wait: Duration,
+    /// How long a round of delivery cursors alone waits for a write to ride with.
+    cursor_wait: Duration,
     /// When the fault in force started (for the log line when it clears).
     fault_since: Option<Instant>,
     /// When the store was last written to (a failing store gets one try per interval).
@@ -195,6 +208,7 @@ impl Writer {
             receipts_dropped: metrics::counter!("im_receipts_dropped_total"),
             batch_max,
             wait: Duration::from_millis(w.cfg.batch_wait_ms as u64),
+            cursor_wait: Duration::from_millis(w.cfg.cursor_wait_ms as u64),
             fault_since: None,
             last_try: Instant::now(),
             round: Round {
@@ -244,8 +258,10 @@ impl Writer {
 
     /// Fills the round after `first`: whatever is queued, then, while the batch has a
     /// Send and room (`persist.batch_max`), what arrives within `persist.batch_wait_ms`.
+    /// A round of delivery cursors alone first waits for something to ride with.
     async fn gather(&mut self, first: WriteReq) {
         self.round.take(first);
+        self.linger_cursors().await;
         let deadline = tokio::time::Instant::now() + self.wait;
         while self.round.sends.len() < self.batch_max {
             match self.rx.try_recv() {
@@ -255,6 +271,23 @@ impl Writer {
                     Ok(Some(r)) => self.round.take(r),
                     _ => break,
                 },
+            }
+        }
+    }
+
+    /// While the round holds only delivery cursors, waits up to `persist.cursor_wait_ms`
+    /// for any other request: at a steady one-to-one rate the DeliverAcks of one
+    /// message then share the next Send's commit (one fsync, not two). Whatever
+    /// arrives ends the wait at once, so nothing else waits for the cursors.
+    async fn linger_cursors(&mut self) {
+        if self.cursor_wait.is_zero() || !self.round.only_cursors() {
+            return;
+        }
+        let deadline = tokio::time::Instant::now() + self.cursor_wait;
+        while self.round.only_cursors() {
+            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
+                Ok(Some(r)) => self.round.take(r),
+                _ => return,
             }
         }
     }
