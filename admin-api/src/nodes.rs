@@ -113,6 +113,12 @@ pub struct Memory {
     pub dirty: u64,
     /// Process RSS in bytes.
     pub rss: u64,
+    /// Bytes the embedded SQLite holds (its page caches and statements, outside
+    /// jemalloc); 0 when no SQLite store is open.
+    pub sqlite: u64,
+    /// Bytes the C allocator (glibc's, used by SQLite and other C code) has taken from
+    /// the system; 0 where it cannot be read.
+    pub c_heap: u64,
     /// Live connections.
     pub connections: u64,
     /// Memory cost of one connection in bytes.

@@ -68,6 +68,9 @@ pub struct ServerFigures {
     pub limiting_resource: String,
     /// jemalloc figures (`None` if the memory route failed).
     pub jemalloc: Option<AllocStats>,
+    /// The memory route read whole (`None` if it failed): with the memory outside
+    /// jemalloc (SQLite's, the C heap).
+    pub memory: Option<im_admin_api::Memory>,
     /// Per-stage latency over the server's window.
     pub stages: Vec<StageLatency>,
 }
@@ -95,7 +98,8 @@ impl AdminClient {
             .overview()
             .await
             .with_context(|| format!("GET {url}/admin/v1/overview"))?;
-        let jemalloc = self.api.memory().await.ok().map(|m| m.alloc());
+        let memory = self.api.memory().await.ok();
+        let jemalloc = memory.as_ref().map(|m| m.alloc());
         Ok(ServerFigures {
             connections: o.connections,
             users_online: o.users_online,
@@ -119,6 +123,7 @@ impl AdminClient {
             headroom_msgs_per_sec: o.capacity.headroom_msgs_per_sec,
             limiting_resource: o.capacity.limiting_resource,
             jemalloc,
+            memory,
             stages: o.stages,
         })
     }

@@ -138,6 +138,10 @@ async fn probes_metrics_kick_and_admin_auth() {
     assert_eq!(status, 200, "{body}");
     let m: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert!(m["resident"].as_u64().unwrap() > 0);
+    // The node runs on SQLite: its page caches and statements are in the C heap.
+    let sqlite = m["sqlite"].as_u64().unwrap();
+    assert!(sqlite > 0, "{body}");
+    assert!(m["c_heap"].as_u64().unwrap() >= sqlite, "{body}");
     let (status, body) = server.admin_get("/admin/v1/slow-consumers");
     assert_eq!(status, 200, "{body}");
     let s: serde_json::Value = serde_json::from_str(&body).unwrap();

@@ -95,6 +95,10 @@ pub struct Sample {
     /// jemalloc `resident` (pages of the heap in memory, freed ones not yet purged
     /// included): with `allocated` and RSS, where RSS that the heap does not explain sits.
     pub heap_resident_bytes: Option<u64>,
+    /// Bytes the embedded SQLite holds (page caches, statements; outside jemalloc).
+    pub sqlite_bytes: Option<u64>,
+    /// Bytes the C allocator (SQLite's) has taken from the system.
+    pub c_heap_bytes: Option<u64>,
     /// Server CPU seconds since its start.
     pub server_cpu_seconds: Option<f64>,
     /// Connections the server holds.
@@ -410,6 +414,12 @@ async fn sample_windows(live: Live, admin: AdminClient, every: Duration) -> Vec<
             heap_resident_bytes: figures
                 .as_ref()
                 .and_then(|f| f.jemalloc.as_ref().map(|j| j.resident)),
+            sqlite_bytes: figures
+                .as_ref()
+                .and_then(|f| f.memory.as_ref().map(|m| m.sqlite)),
+            c_heap_bytes: figures
+                .as_ref()
+                .and_then(|f| f.memory.as_ref().map(|m| m.c_heap)),
             server_cpu_seconds: figures.as_ref().map(|f| f.cpu_seconds),
             connections: figures.as_ref().map(|f| f.connections),
             slow_consumers: figures.as_ref().map(|f| f.slow_consumers),

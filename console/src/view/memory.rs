@@ -1,5 +1,5 @@
-//! Memory view: jemalloc stats (with fragmentation and dirty pages), memory per
-//! connection, allocated/RSS sparklines and the connections holding the largest queues.
+//! Memory view: jemalloc stats (with fragmentation and dirty pages), the C heap and
+//! SQLite's share of it, memory per connection, allocated/RSS sparklines and the connections holding the largest queues.
 
 use std::collections::VecDeque;
 
@@ -50,6 +50,8 @@ pub fn render(frame: &mut Frame<'_>, area: Rect, _state: &AppState, node: &NodeS
                 ("fragmentation", m.fragmentation, "active - allocated"),
                 ("dirty", m.dirty, "resident-active-metadata"),
                 ("rss", m.rss, "process resident set"),
+                ("C heap", m.c_heap, "glibc's, outside jemalloc"),
+                ("SQLite", m.sqlite, "its caches, in the C heap"),
             ]
             .into_iter()
             .map(|(k, v, what)| {

@@ -487,6 +487,8 @@ async fn memory(State(node): State<Arc<Node>>) -> Response {
         fragmentation: m.active.saturating_sub(m.allocated),
         dirty: m.resident.saturating_sub(m.active + m.metadata),
         rss: snap.process.rss_bytes,
+        sqlite: crate::obs::alloc::sqlite_used(),
+        c_heap: crate::obs::alloc::c_heap().unwrap_or(0),
         connections: node.conns.len() as u64,
         per_connection_bytes: snap.capacity.per_connection_bytes,
         per_connection_measured: snap.capacity.per_connection_measured,

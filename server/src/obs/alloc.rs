@@ -1,6 +1,7 @@
 //! Allocator stats from jemalloc (`tikv-jemalloc-ctl`): the epoch is advanced before
-//! each read, since jemalloc caches its statistics; and the purge that hands the freed
-//! pages of a large short-lived allocation (a profile's report) back to the system.
+//! each read, since jemalloc caches its statistics; the purge that hands the freed
+//! pages of a large short-lived allocation (a profile's report) back to the system; and
+//! the memory outside jemalloc: the C allocator's heap and what SQLite holds in it.
 
 /// jemalloc's figures, bytes: the admin API's type (`overview.memory`).
 pub use im_admin_api::AllocStats;
@@ -51,4 +52,27 @@ pub fn purge() -> Result<(), i32> {
     } else {
         Err(rc)
     }
+}
+
+/// Bytes the embedded SQLite holds now, across its connections (page caches, prepared
+/// statements): they live in the C allocator's heap, not in jemalloc's figures.
+pub fn sqlite_used() -> u64 {
+    // SAFETY: a plain read of SQLite's global memory counter; no arguments.
+    let used = unsafe { rusqlite::ffi::sqlite3_memory_used() };
+    used.max(0) as u64
+}
+
+/// Bytes the C allocator has taken from the system (glibc's arenas and its large
+/// mappings); `None` off glibc.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub fn c_heap() -> Option<u64> {
+    // SAFETY: mallinfo2 takes nothing and returns a plain struct by value.
+    let info = unsafe { libc::mallinfo2() };
+    Some((info.arena + info.hblkhd) as u64)
+}
+
+/// Bytes the C allocator has taken from the system; `None` off glibc.
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub fn c_heap() -> Option<u64> {
+    None
 }
