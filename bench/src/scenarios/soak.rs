@@ -400,6 +400,7 @@ async fn sample_windows(live: Live, admin: AdminClient, every: Duration) -> Vec<
         tokio::time::sleep_until(at).await;
         let (ack1, del1, c1) = (live.ack_latency(), live.deliver_latency(), live.counts());
         let figures = admin.try_figures().await;
+        let memory = figures.as_ref().and_then(|f| f.memory.as_ref());
         let (mut ack, mut del) = (ack1.clone(), del1.clone());
         // Cumulative histograms only grow: the earlier one is contained in the later.
         let _ = ack.subtract(&ack0);
@@ -408,18 +409,10 @@ async fn sample_windows(live: Live, admin: AdminClient, every: Duration) -> Vec<
             window: n,
             end_secs: at.saturating_duration_since(clock.warmup_end).as_secs_f64(),
             rss_bytes: figures.as_ref().map(|f| f.rss_bytes),
-            heap_allocated_bytes: figures
-                .as_ref()
-                .and_then(|f| f.jemalloc.as_ref().map(|j| j.allocated)),
-            heap_resident_bytes: figures
-                .as_ref()
-                .and_then(|f| f.jemalloc.as_ref().map(|j| j.resident)),
-            sqlite_bytes: figures
-                .as_ref()
-                .and_then(|f| f.memory.as_ref().map(|m| m.sqlite)),
-            c_heap_bytes: figures
-                .as_ref()
-                .and_then(|f| f.memory.as_ref().map(|m| m.c_heap)),
+            heap_allocated_bytes: memory.map(|m| m.allocated),
+            heap_resident_bytes: memory.map(|m| m.resident),
+            sqlite_bytes: memory.map(|m| m.sqlite),
+            c_heap_bytes: memory.map(|m| m.c_heap),
             server_cpu_seconds: figures.as_ref().map(|f| f.cpu_seconds),
             connections: figures.as_ref().map(|f| f.connections),
             slow_consumers: figures.as_ref().map(|f| f.slow_consumers),
