@@ -61,6 +61,9 @@ pub struct BroadcastReport {
     pub cpu_us_per_delivery: Option<f64>,
     /// Server CPU µs per message sent in the window.
     pub cpu_us_per_message: Option<f64>,
+    /// This generator's own CPU over the window (its readers decode every delivery):
+    /// above ~1 core on a 2-core machine, it competes with the server.
+    pub generator: Option<ServerCost>,
 }
 
 impl ReportBody for BroadcastReport {
@@ -87,6 +90,9 @@ impl ReportBody for BroadcastReport {
             r.cpu_us_per_delivery,
             r.cpu_us_per_message,
         );
+        if let Some(g) = r.generator {
+            line(&mut s, "generator", format!("{:.3} cores", g.cpu_cores));
+        }
         line(&mut s, "passed", r.tail.passed);
         s
     }
@@ -139,6 +145,7 @@ pub(super) async fn run(
         rx.spawn(receive(conn, i, 0, shared.clone(), deadline));
     }
     let window = sample_window(pid, clock);
+    let own_window = sample_window(Some(std::process::id()), clock);
     let ack_latency = Arc::new(LatencyRecorder::new(1));
     let dest = Dest::Fanout(topic);
     let totals = send_loop(
@@ -155,6 +162,7 @@ pub(super) async fn run(
     )
     .await;
     let samples = window.await.context("sampler panicked")?;
+    let own = own_window.await.context("sampler panicked")?;
     let mut delivery = Delivery {
         losses_fail: !c.protocol.lossy_fanout(),
         ..Delivery::default()
@@ -180,6 +188,7 @@ pub(super) async fn run(
             server,
             cpu_us_per_delivery: per(server, in_window),
             cpu_us_per_message: per(server, totals.sent_in_window),
+            generator: cost(own, clock.measured_secs()),
         },
         tail: Tail::new(Absent, passed, Absent),
     })
