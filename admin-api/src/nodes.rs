@@ -113,6 +113,12 @@ pub struct Memory {
     pub dirty: u64,
     /// Process RSS in bytes.
     pub rss: u64,
+    /// The part of `rss` in anonymous pages (the heaps, the stacks); 0 where the OS
+    /// does not tell.
+    pub rss_anon: u64,
+    /// The part of `rss` in file-backed pages (the binary's own code and data as it is
+    /// touched, SQLite's shared-memory index); 0 where the OS does not tell.
+    pub rss_file: u64,
     /// Bytes the embedded SQLite holds (its page caches and statements, outside
     /// jemalloc); 0 when no SQLite store is open.
     pub sqlite: u64,

@@ -26,10 +26,10 @@ from xml.sax.saxutils import escape
 W, H = 640, 400
 LEFT, RIGHT, TOP, BOTTOM = 70, 150, 40, 55
 COLORS = {"im": "#1f77b4", "mosquitto": "#d62728", "rss": "#1f77b4", "heap": "#ff7f0e",
-          "resident": "#9467bd", "sqlite": "#8c564b", "ack": "#1f77b4", "deliver": "#2ca02c"}
+          "resident": "#9467bd", "sqlite": "#8c564b", "file": "#7f7f7f", "ack": "#1f77b4", "deliver": "#2ca02c"}
 NAMES = {"im": "im-server (durable ack)", "mosquitto": "Mosquitto 2 WS (ack from memory)",
          "rss": "im-server (RSS)", "heap": "im-server (heap)",
-         "resident": "jemalloc resident", "sqlite": "SQLite (C heap)", "ack": "send→ack P99", "deliver": "delivery P99"}
+         "resident": "jemalloc resident", "sqlite": "SQLite (C heap)", "file": "RSS of files (binary)", "ack": "send→ack P99", "deliver": "delivery P99"}
 
 
 def fanout_point(n, j):
@@ -170,7 +170,7 @@ def soak(report_path, plots):
     mib = lambda key: [(minute(s), s[key] / (1024 * 1024), ok) for s in samples
                        if s.get(key) is not None]
     memory = {"rss": mib("rss_bytes"), "resident": mib("heap_resident_bytes"),
-              "heap": mib("heap_allocated_bytes"), "sqlite": mib("sqlite_bytes")}
+              "heap": mib("heap_allocated_bytes"), "sqlite": mib("sqlite_bytes"), "file": mib("rss_file_bytes")}
     p99 = {k: [(minute(s), s[f"{f}_p99_us"] / 1000, ok) for s in samples if s.get(f"{f}_p99_us")]
            for k, f in (("ack", "send_to_ack"), ("deliver", "deliver"))}
     drawn = 0

@@ -142,6 +142,12 @@ async fn probes_metrics_kick_and_admin_auth() {
     let sqlite = m["sqlite"].as_u64().unwrap();
     assert!(sqlite > 0, "{body}");
     assert!(m["c_heap"].as_u64().unwrap() >= sqlite, "{body}");
+    // RSS split by what backs it: the heaps and stacks, and the binary's pages.
+    let (anon, file) = (
+        m["rss_anon"].as_u64().unwrap(),
+        m["rss_file"].as_u64().unwrap(),
+    );
+    assert!(anon > 0 && file > 0, "{body}");
     let (status, body) = server.admin_get("/admin/v1/slow-consumers");
     assert_eq!(status, 200, "{body}");
     let s: serde_json::Value = serde_json::from_str(&body).unwrap();

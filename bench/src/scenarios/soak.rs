@@ -95,6 +95,9 @@ pub struct Sample {
     /// jemalloc `resident` (pages of the heap in memory, freed ones not yet purged
     /// included): with `allocated` and RSS, where RSS that the heap does not explain sits.
     pub heap_resident_bytes: Option<u64>,
+    /// The file-backed part of the server's RSS (its binary's pages as they are
+    /// touched, SQLite's shared-memory index).
+    pub rss_file_bytes: Option<u64>,
     /// Bytes the embedded SQLite holds (page caches, statements; outside jemalloc).
     pub sqlite_bytes: Option<u64>,
     /// Bytes the C allocator (SQLite's) has taken from the system.
@@ -411,6 +414,7 @@ async fn sample_windows(live: Live, admin: AdminClient, every: Duration) -> Vec<
             rss_bytes: figures.as_ref().map(|f| f.rss_bytes),
             heap_allocated_bytes: memory.map(|m| m.allocated),
             heap_resident_bytes: memory.map(|m| m.resident),
+            rss_file_bytes: memory.map(|m| m.rss_file),
             sqlite_bytes: memory.map(|m| m.sqlite),
             c_heap_bytes: memory.map(|m| m.c_heap),
             server_cpu_seconds: figures.as_ref().map(|f| f.cpu_seconds),

@@ -477,6 +477,9 @@ async fn memory(State(node): State<Arc<Node>>) -> Response {
             "allocator stats unavailable",
         );
     };
+    let rss_parts = crate::obs::process::rss_parts();
+    let rss = rss_parts.map_or(snap.process.rss_bytes, |(anon, file)| anon + file);
+    let rss_parts = rss_parts.unwrap_or((0, 0));
     Json(Memory {
         allocated: m.allocated,
         active: m.active,
@@ -486,7 +489,9 @@ async fn memory(State(node): State<Arc<Node>>) -> Response {
         metadata: m.metadata,
         fragmentation: m.active.saturating_sub(m.allocated),
         dirty: m.resident.saturating_sub(m.active + m.metadata),
-        rss: snap.process.rss_bytes,
+        rss,
+        rss_anon: rss_parts.0,
+        rss_file: rss_parts.1,
         sqlite: crate::obs::alloc::sqlite_used(),
         c_heap: crate::obs::alloc::c_heap().unwrap_or(0),
         connections: node.conns.len() as u64,

@@ -40,6 +40,20 @@ pub fn read() -> ProcessStats {
     }
 }
 
+/// The resident set split by what backs it, bytes, from `/proc/self/status`: anonymous
+/// pages (the heaps, the stacks) and file-backed ones (the binary's own pages, mapped
+/// files, shared memory); `None` where the OS does not tell.
+pub fn rss_parts() -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib = |key: &str| -> Option<u64> {
+        let line = status.lines().find(|l| l.starts_with(key))?;
+        line[key.len()..].split_whitespace().next()?.parse().ok()
+    };
+    let anon = kib("RssAnon:")?;
+    let file = kib("RssFile:")? + kib("RssShmem:").unwrap_or(0);
+    Some((anon * 1024, file * 1024))
+}
+
 fn page_size() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
@@ -141,5 +155,7 @@ mod tests {
         assert!(p.max_fds >= p.open_fds);
         assert!(p.memory_limit_bytes > p.rss_bytes);
         assert!(p.cores >= 1);
+        let (anon, file) = super::rss_parts().expect("RssAnon and RssFile");
+        assert!(anon > 0 && file > 0, "anon {anon}, file {file}");
     }
 }
