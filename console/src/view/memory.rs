@@ -1,5 +1,6 @@
 //! Memory view: jemalloc stats (with fragmentation and dirty pages), the C heap and
-//! SQLite's share of it, memory per connection, allocated/RSS sparklines and the connections holding the largest queues.
+//! SQLite's share of it, memory per connection, allocated/RSS sparklines and the
+//! connections holding the largest queues.
 
 use std::collections::VecDeque;
 

@@ -1,6 +1,6 @@
 //! `[persist]`: the group commit of the persistence writer (batch size and wait, the
-//! delivery cursors' wait for a batch, queue
-//! capacity, the OVERLOADED retry hint), with its defaults and validation.
+//! delivery cursors' wait for a batch, queue capacity, the OVERLOADED retry hint), with
+//! its defaults and validation.
 
 use serde::{Deserialize, Serialize};
 
