@@ -119,9 +119,9 @@ test("rate limited sends are retried after retry_after_ms and arrive once", asyn
   try {
     const a = await connectUser(server, "rla");
     const b = await connectUser(server, "rlb");
-    // 100 at once: with 150 the pacer now and then let more than limits.max_rate_limited
-    // refusals through in the window (closed "send flood"), a fault of the pacer's
-    // speed-up that this test does not cover.
+    // 100 at once: with 150 the outbox's pacer now and then let more than
+    // limits.max_rate_limited refusals through in the window (closed "send flood"), an
+    // open fault of the pacer that this test is not about.
     const N = 100;
     const acks = await Promise.all(Array.from({ length: N }, (_, i) => a.client.send({ to: "rlb" }, `rl${i}`)));
     assert.equal(new Set(acks.map((x) => x.seq)).size, N);
