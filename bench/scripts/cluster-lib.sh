@@ -1,6 +1,6 @@
 # Shared by idle-50k.sh, storm-10k.sh and headline.sh (sourced, not run): the checks
-# before a run on a 3-node cluster, starting its nodes, their URLs, and the cleanup of
-# its NATS KV buckets.
+# before a run on a 3-node cluster, starting its nodes, their URLs, and the teardown
+# (its processes, its Postgres schema and its NATS KV buckets).
 
 # Deletes a run's KV buckets (streams KV_<prefix>-nodes and KV_<prefix>-presence) over the
 # plain NATS protocol, as there is no nats CLI here: delete_buckets NATS_URL PREFIX.
@@ -27,6 +27,18 @@ for bucket in (f"{sys.argv[2]}-nodes", f"{sys.argv[2]}-presence"):
         if line.startswith(b"PING"):
             s.sendall(b"PONG\r\n")
 PY
+}
+
+# Ends a run: stops the processes PIDS (all are signalled before any is waited for),
+# drops its Postgres schema and deletes its KV buckets; never fails the caller:
+# cluster_teardown PG_URL ID NATS_URL PIDS...
+cluster_teardown() {
+  local pg=$1 id=$2 nats=$3 p
+  shift 3
+  for p in "$@"; do kill "$p" 2>/dev/null || true; done
+  for p in "$@"; do wait "$p" 2>/dev/null || true; done
+  PGOPTIONS=--client-min-messages=warning psql "$pg" -qc "DROP SCHEMA IF EXISTS $id CASCADE" || true
+  delete_buckets "$nats" "$id"
 }
 
 # Stops the run (exit 2) unless both release binaries are in the directory T and every

@@ -70,10 +70,7 @@ node_pids=()
 idle_pids=()
 mix_pid=""
 cleanup() {
-  for p in $mix_pid "${idle_pids[@]}" "${node_pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in $mix_pid "${idle_pids[@]}" "${node_pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  PGOPTIONS=--client-min-messages=warning psql "$PG" -qc "DROP SCHEMA IF EXISTS $ID CASCADE" || true
-  delete_buckets "$NATS" "$ID"
+  cluster_teardown "$PG" "$ID" "$NATS" $mix_pid "${idle_pids[@]}" "${node_pids[@]}"
   cp "$WORK"/*.log "$WORK"/*.err "$OUT"/ 2>/dev/null || true
   rm -rf "$WORK"
 }

@@ -40,10 +40,7 @@ mkdir -p "$OUT"
 node_pids=()
 gen_pids=()
 cleanup() {
-  for p in "${gen_pids[@]}" "${node_pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${gen_pids[@]}" "${node_pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  PGOPTIONS=--client-min-messages=warning psql "$PG" -qc "DROP SCHEMA IF EXISTS $ID CASCADE" || true
-  delete_buckets "$NATS" "$ID"
+  cluster_teardown "$PG" "$ID" "$NATS" "${gen_pids[@]}" "${node_pids[@]}"
   [[ "$OUT" == "$WORK" ]] || cp "$WORK"/n*.log "$OUT"/ 2>/dev/null || true
   rm -rf "$WORK"
 }

@@ -52,10 +52,7 @@ mkdir -p "$OUT"
 node_pids=()
 gen_pids=()
 cleanup() {
-  for p in "${gen_pids[@]}" "${node_pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${gen_pids[@]}" "${node_pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  PGOPTIONS=--client-min-messages=warning psql "$PG" -qc "DROP SCHEMA IF EXISTS $ID CASCADE" || true
-  delete_buckets "$NATS" "$ID"
+  cluster_teardown "$PG" "$ID" "$NATS" "${gen_pids[@]}" "${node_pids[@]}"
   # The last lines of each node's log (WARN and up; a store in trouble logs a lot).
   for f in "$WORK"/n*.log; do [[ -e "$f" ]] && tail -n 200 "$f" >"$OUT/$(basename "$f")"; done
   rm -rf "$WORK"
