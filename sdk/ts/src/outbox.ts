@@ -6,7 +6,9 @@
  * server closes 1008): a window of entries in flight that halves on OVERLOADED and
  * grows back on acks, and, after RATE_LIMITED, a pacer that sends one entry per
  * interval (first a little slower than the server's retry_after_ms, the time one
- * token takes), speeding up by 1% per ack until it is off again.
+ * token takes), speeding up a little with each ack (about 1.4 times per second paced)
+ * until it is off again and slowing down by half again each time it is refused anyway:
+ * it settles just under the server's rate with about one refusal a second.
  * @module
  */
 
@@ -19,6 +21,10 @@ import type { SendAck } from "./types.js";
 export const WINDOW_START = 32;
 /** Largest congestion window. */
 export const WINDOW_MAX = 1024;
+/** How much slower the pacer goes when refused again while pacing. */
+export const PACE_BACKOFF = 1.5;
+/** How fast the pacer speeds up: its rate grows by e^0.35 (about 1.4) per second paced. */
+export const PACE_SPEEDUP_PER_SEC = 0.25;
 
 interface Pending {
   entry: OutboxEntry;
@@ -150,7 +156,9 @@ export class Outbox {
     if (p.inflight) this.inflightCount -= 1;
     this.window = Math.min(WINDOW_MAX, this.window + 1 / Math.max(1, this.window) + (this.window < WINDOW_START ? 1 : 0));
     if (this.paceMs > 0) {
-      this.paceMs *= 0.99;
+      // Each ack takes one interval of pacing: speed up by PACE_SPEEDUP_PER_SEC for
+      // each second of it, so refusals come about once a second whatever the rate.
+      this.paceMs *= Math.exp((-PACE_SPEEDUP_PER_SEC * this.paceMs) / 1000);
       if (this.paceMs < 1) this.paceMs = 0;
     }
     p.resolve?.(ack);
@@ -170,11 +178,17 @@ export class Outbox {
       this.inflightCount -= 1;
     }
     if (err.code === "RATE_LIMITED" || err.code === "OVERLOADED") {
+      // Only news slows us down: a refusal of an entry sent after the last pause ended.
+      // The rest of a burst already in flight is refused too, and says nothing new.
+      const news = now >= this.pausedUntil;
       const until = now + retryDelay(err.retryAfterMs, this.random);
-      if (until > this.pausedUntil) {
-        this.pausedUntil = until;
-        if (err.code === "OVERLOADED") this.window = Math.max(1, this.window / 2);
-        else this.paceMs = Math.max(this.paceMs, Math.max(1, err.retryAfterMs) * 1.25);
+      if (until > this.pausedUntil) this.pausedUntil = until;
+      if (news && err.code === "OVERLOADED") this.window = Math.max(1, this.window / 2);
+      // retry_after_ms is the wait for the next token, not the token interval: a pacer
+      // just a little too fast hears a few ms. So a refusal while pacing slows the pacer
+      // down by half again, and the hint is only its floor.
+      if (news && err.code === "RATE_LIMITED") {
+        this.paceMs = Math.max(this.paceMs * PACE_BACKOFF, Math.max(1, err.retryAfterMs) * 1.25);
       }
       return "retry";
     }

@@ -119,10 +119,8 @@ test("rate limited sends are retried after retry_after_ms and arrive once", asyn
   try {
     const a = await connectUser(server, "rla");
     const b = await connectUser(server, "rlb");
-    // 100 at once: with 150 the outbox's pacer now and then let more than
-    // limits.max_rate_limited refusals through in the window (closed "send flood"), an
-    // open fault of the pacer that this test is not about.
-    const N = 100;
+    // 200 at once at 50/s: four seconds of backlog, paced without a flood close.
+    const N = 200;
     const acks = await Promise.all(Array.from({ length: N }, (_, i) => a.client.send({ to: "rlb" }, `rl${i}`)));
     assert.equal(new Set(acks.map((x) => x.seq)).size, N);
     await waitFor("b has all", () => b.messages.length >= N);
