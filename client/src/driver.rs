@@ -501,6 +501,7 @@ impl Driver {
         let req = SyncRequest {
             cursors,
             limit: SYNC_LIMIT,
+            ..Default::default()
         };
         conn.send(&im_proto::frame(id, Body::Sync(req)))
             .await
@@ -523,9 +524,13 @@ impl Driver {
                 }
             }
             // An unsolicited SyncResponse{more} is the server's notify-and-pull hint
-            // (large groups): new messages wait in the store, fetch them by sync.
+            // (large groups): new messages wait in the store, fetch them by sync. One
+            // naming a seq we already hold asks for nothing.
             Some(Body::SyncResp(resp)) if id == 0 => {
-                if resp.more {
+                let held = !resp.hint_conversation_id.is_empty()
+                    && resp.hint_seq > 0
+                    && self.tracker.delivered(&resp.hint_conversation_id) >= resp.hint_seq;
+                if resp.more && !held {
                     self.bg_wanted = true;
                 }
             }

@@ -431,6 +431,7 @@ async fn deliveries_are_deduped_gaps_synced_and_acked() {
     let page = proto::SyncResponse {
         messages: vec![msg(conv, 3), msg(conv, 4)],
         more: false,
+        ..Default::default()
     };
     peer.send(proto::frame(f.req_id, Body::SyncResp(page)))
         .await;
@@ -470,6 +471,7 @@ async fn sync_pages_with_explicit_cursors_and_returns_only_new() {
     let page = proto::SyncResponse {
         messages: vec![msg("g:a", 1), msg("g:a", 2), msg("u:alice:bob", 1)],
         more: true,
+        ..Default::default()
     };
     peer.send(proto::frame(f.req_id, Body::SyncResp(page)))
         .await;
@@ -486,6 +488,7 @@ async fn sync_pages_with_explicit_cursors_and_returns_only_new() {
     let page = proto::SyncResponse {
         messages: vec![msg("u:alice:bob", 2)],
         more: false,
+        ..Default::default()
     };
     peer.send(proto::frame(f.req_id, Body::SyncResp(page)))
         .await;
@@ -502,6 +505,7 @@ async fn sync_pages_with_explicit_cursors_and_returns_only_new() {
     let page = proto::SyncResponse {
         messages: vec![msg("u:alice:bob", 2)],
         more: false,
+        ..Default::default()
     };
     peer.send(proto::frame(f.req_id, Body::SyncResp(page)))
         .await;
@@ -574,6 +578,7 @@ async fn reconnect_resumes_resends_in_flight_send_and_syncs() {
                 let page = proto::SyncResponse {
                     messages: vec![msg("u:alice:bob", 7)],
                     more: false,
+                    ..Default::default()
                 };
                 peer.send(proto::frame(f.req_id, Body::SyncResp(page)))
                     .await;
@@ -678,6 +683,7 @@ async fn own_messages_are_not_emitted_and_server_cursors_fast_forward() {
     let page = proto::SyncResponse {
         messages: vec![msg(conv, 5), msg(conv, 6)],
         more: false,
+        ..Default::default()
     };
     peer.send(proto::frame(f.req_id, Body::SyncResp(page)))
         .await;
@@ -741,6 +747,7 @@ impl FakeStore {
                     return proto::SyncResponse {
                         messages,
                         more: true,
+                        ..Default::default()
                     };
                 }
                 messages.push(m.clone());
@@ -749,6 +756,7 @@ impl FakeStore {
         proto::SyncResponse {
             messages,
             more: false,
+            ..Default::default()
         }
     }
 

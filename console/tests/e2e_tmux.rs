@@ -300,6 +300,7 @@ fn console_drives_a_live_node() {
         let req = proto::SyncRequest {
             cursors: vec![],
             limit: 100,
+            ..Default::default()
         };
         dave.send(&proto::frame(8, Body::Sync(req))).await.unwrap();
         loop {

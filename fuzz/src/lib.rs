@@ -288,6 +288,7 @@ impl FFrame {
                     })
                     .collect(),
                 limit: *limit,
+                ..Default::default()
             })),
             FBody::Ping(t) => Some(Body::Ping(Ping { client_time: *t })),
             FBody::GroupOp {
@@ -387,6 +388,7 @@ impl FFrame {
                         2 => Body::Sync(SyncRequest {
                             cursors: vec![],
                             limit: 5,
+                            ..Default::default()
                         }),
                         3 => Body::Ping(Ping {
                             client_time: i as i64,

@@ -47,6 +47,7 @@ async fn sync_from(c: &mut RawConn, req_id: u64, conv: &str, after: u64) -> Body
             after_seq: after,
         }],
         limit: 1000,
+        ..Default::default()
     };
     request(c, req_id, Body::Sync(sync)).await
 }

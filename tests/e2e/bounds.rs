@@ -170,6 +170,7 @@ async fn sync_pages_stop_at_the_byte_budget_and_large_backlogs_sync_completely()
         Body::Sync(proto::SyncRequest {
             cursors: vec![],
             limit: 500,
+            ..Default::default()
         }),
     ))
     .await
@@ -294,6 +295,7 @@ async fn every_frame_kind_is_rate_limited_one_by_one_inside_a_batch() {
             Body::Sync(proto::SyncRequest {
                 cursors: vec![],
                 limit: 10,
+                ..Default::default()
             }),
             "sync",
         ),

@@ -594,6 +594,7 @@ async fn a_removal_on_one_node_holds_on_another_with_the_notice_dropped() {
             after_seq: 0,
         }],
         limit: 100,
+        ..Default::default()
     };
     match request(&mut gone, 23, Body::Sync(sync)).await {
         Body::SyncResp(r) => assert!(

@@ -271,6 +271,7 @@ async fn exchange(a: &mut im_client::RawConn, b: &mut im_client::RawConn, tag: &
             Body::Sync(SyncRequest {
                 cursors: vec![],
                 limit: 1,
+                ..Default::default()
             }),
         ))
         .await

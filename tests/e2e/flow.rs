@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use im_client::proto::{Body, ErrorCode};
-use im_client::Target;
+use im_client::{RawConn, Target};
 
 use crate::support::*;
 
@@ -321,4 +321,135 @@ async fn large_groups_switch_to_notify_and_pull() {
         0.0,
         "payloads were not pushed"
     );
+}
+
+/// One `only_cursors` sync of `conv` after `after` (a node may answer it from its window).
+async fn sync_one(c: &mut RawConn, req_id: u64, conv: &str, after: u64) -> Body {
+    let sync = im_client::proto::SyncRequest {
+        cursors: vec![im_client::proto::Cursor {
+            conversation_id: conv.into(),
+            after_seq: after,
+        }],
+        limit: 100,
+        only_cursors: true,
+    };
+    request(c, req_id, Body::Sync(sync)).await
+}
+
+/// The (seq, state, payload) of each message of a sync answer.
+fn rendered(b: &Body) -> Vec<(u64, i32, Vec<u8>)> {
+    match b {
+        Body::SyncResp(r) => r
+            .messages
+            .iter()
+            .map(|m| (m.seq, m.state, m.payload.to_vec()))
+            .collect(),
+        other => panic!("not a sync page: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hint_names_its_group_and_the_window_answers_as_the_store_would() {
+    let server = TestServer::start_with(&[("IM_FLOW_NOTIFY_GROUP_THRESHOLD", "3")]);
+    let mut owner = server.raw("boss").await;
+    let mut r1 = server.raw("r1").await;
+    let mut eve = server.raw("eve").await;
+    let v = create_group(
+        &mut owner,
+        "town",
+        vec!["r1".into(), "r2".into(), "r3".into()],
+    )
+    .await;
+    for i in 0..5u64 {
+        let text = format!("t{i}");
+        owner
+            .send(&send_to_group(10 + i, "town", text.as_bytes(), &text))
+            .await
+            .unwrap();
+    }
+    assert_eq!(acks(&mut owner, 5).await.len(), 5);
+
+    // The hint names the group and the seq of the message that raised it (the CREATE
+    // event's, v, when it came before the member read anything).
+    let f = next_frame(&mut r1).await;
+    match f.body {
+        Some(Body::SyncResp(ref r)) if f.req_id == 0 => {
+            assert_eq!((r.hint_conversation_id.as_str(), r.more), ("g:town", true));
+            assert!(r.hint_seq >= v && r.hint_seq <= v + 5, "{r:?}");
+        }
+        other => panic!("not a hint: {other:?}"),
+    }
+    let from_window = |s: &TestServer| s.metric("im_syncs_from_window_total", &[]);
+
+    // After the last membership change: from the window, the same as the store says.
+    let window = sync_one(&mut r1, 20, "g:town", v).await;
+    assert_eq!(from_window(&server), 1.0);
+    let want: Vec<_> = (1..=5u64)
+        .map(|i| (v + i, 0, format!("t{}", i - 1).into_bytes()))
+        .collect();
+    assert_eq!(rendered(&window), want);
+    let stored: Vec<_> = raw_sync_all(&mut r1, 100)
+        .await
+        .into_iter()
+        .filter(|m| m.seq > v)
+        .collect();
+    let Body::SyncResp(w) = &window else {
+        unreachable!()
+    };
+    assert_eq!(w.messages, stored, "every field as the store renders it");
+
+    // Before it (it could be before a member's join): the store, so the page also holds
+    // the CREATE event.
+    let all = sync_one(&mut r1, 21, "g:town", 0).await;
+    assert_eq!(from_window(&server), 1.0);
+    assert_eq!(rendered(&all).first().map(|m| m.0), Some(1));
+
+    // A non-member is refused before any window is read.
+    assert!(matches!(
+        sync_one(&mut eve, 22, "g:town", v).await,
+        Body::Error(e) if e.code == ErrorCode::NotMember as i32
+    ));
+
+    // An edit: the edited message reads its stored state (EDITED), not the window's.
+    let edit = Body::Edit(im_client::proto::Edit {
+        conversation_id: "g:town".into(),
+        seq: v + 2,
+        msg_id: String::new(),
+        payload: b"t1 (edited)".to_vec().into(),
+        client_msg_id: "e1".into(),
+    });
+    assert!(matches!(
+        request(&mut owner, 30, edit).await,
+        Body::SendAck(_)
+    ));
+    // The EDIT event's hint: it is in the window by now.
+    let f = next_frame(&mut r1).await;
+    assert!(
+        matches!(f.body, Some(Body::SyncResp(ref r)) if r.hint_seq == v + 6),
+        "{f:?}"
+    );
+    let after_edit = rendered(&sync_one(&mut r1, 31, "g:town", v + 1).await);
+    assert_eq!(
+        after_edit[0],
+        (v + 2, 1, b"t1 (edited)".to_vec()),
+        "{after_edit:?}"
+    );
+    assert_eq!(from_window(&server), 1.0, "read from the store");
+    let later = sync_one(&mut r1, 32, "g:town", v + 5).await;
+    assert_eq!(rendered(&later).len(), 1, "the EDIT event itself");
+    assert_eq!(
+        from_window(&server),
+        2.0,
+        "after the edited message: the window again"
+    );
+
+    // Delete-for-me: the hidden message reads as HIDDEN for its reader.
+    let del = Body::DeleteForMe(im_client::proto::DeleteForMe {
+        conversation_id: "g:town".into(),
+        seq: v + 4,
+    });
+    assert!(matches!(request(&mut r1, 40, del).await, Body::Done(_)));
+    let hidden = rendered(&sync_one(&mut r1, 41, "g:town", v + 3).await);
+    assert_eq!(hidden[0], (v + 4, 3, Vec::new()), "{hidden:?}");
+    assert_eq!(from_window(&server), 2.0);
 }

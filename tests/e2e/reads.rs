@@ -84,6 +84,7 @@ async fn sync_empty_cursors(c: &mut RawConn, req_id: u64) -> proto::SyncResponse
         Body::Sync(proto::SyncRequest {
             cursors: Vec::new(),
             limit: 100,
+            ..Default::default()
         }),
     )
     .await

@@ -368,6 +368,7 @@ async fn flooder(a: Attack, user: String, token: String, kind: u8) {
                         1 => Body::Sync(SyncRequest {
                             cursors: vec![],
                             limit: 1000,
+                            ..Default::default()
                         }),
                         _ => Body::GroupOp(GroupOp {
                             op: group_op::Op::Join as i32,
@@ -413,6 +414,7 @@ async fn backlog_syncer(a: Attack, token: String) {
             let sync = SyncRequest {
                 cursors: cur,
                 limit: 1000,
+                ..Default::default()
             };
             if c.send(&frame(req, Body::Sync(sync))).await.is_err() {
                 break;
@@ -465,6 +467,7 @@ async fn never_read(a: Attack, token: String) {
             let sync = SyncRequest {
                 cursors: vec![],
                 limit: 1000,
+                ..Default::default()
             };
             let sent = tokio::time::timeout(
                 Duration::from_secs(1),

@@ -1318,6 +1318,7 @@ fn idle_sync() -> Frame {
         Body::Sync(SyncRequest {
             cursors: Vec::new(),
             limit: 0,
+            ..Default::default()
         }),
     )
 }

@@ -309,6 +309,7 @@ async fn cursor_check(
                 Body::Sync(SyncRequest {
                     cursors: Vec::new(),
                     limit: 1000,
+                    ..Default::default()
                 }),
             );
             conn.send(&req)

@@ -67,6 +67,10 @@ pub(super) async fn inbound(
             router.deliver_ephemeral_remote(&env.users, &env.frame);
             continue;
         }
+        if env.notify && !env.frame.is_empty() && key.check_notify(&env) {
+            router.notify_remote(&env.users, &env.frame);
+            continue;
+        }
         let trace = if key.check_trace(&env) {
             env.trace.map(crate::obs::trace::TraceContext::from)
         } else {

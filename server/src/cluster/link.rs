@@ -318,6 +318,7 @@ impl Peers for Link {
             frame: frame.clone(),
             direct,
             trace: None,
+            notify: false,
         })
     }
 
@@ -331,6 +332,7 @@ impl Peers for Link {
                     frame: f.frame.clone(),
                     direct: f.direct,
                     trace: f.trace.as_ref().map(relay::TraceCtx::from),
+                    notify: f.notify,
                     ..Default::default()
                 };
                 self.publish(self.subject(&node), env, true).await;

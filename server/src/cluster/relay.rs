@@ -4,7 +4,8 @@
 //! notice that closes a user's sessions, and the resync notice (to one node, or to
 //! every node on `<prefix>.all`) after pushes may have been lost. A traced message's
 //! envelope also carries its trace context (`trace`, an optional field older nodes
-//! ignore), signed apart (`trace_sig`) so that `sig` covers what it always covered.
+//! ignore), signed apart (`trace_sig`) so that `sig` covers what it always covered; so
+//! is the `notify` mark of a large group's message (`notify_sig`).
 
 use bytes::Bytes;
 
@@ -62,6 +63,14 @@ pub struct Envelope {
     /// With `trace` and a cluster key: HMAC-SHA256 of `sig` and the encoded `trace`.
     #[prost(bytes = "bytes", tag = "15")]
     pub trace_sig: Bytes,
+    /// A large group's message (notify-and-pull): `frame` carries it, and the receiving
+    /// node files it in its recent window and hints instead of pushing. An older node,
+    /// which does not know this field, pushes the frame. Not covered by `sig`.
+    #[prost(bool, tag = "16")]
+    pub notify: bool,
+    /// With `notify` and a cluster key: HMAC-SHA256 of a tag and `sig`.
+    #[prost(bytes = "bytes", tag = "17")]
+    pub notify_sig: Bytes,
 }
 
 /// The trace context of a traced message (`obs::trace::TraceContext` on the wire).
@@ -170,5 +179,32 @@ mod tests {
             t.seq = 4;
         }
         assert!(k.check_envelope(&forged) && !k.check_trace(&forged));
+    }
+
+    #[test]
+    fn an_old_node_reads_a_notify_envelope_as_a_push_and_a_forged_mark_is_not_believed() {
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, b"k");
+        let k = crate::cluster::trust::ClusterKey::new("k");
+        let mut e = Envelope {
+            from: "a".into(),
+            users: vec!["u1".into()],
+            frame: Bytes::from_static(b"\x08\x01"),
+            notify: true,
+            ..Default::default()
+        };
+        k.seal_envelope(&mut e);
+        assert!(k.check_envelope(&e) && k.check_notify(&e));
+        let mut old = OldEnvelope::decode(&e.encode_to_vec()[..]).unwrap();
+        assert_eq!(old.frame, e.frame, "the old node pushes the frame");
+        let sig = std::mem::take(&mut old.sig);
+        assert!(ring::hmac::verify(&key, &old.encode_to_vec(), &sig).is_ok());
+        // A mark added to a signed push fails its own check; the push still stands.
+        let mut plain = Envelope {
+            notify: false,
+            ..e.clone()
+        };
+        k.seal_envelope(&mut plain);
+        plain.notify = true;
+        assert!(k.check_envelope(&plain) && !k.check_notify(&plain));
     }
 }

@@ -59,18 +59,27 @@ impl ClusterKey {
         serde_json::from_slice(json).ok()
     }
 
-    /// Signs an envelope (sets `sig`, and `trace_sig` when it carries a trace; nothing
-    /// without a key). `sig` covers the envelope without `sig`, `trace` and
-    /// `trace_sig`, as it did before traces existed.
+    /// Signs an envelope (sets `sig`, `trace_sig` when it carries a trace and
+    /// `notify_sig` when it is marked `notify`; nothing without a key). `sig` covers the
+    /// envelope without those fields and `trace`, as it did before they existed.
     pub fn seal_envelope(&self, env: &mut Envelope) {
         env.sig = Default::default();
         env.trace_sig = Default::default();
+        env.notify_sig = Default::default();
         if let Some(k) = &self.0 {
             let trace = env.trace.take();
+            let notify = std::mem::take(&mut env.notify);
             env.sig = hmac::sign(k, &env.encode_to_vec()).as_ref().to_vec().into();
             env.trace = trace;
+            env.notify = notify;
             if let Some(t) = &env.trace {
                 env.trace_sig = hmac::sign(k, &trace_signed(&env.sig, t))
+                    .as_ref()
+                    .to_vec()
+                    .into();
+            }
+            if env.notify {
+                env.notify_sig = hmac::sign(k, &notify_signed(&env.sig))
                     .as_ref()
                     .to_vec()
                     .into();
@@ -79,7 +88,8 @@ impl ClusterKey {
     }
 
     /// Whether an envelope may be believed: always without a key; with one, its `sig`
-    /// must be the HMAC of the envelope without it (and without the trace fields).
+    /// must be the HMAC of the envelope without it (and without the trace and notify
+    /// fields).
     pub fn check_envelope(&self, env: &Envelope) -> bool {
         let Some(k) = &self.0 else {
             return true;
@@ -88,7 +98,18 @@ impl ClusterKey {
         let sig = std::mem::take(&mut bare.sig);
         bare.trace = None;
         bare.trace_sig = Default::default();
+        bare.notify = false;
+        bare.notify_sig = Default::default();
         hmac::verify(k, &bare.encode_to_vec(), &sig).is_ok()
+    }
+
+    /// Whether an envelope's `notify` mark may be believed (true without a key); with a
+    /// bad one the frame is pushed as any other group message.
+    pub fn check_notify(&self, env: &Envelope) -> bool {
+        match &self.0 {
+            Some(k) => hmac::verify(k, &notify_signed(&env.sig), &env.notify_sig).is_ok(),
+            None => true,
+        }
     }
 
     /// Whether an envelope's trace context may be believed (true without a key or a
@@ -148,6 +169,13 @@ impl ClusterKey {
 fn sealed_bytes<M: Sealed>(m: &M) -> Vec<u8> {
     let mut v = M::DOMAIN.to_vec();
     v.extend_from_slice(&m.encode_to_vec());
+    v
+}
+
+/// What `notify_sig` covers: a domain tag and the envelope's `sig`.
+fn notify_signed(sig: &[u8]) -> Vec<u8> {
+    let mut v = b"im-notify\0".to_vec();
+    v.extend_from_slice(sig);
     v
 }
 

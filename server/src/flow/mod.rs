@@ -105,7 +105,9 @@ pub struct Outbound {
     hard: usize,
     slow: AtomicBool,
     logged_in: AtomicBool,
-    sync_hint: AtomicBool,
+    /// The pending notify-and-pull hint: 0 none, [`HINT_ALL`] one for every
+    /// conversation, else the [`hint_key`] of the conversation it names.
+    sync_hint: AtomicU64,
     /// Set once the connection starts closing (read without a lock on every push).
     closing: AtomicBool,
     /// Why it closes: the first reason given.
@@ -163,6 +165,19 @@ struct QueueState {
 /// [`FrameQueue::try_recv`] found nothing queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueueEmpty;
+
+/// The pending-hint key of a hint for every conversation (after lost pushes).
+pub const HINT_ALL: u64 = u64::MAX;
+
+/// The pending-hint key of a hint naming `conversation_id`: never 0 nor [`HINT_ALL`].
+pub fn hint_key(conversation_id: &str) -> u64 {
+    // FNV-1a: stable, cheap, computed once per message, not per connection.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in conversation_id.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    h.clamp(1, HINT_ALL - 1)
+}
 
 /// Frames kept as spare room after a burst drains; above this the room is freed.
 const SPARE_FRAMES: usize = 16;
@@ -328,7 +343,7 @@ impl Outbound {
             hard: hard as usize,
             slow: AtomicBool::new(false),
             logged_in: AtomicBool::new(false),
-            sync_hint: AtomicBool::new(false),
+            sync_hint: AtomicU64::new(0),
             closing: AtomicBool::new(false),
             close_reason: Mutex::new(None),
             closed: tokio::sync::Notify::new(),
@@ -412,17 +427,19 @@ impl Outbound {
         Pushed::Queued
     }
 
-    /// Queues the notify-and-pull hint unless one is already pending (one per sync).
-    pub fn hint_sync(&self, hint: &Bytes) -> bool {
-        if self.sync_hint.swap(true, Relaxed) {
-            return false;
-        }
-        self.push(hint.clone(), true) == Pushed::Queued
+    /// Queues a notify-and-pull hint unless one for the same conversation (`key`, from
+    /// [`hint_key`]), or one for every conversation ([`HINT_ALL`]), is already pending:
+    /// at most one per conversation between two syncs.
+    pub fn hint_sync(&self, hint: &Bytes, key: u64) -> bool {
+        let newer = self.sync_hint.fetch_update(Relaxed, Relaxed, |pending| {
+            (pending != key && pending != HINT_ALL).then_some(key)
+        });
+        newer.is_ok() && self.push(hint.clone(), true) == Pushed::Queued
     }
 
     /// The client is syncing: the next committed message may hint again.
     pub fn clear_sync_hint(&self) {
-        self.sync_hint.store(false, Relaxed);
+        self.sync_hint.store(0, Relaxed);
     }
 
     /// Called by the write loop once `len` bytes have left the queue.

@@ -263,6 +263,8 @@ pub struct MetricHandles {
     pub dropped_slow: Counter,
     /// `im_messages_encoded_total`: deliveries encoded (once per message, not per recipient).
     pub encoded: Counter,
+    /// `im_syncs_from_window_total`: syncs answered from a large group's recent window.
+    pub syncs_from_window: Counter,
     /// `im_persist_queue_depth`
     pub persist_queue_depth: Gauge,
     /// `im_persist_batch_size`
@@ -340,6 +342,7 @@ impl MetricHandles {
             delivered: counter!("im_messages_delivered_total"),
             dropped_slow: counter!("im_messages_dropped_total", "reason" => "slow_consumer"),
             encoded: counter!("im_messages_encoded_total"),
+            syncs_from_window: counter!("im_syncs_from_window_total"),
             persist_queue_depth: gauge!("im_persist_queue_depth"),
             persist_batch_size: histogram!("im_persist_batch_size"),
             persist_overloaded: counter!("im_persist_overloaded_total"),
@@ -514,6 +517,7 @@ const HELP: &[Help] = &[
     help_counter("im_messages_encoded_total", "Deliveries encoded (once per message, whatever the recipient count)."),
     help_counter("im_bad_frames_total", "Bad client input, by reason."),
     help_counter("im_sync_hints_total", "Sync hints sent: notify-and-pull to members of large groups, and to every session after a cluster resync."),
+    help_counter("im_syncs_from_window_total", "Syncs answered from a large group's window of newest messages, without a store read."),
     help_gauge("im_persist_queue_depth", "Requests waiting in the persistence queue."),
     Help(MetricKind::Histogram, "im_persist_batch_size", None, "Messages per commit batch."),
     help_counter("im_persist_overloaded_total", "Sends refused with OVERLOADED because the persistence queue was full."),

@@ -327,6 +327,8 @@ impl Pipeline {
                 None,
             ));
         }
+        // The router's recent window on this node stops serving the message as it was.
+        self.router.recent().changed(&d.conversation_id, d.seq);
         let req = HideReq {
             hidden: HiddenMessage {
                 user_id: s.user_id.clone(),

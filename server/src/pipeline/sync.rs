@@ -1,7 +1,10 @@
 //! Delivery state: DeliverAck (a delivered cursor moved, within the conversation's
-//! seqs) and SyncRequest (a page of what a device missed, from its cursors).
+//! seqs) and SyncRequest (a page of what a device missed, from its cursors; the answer
+//! to a hint naming one large group, from the router's recent window when it can).
 
-use im_proto::{Body, DeliverAck, ErrorCode, SyncRequest, SyncResponse};
+use im_proto::{
+    parse_conversation, Body, ConversationRef, DeliverAck, ErrorCode, SyncRequest, SyncResponse,
+};
 
 use super::{Pipeline, Refusal, Session, DEFAULT_SYNC_LIMIT, MAX_SYNC_CURSORS};
 use crate::persist::WriteReq;
@@ -100,6 +103,7 @@ impl Pipeline {
             0 => DEFAULT_SYNC_LIMIT.min(self.limits.sync_limit_max),
             n => n.min(self.limits.sync_limit_max),
         };
+        let only = req.only_cursors && req.cursors.len() == 1;
         let mut cursors = Vec::with_capacity(req.cursors.len());
         for c in req.cursors {
             if !self.can_read(&s.user_id, &c.conversation_id).await? {
@@ -111,6 +115,21 @@ impl Pipeline {
             }
             cursors.push((c.conversation_id, c.after_seq));
         }
+        if only {
+            if let Some(page) = self.recent_page(&cursors[0], limit) {
+                self.metrics.syncs_from_window.increment(1);
+                return s.answer(
+                    req_id,
+                    Body::SyncResp(SyncResponse {
+                        messages: page.messages,
+                        more: page.more,
+                        ..Default::default()
+                    }),
+                );
+            }
+        }
+        // Anything the window cannot answer reads the store, every conversation of the
+        // device (a superset of what `only_cursors` asked for).
         let (messages, more) = self
             .store
             .sync_device(
@@ -122,6 +141,35 @@ impl Pipeline {
             )
             .await
             .map_err(Refusal::store)?;
-        s.answer(req_id, Body::SyncResp(SyncResponse { messages, more }))
+        s.answer(
+            req_id,
+            Body::SyncResp(SyncResponse {
+                messages,
+                more,
+                ..Default::default()
+            }),
+        )
+    }
+
+    /// A page of a large group's newest messages from the router's recent window, when
+    /// it can answer for this reader (the caller checked membership, which also loaded
+    /// the group's version: no page reaches back past its last membership change).
+    fn recent_page(
+        &self,
+        cursor: &(String, u64),
+        limit: u32,
+    ) -> Option<crate::route::recent::Page> {
+        let (conversation_id, after_seq) = cursor;
+        let Some(ConversationRef::Group(g)) = parse_conversation(conversation_id) else {
+            return None;
+        };
+        let version = self.relations.version_of(g)?;
+        self.router.recent().page(
+            conversation_id,
+            *after_seq,
+            version,
+            limit as usize,
+            self.sync_page_bytes,
+        )
     }
 }

@@ -21,6 +21,7 @@
 
 pub mod presence;
 pub mod receipts;
+pub mod recent;
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -31,13 +32,14 @@ use futures_util::future::BoxFuture;
 use im_proto::{frame, Body, ChatMessage, Deliver};
 use tokio::sync::mpsc;
 
-use crate::flow::{Outbound, Pushed};
+use crate::flow::{hint_key, Outbound, Pushed, HINT_ALL};
 use crate::obs::logfilter::{self, as_uid};
 use crate::obs::trace::{Active, Trace, TraceContext};
 use crate::obs::users::{Direction, Recorded, Tracking, UserDiag};
 use crate::obs::{EndToEnd, Metrics, Stage};
 use crate::store::membership::Members;
 use presence::PresenceHub;
+use recent::Recent;
 
 /// Who receives a message.
 #[derive(Debug, Clone)]
@@ -178,6 +180,9 @@ pub struct Forward {
     /// The message's trace context, when it is traced: the receiving nodes record
     /// their part under the same msg_id.
     pub trace: Option<TraceContext>,
+    /// A large group's message: the receiving nodes file `frame` in their recent window
+    /// and hint instead of pushing it.
+    pub notify: bool,
 }
 
 /// Records the route stage (from `t`) of a traced delivery and hands its context to the
@@ -197,6 +202,25 @@ fn traced_route(
     })
 }
 
+/// An encoded notify-and-pull hint naming `conversation_id` and its newest `seq`
+/// (empty: every conversation).
+fn hint_frame(conversation_id: &str, seq: u64) -> Bytes {
+    im_proto::encode(&frame(
+        0,
+        Body::SyncResp(im_proto::SyncResponse {
+            messages: Vec::new(),
+            more: true,
+            hint_conversation_id: conversation_id.to_owned(),
+            hint_seq: seq,
+        }),
+    ))
+}
+
+/// An encoded Deliver frame of one message.
+fn deliver_frame(m: ChatMessage) -> Bytes {
+    im_proto::encode(&frame(0, Body::Deliver(Deliver { messages: vec![m] })))
+}
+
 /// The session registry: user id to that user's connections here. Hashed with a
 /// per-process random seed (foldhash): a group fan-out looks up every member, and
 /// SipHash was a third of a delivery's routing instructions.
@@ -207,8 +231,11 @@ pub struct Router {
     sessions: RwLock<Sessions>,
     metrics: Metrics,
     notify_threshold: usize,
+    /// The hint that names no conversation (sync everything).
     hint: Bytes,
     hints: metrics::Counter,
+    /// The newest messages of the large groups routed here (`route::recent`).
+    recent: Recent,
     link: Option<Arc<dyn Peers>>,
     /// Presence subscriptions (`route::presence`).
     presence: PresenceHub,
@@ -229,19 +256,14 @@ impl Router {
     /// An empty registry; groups above `notify_threshold` members get sync hints; with a
     /// `link`, recipients on other nodes get the message through it.
     pub fn new(metrics: Metrics, notify_threshold: u32, link: Option<Arc<dyn Peers>>) -> Self {
-        let hint = im_proto::encode(&frame(
-            0,
-            Body::SyncResp(im_proto::SyncResponse {
-                messages: Vec::new(),
-                more: true,
-            }),
-        ));
+        let hint = hint_frame("", 0);
         Router {
             sessions: RwLock::new(Sessions::default()),
             metrics,
             notify_threshold: notify_threshold as usize,
             hint,
             hints: metrics::counter!("im_sync_hints_total"),
+            recent: Recent::default(),
             link,
             presence: PresenceHub::new(),
             typing_skipped_slow: {
@@ -278,30 +300,47 @@ impl Router {
             .unwrap_or_default()
     }
 
-    /// Notify-and-pull: a sync hint to every online member but the sender.
-    fn hint_members(&self, members: &[String], origin_conn: u64) {
+    /// The newest messages of the large groups routed here, which syncs read.
+    pub fn recent(&self) -> &Recent {
+        &self.recent
+    }
+
+    /// Notify-and-pull: a sync hint (`frame`, pending key `key`) to every online member
+    /// but the sender.
+    fn hint_members(&self, members: &[String], origin_conn: u64, frame: &Bytes, key: u64) {
         if let Ok(sessions) = self.sessions.read() {
             self.hint(
                 members.iter().filter_map(|m| sessions.get(m)).flatten(),
                 origin_conn,
+                frame,
+                key,
             );
         }
     }
 
     /// A sync hint to every session here: pushes from other nodes may have been lost
-    /// while the cluster link was down. Returns how many were queued.
+    /// while the cluster link was down (so the recent windows start over). Returns how
+    /// many were queued.
     pub fn hint_all(&self) -> u64 {
+        self.recent.clear();
         match self.sessions.read() {
-            Ok(sessions) => self.hint(sessions.values().flatten(), 0),
+            Ok(sessions) => self.hint(sessions.values().flatten(), 0, &self.hint, HINT_ALL),
             Err(_) => 0,
         }
     }
 
-    /// Queues a sync hint on each of `outs` but `origin_conn` (one pending per session).
-    fn hint<'a>(&self, outs: impl Iterator<Item = &'a Arc<Outbound>>, origin_conn: u64) -> u64 {
+    /// Queues the hint `frame` on each of `outs` but `origin_conn` (one pending per
+    /// session and conversation).
+    fn hint<'a>(
+        &self,
+        outs: impl Iterator<Item = &'a Arc<Outbound>>,
+        origin_conn: u64,
+        frame: &Bytes,
+        key: u64,
+    ) -> u64 {
         let mut sent = 0;
         for out in outs {
-            if out.conn_id != origin_conn && out.hint_sync(&self.hint) {
+            if out.conn_id != origin_conn && out.hint_sync(frame, key) {
                 sent += 1;
             }
         }
@@ -413,12 +452,12 @@ impl Router {
         let trace = d.trace.take().map(|tr| self.metrics.tracer.activate(*tr));
         if d.hint_only {
             let users: Vec<String> = d.recipients.users().map(str::to_owned).collect();
-            let forward = self.hint_instead(&users, d.origin_conn, t);
+            let forward = self.hint_instead(&users, &d.message, d.origin_conn, t);
             return traced_route(trace, t, forward);
         }
         if let Recipients::Group(members) = &d.recipients {
             if members.len() > self.notify_threshold {
-                let forward = self.hint_instead(members, d.origin_conn, t);
+                let forward = self.notify(members, &d.message, d.origin_conn, t);
                 return traced_route(trace, t, forward);
             }
         }
@@ -569,16 +608,76 @@ impl Router {
         }
     }
 
-    /// A sync hint instead of the message: to `users`' sessions here but `origin_conn`,
-    /// and (the empty frame of the returned plan) on the nodes that have the others.
-    fn hint_instead(&self, users: &[String], origin_conn: u64, t: Instant) -> Option<Forward> {
-        self.hint_members(users, origin_conn);
+    /// A sync hint naming `m`'s conversation instead of the message: to `users`'
+    /// sessions here but `origin_conn`, and (the empty frame of the returned plan, a hint
+    /// for every conversation) on the nodes that have the others.
+    fn hint_instead(
+        &self,
+        users: &[String],
+        m: &ChatMessage,
+        origin_conn: u64,
+        t: Instant,
+    ) -> Option<Forward> {
+        let key = hint_key(&m.conversation_id);
+        self.hint_members(
+            users,
+            origin_conn,
+            &hint_frame(&m.conversation_id, m.seq),
+            key,
+        );
         let forward = self
             .link
             .as_ref()
             .and_then(|l| l.plan(&mut users.iter().map(String::as_str), &Bytes::new(), false));
         self.metrics.stage_since(Stage::Route, t);
         forward
+    }
+
+    /// A large group's message (notify-and-pull): filed in the recent window, then a
+    /// hint naming it to the members' sessions here but `origin_conn`; the returned
+    /// plan carries the message to the nodes that have the others, marked `notify`.
+    fn notify(
+        &self,
+        members: &[String],
+        m: &ChatMessage,
+        origin_conn: u64,
+        t: Instant,
+    ) -> Option<Forward> {
+        self.recent.file(m);
+        let key = hint_key(&m.conversation_id);
+        self.hint_members(
+            members,
+            origin_conn,
+            &hint_frame(&m.conversation_id, m.seq),
+            key,
+        );
+        let forward = self.link.as_ref().and_then(|l| {
+            let bytes = deliver_frame(m.clone());
+            l.plan(&mut members.iter().map(String::as_str), &bytes, false)
+        });
+        self.metrics.stage_since(Stage::Route, t);
+        forward.map(|f| Forward { notify: true, ..f })
+    }
+
+    /// A large group's message from another node (an envelope marked `notify`): each
+    /// message of the Deliver `frame` is filed in the recent window and hinted to this
+    /// node's sessions of `users`. A frame that does not decode hints everything.
+    pub fn notify_remote(&self, users: &[String], frame: &Bytes) {
+        let t = Instant::now();
+        match <im_proto::Frame as prost::Message>::decode(frame.clone())
+            .ok()
+            .and_then(|f| f.body)
+        {
+            Some(Body::Deliver(d)) => {
+                for m in &d.messages {
+                    self.recent.file(m);
+                    let hint = hint_frame(&m.conversation_id, m.seq);
+                    self.hint_members(users, 0, &hint, hint_key(&m.conversation_id));
+                }
+            }
+            _ => self.hint_members(users, 0, &self.hint, HINT_ALL),
+        }
+        self.metrics.stage_since(Stage::Route, t);
     }
 
     /// Pushes `bytes` to every connection here of `users` but `origin_conn`; counts them.
@@ -646,7 +745,7 @@ impl Router {
             self.record_remote(users, frame, &tracking);
         }
         if frame.is_empty() {
-            self.hint_members(users, 0);
+            self.hint_members(users, 0, &self.hint, HINT_ALL);
         } else {
             self.push_users(
                 users.iter().map(String::as_str),

@@ -674,6 +674,7 @@ pub async fn raw_sync_all(c: &mut RawConn, limit: u32) -> Vec<proto::ChatMessage
             Body::Sync(proto::SyncRequest {
                 cursors: cursors.clone(),
                 limit,
+                ..Default::default()
             }),
         ))
         .await
