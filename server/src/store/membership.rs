@@ -5,10 +5,11 @@
 //! committed group change, bounded (least recently used entries go
 //! first) and versioned by the group's change seq, so a stale load or a late patch never
 //! replaces a newer list. In cluster mode an entry older than its time to live is read
-//! again, so a lost invalidation from another node is repaired within that time.
+//! again, so a lost invalidation from another node is repaired within that time; one
+//! caller reads it while the others keep using the expired copy until the read lands.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
@@ -26,6 +27,10 @@ struct Entry {
     version: u64,
     /// When it was read from the store or last patched.
     fresh_at: Instant,
+    /// Past its time to live, one caller is reading it again; the others keep using
+    /// this copy meanwhile (so a large group's expiry is one store read, not one per
+    /// member's request).
+    reloading: AtomicBool,
     /// Use tick, for least-recently-used eviction.
     used: AtomicU64,
     /// The group was dissolved (or is gone): no members, not found for new requests.
@@ -127,7 +132,8 @@ impl Relations {
         if let Some((m, gone)) = self.cached_entry(group_id) {
             return Ok((!gone).then_some(m));
         }
-        let Some((mut list, version)) = self.store.group_members(group_id).await? else {
+        let read = self.store.group_members(group_id).await;
+        let Some((mut list, version)) = read.inspect_err(|_| self.reload_failed(group_id))? else {
             return Ok(None);
         };
         list.sort();
@@ -198,12 +204,23 @@ impl Relations {
     fn cached_entry(&self, group_id: &str) -> Option<(Members, bool)> {
         let g = self.groups.read().ok()?;
         let e = g.get(group_id)?;
-        if self.ttl.is_some_and(|ttl| e.fresh_at.elapsed() > ttl) {
+        if self.ttl.is_some_and(|ttl| e.fresh_at.elapsed() > ttl)
+            && !e.reloading.swap(true, Ordering::AcqRel)
+        {
             return None;
         }
         e.used
             .store(self.tick.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
         Some((e.members.clone(), e.gone))
+    }
+
+    /// A read of an expired entry failed: the next caller tries again.
+    fn reload_failed(&self, group_id: &str) {
+        if let Ok(g) = self.groups.read() {
+            if let Some(e) = g.get(group_id) {
+                e.reloading.store(false, Ordering::Release);
+            }
+        }
     }
 
     /// Caches a list read from the store unless a newer one is cached; returns the one kept.
@@ -220,6 +237,7 @@ impl Relations {
             e.members = members.clone();
             e.version = version;
             e.fresh_at = now;
+            e.reloading = AtomicBool::new(false);
             e.used = used;
             e.gone = gone;
             return members;
@@ -241,6 +259,7 @@ impl Relations {
                 members: members.clone(),
                 version,
                 fresh_at: now,
+                reloading: AtomicBool::new(false),
                 used,
                 gone,
             },
@@ -252,4 +271,34 @@ impl Relations {
 /// Whether `user` is in a sorted member list.
 pub fn is_in(members: &[String], user: &str) -> bool {
     members.binary_search_by(|m| m.as_str().cmp(user)).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_expired_group_is_read_again_by_one_caller_while_the_others_use_the_old_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::SqliteStore::open(&dir.path().join("im.db"), true, 1)
+            .await
+            .unwrap();
+        let ttl = Duration::from_millis(5);
+        let r = Relations::with_limits(Arc::new(store), 10, Some(ttl));
+        r.insert("big", vec!["a".to_owned(), "b".to_owned()].into(), 3, false);
+        assert!(r.cached_entry("big").is_some(), "fresh");
+        std::thread::sleep(ttl * 2);
+        assert!(
+            r.cached_entry("big").is_none(),
+            "expired: this caller reads the store"
+        );
+        let (stale, _) = r.cached_entry("big").expect("the others keep the old copy");
+        assert_eq!(stale.len(), 2);
+        // A failed read lets the next caller try again; a landed one is fresh.
+        r.reload_failed("big");
+        assert!(r.cached_entry("big").is_none());
+        r.insert("big", vec!["a".to_owned()].into(), 4, false);
+        assert_eq!(r.cached_entry("big").map(|(m, _)| m.len()), Some(1));
+        assert_eq!(r.version_of("big"), Some(4));
+    }
 }
