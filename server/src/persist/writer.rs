@@ -53,6 +53,10 @@ type GroupChange = (
 /// A presence setting waiting for its commit, with where its outcome goes.
 type PresenceSetting = (String, bool, oneshot::Sender<Result<(), StoreError>>);
 
+/// Most delivery cursors one commit carries; the rest go with the next (so a Send's
+/// commit never waits on thousands of a large group's DeliverAcks at once).
+const CURSORS_PER_COMMIT: usize = 1024;
+
 /// One round's requests, sorted by kind. Every list is emptied by the round; the
 /// delivery cursors stay when their commit fails (or the store is failing) and go with
 /// the next batch.
@@ -98,8 +102,25 @@ impl Round {
         *seq = (*seq).max(c.seq);
     }
 
-    /// The delivery cursors to commit, taken out of the round.
-    fn take_cursors(&mut self) -> Vec<CursorUpdate> {
+    /// The delivery cursors to commit (at most `max`; the rest stay for the next
+    /// commit), taken out of the round.
+    fn take_cursors(&mut self, max: usize) -> Vec<CursorUpdate> {
+        if self.cursors.len() > max {
+            let keys: Vec<_> = self.cursors.keys().take(max).cloned().collect();
+            return keys
+                .into_iter()
+                .filter_map(|k| {
+                    let seq = self.cursors.remove(&k)?;
+                    let (user_id, device_id, conversation_id) = k;
+                    Some(CursorUpdate {
+                        user_id,
+                        device_id,
+                        conversation_id,
+                        seq,
+                    })
+                })
+                .collect();
+        }
         self.cursors
             .drain()
             .map(
@@ -244,8 +265,13 @@ impl Writer {
     }
 
     /// The round's first request: `None` when the queue is closed and empty,
-    /// `Some(None)` when a failing store's probe interval passed with no request.
+    /// `Some(None)` when a failing store's probe interval passed with no request, or
+    /// when delivery cursors are left over and nothing is queued.
     async fn first(&mut self) -> Option<Option<WriteReq>> {
+        // Cursors left over from the last commit (more than one commit carries) go now.
+        if !self.round.cursors.is_empty() && self.guard.health.fault().is_none() {
+            return Some(self.rx.try_recv().ok());
+        }
         if self.guard.health.fault().is_none() {
             return self.rx.recv().await.map(Some);
         }
@@ -328,7 +354,7 @@ impl Writer {
     /// Sends and hands the messages to the router; a failed commit acks nothing (the
     /// Sends are told to retry, the cursors wait for the next batch).
     async fn commit_messages(&mut self) {
-        let cursors = self.round.take_cursors();
+        let cursors = self.round.take_cursors(CURSORS_PER_COMMIT);
         if self.round.sends.is_empty() && cursors.is_empty() {
             return;
         }
@@ -582,4 +608,37 @@ fn recheck_groups(relations: &Relations, sends: &mut Vec<PersistReq>) {
         req.origin.push(im_proto::encode(&f), true);
         false
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cursor(user: &str, seq: u64) -> WriteReq {
+        WriteReq::Cursor(CursorUpdate {
+            user_id: user.into(),
+            device_id: "d".into(),
+            conversation_id: "g:big".into(),
+            seq,
+        })
+    }
+
+    #[test]
+    fn a_commit_takes_at_most_its_share_of_cursors_and_leaves_the_rest() {
+        let mut r = Round::default();
+        for u in 0..10 {
+            r.take(cursor(&format!("u{u}"), 5));
+        }
+        r.take(cursor("u0", 3));
+        r.take(cursor("u0", 7));
+        let first = r.take_cursors(4);
+        assert_eq!((first.len(), r.cursors.len()), (4, 6));
+        let rest = r.take_cursors(100);
+        assert_eq!((rest.len(), r.cursors.len()), (6, 0));
+        let all: Vec<_> = first.into_iter().chain(rest).collect();
+        let users: std::collections::HashSet<_> = all.iter().map(|c| c.user_id.clone()).collect();
+        assert_eq!(users.len(), 10, "each cursor once");
+        let u0 = all.iter().find(|c| c.user_id == "u0").map(|c| c.seq);
+        assert_eq!(u0, Some(7), "the furthest seq, never back");
+    }
 }
