@@ -524,13 +524,9 @@ impl Driver {
                 }
             }
             // An unsolicited SyncResponse{more} is the server's notify-and-pull hint
-            // (large groups): new messages wait in the store, fetch them by sync. One
-            // naming a seq we already hold asks for nothing.
+            // (large groups): new messages wait in the store, fetch them by sync.
             Some(Body::SyncResp(resp)) if id == 0 => {
-                let held = !resp.hint_conversation_id.is_empty()
-                    && resp.hint_seq > 0
-                    && self.tracker.delivered(&resp.hint_conversation_id) >= resp.hint_seq;
-                if resp.more && !held {
+                if resp.more {
                     self.bg_wanted = true;
                 }
             }

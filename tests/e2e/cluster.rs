@@ -629,3 +629,65 @@ async fn a_revocation_on_one_node_closes_sessions_on_the_others() {
     );
     c.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_group_message_reaches_the_other_node_s_window_under_the_cluster_key() {
+    const KEY: &str = "cluster-key-for-the-window-test-0000";
+    let c = TestCluster::start(
+        2,
+        &[
+            ("IM_CLUSTER_KEY", KEY),
+            ("IM_FLOW_NOTIFY_GROUP_THRESHOLD", "2"),
+        ],
+    )
+    .await;
+    let mut owner = c.nodes[0].raw("wown").await;
+    let mut far = c.nodes[1].raw("wfar").await;
+    let _other = c.nodes[1].raw("wfar2").await;
+    let v = create_group(&mut owner, "wide", vec!["wfar".into(), "wfar2".into()]).await;
+    for i in 0..3u64 {
+        let text = format!("w{i}");
+        owner
+            .send(&send_to_group(10 + i, "wide", text.as_bytes(), &text))
+            .await
+            .unwrap();
+    }
+    assert_eq!(acks(&mut owner, 3).await.len(), 3);
+    // n1 files what n0 forwards marked `notify` and hints: a sync of the group after the
+    // last membership change is answered from n1's window once all three are there.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let page = loop {
+        let b = sync_one(&mut far, 20, "g:wide", v).await;
+        let Body::SyncResp(r) = b else {
+            panic!("{b:?}")
+        };
+        if r.messages.len() == 3 || Instant::now() > deadline {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let texts: Vec<_> = page.messages.iter().map(|m| m.payload.to_vec()).collect();
+    assert_eq!(texts, vec![b"w0".to_vec(), b"w1".to_vec(), b"w2".to_vec()]);
+    let before = c.nodes[1].metric("im_syncs_from_window_total", &[]);
+    assert_eq!(
+        sync_one(&mut far, 21, "g:wide", v).await,
+        Body::SyncResp(page.clone())
+    );
+    assert_eq!(
+        c.nodes[1].metric("im_syncs_from_window_total", &[]),
+        before + 1.0,
+        "answered from n1's window"
+    );
+    assert_eq!(
+        c.nodes[1].metric("im_cluster_bad_envelopes_total", &[]),
+        0.0,
+        "the notify marks verified"
+    );
+    let stored: Vec<ChatMessage> = raw_sync_all(&mut far, 100)
+        .await
+        .into_iter()
+        .filter(|m| m.seq > v)
+        .collect();
+    assert_eq!(page.messages, stored, "as the store renders them");
+    c.cleanup().await;
+}

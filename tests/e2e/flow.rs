@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use im_client::proto::{Body, ErrorCode};
-use im_client::{RawConn, Target};
+use im_client::Target;
 
 use crate::support::*;
 
@@ -321,19 +321,6 @@ async fn large_groups_switch_to_notify_and_pull() {
         0.0,
         "payloads were not pushed"
     );
-}
-
-/// One `only_cursors` sync of `conv` after `after` (a node may answer it from its window).
-async fn sync_one(c: &mut RawConn, req_id: u64, conv: &str, after: u64) -> Body {
-    let sync = im_client::proto::SyncRequest {
-        cursors: vec![im_client::proto::Cursor {
-            conversation_id: conv.into(),
-            after_seq: after,
-        }],
-        limit: 100,
-        only_cursors: true,
-    };
-    request(c, req_id, Body::Sync(sync)).await
 }
 
 /// The (seq, state, payload) of each message of a sync answer.

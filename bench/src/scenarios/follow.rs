@@ -1,9 +1,8 @@
 //! A receiver that follows one conversation the way a client does, by pushes and by
 //! sync (`broadcast` members, `chaos` receivers): pushed messages are taken in seq
 //! order; a push gap (pushes dropped for a slow consumer), a notify-and-pull hint (an
-//! unsolicited `SyncResponse{more: true}` with req_id 0, unless it names a seq already
-//! held) or a reconnect asks for a `SyncRequest` of this conversation only after the
-//! last seq; pages are read until `more = false`, and a hint
+//! unsolicited `SyncResponse{more: true}` with req_id 0) or a reconnect asks for a
+//! `SyncRequest` of this conversation only after the last seq; pages are read until `more = false`, and a hint
 //! that arrives while a sync is in flight asks for one more. The [`Stream`] underneath
 //! counts what the server got wrong.
 
@@ -111,11 +110,9 @@ impl Follower {
             }
             Some(Body::SyncResp(r)) if f.req_id == 0 => {
                 self.hints += 1;
-                // A hint naming what we already hold asks for nothing.
-                let held = r.hint_conversation_id == self.conversation
-                    && r.hint_seq > 0
-                    && r.hint_seq <= self.stream.last();
-                self.wanted |= !held;
+                // Every hint is answered by a sync, even one naming a seq already held:
+                // the server sends no other hint of the conversation until then.
+                self.wanted = true;
                 // A hint carries no messages; anything else would be misrouted.
                 self.wrong += r.messages.len() as u64;
                 true

@@ -460,10 +460,7 @@ export class Engine {
         return this.onDeliver(b.value.messages);
       case "syncResp":
         if (f.reqId === 0n) {
-          // A hint; one naming a seq we already hold asks for nothing.
-          const { hintConversationId: conv, hintSeq } = b.value;
-          const held = conv !== "" && hintSeq > 0n && BigInt(this.tracker.delivered(conv)) >= hintSeq;
-          if (b.value.more && !held) this.sync.kick();
+          if (b.value.more) this.sync.kick();
         } else if (this.sync.owns(f.reqId)) {
           this.clearTimer("syncTimeout");
           this.sync.onPage(b.value.messages.map(toMessage), b.value.more);

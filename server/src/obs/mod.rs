@@ -518,6 +518,7 @@ const HELP: &[Help] = &[
     help_counter("im_bad_frames_total", "Bad client input, by reason."),
     help_counter("im_sync_hints_total", "Sync hints sent: notify-and-pull to members of large groups, and to every session after a cluster resync."),
     help_counter("im_syncs_from_window_total", "Syncs answered from a large group's window of newest messages, without a store read."),
+    help_counter("im_sync_window_misses_total", "Syncs of one large group the window could not answer (read from the store), by reason (no_window, membership, changed, before_window, ahead_of_window)."),
     help_gauge("im_persist_queue_depth", "Requests waiting in the persistence queue."),
     Help(MetricKind::Histogram, "im_persist_batch_size", None, "Messages per commit batch."),
     help_counter("im_persist_overloaded_total", "Sends refused with OVERLOADED because the persistence queue was full."),

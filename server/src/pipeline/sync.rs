@@ -8,6 +8,7 @@ use im_proto::{
 
 use super::{Pipeline, Refusal, Session, DEFAULT_SYNC_LIMIT, MAX_SYNC_CURSORS};
 use crate::persist::WriteReq;
+use crate::route::recent::{Miss, Page};
 use crate::store::CursorUpdate;
 
 /// Most conversations a session remembers the last seq of (then the memory starts over).
@@ -63,9 +64,11 @@ impl Pipeline {
         if known.is_some_and(|last| seq <= last) {
             return Ok(true);
         }
-        // What this node just committed (the usual case: an ack of a fresh delivery),
-        // before a store read.
-        let last = match self.persist.last_committed(conversation_id) {
+        // What this node just committed or routed (the usual case: an ack of a fresh
+        // delivery; a large group's members ack what another node committed), before a
+        // store read.
+        let routed = || self.router.recent().last_seq(conversation_id);
+        let last = match self.persist.last_committed(conversation_id).max(routed()) {
             Some(last) if seq <= last => Some(last),
             _ => self
                 .store
@@ -117,7 +120,6 @@ impl Pipeline {
         }
         if only {
             if let Some(page) = self.recent_page(&cursors[0], limit) {
-                self.metrics.syncs_from_window.increment(1);
                 return s.answer(
                     req_id,
                     Body::SyncResp(SyncResponse {
@@ -154,22 +156,33 @@ impl Pipeline {
     /// A page of a large group's newest messages from the router's recent window, when
     /// it can answer for this reader (the caller checked membership, which also loaded
     /// the group's version: no page reaches back past its last membership change).
-    fn recent_page(
-        &self,
-        cursor: &(String, u64),
-        limit: u32,
-    ) -> Option<crate::route::recent::Page> {
+    /// Counts the answer in `im_syncs_from_window_total`, or the miss in
+    /// `im_sync_window_misses_total{reason}`.
+    fn recent_page(&self, cursor: &(String, u64), limit: u32) -> Option<Page> {
         let (conversation_id, after_seq) = cursor;
         let Some(ConversationRef::Group(g)) = parse_conversation(conversation_id) else {
             return None;
         };
-        let version = self.relations.version_of(g)?;
-        self.router.recent().page(
-            conversation_id,
-            *after_seq,
-            version,
-            limit as usize,
-            self.sync_page_bytes,
-        )
+        let page = match self.relations.version_of(g) {
+            Some(version) => self.router.recent().page(
+                conversation_id,
+                *after_seq,
+                version,
+                limit as usize,
+                self.sync_page_bytes,
+            ),
+            None => Err(Miss::Membership),
+        };
+        match page {
+            Ok(page) => {
+                self.metrics.syncs_from_window.increment(1);
+                Some(page)
+            }
+            Err(miss) => {
+                metrics::counter!("im_sync_window_misses_total", "reason" => miss.label())
+                    .increment(1);
+                None
+            }
+        }
     }
 }

@@ -80,6 +80,36 @@ impl Run {
     }
 }
 
+/// Why a window could not answer a sync (the `reason` of
+/// `im_sync_window_misses_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Miss {
+    /// No window of the conversation on this node.
+    NoWindow,
+    /// The cursor is before the group's last membership change, or a SYSTEM message
+    /// in the window is newer than the membership the caller was checked against.
+    Membership,
+    /// A message after the cursor was edited, recalled or hidden since it was routed.
+    Changed,
+    /// The cursor is before the window's first message.
+    Before,
+    /// The cursor is past the window's last message.
+    Ahead,
+}
+
+impl Miss {
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Miss::NoWindow => "no_window",
+            Miss::Membership => "membership",
+            Miss::Changed => "changed",
+            Miss::Before => "before_window",
+            Miss::Ahead => "ahead_of_window",
+        }
+    }
+}
+
 /// What a window answered.
 #[derive(Debug, PartialEq)]
 pub struct Page {
@@ -138,7 +168,7 @@ impl Recent {
     /// The messages of `conversation_id` after `after_seq`, at most `limit` and
     /// stopping before `max_bytes` of payload (the first always goes in), when the window
     /// can answer for a reader who may see everything after `visible_after` (the group's
-    /// last membership change); `None` sends the caller to the store.
+    /// last membership change); a [`Miss`] sends the caller to the store.
     pub fn page(
         &self,
         conversation_id: &str,
@@ -146,22 +176,28 @@ impl Recent {
         visible_after: u64,
         limit: usize,
         max_bytes: usize,
-    ) -> Option<Page> {
-        let groups = self.groups.lock().ok()?;
-        let run = groups.get(conversation_id)?;
+    ) -> Result<Page, Miss> {
+        let groups = self.groups.lock().map_err(|_| Miss::NoWindow)?;
+        let run = groups
+            .get(conversation_id)
+            .filter(|r| !r.messages.is_empty())
+            .ok_or(Miss::NoWindow)?;
         // A SYSTEM message newer than the membership the caller checked may be a change
         // that node's cache has not seen yet (a notice lost between nodes): the store
         // decides, until that message leaves the window.
-        if run.messages.is_empty()
-            || run.systems.back().is_some_and(|&s| s > visible_after)
-            || after_seq < visible_after
-            || after_seq < run.floor
-            || after_seq + 1 < run.first()
-            || after_seq > run.last()
-        {
-            return None;
+        if run.systems.back().is_some_and(|&s| s > visible_after) || after_seq < visible_after {
+            return Err(Miss::Membership);
         }
-        let skip = usize::try_from(after_seq + 1 - run.first()).ok()?;
+        if after_seq < run.floor {
+            return Err(Miss::Changed);
+        }
+        if after_seq + 1 < run.first() {
+            return Err(Miss::Before);
+        }
+        if after_seq > run.last() {
+            return Err(Miss::Ahead);
+        }
+        let skip = usize::try_from(after_seq + 1 - run.first()).map_err(|_| Miss::Before)?;
         let mut messages = Vec::new();
         let mut bytes = 0;
         let mut rest = run.messages.iter().skip(skip);
@@ -169,7 +205,7 @@ impl Recent {
             if !messages.is_empty()
                 && (messages.len() >= limit || bytes + m.payload.len() > max_bytes)
             {
-                return Some(Page {
+                return Ok(Page {
                     messages,
                     more: true,
                 });
@@ -177,10 +213,20 @@ impl Recent {
             bytes += m.payload.len();
             messages.push(m.clone());
         }
-        Some(Page {
+        Ok(Page {
             messages,
             more: false,
         })
+    }
+
+    /// The newest seq of `conversation_id` this node routed, while it has a window of it:
+    /// a committed seq (a DeliverAck up to it names a message that exists).
+    pub fn last_seq(&self, conversation_id: &str) -> Option<u64> {
+        let groups = self.groups.lock().ok()?;
+        groups
+            .get(conversation_id)
+            .map(Run::last)
+            .filter(|&last| last > 0)
     }
 
     /// Groups with a window, and the messages they hold.
@@ -206,8 +252,9 @@ mod tests {
         }
     }
 
-    fn seqs(p: Option<Page>) -> Option<(Vec<u64>, bool)> {
-        p.map(|p| (p.messages.iter().map(|m| m.seq).collect(), p.more))
+    fn seqs(p: Result<Page, Miss>) -> Option<(Vec<u64>, bool)> {
+        p.ok()
+            .map(|p| (p.messages.iter().map(|m| m.seq).collect(), p.more))
     }
 
     #[test]
@@ -241,6 +288,17 @@ mod tests {
             "before the last join"
         );
         assert_eq!(seqs(r.page("g:other", 6, 0, 10, 1000)), None);
+        assert_eq!(r.page("g:big", 3, 0, 10, 1000).err(), Some(Miss::Before));
+        assert_eq!(r.page("g:big", 10, 0, 10, 1000).err(), Some(Miss::Ahead));
+        assert_eq!(
+            r.page("g:big", 6, 7, 10, 1000).err(),
+            Some(Miss::Membership)
+        );
+        assert_eq!(r.page("g:none", 6, 0, 10, 1000).err(), Some(Miss::NoWindow));
+        assert_eq!(
+            (r.last_seq("g:big"), r.last_seq("g:other")),
+            (Some(9), None)
+        );
         assert_eq!(
             seqs(r.page("g:big", 4, 0, 2, 1000)),
             Some((vec![5, 6], true))

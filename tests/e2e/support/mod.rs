@@ -662,6 +662,19 @@ pub fn login_frame(token: &str) -> Frame {
     )
 }
 
+/// One `only_cursors` sync of `conv` after `after` (a node may answer it from its window).
+pub async fn sync_one(c: &mut RawConn, req_id: u64, conv: &str, after: u64) -> Body {
+    let sync = proto::SyncRequest {
+        cursors: vec![proto::Cursor {
+            conversation_id: conv.into(),
+            after_seq: after,
+        }],
+        limit: 100,
+        only_cursors: true,
+    };
+    request(c, req_id, Body::Sync(sync)).await
+}
+
 /// Runs a full sync on a raw connection (empty cursors first, then paging); returns all messages.
 pub async fn raw_sync_all(c: &mut RawConn, limit: u32) -> Vec<proto::ChatMessage> {
     let mut all: Vec<proto::ChatMessage> = Vec::new();

@@ -562,7 +562,8 @@ export type SyncResponse = Message<"im.v1.SyncResponse"> & {
    * A notify-and-pull hint (req_id 0, no messages, more = true) names the conversation
    * with new messages and the seq of the message that raised it (more may follow before
    * the next sync); empty on older servers, and on a hint that covers every
-   * conversation (after a cluster link was down).
+   * conversation (after a cluster link was down). Answer every hint with a SyncRequest:
+   * no other hint of that conversation comes until then.
    *
    * @generated from field: string hint_conversation_id = 3;
    */
