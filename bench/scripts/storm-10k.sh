@@ -9,7 +9,8 @@
 # `--start-at` and measure the same window. ROUNDS rounds on the same cluster, the JSON
 # kept in OUT. Per round: delivery P50/P99 (of each process, and the higher one, which
 # bounds the merged P99 from above), deliveries/s, missing and duplicates, per node the CPU
-# over the measured window (/proc, in cores) and RSS at its end; then the medians.
+# over the measured window (/proc, in cores) and RSS at its end, each generator's CPU;
+# then the medians.
 # Cleans up after itself: the generators and nodes by PID, the schema, the NATS KV buckets.
 # Usage: cargo build --release -p im-server -p im-bench && bench/scripts/storm-10k.sh
 #   env: ROUNDS (3), NGROUPS (2, groups), MEMBERS (10000), RATE (5), WARMUP (10, seconds),
@@ -64,11 +65,13 @@ psql "$PG" -qc "CREATE SCHEMA $ID"
 start_nodes $SERVER_ENV
 sleep 3
 
-# CPU seconds (user + system) of every node, one line "pid seconds" each.
+# CPU seconds (user + system) of every node (or of the PIDs given), one line
+# "pid seconds" each.
 cpu_now() {
-  local tck
+  local tck pids=("$@")
   tck=$(getconf CLK_TCK)
-  for p in "${node_pids[@]}"; do
+  (( ${#pids[@]} )) || pids=("${node_pids[@]}")
+  for p in "${pids[@]}"; do
     awk -v p="$p" -v t="$tck" '{ sub(/^.*\) /, ""); print p, ($12 + $13) / t }' "/proc/$p/stat"
   done
 }
@@ -95,8 +98,10 @@ for r in $(seq "$ROUNDS"); do
   done
   sleep $(( start + WARMUP - $(date +%s) )) 2>/dev/null || true
   cpu_now >"$OUT/round$r.cpu0"
+  cpu_now "${gen_pids[@]}" >"$OUT/round$r.gencpu0"
   sleep $(( start + WARMUP + DUR - $(date +%s) )) 2>/dev/null || true
   cpu_now >"$OUT/round$r.cpu1"
+  cpu_now "${gen_pids[@]}" >"$OUT/round$r.gencpu1"
   rss_now >"$OUT/round$r.rss"
   for g in "${!gen_pids[@]}"; do
     wait "${gen_pids[$g]}" || { echo "storm-10k: round $r generator $g failed" >&2; tail -5 "$WORK/round$r.gen$g.err" >&2; rc=1; }
@@ -136,9 +141,15 @@ for i, pid in enumerate(c0):
     cores = (float(c1[pid]) - float(c0[pid])) / dur
     nodes.append({"node": f"n{i}", "cpu_cores": cores, "rss_mib": int(rss[pid]) / 2**20})
 summary["nodes"] = nodes
+try:
+    g0, g1 = load_pairs("gencpu0"), load_pairs("gencpu1")
+    summary["generators_cpu_cores"] = [(float(g1[p]) - float(g0[p])) / dur for p in g0 if p in g1]
+except OSError:
+    pass
 print(f"round {r}: delivery p50 {summary.get('p50_ms', 0):.1f} ms, p99 {summary.get('p99_ms', 0):.1f} ms (the higher process's), "
       f"{summary.get('deliveries_per_sec', 0):.0f} deliveries/s, missing {summary.get('missing')}, duplicates {summary.get('duplicates')}, passed {summary.get('passed')}")
-print(f"round {r}: " + "  ".join(f"{n['node']} CPU {n['cpu_cores']:.2f} cores RSS {n['rss_mib']:.0f} MiB" for n in nodes))
+print(f"round {r}: " + "  ".join(f"{n['node']} CPU {n['cpu_cores']:.2f} cores RSS {n['rss_mib']:.0f} MiB" for n in nodes)
+      + "  generators " + " / ".join(f"{c:.2f}" for c in summary.get("generators_cpu_cores", [])) + " cores")
 if gens:
     for node in gens[0].get("nodes", []):
         f = node.get("server") or {}
