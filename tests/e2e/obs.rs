@@ -221,3 +221,41 @@ pub(crate) fn promtool_check(scrape: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// SQLite's memory (`/admin/v1/memory`'s `sqlite`) on a node started with `env` after
+/// ~6 MB of messages were written and read back by sync from three connections.
+async fn sqlite_memory_after_reading_back(env: &[(&str, &str)]) -> u64 {
+    let mut env = env.to_vec();
+    env.push(("IM_LIMITS_SEND_RATE_PER_SEC", "0"));
+    let server = TestServer::start_with(&env);
+    let mut a = server.raw("sqa").await;
+    let payload = vec![b'x'; 3000];
+    for i in 0..2000u64 {
+        a.send(&send_to_user(i + 1, "sqb", &payload, &format!("m{i}")))
+            .await
+            .unwrap();
+        if i % 100 == 99 {
+            assert_eq!(acks(&mut a, 100).await.len(), 100);
+        }
+    }
+    for _ in 0..3 {
+        let mut b = server.raw("sqb").await;
+        assert_eq!(raw_sync_all(&mut b, 500).await.len(), 2000);
+    }
+    let (status, body) = server.admin_get("/admin/v1/memory");
+    assert_eq!(status, 200, "{body}");
+    let m: serde_json::Value = serde_json::from_str(&body).unwrap();
+    m["sqlite"].as_u64().expect("sqlite bytes")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_memory_stays_near_its_bound_under_reads() {
+    let bounded = sqlite_memory_after_reading_back(&[("IM_STORE_SQLITE_MEMORY_MIB", "1")]).await;
+    let unbounded = sqlite_memory_after_reading_back(&[("IM_STORE_SQLITE_MEMORY_MIB", "0")]).await;
+    eprintln!("sqlite memory: bound 1 MiB {bounded} B, no bound {unbounded} B");
+    assert!(bounded <= 2 << 20, "bounded to 1 MiB, holds {bounded} B");
+    assert!(
+        bounded < unbounded / 2,
+        "bounded {bounded} B against {unbounded} B without a bound"
+    );
+}

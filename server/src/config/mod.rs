@@ -684,6 +684,30 @@ mod tests {
     }
 
     #[test]
+    fn the_sqlite_memory_bound_defaults_to_8_mib_and_names_a_bad_value() {
+        let c = Config::load_from(None, &Overrides::default(), env(&[])).unwrap();
+        assert_eq!(c.store.sqlite_memory_mib, 8);
+        let c = Config::load_from(
+            None,
+            &Overrides::default(),
+            env(&[("IM_STORE_SQLITE_MEMORY_MIB", "0")]),
+        )
+        .unwrap();
+        assert_eq!(c.store.sqlite_memory_mib, 0, "0: no limit");
+        let e = Config::load_from(
+            None,
+            &Overrides::default(),
+            env(&[("IM_STORE_SQLITE_MEMORY_MIB", "9999999")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("store.sqlite_memory_mib") && e.contains("9999999"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn bound_keys_default_parse_lists_and_refuse_short_secrets() {
         let c = Config::load_from(None, &Overrides::default(), env(&[])).unwrap();
         assert_eq!(c.limits.max_sessions_per_user, 16);

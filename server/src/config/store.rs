@@ -29,6 +29,10 @@ pub struct StoreConfig {
     /// system has less than this free, before SQLite runs into a full disk (0: off;
     /// SQLite only).
     pub min_free_disk_mb: u32,
+    /// SQLite's memory for all its connections together (page caches first): above it
+    /// SQLite reuses cache pages instead of growing (its soft heap limit; 0: no limit,
+    /// SQLite's 2 MB cache per connection). SQLite only.
+    pub sqlite_memory_mib: u32,
 }
 
 impl Default for StoreConfig {
@@ -41,6 +45,7 @@ impl Default for StoreConfig {
             unavailable_after_ms: 2_000,
             probe_interval_ms: 1_000,
             min_free_disk_mb: 256,
+            sqlite_memory_mib: 8,
         }
     }
 }
@@ -80,6 +85,12 @@ impl StoreConfig {
             600_000,
         )?;
         range("store.min_free_disk_mb", self.min_free_disk_mb, 0, 1 << 30)?;
+        range(
+            "store.sqlite_memory_mib",
+            self.sqlite_memory_mib,
+            0,
+            1 << 20,
+        )?;
         Ok(())
     }
 }

@@ -710,15 +710,16 @@ impl Default for Timeouts {
 /// Opens the store the config selects, creating the data dir and running migrations.
 pub async fn open(config: &Config) -> Result<Arc<dyn Store>, StoreError> {
     let store: Arc<dyn Store> = match config.database()? {
-        Database::Sqlite(path) => Arc::new(
+        Database::Sqlite(path) => Arc::new({
+            sqlite::limit_memory(config.store.sqlite_memory_mib);
             SqliteStore::open_exclusive(
                 &path,
                 config.store.sqlite_synchronous == "full",
                 config.store.pool_size,
                 Timeouts::of(&config.store),
             )
-            .await?,
-        ),
+            .await?
+        }),
         Database::Postgres(url) => Arc::new(
             PgStore::connect_timed(&url, config.store.pool_size, Timeouts::of(&config.store))
                 .await?,

@@ -37,6 +37,16 @@ pub struct SqliteStore {
     in_flight: super::sql::InFlight,
 }
 
+/// Bounds what SQLite holds across every connection of the process to `mib` MiB (its
+/// soft heap limit: past it, page caches recycle their pages instead of growing; 0: no
+/// limit). `store.sqlite_memory_mib`.
+pub fn limit_memory(mib: u32) {
+    // SAFETY: sets SQLite's global soft heap limit; takes a plain integer, thread-safe.
+    unsafe {
+        rusqlite::ffi::sqlite3_soft_heap_limit64(i64::from(mib) << 20);
+    }
+}
+
 impl SqliteStore {
     /// Opens (creating if needed) the database file and runs the migrations, with the
     /// default timeouts.
