@@ -202,8 +202,8 @@ fn traced_route(
     })
 }
 
-/// An encoded notify-and-pull hint naming `conversation_id` and its newest `seq`
-/// (empty: every conversation).
+/// An encoded notify-and-pull hint naming `conversation_id` and the `seq` of the message
+/// that raised it (empty: every conversation).
 fn hint_frame(conversation_id: &str, seq: u64) -> Bytes {
     im_proto::encode(&frame(
         0,
@@ -316,6 +316,13 @@ impl Router {
                 key,
             );
         }
+    }
+
+    /// A sync hint naming `m`'s conversation and seq to `users`' sessions here but
+    /// `origin_conn`.
+    fn hint_message(&self, users: &[String], origin_conn: u64, m: &ChatMessage) {
+        let frame = hint_frame(&m.conversation_id, m.seq);
+        self.hint_members(users, origin_conn, &frame, hint_key(&m.conversation_id));
     }
 
     /// A sync hint to every session here: pushes from other nodes may have been lost
@@ -618,13 +625,7 @@ impl Router {
         origin_conn: u64,
         t: Instant,
     ) -> Option<Forward> {
-        let key = hint_key(&m.conversation_id);
-        self.hint_members(
-            users,
-            origin_conn,
-            &hint_frame(&m.conversation_id, m.seq),
-            key,
-        );
+        self.hint_message(users, origin_conn, m);
         let forward = self
             .link
             .as_ref()
@@ -644,13 +645,7 @@ impl Router {
         t: Instant,
     ) -> Option<Forward> {
         self.recent.file(m);
-        let key = hint_key(&m.conversation_id);
-        self.hint_members(
-            members,
-            origin_conn,
-            &hint_frame(&m.conversation_id, m.seq),
-            key,
-        );
+        self.hint_message(members, origin_conn, m);
         let forward = self.link.as_ref().and_then(|l| {
             let bytes = deliver_frame(m.clone());
             l.plan(&mut members.iter().map(String::as_str), &bytes, false)
@@ -671,8 +666,7 @@ impl Router {
             Some(Body::Deliver(d)) => {
                 for m in &d.messages {
                     self.recent.file(m);
-                    let hint = hint_frame(&m.conversation_id, m.seq);
-                    self.hint_members(users, 0, &hint, hint_key(&m.conversation_id));
+                    self.hint_message(users, 0, m);
                 }
             }
             _ => self.hint_members(users, 0, &self.hint, HINT_ALL),

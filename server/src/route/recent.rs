@@ -257,36 +257,23 @@ mod tests {
             .map(|p| (p.messages.iter().map(|m| m.seq).collect(), p.more))
     }
 
+    /// The seqs of "g:big" after `after` for a reader visible after `visible` (10 a page).
+    fn at(r: &Recent, after: u64, visible: u64) -> Option<(Vec<u64>, bool)> {
+        seqs(r.page("g:big", after, visible, 10, 1000))
+    }
+
     #[test]
     fn answers_inside_the_run_and_after_the_membership_change_only() {
         let r = Recent::default();
         for s in 5..=9 {
             r.file(&msg(s, MessageType::Text, 0));
         }
-        assert_eq!(
-            seqs(r.page("g:big", 6, 0, 10, 1000)),
-            Some((vec![7, 8, 9], false))
-        );
-        assert_eq!(
-            seqs(r.page("g:big", 4, 0, 10, 1000)),
-            Some((vec![5, 6, 7, 8, 9], false))
-        );
-        assert_eq!(seqs(r.page("g:big", 9, 0, 10, 1000)), Some((vec![], false)));
-        assert_eq!(
-            seqs(r.page("g:big", 3, 0, 10, 1000)),
-            None,
-            "starts before the run"
-        );
-        assert_eq!(
-            seqs(r.page("g:big", 10, 0, 10, 1000)),
-            None,
-            "past what it has"
-        );
-        assert_eq!(
-            seqs(r.page("g:big", 6, 7, 10, 1000)),
-            None,
-            "before the last join"
-        );
+        assert_eq!(at(&r, 6, 0), Some((vec![7, 8, 9], false)));
+        assert_eq!(at(&r, 4, 0), Some((vec![5, 6, 7, 8, 9], false)));
+        assert_eq!(at(&r, 9, 0), Some((vec![], false)));
+        assert_eq!(at(&r, 3, 0), None, "starts before the run");
+        assert_eq!(at(&r, 10, 0), None, "past what it has");
+        assert_eq!(at(&r, 6, 7), None, "before the last join");
         assert_eq!(seqs(r.page("g:other", 6, 0, 10, 1000)), None);
         assert_eq!(r.page("g:big", 3, 0, 10, 1000).err(), Some(Miss::Before));
         assert_eq!(r.page("g:big", 10, 0, 10, 1000).err(), Some(Miss::Ahead));
@@ -320,20 +307,10 @@ mod tests {
         r.file(&msg(1, MessageType::Text, 0));
         r.file(&msg(2, MessageType::Text, 0));
         r.file(&msg(2, MessageType::Text, 0));
-        assert_eq!(
-            seqs(r.page("g:big", 0, 0, 10, 1000)),
-            Some((vec![1, 2], false))
-        );
+        assert_eq!(at(&r, 0, 0), Some((vec![1, 2], false)));
         r.file(&msg(5, MessageType::Text, 0));
-        assert_eq!(
-            seqs(r.page("g:big", 2, 0, 10, 1000)),
-            None,
-            "3 and 4 were missed"
-        );
-        assert_eq!(
-            seqs(r.page("g:big", 4, 0, 10, 1000)),
-            Some((vec![5], false))
-        );
+        assert_eq!(at(&r, 2, 0), None, "3 and 4 were missed");
+        assert_eq!(at(&r, 4, 0), Some((vec![5], false)));
     }
 
     #[test]
@@ -343,21 +320,11 @@ mod tests {
             r.file(&msg(s, MessageType::Text, 0));
         }
         r.file(&msg(5, MessageType::Edit, 2));
-        assert_eq!(seqs(r.page("g:big", 1, 0, 10, 1000)), None, "2 was edited");
-        assert_eq!(
-            seqs(r.page("g:big", 2, 0, 10, 1000)),
-            Some((vec![3, 4, 5], false))
-        );
+        assert_eq!(at(&r, 1, 0), None, "2 was edited");
+        assert_eq!(at(&r, 2, 0), Some((vec![3, 4, 5], false)));
         r.changed("g:big", 3);
-        assert_eq!(
-            seqs(r.page("g:big", 2, 0, 10, 1000)),
-            None,
-            "3 was hidden for someone"
-        );
-        assert_eq!(
-            seqs(r.page("g:big", 3, 0, 10, 1000)),
-            Some((vec![4, 5], false))
-        );
+        assert_eq!(at(&r, 2, 0), None, "3 was hidden for someone");
+        assert_eq!(at(&r, 3, 0), Some((vec![4, 5], false)));
     }
 
     #[test]
@@ -366,23 +333,13 @@ mod tests {
         r.file(&msg(1, MessageType::Text, 0));
         r.file(&msg(2, MessageType::System, 0));
         r.file(&msg(3, MessageType::Text, 0));
-        assert_eq!(
-            seqs(r.page("g:big", 2, 1, 10, 1000)),
-            None,
-            "checked against version 1"
-        );
-        assert_eq!(
-            seqs(r.page("g:big", 2, 2, 10, 1000)),
-            Some((vec![3], false))
-        );
+        assert_eq!(at(&r, 2, 1), None, "checked against version 1");
+        assert_eq!(at(&r, 2, 2), Some((vec![3], false)));
         // Once the SYSTEM message leaves the window, the window answers again.
         for s in 4..=(MAX_MESSAGES as u64 + 3) {
             r.file(&msg(s, MessageType::Text, 0));
         }
-        assert_eq!(
-            seqs(r.page("g:big", 10, 1, 10, 1000)).map(|p| p.0.len()),
-            Some(10)
-        );
+        assert_eq!(at(&r, 10, 1).map(|p| p.0.len()), Some(10));
     }
 
     #[test]
@@ -392,11 +349,7 @@ mod tests {
             r.file(&msg(s, MessageType::Text, 0));
         }
         assert_eq!(r.len(), (1, MAX_MESSAGES));
-        assert_eq!(
-            seqs(r.page("g:big", 5, 0, 10, 1000)),
-            None,
-            "the oldest went"
-        );
+        assert_eq!(at(&r, 5, 0), None, "the oldest went");
         for g in 0..MAX_GROUPS + 5 {
             let mut m = msg(1, MessageType::Text, 0);
             m.conversation_id = format!("g:{g}");
