@@ -232,6 +232,9 @@ impl Relations {
         let used = AtomicU64::new(self.tick.fetch_add(1, Ordering::Relaxed));
         if let Some(e) = g.get_mut(group_id) {
             if e.version > version || (e.gone && !gone) {
+                // A read older than the copy: that copy stays, and the next caller past
+                // its time to live may read again.
+                e.reloading = AtomicBool::new(false);
                 return e.members.clone();
             }
             e.members = members.clone();
@@ -300,5 +303,12 @@ mod tests {
         r.insert("big", vec!["a".to_owned()].into(), 4, false);
         assert_eq!(r.cached_entry("big").map(|(m, _)| m.len()), Some(1));
         assert_eq!(r.version_of("big"), Some(4));
+        // A read that lands older than the copy (a patch got there first) keeps the
+        // copy and does not leave the reload taken: the next expiry reads again.
+        std::thread::sleep(ttl * 2);
+        assert!(r.cached_entry("big").is_none());
+        r.insert("big", vec!["z".to_owned()].into(), 3, false);
+        assert_eq!(r.version_of("big"), Some(4));
+        assert!(r.cached_entry("big").is_none(), "still expired: read again");
     }
 }
