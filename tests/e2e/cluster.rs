@@ -645,14 +645,7 @@ async fn a_large_group_message_reaches_the_other_node_s_window_under_the_cluster
     let mut far = c.nodes[1].raw("wfar").await;
     let _other = c.nodes[1].raw("wfar2").await;
     let v = create_group(&mut owner, "wide", vec!["wfar".into(), "wfar2".into()]).await;
-    for i in 0..3u64 {
-        let text = format!("w{i}");
-        owner
-            .send(&send_to_group(10 + i, "wide", text.as_bytes(), &text))
-            .await
-            .unwrap();
-    }
-    assert_eq!(acks(&mut owner, 3).await.len(), 3);
+    send_texts_to_group(&mut owner, "wide", "w", 3).await;
     // n1 files what n0 forwards marked `notify` and hints: a sync of the group after the
     // last membership change is answered from n1's window once all three are there.
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -265,18 +265,7 @@ async fn large_groups_switch_to_notify_and_pull() {
         vec!["r1".into(), "r2".into(), "r3".into()],
     )
     .await;
-    for i in 0..10u64 {
-        owner
-            .send(&send_to_group(
-                10 + i,
-                "town",
-                format!("t{i}").as_bytes(),
-                &format!("t{i}"),
-            ))
-            .await
-            .unwrap();
-    }
-    assert_eq!(acks(&mut owner, 10).await.len(), 10);
+    send_texts_to_group(&mut owner, "town", "t", 10).await;
 
     // The raw member gets one small hint (not the payloads) until it syncs.
     let f = next_frame(&mut raw_member).await;
@@ -347,14 +336,7 @@ async fn a_hint_names_its_group_and_the_window_answers_as_the_store_would() {
         vec!["r1".into(), "r2".into(), "r3".into()],
     )
     .await;
-    for i in 0..5u64 {
-        let text = format!("t{i}");
-        owner
-            .send(&send_to_group(10 + i, "town", text.as_bytes(), &text))
-            .await
-            .unwrap();
-    }
-    assert_eq!(acks(&mut owner, 5).await.len(), 5);
+    send_texts_to_group(&mut owner, "town", "t", 5).await;
 
     // The hint names the group and the seq of the message that raised it (the CREATE
     // event's, v, when it came before the member read anything).

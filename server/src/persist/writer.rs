@@ -57,13 +57,26 @@ type PresenceSetting = (String, bool, oneshot::Sender<Result<(), StoreError>>);
 /// commit never waits on thousands of a large group's DeliverAcks at once).
 const CURSORS_PER_COMMIT: usize = 1024;
 
+/// A delivery cursor's key in a round: (user, device, conversation).
+type CursorKey = (String, String, String);
+
+/// A round's cursor entry as the store takes it.
+fn cursor_update(((user_id, device_id, conversation_id), seq): (CursorKey, u64)) -> CursorUpdate {
+    CursorUpdate {
+        user_id,
+        device_id,
+        conversation_id,
+        seq,
+    }
+}
+
 /// One round's requests, sorted by kind. Every list is emptied by the round; the
 /// delivery cursors stay when their commit fails (or the store is failing) and go with
 /// the next batch.
 #[derive(Default)]
 struct Round {
     sends: Vec<PersistReq>,
-    cursors: HashMap<(String, String, String), u64>,
+    cursors: HashMap<CursorKey, u64>,
     states: Vec<StateReq>,
     groups: Vec<GroupChange>,
     flushes: Vec<oneshot::Sender<()>>,
@@ -105,32 +118,13 @@ impl Round {
     /// The delivery cursors to commit (at most `max`; the rest stay for the next
     /// commit), taken out of the round.
     fn take_cursors(&mut self, max: usize) -> Vec<CursorUpdate> {
-        if self.cursors.len() > max {
-            let keys: Vec<_> = self.cursors.keys().take(max).cloned().collect();
-            return keys
-                .into_iter()
-                .filter_map(|k| {
-                    let seq = self.cursors.remove(&k)?;
-                    let (user_id, device_id, conversation_id) = k;
-                    Some(CursorUpdate {
-                        user_id,
-                        device_id,
-                        conversation_id,
-                        seq,
-                    })
-                })
-                .collect();
+        if self.cursors.len() <= max {
+            return self.cursors.drain().map(cursor_update).collect();
         }
-        self.cursors
-            .drain()
-            .map(
-                |((user_id, device_id, conversation_id), seq)| CursorUpdate {
-                    user_id,
-                    device_id,
-                    conversation_id,
-                    seq,
-                },
-            )
+        let keys: Vec<_> = self.cursors.keys().take(max).cloned().collect();
+        keys.iter()
+            .filter_map(|k| self.cursors.remove_entry(k))
+            .map(cursor_update)
             .collect()
     }
 

@@ -67,8 +67,8 @@ impl Pipeline {
         // What this node just committed or routed (the usual case: an ack of a fresh
         // delivery; a large group's members ack what another node committed), before a
         // store read.
-        let routed = || self.router.recent().last_seq(conversation_id);
-        let last = match self.persist.last_committed(conversation_id).max(routed()) {
+        let routed = self.router.recent().last_seq(conversation_id);
+        let last = match self.persist.last_committed(conversation_id).max(routed) {
             Some(last) if seq <= last => Some(last),
             _ => self
                 .store

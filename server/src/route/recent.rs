@@ -200,8 +200,7 @@ impl Recent {
         let skip = usize::try_from(after_seq + 1 - run.first()).map_err(|_| Miss::Before)?;
         let mut messages = Vec::new();
         let mut bytes = 0;
-        let mut rest = run.messages.iter().skip(skip);
-        for m in rest.by_ref() {
+        for m in run.messages.iter().skip(skip) {
             if !messages.is_empty()
                 && (messages.len() >= limit || bytes + m.payload.len() > max_bytes)
             {
@@ -230,7 +229,8 @@ impl Recent {
     }
 
     /// Groups with a window, and the messages they hold.
-    pub fn len(&self) -> (usize, usize) {
+    #[cfg(test)]
+    fn len(&self) -> (usize, usize) {
         self.groups.lock().map_or((0, 0), |g| {
             (g.len(), g.values().map(|r| r.messages.len()).sum())
         })

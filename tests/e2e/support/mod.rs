@@ -728,6 +728,18 @@ pub fn in_dir(dir: &Path, name: &str) -> PathBuf {
     dir.join(name)
 }
 
+/// Sends `n` texts to `group`, "{prefix}0" on (each its own client_msg_id, req_ids from
+/// 10), and waits for their SendAcks.
+pub async fn send_texts_to_group(c: &mut RawConn, group: &str, prefix: &str, n: u64) {
+    for i in 0..n {
+        let text = format!("{prefix}{i}");
+        c.send(&send_to_group(10 + i, group, text.as_bytes(), &text))
+            .await
+            .unwrap();
+    }
+    assert_eq!(acks(c, n as usize).await.len(), n as usize);
+}
+
 /// Reads frames until `n` SendAcks have arrived; returns them (other frames are skipped).
 pub async fn acks(c: &mut RawConn, n: usize) -> Vec<(u64, proto::SendAck)> {
     let mut out = Vec::with_capacity(n);
