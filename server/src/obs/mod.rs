@@ -521,6 +521,7 @@ const HELP: &[Help] = &[
     help_counter("im_sync_window_misses_total", "Syncs of one large group the window could not answer (read from the store), by reason (no_window, membership, changed, before_window, ahead_of_window)."),
     help_gauge("im_persist_queue_depth", "Requests waiting in the persistence queue."),
     Help(MetricKind::Histogram, "im_persist_batch_size", None, "Messages per commit batch."),
+    Help(MetricKind::Histogram, "im_persist_cursor_commit_seconds", Some(Unit::Seconds), "Seconds a share of delivery cursors took to commit beside the messages (Postgres), failed ones included."),
     help_counter("im_persist_overloaded_total", "Sends refused with OVERLOADED because the persistence queue was full."),
     Help(MetricKind::Gauge, "im_outbound_queued_bytes", Some(Unit::Bytes), "Bytes queued for writing across all connections."),
     help_gauge("im_slow_consumers", "Connections above the soft mark."),

@@ -42,7 +42,7 @@ impl Guard {
     }
 
     /// Runs one write under the time bound.
-    async fn bounded<T>(
+    pub(super) async fn bounded<T>(
         &self,
         write: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
@@ -53,7 +53,7 @@ impl Guard {
 
     /// Records a write's outcome in the health: a fault of the store sets it (logged
     /// once, when it starts), a success clears it (logged with how long it lasted).
-    fn record(&self, result: Result<(), &StoreError>, since: &mut Option<Instant>) {
+    pub(super) fn record(&self, result: Result<(), &StoreError>, since: &mut Option<Instant>) {
         match result {
             Ok(()) => {
                 if let Some(old) = self.health.set_fault(None) {

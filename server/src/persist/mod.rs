@@ -2,7 +2,8 @@
 //! updates and group changes arrive on one bounded queue; sends are committed in groups
 //! (a batch closes at `persist.batch_max` messages or after `persist.batch_wait_ms`;
 //! delivery cursors alone wait up to `persist.cursor_wait_ms` for a write to share the
-//! commit with), and only then are SendAcks queued and the messages handed to the
+//! commit with; on Postgres they commit beside the messages instead, `cursors`), and
+//! only then are SendAcks queued and the messages handed to the
 //! router, in commit order.
 //! Just before a batch commits, each group message's sender and recipients are checked
 //! again against the membership cache, which this writer patches after every group
@@ -18,6 +19,7 @@
 //! one relaxed load per batch.
 
 mod answer;
+mod cursors;
 mod guard;
 mod queue;
 mod refusal;

@@ -13,6 +13,7 @@ use im_proto::ErrorCode;
 use tokio::sync::{mpsc, oneshot};
 
 use super::answer::{acked, done_all, failed, refuse, refuse_all};
+use super::cursors::{Cursors, CURSORS_PER_COMMIT};
 use super::guard::set_fault_gauges;
 use super::{Guard, HideReq, LastCommitted, PersistReq, Refusal, StateReq, WriteReq, WriterQueue};
 use crate::config::Persist;
@@ -21,8 +22,8 @@ use crate::route::receipts::ReadEvent;
 use crate::route::{Delivery, Recipients};
 use crate::store::membership::{self, Relations};
 use crate::store::{
-    CursorUpdate, Fault, FlagsUpdate, GroupOutcome, GroupRequest, GroupState, HiddenMessage,
-    NewMessage, ReadMoved, ReadUpdate, Store, StoreError,
+    Fault, FlagsUpdate, GroupOutcome, GroupRequest, GroupState, HiddenMessage, NewMessage,
+    ReadMoved, ReadUpdate, Store, StoreError,
 };
 
 /// What the writer is wired to (`Pipeline::spawn_with` builds it).
@@ -53,30 +54,13 @@ type GroupChange = (
 /// A presence setting waiting for its commit, with where its outcome goes.
 type PresenceSetting = (String, bool, oneshot::Sender<Result<(), StoreError>>);
 
-/// Most delivery cursors one commit carries; the rest go with the next (so a Send's
-/// commit never waits on thousands of a large group's DeliverAcks at once).
-const CURSORS_PER_COMMIT: usize = 1024;
-
-/// A delivery cursor's key in a round: (user, device, conversation).
-type CursorKey = (String, String, String);
-
-/// A round's cursor entry as the store takes it.
-fn cursor_update(((user_id, device_id, conversation_id), seq): (CursorKey, u64)) -> CursorUpdate {
-    CursorUpdate {
-        user_id,
-        device_id,
-        conversation_id,
-        seq,
-    }
-}
-
 /// One round's requests, sorted by kind. Every list is emptied by the round; the
 /// delivery cursors stay when their commit fails (or the store is failing) and go with
 /// the next batch.
 #[derive(Default)]
 struct Round {
     sends: Vec<PersistReq>,
-    cursors: HashMap<CursorKey, u64>,
+    cursors: Cursors,
     states: Vec<StateReq>,
     groups: Vec<GroupChange>,
     flushes: Vec<oneshot::Sender<()>>,
@@ -89,7 +73,7 @@ impl Round {
     fn take(&mut self, req: WriteReq) {
         match req {
             WriteReq::Message(m) => self.sends.push(m),
-            WriteReq::Cursor(c) => self.cursor(c),
+            WriteReq::Cursor(c) => self.cursors.add(c),
             WriteReq::State(r) => self.states.push(r),
             WriteReq::Group {
                 group_id,
@@ -104,28 +88,6 @@ impl Round {
                 reply,
             } => self.presence.push((user_id, hidden, reply)),
         }
-    }
-
-    /// Moves a delivery cursor forward (never back).
-    fn cursor(&mut self, c: CursorUpdate) {
-        let seq = self
-            .cursors
-            .entry((c.user_id, c.device_id, c.conversation_id))
-            .or_insert(0);
-        *seq = (*seq).max(c.seq);
-    }
-
-    /// The delivery cursors to commit (at most `max`; the rest stay for the next
-    /// commit), taken out of the round.
-    fn take_cursors(&mut self, max: usize) -> Vec<CursorUpdate> {
-        if self.cursors.len() <= max {
-            return self.cursors.drain().map(cursor_update).collect();
-        }
-        let keys: Vec<_> = self.cursors.keys().take(max).cloned().collect();
-        keys.iter()
-            .filter_map(|k| self.cursors.remove_entry(k))
-            .map(cursor_update)
-            .collect()
     }
 
     /// Only delivery cursors so far: nothing anyone waits on.
@@ -211,6 +173,7 @@ impl Writer {
     /// A writer on `queue`'s end, wired to `w`.
     pub fn new(w: Wiring, queue: WriterQueue) -> Self {
         let batch_max = w.cfg.batch_max as usize;
+        let beside = w.store.commits_side_by_side();
         Writer {
             store: w.store,
             relations: w.relations,
@@ -228,6 +191,7 @@ impl Writer {
             last_try: Instant::now(),
             round: Round {
                 sends: Vec::with_capacity(batch_max),
+                cursors: Cursors::new(beside),
                 ..Round::default()
             },
         }
@@ -249,19 +213,34 @@ impl Writer {
                 continue;
             }
             self.commit_messages().await;
+            self.commit_cursors_beside().await;
             self.commit_states().await;
             self.commit_groups().await;
             self.commit_hides().await;
             self.commit_presence().await;
+            if !self.round.flushes.is_empty() {
+                self.drain_cursors().await;
+            }
             self.round.answer_flushes();
         }
+        self.drain_cursors().await;
         tracing::info!("persistence writer stopped");
     }
 
     /// The round's first request: `None` when the queue is closed and empty,
-    /// `Some(None)` when a failing store's probe interval passed with no request, or
-    /// when delivery cursors are left over and nothing is queued.
+    /// `Some(None)` when a failing store's probe interval passed with no request, when
+    /// delivery cursors are left over and nothing is queued, or when the cursors'
+    /// commit beside ended (its outcome recorded; the next share starts).
     async fn first(&mut self) -> Option<Option<WriteReq>> {
+        if self.round.cursors.running() {
+            tokio::select! {
+                r = self.rx.recv() => return r.map(Some),
+                outcome = self.round.cursors.finished() => {
+                    self.record(outcome);
+                    return Some(None);
+                }
+            }
+        }
         // Cursors left over from the last commit (more than one commit carries) go now.
         if !self.round.cursors.is_empty() && self.guard.health.fault().is_none() {
             return Some(self.rx.try_recv().ok());
@@ -300,7 +279,7 @@ impl Writer {
     /// message then share the next Send's commit (one fsync, not two). Whatever
     /// arrives ends the wait at once, so nothing else waits for the cursors.
     async fn linger_cursors(&mut self) {
-        if self.cursor_wait.is_zero() || !self.round.only_cursors() {
+        if self.cursor_wait.is_zero() || self.round.cursors.beside() || !self.round.only_cursors() {
             return;
         }
         let deadline = tokio::time::Instant::now() + self.cursor_wait;
@@ -344,11 +323,12 @@ impl Writer {
         self.store.clone()
     }
 
-    /// Commits the batch's Sends and delivery cursors in one transaction, then acks the
-    /// Sends and hands the messages to the router; a failed commit acks nothing (the
-    /// Sends are told to retry, the cursors wait for the next batch).
+    /// Commits the batch's Sends and (unless they commit beside) a share of the delivery
+    /// cursors in one transaction, then acks the Sends and hands the messages to the
+    /// router; a failed commit acks nothing (the Sends are told to retry, the cursors
+    /// wait for the next batch).
     async fn commit_messages(&mut self) {
-        let cursors = self.round.take_cursors(CURSORS_PER_COMMIT);
+        let cursors = self.round.cursors.for_messages();
         if self.round.sends.is_empty() && cursors.is_empty() {
             return;
         }
@@ -379,11 +359,45 @@ impl Writer {
                 acked(sends, committed, &self.router).await
             }
             Err(e) => {
-                for c in cursors {
-                    self.round.cursor(c);
-                }
+                self.round.cursors.restore(cursors);
                 failed(&mut self.round.sends, &e, &self.guard);
             }
+        }
+    }
+
+    /// Where cursors commit beside the messages: reaps the share that ended (its
+    /// outcome recorded in the store's health) and starts the next. On a failing store
+    /// this runs only in a round that may write, so a share is also the probe.
+    async fn commit_cursors_beside(&mut self) {
+        if self.round.cursors.ended() {
+            let outcome = self.round.cursors.finished().await;
+            self.record(outcome);
+        }
+        self.round.cursors.start(self.store.clone(), &self.guard);
+    }
+
+    /// Commits every delivery cursor waiting (a flush, or the writer's end): the share
+    /// beside first, then the rest in shares, until one fails.
+    async fn drain_cursors(&mut self) {
+        if self.round.cursors.running() {
+            let outcome = self.round.cursors.finished().await;
+            self.record(outcome);
+        }
+        while !self.round.cursors.is_empty() {
+            let share = self.round.cursors.take(CURSORS_PER_COMMIT);
+            if let Err(e) = self.write(self.store().commit_batch(&[], &share)).await {
+                tracing::warn!(error = %e, "delivery cursors left uncommitted");
+                self.round.cursors.restore(share);
+                return;
+            }
+        }
+    }
+
+    /// Records the outcome of a cursor commit beside in the store's health.
+    fn record(&mut self, outcome: Option<Result<(), StoreError>>) {
+        if let Some(outcome) = outcome {
+            self.guard
+                .record(outcome.as_ref().map(|_| ()), &mut self.fault_since);
         }
     }
 
@@ -608,31 +622,20 @@ fn recheck_groups(relations: &Relations, sends: &mut Vec<PersistReq>) {
 mod tests {
     use super::*;
 
-    fn cursor(user: &str, seq: u64) -> WriteReq {
-        WriteReq::Cursor(CursorUpdate {
-            user_id: user.into(),
-            device_id: "d".into(),
-            conversation_id: "g:big".into(),
-            seq,
-        })
-    }
-
     #[test]
-    fn a_commit_takes_at_most_its_share_of_cursors_and_leaves_the_rest() {
+    fn a_round_files_each_cursor_once_at_its_furthest_seq() {
         let mut r = Round::default();
-        for u in 0..10 {
-            r.take(cursor(&format!("u{u}"), 5));
+        for seq in [3, 7, 5] {
+            r.take(WriteReq::Cursor(crate::store::CursorUpdate {
+                user_id: "u0".into(),
+                device_id: "d".into(),
+                conversation_id: "g:big".into(),
+                seq,
+            }));
         }
-        r.take(cursor("u0", 3));
-        r.take(cursor("u0", 7));
-        let first = r.take_cursors(4);
-        assert_eq!((first.len(), r.cursors.len()), (4, 6));
-        let rest = r.take_cursors(100);
-        assert_eq!((rest.len(), r.cursors.len()), (6, 0));
-        let all: Vec<_> = first.into_iter().chain(rest).collect();
-        let users: std::collections::HashSet<_> = all.iter().map(|c| c.user_id.clone()).collect();
-        assert_eq!(users.len(), 10, "each cursor once");
-        let u0 = all.iter().find(|c| c.user_id == "u0").map(|c| c.seq);
-        assert_eq!(u0, Some(7), "the furthest seq, never back");
+        assert!(r.only_cursors());
+        let share = r.cursors.take(10);
+        assert_eq!((share.len(), share[0].seq), (1, 7));
+        assert!(r.has_no_write());
     }
 }

@@ -471,6 +471,12 @@ pub trait Store: Send + Sync + 'static {
     /// Backend name for logs and the admin API.
     fn backend(&self) -> &'static str;
 
+    /// Whether two write transactions run side by side (Postgres) rather than one at a
+    /// time (SQLite): the writer then commits delivery cursors beside the messages.
+    fn commits_side_by_side(&self) -> bool {
+        false
+    }
+
     /// As [`Store::sync_page`] for one device of the user: the stored cursors are the
     /// device's delivered cursors (a conversation the device has none of reads from the
     /// start of what the user may see).

@@ -153,6 +153,8 @@ impl Backend for PgStore {
         &self.outbox_pool
     }
 
+    const SIDE_BY_SIDE: bool = true;
+
     const CLAIM_LOCK: &'static str = " FOR UPDATE SKIP LOCKED";
 
     fn region_outbox_on(&self) -> bool {

@@ -121,6 +121,9 @@ pub(crate) trait Backend: Send + Sync + 'static {
         None
     }
 
+    /// Whether write transactions run side by side ([`Store::commits_side_by_side`]).
+    const SIDE_BY_SIDE: bool = false;
+
     /// The row-lock suffix of a claim's inner select (Postgres: `FOR UPDATE SKIP
     /// LOCKED`; SQLite, one writer: none).
     const CLAIM_LOCK: &'static str = "";
@@ -411,6 +414,10 @@ where
 
     fn backend(&self) -> &'static str {
         S::NAME
+    }
+
+    fn commits_side_by_side(&self) -> bool {
+        S::SIDE_BY_SIDE
     }
 
     async fn device_delivered(
