@@ -7,8 +7,9 @@
 # the senders on n0. One process may hold 20,000 descriptors here, so each group gets its
 # own im-bench process (`broadcast --groups 1`); they start sending at the same
 # `--start-at` and measure the same window. ROUNDS rounds on the same cluster, the JSON
-# kept in OUT. Per round: delivery P50/P99 (of each process, and the higher one, which
-# bounds the merged P99 from above), deliveries/s, missing and duplicates, per node the CPU
+# kept in OUT, with each generator's progress and errors (roundR.genG.err). Per round:
+# delivery P50/P99 (of each process, and the higher one, which bounds the merged P99 from
+# above), deliveries/s, missing and duplicates, per node the CPU
 # over the measured window (/proc, in cores) and RSS at its end, each generator's CPU;
 # then the medians.
 # Cleans up after itself: the generators and nodes by PID, the schema, the NATS KV buckets.
@@ -72,11 +73,14 @@ cpu_now() {
   tck=$(getconf CLK_TCK)
   (( ${#pids[@]} )) || pids=("${node_pids[@]}")
   for p in "${pids[@]}"; do
+    # A process that is gone (a generator that failed) has no line; the round reports it.
+    [[ -r "/proc/$p/stat" ]] || continue
     awk -v p="$p" -v t="$tck" '{ sub(/^.*\) /, ""); print p, ($12 + $13) / t }' "/proc/$p/stat"
   done
 }
 rss_now() {
   for p in "${node_pids[@]}"; do
+    [[ -r "/proc/$p/status" ]] || continue
     awk -v p="$p" '/^VmRSS:/ { print p, $2 * 1024 }' "/proc/$p/status"
   done
 }
@@ -93,7 +97,7 @@ for r in $(seq "$ROUNDS"); do
       --admin-url "$(admin 0)" --node-admin-url "$node_admins" --admin-token "$TOKEN" \
       --secret "$SECRET" --groups 1 --members "$MEMBERS" --rate "$RATE" --pull \
       --warmup "${WARMUP}s" --duration "${DUR}s" --start-at "$start" --json \
-      >"$OUT/round$r.gen$g.json" 2>"$WORK/round$r.gen$g.err" &
+      >"$OUT/round$r.gen$g.json" 2>"$OUT/round$r.gen$g.err" &
     gen_pids+=($!)
   done
   sleep $(( start + WARMUP - $(date +%s) )) 2>/dev/null || true
@@ -104,7 +108,7 @@ for r in $(seq "$ROUNDS"); do
   cpu_now "${gen_pids[@]}" >"$OUT/round$r.gencpu1"
   rss_now >"$OUT/round$r.rss"
   for g in "${!gen_pids[@]}"; do
-    wait "${gen_pids[$g]}" || { echo "storm-10k: round $r generator $g failed" >&2; tail -5 "$WORK/round$r.gen$g.err" >&2; rc=1; }
+    wait "${gen_pids[$g]}" || { echo "storm-10k: round $r generator $g failed" >&2; tail -5 "$OUT/round$r.gen$g.err" >&2; rc=1; }
   done
   gen_pids=()
   python3 - "$OUT" "$r" "$NGROUPS" "$DUR" <<'PY'
@@ -138,6 +142,9 @@ if gens:
     )
 nodes = []
 for i, pid in enumerate(c0):
+    if pid not in c1 or pid not in rss:
+        print(f"round {r}: node n{i} (pid {pid}) was gone at the window's end")
+        continue
     cores = (float(c1[pid]) - float(c0[pid])) / dur
     nodes.append({"node": f"n{i}", "cpu_cores": cores, "rss_mib": int(rss[pid]) / 2**20})
 summary["nodes"] = nodes
