@@ -15,7 +15,8 @@
 //! unsolicited `SyncResponse{more: true}` with req_id 0) they sync after their last seq.
 //! `--pull` documents that the run expects notify-and-pull (the report says which mode the
 //! members actually saw); members handle both either way. Every `--deliver-ack-every`
-//! members send a cumulative DeliverAck, as a client's coalesced acks would; with
+//! members send a cumulative DeliverAck, as a client's coalesced acks would, each member
+//! at a phase of its own within the period (clients' timers are not in step); with
 //! `--mark-read` they also mark the group read up to it (`MarkRead`), as an app showing
 //! the conversation does: the read receipts' cost is the difference between runs with
 //! and without it.
@@ -541,6 +542,15 @@ async fn group_sender(
     (g, hooks.acked)
 }
 
+/// When member `idx` of group `g` sends its first DeliverAck: a phase of its own within
+/// the period `every`, so the members' acks are spread over each period as real clients'
+/// are (each acks on its own timer), not a burst of every member at once.
+fn first_ack_after(every: Duration, g: usize, idx: usize) -> Duration {
+    const PHASES: usize = 1000;
+    let phase = (idx + g * 97) % PHASES + 1;
+    every.mul_f64(phase as f64 / PHASES as f64)
+}
+
 /// A member: follows the group conversation until it has everything acked to the
 /// sender (or the drain runs out). Returns its group and follower.
 async fn member(
@@ -559,7 +569,9 @@ async fn member(
     let mut done_rx = group.done.subscribe();
     let hard_deadline = clock.end + ctx.drain * 2;
     let mut last_tx = Instant::now();
-    let mut next_ack = ctx.deliver_ack_every.map(|d| Instant::now() + d);
+    let mut next_ack = ctx
+        .deliver_ack_every
+        .map(|d| Instant::now() + first_ack_after(d, g, idx));
     let mut acked_cursor = 0u64;
 
     loop {
@@ -759,6 +771,19 @@ mod tests {
         assert_eq!(a.deliver_ack_every, Duration::from_secs(1));
         assert!(crate::parse_scenario(&["broadcast", "--members", "1"]).is_err());
         assert_eq!(user("ab", 2, 3), "bab-2-3");
+    }
+
+    #[test]
+    fn members_ack_at_phases_spread_over_the_period() {
+        let every = Duration::from_secs(1);
+        let firsts: Vec<Duration> = (0..1000).map(|i| first_ack_after(every, 0, i)).collect();
+        assert!(firsts.iter().all(|d| !d.is_zero() && *d <= every));
+        let early = firsts.iter().filter(|d| **d <= every / 10).count();
+        assert!(
+            (90..=110).contains(&early),
+            "{early} of 1000 in the first tenth"
+        );
+        assert_ne!(first_ack_after(every, 1, 0), first_ack_after(every, 0, 0));
     }
 
     #[test]
