@@ -9,9 +9,8 @@
 # `--start-at` and measure the same window. ROUNDS rounds on the same cluster, the JSON
 # kept in OUT, with each generator's progress and errors (roundR.genG.err). Per round:
 # delivery P50/P99 (of each process, and the higher one, which bounds the merged P99 from
-# above), deliveries/s, missing and duplicates, per node the CPU
-# over the measured window (/proc, in cores) and RSS at its end, each generator's CPU;
-# then the medians.
+# above), deliveries/s, missing and duplicates, per node the CPU over the measured window
+# (/proc, in cores) and RSS at its end, each generator's CPU; then the medians.
 # Cleans up after itself: the generators and nodes by PID, the schema, the NATS KV buckets.
 # Usage: cargo build --release -p im-server -p im-bench && bench/scripts/storm-10k.sh
 #   env: ROUNDS (3), NGROUPS (2, groups), MEMBERS (10000), RATE (5), WARMUP (10, seconds),
@@ -73,7 +72,8 @@ cpu_now() {
   tck=$(getconf CLK_TCK)
   (( ${#pids[@]} )) || pids=("${node_pids[@]}")
   for p in "${pids[@]}"; do
-    # A process that is gone (a generator that failed) has no line; the round reports it.
+    # A process that is gone (a generator that ended its drain early, or failed) has no
+    # line: it is left out of the CPU figures, and its report says how it ended.
     [[ -r "/proc/$p/stat" ]] || continue
     awk -v p="$p" -v t="$tck" '{ sub(/^.*\) /, ""); print p, ($12 + $13) / t }' "/proc/$p/stat"
   done
